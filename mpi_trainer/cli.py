@@ -1,0 +1,49 @@
+"""Command-line entry points; argument parsing only."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mpi_trainer.config import load_config
+from mpi_trainer.errors import InputError
+
+
+def _add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="TOML hyper-parameter file")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set train.epochs=5 (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mpi-trainer",
+                                     description="Data-parallel Keras training under mpirun.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser("train", help="train (run under mpirun -n N, N >= 2)")
+    _add_config_args(train)
+    train.add_argument("--run-dir", help="directory for the run's files (default runs/<config>-<time>)")
+    check = commands.add_parser("check", help="validate a config without MPI")
+    _add_config_args(check)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mpi_trainer.job import quiet_backend, report_error
+
+    args = build_parser().parse_args(argv)
+    quiet_backend()
+    try:
+        cfg = load_config(args.config, args.overrides)
+        if args.command == "check":
+            print(f"{args.config}: OK")
+            print(cfg.to_toml(), end="")
+            return 0
+        from mpi_trainer.job import train
+
+        return train(cfg, args.config, args.run_dir)
+    except InputError as exc:
+        return report_error(exc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""Cutting the training set into per-worker blocks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def block_bounds(num_samples: int, workers: int) -> list[tuple[int, int]]:
+    """Contiguous ``[start, end)`` blocks covering ``num_samples``; sizes differ by at most one."""
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1. Received: workers={workers}")
+    if num_samples < workers:
+        raise ValueError(f"need at least one training sample per worker. Received: "
+                         f"{num_samples} samples for {workers} workers")
+    base, extra = divmod(num_samples, workers)
+    bounds, start = [], 0
+    for index in range(workers):
+        end = start + base + (1 if index < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def shuffled_order(num_samples: int, seed: int) -> np.ndarray:
+    """The one shuffle of the training set; every rank derives the same one from the seed."""
+    return np.random.default_rng(seed).permutation(num_samples)

@@ -1,0 +1,130 @@
+"""Set-up shared by every rank, then hand-over to the scheduler or worker role.
+
+Set-up errors (bad data, an unbuildable model, an unusable run directory) are
+caught on the rank where they happen and agreed on with one ``allgather``:
+then every rank prints the message and exits non-zero, and none is left
+waiting for a peer that has already gone.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from mpi_trainer.comm import Transport, install_abort_on_error
+from mpi_trainer.config import Config
+from mpi_trainer.errors import ConfigError, InputError
+from mpi_trainer.logs import add_log_file, get_logger, setup_logging, write_atomic
+from mpi_trainer.runtime import configure_threads, threads_for_rank, usable_cores
+
+EXIT_INPUT_ERROR = 2
+
+
+def default_run_dir(config_path: str | None) -> Path:
+    stem = Path(config_path).stem if config_path else "run"
+    return Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def prepare_run_dir(run_dir: Path, cfg: Config) -> Path:
+    if (run_dir / "rounds.csv").exists():
+        raise ConfigError(f"Run directory already holds a run. Received: --run-dir {str(run_dir)!r}; "
+                          f"expected a new or empty directory")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"Cannot create the run directory {str(run_dir)!r}: {exc}") from None
+    write_atomic(run_dir / "config.toml", cfg.to_toml())
+    add_log_file(run_dir / "train.log")
+    return run_dir
+
+
+def check_world(transport: Transport) -> None:
+    if transport.size < 2:
+        raise ConfigError("mpi_trainer needs at least one worker rank besides the scheduler (rank 0). "
+                          f"Received: {transport.size} rank; expected mpirun -n 2 or more")
+
+
+def agree(transport: Transport, error: str | None) -> None:
+    """Every rank learns whether any rank failed set-up; all fail together if so."""
+    errors = transport.allgather(error)
+    failed = [(rank, text) for rank, text in enumerate(errors) if text]
+    if not failed:
+        return
+    rank, text = failed[0]
+    where = "" if rank == transport.rank else f" (reported by rank {rank})"
+    raise InputError(f"{text}{where}")
+
+
+def setup(transport: Transport, cfg: Config, config_path: str | None, run_dir: str | None) -> tuple:
+    """Load data everywhere and build the model on rank 0; returns (dataset, model, plan, run_dir)."""
+    import keras
+
+    from mpi_trainer.data.partition import block_bounds
+    from mpi_trainer.data.sources import load_dataset
+    from mpi_trainer.messages import JobPlan
+    from mpi_trainer.models import build_model
+
+    dataset = model = plan = path = None
+    error = None
+    try:
+        dataset = load_dataset(cfg.data, cfg.train.seed)
+        if transport.rank == 0:
+            keras.utils.set_random_seed(cfg.train.seed)
+            bounds = block_bounds(len(dataset.x_train), transport.workers)
+            model, spec = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+            plan = JobPlan(cfg.to_dict(), spec, bounds, cfg.train.seed, len(dataset.x_train))
+            path = prepare_run_dir(Path(run_dir) if run_dir else default_run_dir(config_path), cfg)
+    except (InputError, ValueError) as exc:
+        error = str(exc)
+    agree(transport, error)
+    return dataset, model, plan, path
+
+
+def log_plan(plan: Any, dataset: Any) -> None:
+    log = get_logger()
+    log.info("dataset %s", dataset.describe())
+    for index, (start, end) in enumerate(plan.block_bounds):
+        log.info("worker rank %d: block start %d end %d size %d", index + 1, start, end, end - start)
+
+
+def train(cfg: Config, config_path: str | None, run_dir: str | None) -> int:
+    """Entry for ``mpi_trainer train`` on every rank; returns the exit code."""
+    transport = Transport()
+    setup_logging(transport.rank, transport.size, transport.host, cfg.log.verbosity)
+    check_world(transport)
+    install_abort_on_error(transport)
+    node_cores, node_ranks = transport.node_layout()
+    threads = threads_for_rank(transport.rank, node_cores, node_ranks, usable_cores())
+    configure_threads(threads)
+    get_logger().debug("%d threads (%d cores, ranks on this node: %s)", threads, node_cores, node_ranks)
+    dataset, model, plan, path = setup(transport, cfg, config_path, run_dir)
+    plan = transport.bcast_object(plan)
+    if transport.rank == 0:
+        from mpi_trainer.scheduler import Scheduler
+
+        log_plan(plan, dataset)
+        Scheduler(transport, cfg, dataset, model, plan, path).run()
+        print(f"run directory: {path}", flush=True)
+    else:
+        import keras
+
+        from mpi_trainer.worker import Worker
+
+        keras.utils.set_random_seed(cfg.train.seed + transport.rank)
+        Worker(transport, plan, dataset, cfg).run()
+    return 0
+
+
+def quiet_backend() -> None:
+    """Keep TensorFlow's C++ start-up chatter off the console unless the user asked for it."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+
+def report_error(exc: BaseException) -> int:
+    sys.stderr.write(f"mpi_trainer: error: {exc}\n")
+    sys.stderr.flush()
+    return EXIT_INPUT_ERROR

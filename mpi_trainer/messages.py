@@ -1,0 +1,48 @@
+"""What travels between the scheduler and the workers (besides weight buffers)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpi_trainer.models import ModelSpec
+
+ROUND = "round"
+SEND_WEIGHTS = "send_weights"
+STOP = "stop"
+
+
+@dataclass
+class JobPlan:
+    """Broadcast once at set-up: everything a worker needs to start."""
+
+    config: dict[str, Any]
+    model: ModelSpec
+    block_bounds: list[tuple[int, int]]
+    shuffle_seed: int
+    num_train: int
+
+
+@dataclass
+class Order:
+    """Scheduler -> worker: run a round, send your weights (best-of winner), or stop."""
+
+    kind: str
+    round: int = -1
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    """Worker -> scheduler after a round of local training."""
+
+    rank: int
+    round: int
+    samples: int
+    train_loss: float
+    train_accuracy: float
+    train_seconds: float
+    val_loss: float = float("nan")
+    val_accuracy: float = float("nan")
+    eval_seconds: float = 0.0
+    bytes_before_report: int = 0

@@ -1,0 +1,117 @@
+"""Model resolution, compilation, and the description that travels to workers.
+
+The scheduler builds the model once (zoo name or ``package.module:function``),
+then broadcasts a :class:`ModelSpec`: architecture JSON plus compile settings.
+Workers rebuild from the spec, so every rank trains the same graph.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from mpi_trainer.config import ModelConfig
+from mpi_trainer.errors import ConfigError
+
+
+@dataclass
+class ModelSpec:
+    architecture: str
+    optimizer: dict[str, Any]
+    loss: Any
+    user_module: str | None
+
+
+def _resolve_builder(name: str) -> tuple[Any, str | None]:
+    from mpi_trainer.models.zoo import ZOO
+
+    if name in ZOO:
+        return ZOO[name], None
+    module_name, sep, function_name = name.partition(":")
+    if not sep or not module_name or not function_name:
+        raise ConfigError(f"`model.name` must be one of {sorted(ZOO)} or `package.module:function`. "
+                          f"Received: model.name={name!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"`model.name` names a module that cannot be imported ({exc}). "
+                          f"Received: model.name={name!r}") from None
+    builder = getattr(module, function_name, None)
+    if not callable(builder):
+        raise ConfigError(f"`model.name`: module {module_name!r} has no function {function_name!r}. "
+                          f"Received: model.name={name!r}")
+    return builder, module_name
+
+
+def make_optimizer(cfg: ModelConfig) -> Any:
+    import keras
+
+    try:
+        optimizer = keras.optimizers.get(cfg.optimizer)
+    except ValueError:
+        raise ConfigError(f"`model.optimizer` must name a Keras optimizer such as 'adam' or 'sgd'. "
+                          f"Received: model.optimizer={cfg.optimizer!r}") from None
+    optimizer.learning_rate = cfg.learning_rate
+    return optimizer
+
+
+def implied_loss(model: Any) -> str:
+    """Integer labels: one sigmoid unit -> binary cross-entropy, else sparse categorical."""
+    units = model.outputs[0].shape[-1]
+    return "binary_crossentropy" if units == 1 else "sparse_categorical_crossentropy"
+
+
+def _serialise_loss(loss: Any) -> Any:
+    import keras
+
+    return loss if isinstance(loss, (str, type(None))) else keras.losses.serialize(loss)
+
+
+def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> tuple[Any, ModelSpec]:
+    """Build and compile the configured model on the scheduler; return it and its spec."""
+    import keras
+
+    builder, user_module = _resolve_builder(cfg.name)
+    try:
+        model = builder(tuple(input_shape), int(num_classes))
+    except ValueError as exc:
+        raise ConfigError(f"`model.name` {cfg.name!r} cannot be built for input shape "
+                          f"{tuple(input_shape)} and {num_classes} classes: {exc}") from None
+    if not isinstance(model, keras.Model):
+        raise ConfigError(f"`model.name` {cfg.name!r} must return a keras.Model. "
+                          f"Received: {type(model).__name__}")
+    check_output(model, cfg.name, num_classes)
+    if getattr(model, "optimizer", None) is not None and getattr(model, "loss", None) is not None:
+        optimizer, loss = model.optimizer, model.loss
+    else:
+        optimizer, loss = make_optimizer(cfg), implied_loss(model)
+    spec = ModelSpec(model.to_json(), keras.optimizers.serialize(optimizer), _serialise_loss(loss),
+                     user_module)
+    compile_model(model, spec)
+    return model, spec
+
+
+def check_output(model: Any, name: str, num_classes: int) -> None:
+    units = model.outputs[0].shape[-1]
+    if units not in (num_classes, 1) or (units == 1 and num_classes > 2):
+        raise ConfigError(f"`model.name` {name!r} outputs {units} units but the data has "
+                          f"{num_classes} classes; expected {num_classes} output units")
+
+
+def compile_model(model: Any, spec: ModelSpec) -> None:
+    import keras
+
+    model.compile(optimizer=keras.optimizers.deserialize(spec.optimizer), loss=spec.loss,
+                  metrics=["accuracy"])
+
+
+def rebuild_model(spec: ModelSpec) -> Any:
+    """Recreate and compile the scheduler's model from its spec (on a worker)."""
+    import keras
+
+    if spec.user_module:
+        importlib.import_module(spec.user_module)  # registers the user's custom objects
+    model = keras.models.model_from_json(spec.architecture)
+    compile_model(model, spec)
+    return model

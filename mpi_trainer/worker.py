@@ -1,0 +1,98 @@
+"""A training rank (ranks 1..N-1).
+
+Separation of concerns: the scheduler owns the global weights, the block plan,
+aggregation, evaluation, early stopping and every file in the run directory.
+A worker owns its local model, its optimizer state and its block of the
+training set. It waits for orders, trains one local epoch per round on its
+block and hands back its weights and metrics, in the shape the aggregation
+method wants (a scaled contribution to a reduction, or a scored candidate for
+election). It never decides when to stop and never writes files. It makes no
+MPI calls of its own: everything goes through :class:`~mpi_trainer.comm.Transport`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from mpi_trainer import aggregation
+from mpi_trainer.comm import TAG_ORDER, TAG_REPORT, Transport
+from mpi_trainer.config import Config
+from mpi_trainer.data.partition import shuffled_order
+from mpi_trainer.data.sources import Dataset
+from mpi_trainer.logs import get_logger
+from mpi_trainer.messages import ROUND, SEND_WEIGHTS, STOP, JobPlan, Report
+from mpi_trainer.models import rebuild_model
+from mpi_trainer.weights import WeightCodec
+
+
+class Worker:
+    def __init__(self, transport: Transport, plan: JobPlan, dataset: Dataset, cfg: Config) -> None:
+        self.transport = transport
+        self.cfg = cfg
+        self.log = get_logger()
+        self.model = rebuild_model(plan.model)
+        self.codec = WeightCodec.from_weights(self.model.get_weights())
+        self.global_weights = self.codec.empty()
+        self.candidate: np.ndarray | None = None
+        self.dataset = dataset
+        self.order = shuffled_order(plan.num_train, plan.shuffle_seed)
+        self.set_block(plan.block_bounds[transport.rank - 1])
+        self.total_samples = plan.num_train
+
+    def set_block(self, bounds: tuple[int, int]) -> None:
+        start, end = bounds
+        rows = np.sort(self.order[start:end])
+        self.x, self.y = self.dataset.x_train[rows], self.dataset.y_train[rows]
+        self.log.debug("block [%d, %d): %d samples", start, end, end - start)
+
+    def run(self) -> None:
+        """Serve orders until the scheduler says stop."""
+        while True:
+            order = self.transport.recv_object(0, TAG_ORDER).payload
+            if order.kind == STOP:
+                self.log.debug("stop received")
+                return
+            if order.kind == SEND_WEIGHTS:
+                self.transport.send_array(self.candidate, 0)
+            elif order.kind == ROUND:
+                self.run_round(order.round)
+            else:
+                raise RuntimeError(f"unknown order {order.kind!r} from the scheduler")
+
+    def train_once(self) -> tuple[dict[str, Any], float]:
+        self.model.set_weights(self.codec.unflatten(self.global_weights))
+        started = time.perf_counter()
+        history = self.model.fit(self.x, self.y, batch_size=self.cfg.train.batch_size, epochs=1,
+                                 verbose=0, shuffle=True)
+        return {k: float(v[-1]) for k, v in history.history.items()}, time.perf_counter() - started
+
+    def run_round(self, round_index: int) -> None:
+        self.transport.take_bytes()
+        self.transport.broadcast(self.global_weights)
+        metrics, train_seconds = self.train_once()
+        local = self.codec.flatten(self.model.get_weights())
+        report = Report(self.transport.rank, round_index, len(self.x), metrics.get("loss", float("nan")),
+                        metrics.get("accuracy", float("nan")), train_seconds)
+        method = self.cfg.aggregation.method
+        if method == "best":
+            self.score(report)
+            self.candidate = local
+        else:
+            local *= np.float32(aggregation.contribution_scale(
+                method, len(self.x), self.total_samples, self.transport.workers))
+            self.transport.reduce_sum(local)
+        report.bytes_before_report = self.transport.take_bytes()
+        self.transport.send_object(report, 0, TAG_REPORT)
+        self.log.debug("round %d: loss %.4f acc %.4f in %.2f s on %d samples", round_index,
+                       report.train_loss, report.train_accuracy, train_seconds, report.samples)
+
+    def score(self, report: Report) -> None:
+        """Best-of election: score this round's weights on the shared validation split."""
+        started = time.perf_counter()
+        result = self.model.evaluate(self.dataset.x_val, self.dataset.y_val, verbose=0,
+                                     batch_size=max(256, self.cfg.train.batch_size), return_dict=True)
+        report.val_loss, report.val_accuracy = float(result["loss"]), float(result["accuracy"])
+        report.eval_seconds = time.perf_counter() - started

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The whole test suite: install into .venv (with the test extras), lint, then pytest.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+source "$ROOT/scripts/setup_env.sh" test
+cd "$ROOT"
+"$ROOT/.venv/bin/ruff" check mpi_trainer tests scripts
+exec "$ROOT/.venv/bin/python" -m pytest -q "$@"
