@@ -1,0 +1,57 @@
+"""Shared fixtures: tiny datasets on disk and a bounded ``mpirun`` runner."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpi_trainer.logs import read_rounds
+from mpi_trainer.mpirun import mpirun_command
+
+ROOT = Path(__file__).resolve().parents[1]
+MPI_TIMEOUT = 240
+
+
+@dataclass
+class MpiResult:
+    returncode: int
+    output: str
+    run_dir: Path
+
+    def rounds(self) -> list[dict[str, str]]:
+        return read_rounds(self.run_dir / "rounds.csv")
+
+    def summary(self) -> dict:
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+
+def run_mpi(ranks: int, args: list[str], run_dir: Path | None = None, timeout: float = MPI_TIMEOUT,
+            extra_env: dict[str, str] | None = None) -> MpiResult:
+    """Run ``mpirun -n ranks python -m mpi_trainer ARGS``; a hang fails the test instead of CI."""
+    if run_dir is not None:
+        args = [*args, "--run-dir", str(run_dir)]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(extra_env or {})}
+    try:
+        proc = subprocess.run(mpirun_command(ranks, args), cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"mpirun did not finish within {timeout} s:\n{exc.stdout}\n{exc.stderr}")
+    return MpiResult(proc.returncode, proc.stdout + proc.stderr, run_dir or ROOT)
+
+
+@pytest.fixture
+def tiny_npz(tmp_path: Path) -> Path:
+    """A small, learnable 3-class image set in Keras' layout (uint8, 8x8)."""
+    rng = np.random.default_rng(0)
+    centres = rng.integers(0, 256, size=(3, 8, 8))
+    labels = rng.integers(0, 3, size=360)
+    images = np.clip(centres[labels] + rng.normal(0, 40, size=(360, 8, 8)), 0, 255).astype(np.uint8)
+    path = tmp_path / "tiny.npz"
+    np.savez(path, x_train=images[:300], y_train=labels[:300], x_test=images[300:], y_test=labels[300:])
+    return path
