@@ -22,8 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="train (run under mpirun -n N, N >= 2)")
     _add_config_args(train)
     train.add_argument("--run-dir", help="directory for the run's files (default runs/<config>-<time>)")
-    check = commands.add_parser("check", help="validate a config without MPI")
+    check = commands.add_parser("check", help="validate a config without MPI (loads data, builds the model)")
     _add_config_args(check)
+    check.add_argument("--workers", type=int, help="also check the data splits into this many blocks")
     return parser
 
 
@@ -35,7 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         if args.command == "check":
-            print(f"{args.config}: OK")
+            from mpi_trainer.job import check
+
+            print(f"{args.config}: OK: {check(cfg, args.workers)}")
             print(cfg.to_toml(), end="")
             return 0
         from mpi_trainer.job import train

@@ -172,6 +172,17 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
+    def __post_init__(self) -> None:
+        needs_validation = {
+            "aggregation.method": (self.aggregation.method == "best", "'best' elects on the validation split"),
+            "early_stopping.monitor": (self.early_stopping.monitor.startswith("val_"),
+                                       f"{self.early_stopping.monitor!r} is measured on the validation split"),
+        }
+        for key, (needed, why) in needs_validation.items():
+            if needed and self.data.validation_size == 0:
+                raise ConfigError(f"`data.validation_size` must be > 0 because `{key}` = {why}. "
+                                  f"Received: data.validation_size=0.0")
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

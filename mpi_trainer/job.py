@@ -83,6 +83,22 @@ def setup(transport: Transport, cfg: Config, config_path: str | None, run_dir: s
     return dataset, model, plan, path
 
 
+def check(cfg: Config, workers: int | None = None) -> str:
+    """Validate without MPI: load the data and build the model; return a one-line description."""
+    from mpi_trainer.data.partition import block_bounds
+    from mpi_trainer.data.sources import load_dataset
+    from mpi_trainer.models import build_model
+
+    dataset = load_dataset(cfg.data, cfg.train.seed)
+    model, _ = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+    if workers is not None:
+        try:
+            block_bounds(len(dataset.x_train), workers)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    return f"{dataset.describe()}; model {cfg.model.name} with {model.count_params()} parameters"
+
+
 def log_plan(plan: Any, dataset: Any) -> None:
     log = get_logger()
     log.info("dataset %s", dataset.describe())
