@@ -92,7 +92,7 @@ class RoundLog:
 
 def _fmt(value: Any) -> Any:
     if isinstance(value, float):
-        return f"{value:.6g}"
+        return f"{value:.10g}"
     return value
 
 
