@@ -83,6 +83,9 @@ class RoundLog:
         os.fsync(self._handle.fileno())
 
     def write(self, row: dict[str, Any]) -> None:
+        unknown = set(row) - set(self.fieldnames)
+        if unknown:
+            raise ValueError(f"rounds.csv has no columns {sorted(unknown)}; columns: {self.fieldnames}")
         self._writer.writerow({k: _fmt(row.get(k, "")) for k in self.fieldnames})
         self._sync()
 
