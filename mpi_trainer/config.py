@@ -154,6 +154,18 @@ class CheckpointConfig(_Section):
 
 
 @dataclass
+class CommConfig(_Section):
+    prefix: ClassVar[str] = "comm"
+    # Longest sleep between two polls of a pending MPI request, in seconds. Polling keeps a
+    # waiting rank off the CPU; 0 selects plain blocking MPI waits, which spin a core.
+    poll_interval: float = 0.005
+
+    def __post_init__(self) -> None:
+        self._non_negative("poll_interval")
+        self._require(self.poll_interval <= 1.0, "poll_interval", "must be <= 1 second")
+
+
+@dataclass
 class LogConfig(_Section):
     prefix: ClassVar[str] = "log"
     verbosity: int = 1
@@ -170,6 +182,7 @@ class Config:
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self) -> None:

@@ -108,7 +108,7 @@ def log_plan(plan: Any, dataset: Any) -> None:
 
 def train(cfg: Config, config_path: str | None, run_dir: str | None) -> int:
     """Entry for ``mpi_trainer train`` on every rank; returns the exit code."""
-    transport = Transport()
+    transport = Transport(max_sleep=cfg.comm.poll_interval)
     setup_logging(transport.rank, transport.size, transport.host, cfg.log.verbosity)
     check_world(transport)
     install_abort_on_error(transport)

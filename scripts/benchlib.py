@@ -1,0 +1,40 @@
+"""Helpers shared by the benchmark scripts: run a job, read its summary, make synthetic images."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mpi_trainer.logs import read_rounds  # noqa: E402
+from mpi_trainer.mpirun import mpirun_command  # noqa: E402
+
+
+def run_job(ranks: int, config: str, overrides: list[str], run_dir: Path) -> tuple[dict, list[dict]]:
+    """Run one training job under mpirun; return its summary and rounds."""
+    args = ["train", config, "--run-dir", str(run_dir)]
+    for item in overrides:
+        args += ["--set", item]
+    proc = subprocess.run(mpirun_command(ranks, args), cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"job failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return summary, read_rounds(run_dir / "rounds.csv")
+
+
+def synthetic_images(path: Path, samples: int, side: int = 28, classes: int = 10, seed: int = 0) -> Path:
+    """A learnable MNIST-shaped set: noisy class prototypes, uint8, Keras' layout."""
+    rng = np.random.default_rng(seed)
+    prototypes = rng.integers(0, 256, size=(classes, side, side))
+    labels = rng.integers(0, classes, size=samples)
+    images = np.clip(prototypes[labels] + rng.normal(0, 60, size=(samples, side, side)), 0, 255)
+    split = samples * 5 // 6
+    np.savez(path, x_train=images[:split].astype(np.uint8), y_train=labels[:split],
+             x_test=images[split:].astype(np.uint8), y_test=labels[split:])
+    return path
