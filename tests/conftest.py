@@ -32,14 +32,15 @@ class MpiResult:
 
 
 def run_mpi(ranks: int, args: list[str], run_dir: Path | None = None, timeout: float = MPI_TIMEOUT,
-            extra_env: dict[str, str] | None = None) -> MpiResult:
+            extra_env: dict[str, str] | None = None, machinefile: str | None = None,
+            mpirun_args: list[str] | None = None) -> MpiResult:
     """Run ``mpirun -n ranks python -m mpi_trainer ARGS``; a hang fails the test instead of CI."""
     if run_dir is not None:
         args = [*args, "--run-dir", str(run_dir)]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(extra_env or {})}
     try:
-        proc = subprocess.run(mpirun_command(ranks, args), cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=timeout)
+        command = mpirun_command(ranks, args, machinefile, mpirun_args)
+        proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"mpirun did not finish within {timeout} s:\n{exc.stdout}\n{exc.stderr}")
     return MpiResult(proc.returncode, proc.stdout + proc.stderr, run_dir or ROOT)
