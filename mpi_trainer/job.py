@@ -63,24 +63,47 @@ def setup(transport: Transport, cfg: Config, config_path: str | None, run_dir: s
     import keras
 
     from mpi_trainer.data.partition import block_bounds
-    from mpi_trainer.data.sources import load_dataset
     from mpi_trainer.messages import JobPlan
     from mpi_trainer.models import build_model
 
     dataset = model = plan = path = None
     error = None
     try:
-        dataset = load_dataset(cfg.data, cfg.train.seed)
+        dataset = load_dataset_for_rank(transport.rank, cfg)
+        bounds = block_bounds(dataset.num_train, transport.workers)  # every rank fails alike
         if transport.rank == 0:
             keras.utils.set_random_seed(cfg.train.seed)
-            bounds = block_bounds(len(dataset.x_train), transport.workers)
             model, spec = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
-            plan = JobPlan(cfg.to_dict(), spec, bounds, cfg.train.seed, len(dataset.x_train))
+            plan = JobPlan(cfg.to_dict(), spec, bounds, cfg.train.seed, dataset.num_train)
             path = prepare_run_dir(Path(run_dir) if run_dir else default_run_dir(config_path), cfg)
     except (InputError, ValueError) as exc:
         error = str(exc)
     agree(transport, error)
     return dataset, model, plan, path
+
+
+def load_dataset_for_rank(rank: int, cfg: Config) -> Any:
+    """The scheduler reads validation and test features; a worker only what it scores on."""
+    from mpi_trainer.data.augmentation import check_image_input
+    from mpi_trainer.data.sources import load_dataset
+
+    scores = rank == 0 or cfg.aggregation.method == "best"
+    dataset = load_dataset(cfg.data, cfg.train.seed, read_val=scores, read_test=rank == 0)
+    check_image_input(cfg.data.augmentation, dataset.input_shape)
+    return dataset
+
+
+def place_training_data(transport: Transport, cfg: Config, dataset: Any, plan: Any) -> Any:
+    """Workers get their training rows (shared file or scatter); any failure fails every rank."""
+    from mpi_trainer.data.placement import place_data
+
+    data, error = None, None
+    try:
+        data = place_data(transport, cfg, dataset, plan)
+    except (InputError, ValueError) as exc:
+        error = str(exc)
+    agree(transport, error)
+    return data
 
 
 def log_plan(plan: Any, dataset: Any) -> None:
@@ -102,6 +125,7 @@ def train(cfg: Config, config_path: str | None, run_dir: str | None) -> int:
     get_logger().debug("%d threads (%d cores, ranks on this node: %s)", threads, node_cores, node_ranks)
     dataset, model, plan, path = setup(transport, cfg, config_path, run_dir)
     plan = transport.bcast_object(plan)
+    worker_data = place_training_data(transport, cfg, dataset, plan)
     if transport.rank == 0:
         from mpi_trainer.scheduler import Scheduler
 
@@ -114,7 +138,7 @@ def train(cfg: Config, config_path: str | None, run_dir: str | None) -> int:
         from mpi_trainer.worker import Worker
 
         keras.utils.set_random_seed(cfg.train.seed + transport.rank)
-        Worker(transport, plan, dataset, cfg).run()
+        Worker(transport, plan, dataset, cfg, worker_data).run()
     return 0
 
 
