@@ -109,6 +109,8 @@ def place_training_data(transport: Transport, cfg: Config, dataset: Any, plan: A
 def log_plan(plan: Any, dataset: Any) -> None:
     log = get_logger()
     log.info("dataset %s", dataset.describe())
+    if dataset.class_names:
+        log.info("%s: string labels mapped to classes: %s", dataset.name, dataset.label_mapping())
     for index, (start, end) in enumerate(plan.block_bounds):
         log.info("worker rank %d: block start %d end %d size %d", index + 1, start, end, end - start)
 

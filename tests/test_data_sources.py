@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import h5py
@@ -63,7 +62,7 @@ def test_h5_without_the_named_datasets_is_an_error(tmp_path):
     path = _h5(tmp_path / "d.h5", images=np.zeros((10, 4)), labels=np.zeros(10))
     with pytest.raises(DataError, match=r"must hold datasets x_train.*Received: \['images', 'labels'\]"):
         _load(f"data.source={path}")
-    with pytest.raises(DataError, match=r"`data.datasets` names arrays .*\['x'\].*data.datasets=\['x', 'labels'\]"):
+    with pytest.raises(DataError, match=r"names arrays .*\['x'\].*data.datasets=\['x', 'labels'\]"):
         _load(f"data.source={path}", "data.datasets=['x', 'labels']")
 
 
@@ -71,7 +70,8 @@ def test_uncompressed_npz_features_are_memory_mapped(tmp_path):
     x, y = _images()
     np.savez(tmp_path / "plain.npz", x=x, y=y)
     np.savez_compressed(tmp_path / "packed.npz", x=x, y=y)
-    plain, packed = _load(f"data.source={tmp_path / 'plain.npz'}"), _load(f"data.source={tmp_path / 'packed.npz'}")
+    plain = _load(f"data.source={tmp_path / 'plain.npz'}")
+    packed = _load(f"data.source={tmp_path / 'packed.npz'}")
     assert isinstance(plain.train.features, np.memmap)
     assert not isinstance(packed.train.features, np.memmap)
     np.testing.assert_array_equal(plain.x_train, packed.x_train)
@@ -89,12 +89,11 @@ def _admissions(path: Path, rows: int = 60, label_text: bool = True) -> Path:
     return path
 
 
-def test_csv_label_column_string_labels_and_train_only_standardisation(tmp_path, caplog):
+def test_csv_label_column_string_labels_and_train_only_standardisation(tmp_path):
     path = _admissions(tmp_path / "admit.csv")
-    with caplog.at_level(logging.INFO, logger="mpi_trainer"):
-        data = _load(f"data.source={path}", "data.label=admitted")
+    data = _load(f"data.source={path}", "data.label=admitted")
     assert data.class_names == ["no", "yes"] and data.num_classes == 2
-    assert "{'no': 0, 'yes': 1}" in caplog.text
+    assert data.label_mapping() == {"no": 0, "yes": 1}
     assert data.input_shape == (3,)
     np.testing.assert_allclose(data.x_train.mean(axis=0), 0, atol=1e-5)
     np.testing.assert_allclose(data.x_train.std(axis=0), 1, atol=1e-5)
@@ -158,7 +157,7 @@ def test_empty_split_and_too_few_samples_for_the_workers(tmp_path):
     np.savez(tmp_path / "tiny.npz", x=x, y=y)
     with pytest.raises(DataError, match="the train split is empty"):
         _load(f"data.source={tmp_path / 'tiny.npz'}", "data.test_size=0.5", "data.validation_size=0.5")
-    with pytest.raises(ValueError, match="at least one training sample per worker. Received: 9 samples for 10"):
+    with pytest.raises(ValueError, match="one training sample per worker. Received: 9 samples for 10"):
         block_bounds(9, 10)
 
 

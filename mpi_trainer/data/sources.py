@@ -20,7 +20,6 @@ import numpy as np
 from mpi_trainer.config import DataConfig
 from mpi_trainer.data.readers import TABULAR_BUILTINS, RawArrays, read_file, read_npz, read_rows, read_sklearn
 from mpi_trainer.errors import DataError
-from mpi_trainer.logs import get_logger
 
 KERAS_BUILTINS = {
     "mnist": "mnist.npz",
@@ -146,6 +145,10 @@ class Dataset:
     def y_train(self) -> np.ndarray:
         return self.train.labels[self.train.rows]
 
+    def label_mapping(self) -> dict[str, int]:
+        """String label -> class index, for sources whose labels were text."""
+        return {label: index for index, label in enumerate(self.class_names or [])}
+
     def describe(self) -> str:
         return (f"{self.name}: {self.num_train} train / {len(self.y_val)} validation / "
                 f"{len(self.y_test)} test samples, input {self.input_shape}, {self.num_classes} classes")
@@ -244,9 +247,6 @@ def load_dataset(cfg: DataConfig, seed: int, read_val: bool = True, read_test: b
     num_classes = _validate(raw, splits, name)
     if raw.tabular or cfg.source in TABULAR_BUILTINS:
         _standardise(raw, splits.train)
-    if raw.class_names:
-        get_logger().info("%s: string labels mapped to classes: %s", name,
-                          {label: i for i, label in enumerate(raw.class_names)})
     x_test_source = raw.x if raw.x_test is None else raw.x_test
     y_test_source = raw.y if raw.x_test is None else raw.y_test
     val_rows = splits.val if read_val else splits.val[:0]
