@@ -20,7 +20,7 @@ import numpy as np
 from mpi_trainer import aggregation
 from mpi_trainer.comm import TAG_ORDER, TAG_REPORT, Transport
 from mpi_trainer.config import Config
-from mpi_trainer.data.placement import WorkerData
+from mpi_trainer.data.placement import WorkerData, peak_rss_mib
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.logs import get_logger
 from mpi_trainer.messages import ROUND, SEND_WEIGHTS, STOP, JobPlan, Report
@@ -49,7 +49,7 @@ class Worker:
         while True:
             order = self.transport.recv_object(0, TAG_ORDER).payload
             if order.kind == STOP:
-                self.log.debug("stop received")
+                self.log.debug("stop received; peak RSS %.1f MiB", peak_rss_mib())
                 return
             if order.kind == SEND_WEIGHTS:
                 self.transport.send_array(self.candidate, 0)

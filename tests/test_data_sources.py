@@ -167,3 +167,32 @@ def test_validation_split_comes_from_training_and_workers_skip_evaluation_reads(
     worker = _load("data.source=digits", "data.validation_size=0.25", read_val=False, read_test=False)
     assert len(worker.y_val) == len(worker.y_test) == 0 and worker.num_train == full.num_train
     np.testing.assert_array_equal(worker.train.rows, full.train.rows)
+
+
+@pytest.mark.parametrize("name, where", [("cifar10", "cifar-10-batches-py"),
+                                         ("fashion_mnist", "fashion-mnist")])
+def test_keras_builtins_offline_say_which_file_to_put_where(tmp_path, monkeypatch, name, where):
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    expected = rf"not available offline .*Put Keras' copy at {tmp_path}/datasets/{where}"
+    with pytest.raises(DataError, match=expected):
+        _load(f"data.source={name}")
+
+
+def test_scatter_rows_give_a_worker_the_same_arrays_as_the_shared_file(tmp_path):
+    from types import SimpleNamespace
+
+    from mpi_trainer.data.increment import positions_needed
+    from mpi_trainer.data.placement import HeldRows, WorkerData, fixed_positions
+
+    x, y = _images(200)
+    path = _h5(tmp_path / "d.h5", x=x, y=y)
+    cfg = load_config(None, [f"data.source={path}", "data.increment.enabled=true", "train.epochs=3"])
+    data = load_dataset(cfg.data, 0)
+    plan = SimpleNamespace(num_train=data.num_train, shuffle_seed=0,
+                           block_bounds=block_bounds(data.num_train, 3))
+    needed = positions_needed(data.num_train, fixed_positions(plan, 2), 3, 2, 0, cfg.data.increment)
+    shared = WorkerData(data.train, plan, 2, cfg)
+    scattered = WorkerData(HeldRows(needed, *data.train.read(needed)), plan, 2, cfg)
+    for round_index in range(3):
+        for a, b in zip(shared.for_round(round_index), scattered.for_round(round_index)):
+            np.testing.assert_array_equal(a, b)

@@ -69,3 +69,12 @@ def test_bad_activation_or_loss_names_the_key(key, value):
     expected = rf"`model.{key}` must be one of .* Received: model.{key}='{value}'$"
     with pytest.raises(ConfigError, match=expected):
         _model_cfg(f"model.{key}={value}")
+
+
+@pytest.mark.parametrize("config, shape", [("configs/mnist_nin.toml", (28, 28, 1)),
+                                           ("configs/cifar10_resnet.toml", (32, 32, 3)),
+                                           ("configs/cifar10_densenet.toml", (32, 32, 3))])
+def test_shipped_image_configs_build_their_model_for_their_dataset(config, shape):
+    cfg = load_config(config)
+    model, _ = build_model(cfg.model, shape, 10)
+    assert model.name == cfg.model.name and model.outputs[0].shape[-1] == 10
