@@ -29,6 +29,8 @@ from mpi_trainer.mpirun import mpirun_command  # noqa: E402
 
 SAMPLE_SHAPE = (32, 32, 3)
 RSS_LINE = re.compile(r"\[rank (\d+)/\d+ [^\]]*\] DEBUG stop received; peak RSS ([\d.]+) MiB")
+LOADED_LINE = re.compile(r"DEBUG worker rank (\d+): block of \d+ rows in memory \([\d.]+ MiB\), "
+                         r"peak RSS ([\d.]+) MiB")
 
 
 def write_h5(path: Path, megabytes: int) -> int:
@@ -52,14 +54,16 @@ def overrides(source: Path) -> list[str]:
     return [arg for item in sets for arg in ("--set", item)]
 
 
-def worker_peaks(workers: int, source: Path, run_dir: Path) -> dict[int, float]:
+def worker_peaks(workers: int, source: Path, run_dir: Path) -> tuple[dict[int, float], dict[int, float]]:
+    """Per worker rank: peak RSS once its block is loaded, and at the end of the run."""
     args = ["train", "configs/quickstart.toml", *overrides(source), "--run-dir", str(run_dir)]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     proc = subprocess.run(mpirun_command(workers + 1, args), cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=900)
     if proc.returncode != 0:
         raise SystemExit(f"run with {workers} workers failed:\n{proc.stdout}\n{proc.stderr}")
-    return {int(rank): float(mib) for rank, mib in RSS_LINE.findall(proc.stdout)}
+    loaded = {int(rank): float(mib) for rank, mib in LOADED_LINE.findall(proc.stdout)}
+    return loaded, {int(rank): float(mib) for rank, mib in RSS_LINE.findall(proc.stdout)}
 
 
 def whole_split_peak(source: Path) -> float:
@@ -95,13 +99,15 @@ def main() -> None:
         print(f"reference: one process reading the whole training split: peak RSS {whole:.0f} MiB")
         results = {}
         for workers in (1, 3):
-            peaks = worker_peaks(workers, source, Path(tmp) / f"run{workers}")
+            loaded, peaks = worker_peaks(workers, source, Path(tmp) / f"run{workers}")
             block_mib = train / workers * np.prod(SAMPLE_SHAPE) * 4 / 2**20
             results[workers] = peaks
-            print(f"{workers} worker(s): block {train // workers} samples ({block_mib:.0f} MiB); "
-                  f"worker peak RSS " + ", ".join(f"rank {r} {v:.0f} MiB" for r, v in sorted(peaks.items())))
+            print(f"{workers} worker(s): block {train // workers} samples ({block_mib:.0f} MiB); worker peak RSS "
+                  "after loading its block: " + ", ".join(f"rank {r} {v:.0f}" for r, v in sorted(loaded.items()))
+                  + " MiB; at the end of the round: "
+                  + ", ".join(f"rank {r} {v:.0f}" for r, v in sorted(peaks.items())) + " MiB")
         ratio = max(results[3].values()) / max(results[1].values())
-        print(f"ratio of worker peak RSS, 3 workers / 1 worker: {ratio:.2f}")
+        print(f"ratio of worker peak RSS at the end, 3 workers / 1 worker: {ratio:.2f}")
     print("benchmark file deleted")
 
 

@@ -38,15 +38,26 @@ class RawArrays:
     keep_open: list[Any] = field(default_factory=list)  # file handles the lazy arrays need
 
 
+# Rows fetched per read: big enough for efficient HDF5 hyperslab reads, small enough that the
+# temporary copy is negligible next to the block being assembled.
+READ_CHUNK_ROWS = 4096
+
+
 def read_rows(array: Any, rows: np.ndarray) -> np.ndarray:
-    """``array[rows]`` for numpy, memmap and h5py arrays, reading rows in increasing order."""
+    """``array[rows]`` for numpy, memmap and h5py arrays.
+
+    Rows are fetched in increasing order (h5py requires it, and it is the fast
+    way through a file) a chunk at a time, and written straight into the
+    result, so reading a block costs the block plus one chunk of memory.
+    """
     rows = np.asarray(rows, dtype=np.int64)
-    if len(rows) == 0:
-        return np.empty((0, *array.shape[1:]), dtype=array.dtype)
+    out = np.empty((len(rows), *array.shape[1:]), dtype=array.dtype)
     order = np.argsort(rows, kind="stable")
     ascending = rows[order]
-    out = np.empty((len(rows), *array.shape[1:]), dtype=array.dtype)
-    out[order] = array[ascending] if isinstance(array, np.ndarray) else array[ascending.tolist()]
+    for start in range(0, len(rows), READ_CHUNK_ROWS):
+        wanted = ascending[start:start + READ_CHUNK_ROWS]
+        fetched = array[wanted] if isinstance(array, np.ndarray) else array[wanted.tolist()]
+        out[order[start:start + READ_CHUNK_ROWS]] = fetched
     return out
 
 
