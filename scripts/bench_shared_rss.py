@@ -82,6 +82,10 @@ def whole_split_peak(source: Path) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def by_rank(values: dict[int, float]) -> str:
+    return ", ".join(f"rank {rank} {mib:.0f} MiB" for rank, mib in sorted(values.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="worker peak RSS, shared placement, 1 vs 3 workers")
     parser.add_argument("--megabytes", type=int, default=300)
@@ -102,10 +106,8 @@ def main() -> None:
             loaded, peaks = worker_peaks(workers, source, Path(tmp) / f"run{workers}")
             block_mib = train / workers * np.prod(SAMPLE_SHAPE) * 4 / 2**20
             results[workers] = peaks
-            print(f"{workers} worker(s): block {train // workers} samples ({block_mib:.0f} MiB); worker peak RSS "
-                  "after loading its block: " + ", ".join(f"rank {r} {v:.0f}" for r, v in sorted(loaded.items()))
-                  + " MiB; at the end of the round: "
-                  + ", ".join(f"rank {r} {v:.0f}" for r, v in sorted(peaks.items())) + " MiB")
+            print(f"{workers} worker(s): block {train // workers} samples ({block_mib:.0f} MiB); worker peak "
+                  f"RSS after loading its block: {by_rank(loaded)}; at the end of the round: {by_rank(peaks)}")
         ratio = max(results[3].values()) / max(results[1].values())
         print(f"ratio of worker peak RSS at the end, 3 workers / 1 worker: {ratio:.2f}")
     print("benchmark file deleted")
