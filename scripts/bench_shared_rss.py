@@ -107,7 +107,7 @@ def main() -> None:
             block_mib = train / workers * np.prod(SAMPLE_SHAPE) * 4 / 2**20
             results[workers] = peaks
             print(f"{workers} worker(s): block {train // workers} samples ({block_mib:.0f} MiB); worker peak "
-                  f"RSS after loading its block: {by_rank(loaded)}; at the end of the round: {by_rank(peaks)}")
+                  f"RSS after loading its block: {by_rank(loaded)}; at the end: {by_rank(peaks)}")
         ratio = max(results[3].values()) / max(results[1].values())
         print(f"ratio of worker peak RSS at the end, 3 workers / 1 worker: {ratio:.2f}")
     print("benchmark file deleted")
