@@ -133,7 +133,9 @@ class DataConfig(_Section):
                 f"must be a built-in dataset {list(BUILTIN_DATASETS)} "
                 f"or a file ending in one of {list(DATA_SUFFIXES)}",
             )
-            self._require(path.is_file(), "source", "names a data file that does not exist")
+            # Under scatter only rank 0 reads the file (it checks it exists when it opens it).
+            self._require(path.is_file() or self.placement == "scatter", "source",
+                          "names a data file that does not exist")
         else:
             self._choice("source", BUILTIN_DATASETS)
         self._require(self.is_csv or not (self.label or self.features), "label",

@@ -70,7 +70,8 @@ def setup(transport: Transport, cfg: Config, config_path: str | None, run_dir: s
     error = None
     try:
         dataset = load_dataset_for_rank(transport.rank, cfg)
-        bounds = block_bounds(dataset.num_train, transport.workers)  # every rank fails alike
+        if dataset is not None:
+            bounds = block_bounds(dataset.num_train, transport.workers)  # every reader fails alike
         if transport.rank == 0:
             keras.utils.set_random_seed(cfg.train.seed)
             model, spec = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
@@ -83,27 +84,36 @@ def setup(transport: Transport, cfg: Config, config_path: str | None, run_dir: s
 
 
 def load_dataset_for_rank(rank: int, cfg: Config) -> Any:
-    """The scheduler reads validation and test features; a worker only what it scores on."""
+    """The scheduler reads validation and test features; a worker only what it scores on.
+
+    Under ``data.placement = "scatter"`` a worker reads nothing (its node may
+    not see the file): its rows arrive from the scheduler after set-up.
+    """
     from mpi_trainer.data.augmentation import check_image_input
     from mpi_trainer.data.sources import load_dataset
 
+    if rank != 0 and cfg.data.placement == "scatter":
+        return None
     scores = rank == 0 or cfg.aggregation.method == "best"
     dataset = load_dataset(cfg.data, cfg.train.seed, read_val=scores, read_test=rank == 0)
     check_image_input(cfg.data.augmentation, dataset.input_shape)
     return dataset
 
 
-def place_training_data(transport: Transport, cfg: Config, dataset: Any, plan: Any) -> Any:
-    """Workers get their training rows (shared file or scatter); any failure fails every rank."""
+def place_training_data(transport: Transport, cfg: Config, dataset: Any, plan: Any) -> tuple[Any, Any]:
+    """Workers get their training rows (shared file or scatter); any failure fails every rank.
+
+    Returns (the worker's data or None on rank 0, the dataset this rank goes on with).
+    """
     from mpi_trainer.data.placement import place_data
 
-    data, error = None, None
+    placed, error = (None, dataset), None
     try:
-        data = place_data(transport, cfg, dataset, plan)
+        placed = place_data(transport, cfg, dataset, plan)
     except (InputError, ValueError) as exc:
         error = str(exc)
     agree(transport, error)
-    return data
+    return placed
 
 
 def log_plan(plan: Any, dataset: Any) -> None:
@@ -127,7 +137,7 @@ def train(cfg: Config, config_path: str | None, run_dir: str | None) -> int:
     get_logger().debug("%d threads (%d cores, ranks on this node: %s)", threads, node_cores, node_ranks)
     dataset, model, plan, path = setup(transport, cfg, config_path, run_dir)
     plan = transport.bcast_object(plan)
-    worker_data = place_training_data(transport, cfg, dataset, plan)
+    worker_data, dataset = place_training_data(transport, cfg, dataset, plan)
     if transport.rank == 0:
         from mpi_trainer.scheduler import Scheduler
 

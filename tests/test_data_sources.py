@@ -196,3 +196,15 @@ def test_scatter_rows_give_a_worker_the_same_arrays_as_the_shared_file(tmp_path)
     for round_index in range(3):
         for a, b in zip(shared.for_round(round_index), scattered.for_round(round_index)):
             np.testing.assert_array_equal(a, b)
+
+
+def test_under_scatter_only_rank_0_needs_the_file(tmp_path):
+    from mpi_trainer.job import load_dataset_for_rank
+
+    missing = tmp_path / "on_rank_0_only.h5"
+    with pytest.raises(ConfigError, match="names a data file that does not exist"):
+        load_config(None, [f"data.source={missing}"])
+    cfg = load_config(None, [f"data.source={missing}", "data.placement=scatter"])
+    assert load_dataset_for_rank(1, cfg) is None  # a worker's node may not see the file
+    with pytest.raises(DataError, match=rf"does not exist. Received: data.source='{missing}'"):
+        load_dataset_for_rank(0, cfg)

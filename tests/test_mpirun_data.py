@@ -3,6 +3,7 @@ scatter from a CSV, and bad data failing on every rank."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import h5py
@@ -52,15 +53,18 @@ def test_shared_h5_with_random_increment_and_augmentation(tmp_path):
 
 
 def test_scatter_sends_blocks_from_a_csv_and_counts_the_bytes(tmp_path):
+    # best-of election: workers score on the validation split, which scatter sends them too
     result = run_mpi(3, ["train", "configs/csv_example.toml", "--set", "data.placement=scatter",
-                         "--set", "train.epochs=3"], tmp_path / "run")
+                         "--set", "aggregation.method=best", "--set", "train.epochs=3"], tmp_path / "run")
     assert result.returncode == 0, result.output
     log = (tmp_path / "run" / "train.log").read_text()
     assert "string labels mapped to classes: {'no': 0, 'yes': 1}" in log
     assert "scatter: sent worker rank 1" in log and "scatter: sent worker rank 2" in log
+    assert "and the validation split" in log and "election" in log
     summary = result.summary()
-    num_train = int(summary["dataset"].split(": ")[1].split(" train")[0])
-    scattered = num_train * (8 + 3 * 4 + 4)  # int64 position, 3 float32 features, int32 label per row
+    num_train, num_val = map(int, re.search(r": (\d+) train / (\d+) validation", summary["dataset"]).groups())
+    # per training row an int64 position, 3 float32 features, an int32 label; per validation row the last two
+    scattered = num_train * (8 + 3 * 4 + 4) + num_val * (3 * 4 + 4)
     round_bytes = sum(int(r["bytes"]) for r in result.rounds())
     assert summary["traffic_bytes"] - round_bytes >= scattered
     assert summary["final_test_accuracy"] > 0.8

@@ -19,11 +19,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from mpi_trainer.comm import TAG_DATA
 from mpi_trainer.config import Config
 from mpi_trainer.data.augmentation import augment, build_augmenter
 from mpi_trainer.data.increment import draw_extra, extra_count, positions_needed, share_line
 from mpi_trainer.data.partition import shuffled_order
-from mpi_trainer.data.sources import Dataset
+from mpi_trainer.data.sources import Dataset, validation_only
 from mpi_trainer.logs import get_logger
 
 
@@ -89,29 +90,55 @@ class WorkerData:
         return augment(x, self.augmenter), y
 
 
+def _sends_validation(cfg: Config) -> bool:
+    return cfg.aggregation.method == "best"  # workers score best-of candidates on it
+
+
 def scatter_rows(transport: Any, cfg: Config, dataset: Dataset, plan: Any) -> None:
-    """Scheduler side of ``scatter``: send each worker every training row it will use."""
+    """Scheduler side of ``scatter``: send each worker every training row it will use.
+
+    Workers under ``scatter`` never open the source, so best-of election's
+    validation rows travel too.
+    """
     for rank in range(1, transport.size):
         positions = positions_needed(plan.num_train, fixed_positions(plan, rank), cfg.train.epochs, rank,
                                      cfg.train.seed, cfg.data.increment)
         x, y = dataset.train.read(positions)
-        for array in (positions, x, y):
+        arrays = [positions, x, y]
+        if _sends_validation(cfg):
+            arrays += [dataset.x_val, dataset.y_val]
+        transport.send_object((dataset.name, dataset.input_shape, dataset.num_classes), rank, TAG_DATA)
+        for array in arrays:
             transport.send_large_array(array, rank)
-        get_logger().info("scatter: sent worker rank %d %d training rows (%.2f MB)", rank, len(positions),
-                          (positions.nbytes + x.nbytes + y.nbytes) / 1e6)
+        get_logger().info("scatter: sent worker rank %d %d training rows%s (%.2f MB)", rank, len(positions),
+                          " and the validation split" if _sends_validation(cfg) else "",
+                          sum(a.nbytes for a in arrays) / 1e6)
 
 
-def receive_rows(transport: Any) -> HeldRows:
+def receive_rows(transport: Any, cfg: Config) -> tuple[HeldRows, Dataset]:
+    name, input_shape, num_classes = transport.recv_object(0, TAG_DATA).payload
     positions, x, y = (transport.recv_large_array(0) for _ in range(3))
-    return HeldRows(positions, x, y)
+    if _sends_validation(cfg):
+        x_val, y_val = transport.recv_large_array(0), transport.recv_large_array(0)
+    else:
+        x_val, y_val = np.empty((0, *input_shape), np.float32), np.empty(0, np.int32)
+    return HeldRows(positions, x, y), validation_only(name, x_val, y_val, input_shape, num_classes)
 
 
-def place_data(transport: Any, cfg: Config, dataset: Dataset, plan: Any) -> WorkerData | None:
-    """Give every worker its training rows; returns the worker's :class:`WorkerData` (None on rank 0)."""
+def place_data(transport: Any, cfg: Config, dataset: Dataset | None,
+               plan: Any) -> tuple[WorkerData | None, Dataset | None]:
+    """Give every worker its training rows.
+
+    Returns the worker's :class:`WorkerData` (None on rank 0) and the dataset
+    the rank goes on with: under ``scatter`` a worker loaded none at set-up
+    and gets a validation-only one here.
+    """
     scatter = cfg.data.placement == "scatter"
     if transport.rank == 0:
         if scatter:
             scatter_rows(transport, cfg, dataset, plan)
-        return None
-    source = receive_rows(transport) if scatter else dataset.train
-    return WorkerData(source, plan, transport.rank, cfg)
+        return None, dataset
+    if scatter:
+        held, dataset = receive_rows(transport, cfg)
+        return WorkerData(held, plan, transport.rank, cfg), dataset
+    return WorkerData(dataset.train, plan, transport.rank, cfg), dataset

@@ -219,6 +219,9 @@ def read_sklearn(name: str) -> RawArrays:
 
 def read_file(cfg: DataConfig) -> RawArrays:
     path = Path(cfg.source).expanduser()
+    if not path.is_file():
+        raise DataError(f"`data.source` names a data file that does not exist. "
+                        f"Received: data.source={cfg.source!r}")
     suffix = path.suffix.lower()
     if suffix == ".npz":
         return read_npz(path, cfg.datasets)

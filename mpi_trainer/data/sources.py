@@ -258,3 +258,13 @@ def load_dataset(cfg: DataConfig, seed: int, read_val: bool = True, read_test: b
     train = TrainRows(name, raw.x, raw.y, splits.train, raw.keep_open)
     return Dataset(name, train, x_val, raw.y[val_rows], x_test, y_test_source[test_rows], num_classes,
                    feature_shape(raw.x), raw.class_names)
+
+
+def validation_only(name: str, x_val: np.ndarray, y_val: np.ndarray, input_shape: tuple[int, ...],
+                    num_classes: int) -> Dataset:
+    """A worker's dataset under ``scatter``: no file access, only the validation rows it scores on."""
+    empty_x = np.empty((0, *input_shape), dtype=np.float32)
+    no_rows = np.empty(0, dtype=np.int64)
+    train = TrainRows(name, empty_x, np.empty(0, dtype=np.int32), no_rows)
+    return Dataset(name, train, x_val, y_val, empty_x, np.empty(0, dtype=np.int32), num_classes,
+                   tuple(input_shape))
