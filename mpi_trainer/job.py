@@ -92,11 +92,14 @@ def load_dataset_for_rank(rank: int, cfg: Config) -> Any:
     from mpi_trainer.data.augmentation import check_image_input
     from mpi_trainer.data.sources import load_dataset
 
-    if rank != 0 and cfg.data.placement == "scatter":
+    scatter = cfg.data.placement == "scatter"
+    if rank != 0 and scatter:
         return None
     scores = rank == 0 or cfg.aggregation.method == "best"
     dataset = load_dataset(cfg.data, cfg.train.seed, read_val=scores, read_test=rank == 0)
     check_image_input(cfg.data.augmentation, dataset.input_shape)
+    if scatter:
+        dataset.train.check_all()  # bad rows must fail here, not half-way through sending blocks
     return dataset
 
 
@@ -104,14 +107,20 @@ def place_training_data(transport: Transport, cfg: Config, dataset: Any, plan: A
     """Workers get their training rows (shared file or scatter); any failure fails every rank.
 
     Returns (the worker's data or None on rank 0, the dataset this rank goes on with).
+    The scheduler's own scatter errors are not caught: a failure half-way through
+    sending would leave workers waiting for blocks, so it takes the abort path.
     """
     from mpi_trainer.data.placement import place_data
 
+    sender = transport.rank == 0 and cfg.data.placement == "scatter"
     placed, error = (None, dataset), None
     try:
         placed = place_data(transport, cfg, dataset, plan)
     except (InputError, ValueError) as exc:
+        if sender:
+            raise RuntimeError(f"scatter failed on the scheduler: {exc}") from exc
         error = str(exc)
+    transport.barrier()  # a polling wait while workers read their blocks, then a quick agreement
     agree(transport, error)
     return placed
 

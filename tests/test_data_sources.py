@@ -208,3 +208,17 @@ def test_under_scatter_only_rank_0_needs_the_file(tmp_path):
     assert load_dataset_for_rank(1, cfg) is None  # a worker's node may not see the file
     with pytest.raises(DataError, match=rf"does not exist. Received: data.source='{missing}'"):
         load_dataset_for_rank(0, cfg)
+
+
+def test_scatter_checks_every_training_row_on_rank_0_before_sending(tmp_path):
+    from mpi_trainer.job import load_dataset_for_rank
+
+    x, y = _images()
+    x = x.astype(np.float32)
+    clean_h5 = _h5(tmp_path / "clean.h5", x=x, y=y)
+    clean = load_config(None, [f"data.source={clean_h5}", "data.placement=scatter"])
+    x[int(load_dataset_for_rank(0, clean).train.rows[-1])] = np.inf  # the last training row
+    dirty_h5 = _h5(tmp_path / "dirty.h5", x=x, y=y)
+    dirty = load_config(None, [f"data.source={dirty_h5}", "data.placement=scatter"])
+    with pytest.raises(DataError, match="dirty.h5: x_train contains NaN or inf"):
+        load_dataset_for_rank(0, dirty)
