@@ -138,8 +138,8 @@ class DataConfig(_Section):
                           "names a data file that does not exist")
         else:
             self._choice("source", BUILTIN_DATASETS)
-        self._require(self.is_csv or not (self.label or self.features), "label",
-                      "applies to .csv sources only (leave data.label and data.features empty)")
+        for name in ("label", "features"):
+            self._require(self.is_csv or not getattr(self, name), name, "applies to .csv sources only")
 
     @property
     def is_file(self) -> bool:
