@@ -23,6 +23,11 @@ import numpy as np
 TAG_ORDER = 11
 TAG_REPORT = 12
 TAG_WEIGHTS = 13
+TAG_DATA = 14
+
+# MPI counts are C ints: one message carries fewer than 2**31 elements, so data
+# arrays travel as byte chunks of at most 1 GiB.
+MAX_MESSAGE_BYTES = 1 << 30
 
 # Polling back-off: first re-check after 20 us, doubling up to ``max_sleep``.
 _FIRST_SLEEP = 2e-5
@@ -54,6 +59,7 @@ class Transport:
         self.size = self.comm.Get_size()
         self.host = MPI.Get_processor_name()
         self.max_sleep = max_sleep
+        self.max_message_bytes = MAX_MESSAGE_BYTES
         self.bytes_sent = 0
         self.total_bytes_sent = 0
         self.wait_wall_seconds = 0.0
@@ -159,6 +165,30 @@ class Transport:
                                f"{status.Get_source()}, received {nbytes}")
         self.comm.Recv(buf, status.Get_source(), tag)
         return Received(buf, status.Get_source(), nbytes)
+
+    # -- data arrays of any size (set-up placement) ------------------------
+    def send_large_array(self, array: np.ndarray, dest: int, tag: int = TAG_DATA) -> None:
+        """Send any numeric array: a small header, then byte chunks of at most ``max_message_bytes``."""
+        array = np.ascontiguousarray(array)
+        self.send_object((array.shape, array.dtype.str), dest, tag)
+        flat = array.reshape(-1).view(np.uint8)
+        for start in range(0, flat.nbytes, self.max_message_bytes):
+            chunk = flat[start:start + self.max_message_bytes]
+            self._wait(self.comm.Isend([chunk, self._mpi.BYTE], dest, tag), "data send")
+            self._count(chunk.nbytes)
+
+    def recv_large_array(self, source: int, tag: int = TAG_DATA) -> np.ndarray:
+        """Receive what :meth:`send_large_array` sent, chunk by chunk, whatever the sender's chunk size."""
+        shape, dtype = self.recv_object(source, tag).payload
+        array = np.empty(shape, dtype=np.dtype(dtype))
+        flat = array.reshape(-1).view(np.uint8)
+        filled = 0
+        while filled < flat.nbytes:
+            status = self._probe(source, tag, None)
+            size = status.Get_count(self._mpi.BYTE)
+            self.comm.Recv([flat[filled:filled + size], self._mpi.BYTE], source, tag)
+            filled += size
+        return array
 
     # -- set-up collectives -------------------------------------------------
     def allgather(self, obj: Any) -> list[Any]:

@@ -34,6 +34,10 @@ BUILTIN_DATASETS = (
 )
 DATA_SUFFIXES = (".npz", ".h5", ".hdf5", ".csv")
 AGGREGATION_METHODS = ("average", "weighted", "best")
+PLACEMENTS = ("shared", "scatter")
+FLIP_MODES = ("none", "horizontal", "vertical", "horizontal_and_vertical")
+OUTPUT_ACTIVATIONS = ("softmax", "sigmoid")
+LOSSES = ("cross_entropy", "squared_error")
 MONITORS = ("test_accuracy", "test_loss", "val_accuracy", "val_loss")
 
 
@@ -70,15 +74,57 @@ class _Section:
 
 
 @dataclass
+class IncrementConfig(_Section):
+    """Random data increment: each round a worker adds a seeded random draw to its fixed block."""
+
+    prefix: ClassVar[str] = "data.increment"
+    enabled: bool = False
+    load_factor: float = 0.05
+    absolute_factor: float = 0.8
+    min_gap: int = 0
+
+    def __post_init__(self) -> None:
+        self._require(0 < self.load_factor <= 1, "load_factor", "must lie in (0, 1]")
+        self._require(0 < self.absolute_factor <= 1, "absolute_factor", "must lie in (0, 1]")
+        self._non_negative("min_gap")
+
+
+@dataclass
+class AugmentationConfig(_Section):
+    """Real-time image augmentation on workers, during training only."""
+
+    prefix: ClassVar[str] = "data.augmentation"
+    enabled: bool = False
+    shift: float = 0.1
+    rotation: float = 0.0
+    zoom: float = 0.0
+    flip: str = "none"
+
+    def __post_init__(self) -> None:
+        for name in ("shift", "rotation", "zoom"):
+            self._fraction(name, low_open=False)
+        self._choice("flip", FLIP_MODES)
+
+
+@dataclass
 class DataConfig(_Section):
     prefix: ClassVar[str] = "data"
     source: str = "digits"
     test_size: float = 0.2
     validation_size: float = 0.1
+    placement: str = "shared"
+    label: str = ""
+    features: list[str] = field(default_factory=list)
+    datasets: list[str] = field(default_factory=list)
+    increment: IncrementConfig = field(default_factory=IncrementConfig)
+    augmentation: AugmentationConfig = field(default_factory=AugmentationConfig)
 
     def __post_init__(self) -> None:
         self._fraction("test_size")
         self._fraction("validation_size", low_open=False)
+        self._choice("placement", PLACEMENTS)
+        self._require(len(self.datasets) in (0, 2, 4), "datasets",
+                      "must list 4 array names (x_train, y_train, x_test, y_test) or 2 (x, y)")
         if self.is_file:
             path = Path(self.source).expanduser()
             self._require(
@@ -87,13 +133,21 @@ class DataConfig(_Section):
                 f"must be a built-in dataset {list(BUILTIN_DATASETS)} "
                 f"or a file ending in one of {list(DATA_SUFFIXES)}",
             )
-            self._require(path.is_file(), "source", "names a data file that does not exist")
+            # Under scatter only rank 0 reads the file (it checks it exists when it opens it).
+            self._require(path.is_file() or self.placement == "scatter", "source",
+                          "names a data file that does not exist")
         else:
             self._choice("source", BUILTIN_DATASETS)
+        for name in ("label", "features"):
+            self._require(self.is_csv or not getattr(self, name), name, "applies to .csv sources only")
 
     @property
     def is_file(self) -> bool:
         return "/" in self.source or Path(self.source).suffix != ""
+
+    @property
+    def is_csv(self) -> bool:
+        return self.is_file and Path(self.source).suffix.lower() == ".csv"
 
 
 @dataclass
@@ -102,9 +156,13 @@ class ModelConfig(_Section):
     name: str = "mlp"
     optimizer: str = "adam"
     learning_rate: float = 1e-3
+    activation: str = "softmax"
+    loss: str = "cross_entropy"
 
     def __post_init__(self) -> None:
         self._positive("learning_rate")
+        self._choice("activation", OUTPUT_ACTIVATIONS)
+        self._choice("loss", LOSSES)
         self._require(bool(self.name), "name", "must name a zoo model or `package.module:function`")
         self._require(bool(self.optimizer), "optimizer", "must name a Keras optimizer")
 

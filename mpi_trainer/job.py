@@ -63,19 +63,19 @@ def setup(transport: Transport, cfg: Config, config_path: str | None, run_dir: s
     import keras
 
     from mpi_trainer.data.partition import block_bounds
-    from mpi_trainer.data.sources import load_dataset
     from mpi_trainer.messages import JobPlan
     from mpi_trainer.models import build_model
 
     dataset = model = plan = path = None
     error = None
     try:
-        dataset = load_dataset(cfg.data, cfg.train.seed)
+        dataset = load_dataset_for_rank(transport.rank, cfg)
+        if dataset is not None:
+            bounds = block_bounds(dataset.num_train, transport.workers)  # every reader fails alike
         if transport.rank == 0:
             keras.utils.set_random_seed(cfg.train.seed)
-            bounds = block_bounds(len(dataset.x_train), transport.workers)
             model, spec = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
-            plan = JobPlan(cfg.to_dict(), spec, bounds, cfg.train.seed, len(dataset.x_train))
+            plan = JobPlan(cfg.to_dict(), spec, bounds, cfg.train.seed, dataset.num_train)
             path = prepare_run_dir(Path(run_dir) if run_dir else default_run_dir(config_path), cfg)
     except (InputError, ValueError) as exc:
         error = str(exc)
@@ -85,11 +85,13 @@ def setup(transport: Transport, cfg: Config, config_path: str | None, run_dir: s
 
 def check(cfg: Config, workers: int | None = None) -> str:
     """Validate without MPI: load the data and build the model; return a one-line description."""
+    from mpi_trainer.data.augmentation import check_image_input
     from mpi_trainer.data.partition import block_bounds
     from mpi_trainer.data.sources import load_dataset
     from mpi_trainer.models import build_model
 
     dataset = load_dataset(cfg.data, cfg.train.seed)
+    check_image_input(cfg.data.augmentation, dataset.input_shape)
     model, _ = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
     if workers is not None:
         try:
@@ -99,9 +101,53 @@ def check(cfg: Config, workers: int | None = None) -> str:
     return f"{dataset.describe()}; model {cfg.model.name} with {model.count_params()} parameters"
 
 
+def load_dataset_for_rank(rank: int, cfg: Config) -> Any:
+    """The scheduler reads validation and test features; a worker only what it scores on.
+
+    Under ``data.placement = "scatter"`` a worker reads nothing (its node may
+    not see the file): its rows arrive from the scheduler after set-up.
+    """
+    from mpi_trainer.data.augmentation import check_image_input
+    from mpi_trainer.data.sources import load_dataset
+
+    scatter = cfg.data.placement == "scatter"
+    if rank != 0 and scatter:
+        return None
+    scores = rank == 0 or cfg.aggregation.method == "best"
+    dataset = load_dataset(cfg.data, cfg.train.seed, read_val=scores, read_test=rank == 0)
+    check_image_input(cfg.data.augmentation, dataset.input_shape)
+    if scatter:
+        dataset.train.check_all()  # bad rows must fail here, not half-way through sending blocks
+    return dataset
+
+
+def place_training_data(transport: Transport, cfg: Config, dataset: Any, plan: Any) -> tuple[Any, Any]:
+    """Workers get their training rows (shared file or scatter); any failure fails every rank.
+
+    Returns (the worker's data or None on rank 0, the dataset this rank goes on with).
+    The scheduler's own scatter errors are not caught: a failure half-way through
+    sending would leave workers waiting for blocks, so it takes the abort path.
+    """
+    from mpi_trainer.data.placement import place_data
+
+    sender = transport.rank == 0 and cfg.data.placement == "scatter"
+    placed, error = (None, dataset), None
+    try:
+        placed = place_data(transport, cfg, dataset, plan)
+    except (InputError, ValueError) as exc:
+        if sender:
+            raise RuntimeError(f"scatter failed on the scheduler: {exc}") from exc
+        error = str(exc)
+    transport.barrier()  # a polling wait while workers read their blocks, then a quick agreement
+    agree(transport, error)
+    return placed
+
+
 def log_plan(plan: Any, dataset: Any) -> None:
     log = get_logger()
     log.info("dataset %s", dataset.describe())
+    if dataset.class_names:
+        log.info("%s: string labels mapped to classes: %s", dataset.name, dataset.label_mapping())
     for index, (start, end) in enumerate(plan.block_bounds):
         log.info("worker rank %d: block start %d end %d size %d", index + 1, start, end, end - start)
 
@@ -118,6 +164,7 @@ def train(cfg: Config, config_path: str | None, run_dir: str | None) -> int:
     get_logger().debug("%d threads (%d cores, ranks on this node: %s)", threads, node_cores, node_ranks)
     dataset, model, plan, path = setup(transport, cfg, config_path, run_dir)
     plan = transport.bcast_object(plan)
+    worker_data, dataset = place_training_data(transport, cfg, dataset, plan)
     if transport.rank == 0:
         from mpi_trainer.scheduler import Scheduler
 
@@ -130,7 +177,7 @@ def train(cfg: Config, config_path: str | None, run_dir: str | None) -> int:
         from mpi_trainer.worker import Worker
 
         keras.utils.set_random_seed(cfg.train.seed + transport.rank)
-        Worker(transport, plan, dataset, cfg).run()
+        Worker(transport, plan, dataset, cfg, worker_data).run()
     return 0
 
 

@@ -25,6 +25,7 @@ from mpi_trainer import aggregation
 from mpi_trainer.checkpoint import save_checkpoint
 from mpi_trainer.comm import TAG_ORDER, TAG_REPORT, Transport
 from mpi_trainer.config import Config
+from mpi_trainer.data.increment import log_data_shares
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.early_stopping import EarlyStopping
 from mpi_trainer.logs import RoundLog, get_logger, write_json_atomic
@@ -100,6 +101,7 @@ class Scheduler:
             reports, received, winner = self.collect_reduced()
         collected = time.perf_counter()
         self.check_finite(reports)
+        log_data_shares(self.log, self.cfg.data.increment, round_index, reports, self.plan.num_train)
         evaluation, eval_seconds = self.evaluate()
         row = self.round_row(round_index, reports, received, winner, evaluation)
         row.update(wall_seconds=time.perf_counter() - started, eval_seconds=eval_seconds,

@@ -20,7 +20,7 @@ import numpy as np
 from mpi_trainer import aggregation
 from mpi_trainer.comm import TAG_ORDER, TAG_REPORT, Transport
 from mpi_trainer.config import Config
-from mpi_trainer.data.partition import shuffled_order
+from mpi_trainer.data.placement import WorkerData, peak_rss_mib
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.logs import get_logger
 from mpi_trainer.messages import ROUND, SEND_WEIGHTS, STOP, JobPlan, Report
@@ -29,7 +29,8 @@ from mpi_trainer.weights import WeightCodec
 
 
 class Worker:
-    def __init__(self, transport: Transport, plan: JobPlan, dataset: Dataset, cfg: Config) -> None:
+    def __init__(self, transport: Transport, plan: JobPlan, dataset: Dataset, cfg: Config,
+                 data: WorkerData | None = None) -> None:
         self.transport = transport
         self.cfg = cfg
         self.log = get_logger()
@@ -38,22 +39,17 @@ class Worker:
         self.global_weights = self.codec.empty()
         self.candidate: np.ndarray | None = None
         self.dataset = dataset
-        self.order = shuffled_order(plan.num_train, plan.shuffle_seed)
-        self.set_block(plan.block_bounds[transport.rank - 1])
+        # The block (and, with increment, each round's draw) comes from the data placement.
+        self.data = data if data is not None else WorkerData(dataset.train, plan, transport.rank, cfg)
+        self.x, self.y = self.data.fixed_x, self.data.fixed_y
         self.total_samples = plan.num_train
-
-    def set_block(self, bounds: tuple[int, int]) -> None:
-        start, end = bounds
-        rows = np.sort(self.order[start:end])
-        self.x, self.y = self.dataset.x_train[rows], self.dataset.y_train[rows]
-        self.log.debug("block [%d, %d): %d samples", start, end, end - start)
 
     def run(self) -> None:
         """Serve orders until the scheduler says stop."""
         while True:
             order = self.transport.recv_object(0, TAG_ORDER).payload
             if order.kind == STOP:
-                self.log.debug("stop received")
+                self.log.debug("stop received; peak RSS %.1f MiB", peak_rss_mib())
                 return
             if order.kind == SEND_WEIGHTS:
                 self.transport.send_array(self.candidate, 0)
@@ -72,6 +68,7 @@ class Worker:
     def run_round(self, round_index: int) -> None:
         self.transport.take_bytes()
         self.transport.broadcast(self.global_weights)
+        self.x, self.y = self.data.for_round(round_index)
         metrics, train_seconds = self.train_once()
         local = self.codec.flatten(self.model.get_weights())
         report = Report(self.transport.rank, round_index, len(self.x), metrics.get("loss", float("nan")),
@@ -82,7 +79,7 @@ class Worker:
             self.candidate = local
         else:
             local *= np.float32(aggregation.contribution_scale(
-                method, len(self.x), self.total_samples, self.transport.workers))
+                method, len(self.x), self.data.round_total(round_index), self.transport.workers))
             self.transport.reduce_sum(local)
         report.bytes_before_report = self.transport.take_bytes()
         self.transport.send_object(report, 0, TAG_REPORT)

@@ -1,21 +1,26 @@
-"""Dataset sources: built-in names and local files, split into train / validation / test.
+"""Dataset sources split into train / validation / test by row indices.
 
-Every rank runs the same loader with the same seed and obtains the same split,
-so only block bounds (indices) travel over MPI.
+Every rank reads the labels in full and derives the same split from the
+seed, so only indices need to travel. Features are read by row: the
+scheduler reads the validation and test rows it evaluates on, a worker reads
+its block's rows (see :mod:`mpi_trainer.data.placement`), and nobody has to
+hold the whole training set unless the source lives in memory anyway
+(built-ins, CSV).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from mpi_trainer.config import DataConfig
+from mpi_trainer.data.readers import TABULAR_BUILTINS, RawArrays, read_file, read_npz, read_rows, read_sklearn
 from mpi_trainer.errors import DataError
 
-TABULAR_BUILTINS = {"iris": "load_iris", "wine": "load_wine", "breast_cancer": "load_breast_cancer"}
 KERAS_BUILTINS = {
     "mnist": "mnist.npz",
     "fashion_mnist": "fashion-mnist",
@@ -23,42 +28,25 @@ KERAS_BUILTINS = {
 }
 
 
-@dataclass
-class Dataset:
-    """Features and integer class labels, split three ways."""
-
-    name: str
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_val: np.ndarray
-    y_val: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-    num_classes: int
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.x_train.shape[1:])
-
-    def describe(self) -> str:
-        return (f"{self.name}: {len(self.x_train)} train / {len(self.x_val)} validation / "
-                f"{len(self.x_test)} test samples, input {self.input_shape}, {self.num_classes} classes")
-
-
-def keras_cache_dir() -> Path:
-    return Path(os.environ.get("KERAS_HOME", Path.home() / ".keras")) / "datasets"
-
-
-def _as_features(x: np.ndarray, name: str) -> np.ndarray:
+def _as_features(x: np.ndarray) -> np.ndarray:
     """uint8 images are scaled to [0, 1]; 3-D image stacks gain a channel axis."""
     if x.dtype == np.uint8:
         x = x.astype(np.float32) / 255.0
-    elif not np.issubdtype(x.dtype, np.number):
-        raise DataError(f"{name}: features must be numeric. Received dtype {x.dtype}")
     x = np.asarray(x, dtype=np.float32)
     if x.ndim == 3:
         x = x[..., np.newaxis]
     return x
+
+
+def feature_shape(x: Any) -> tuple[int, ...]:
+    """The per-sample input shape that :func:`_as_features` will produce."""
+    shape = tuple(int(d) for d in x.shape[1:])
+    return (*shape, 1) if len(shape) == 2 else shape
+
+
+def _check_feature_dtype(x: Any, name: str) -> None:
+    if not (np.issubdtype(x.dtype, np.number) or np.issubdtype(x.dtype, np.bool_)):
+        raise DataError(f"{name}: features must be numeric. Received dtype {x.dtype}")
 
 
 def _as_labels(y: np.ndarray, name: str) -> np.ndarray:
@@ -70,61 +58,117 @@ def _as_labels(y: np.ndarray, name: str) -> np.ndarray:
         if np.issubdtype(y.dtype, np.floating) and np.all(np.isfinite(y)) and np.all(y == np.round(y)):
             y = y.astype(np.int64)
         else:
-            raise DataError(f"{name}: labels must be integer class indices. Received dtype {y.dtype}")
+            raise DataError(f"{name}: labels must be integer class indices. Received dtype {y.dtype}"
+                            + (" with non-integer values" if np.issubdtype(y.dtype, np.floating) else ""))
     if len(y) and y.min() < 0:
         raise DataError(f"{name}: labels must be >= 0. Received a label {int(y.min())}")
     return y.astype(np.int32)
 
 
-def _check_pair(x: np.ndarray, y: np.ndarray, name: str, split: str) -> None:
-    if len(x) != len(y):
-        raise DataError(f"{name}: x_{split} and y_{split} differ in length. Received: "
-                        f"{len(x)} feature rows, {len(y)} labels")
-    if len(x) == 0:
-        raise DataError(f"{name}: the {split} split is empty")
+def check_finite(x: np.ndarray, name: str, split: str) -> None:
     if not np.all(np.isfinite(x)):
         raise DataError(f"{name}: x_{split} contains NaN or inf values; clean the data first")
 
 
+def _check_lengths(x: Any, y: np.ndarray, name: str, split: str) -> None:
+    if x.shape[0] != len(y):
+        raise DataError(f"{name}: x_{split} and y_{split} differ in length. Received: "
+                        f"{x.shape[0]} feature rows, {len(y)} labels")
+
+
+def split_positions(count: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded random split of ``range(count)``: returns (kept, taken), both in shuffled order."""
+    order = np.random.default_rng(seed).permutation(count)
+    taken = int(round(count * fraction))
+    if fraction > 0 and taken == 0:
+        taken = 1
+    return order[taken:], order[:taken]
+
+
 def split_off(x: np.ndarray, y: np.ndarray, fraction: float, seed: int):
-    """Seeded random split: returns (x_keep, y_keep, x_split, y_split)."""
-    order = np.random.default_rng(seed).permutation(len(x))
-    count = int(round(len(x) * fraction))
-    if fraction > 0 and count == 0:
-        count = 1
-    taken, kept = order[:count], order[count:]
+    """Seeded random split of arrays: returns (x_keep, y_keep, x_split, y_split)."""
+    kept, taken = split_positions(len(x), fraction, seed)
     return x[kept], y[kept], x[taken], y[taken]
 
 
-def _load_npz(path: Path) -> tuple[np.ndarray, ...]:
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            names = set(archive.files)
-            if {"x_train", "y_train", "x_test", "y_test"} <= names:
-                return tuple(archive[k] for k in ("x_train", "y_train", "x_test", "y_test"))
-            if {"x", "y"} <= names:
-                return archive["x"], archive["y"]
-    except (OSError, ValueError) as exc:
-        raise DataError(f"Cannot read {str(path)!r} as .npz: {exc}") from None
-    raise DataError(f"{str(path)!r} must hold arrays x_train, y_train, x_test, y_test or x, y. "
-                    f"Received arrays: {sorted(names)}")
+@dataclass
+class TrainRows:
+    """The training split as a row reader: position ``p`` of the training set is source row ``rows[p]``."""
+
+    name: str
+    features: Any
+    labels: np.ndarray
+    rows: np.ndarray
+    keep_open: list[Any] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def read(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Features and labels of the given training positions, checked for NaN and inf."""
+        source_rows = self.rows[np.asarray(positions, dtype=np.int64)]
+        x = _as_features(read_rows(self.features, source_rows))
+        check_finite(x, self.name, "train")
+        return x, self.labels[source_rows]
+
+    def check_all(self, chunk: int = 8192) -> None:
+        """Read every training row once, a chunk at a time, to find NaN or inf before anything is sent."""
+        for start in range(0, len(self), chunk):
+            self.read(np.arange(start, min(start + chunk, len(self))))
 
 
-def _load_sklearn(name: str) -> tuple[np.ndarray, np.ndarray]:
-    from sklearn import datasets
+@dataclass
+class Dataset:
+    """Integer class labels and features, split three ways; training features are read on demand."""
 
-    if name == "digits":
-        bunch = datasets.load_digits()
-        return bunch.images.astype(np.float32) / 16.0, bunch.target
-    return getattr(datasets, TABULAR_BUILTINS[name])(return_X_y=True)
+    name: str
+    train: TrainRows
+    x_val: np.ndarray
+    y_val: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int
+    input_shape: tuple[int, ...]
+    class_names: list[str] | None = None
+    _train_cache: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+
+    @property
+    def num_train(self) -> int:
+        return len(self.train)
+
+    def _all_train(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._train_cache is None:
+            self._train_cache = self.train.read(np.arange(self.num_train))
+        return self._train_cache
+
+    @property
+    def x_train(self) -> np.ndarray:
+        """The whole training split in memory (read on first use)."""
+        return self._all_train()[0]
+
+    @property
+    def y_train(self) -> np.ndarray:
+        return self.train.labels[self.train.rows]
+
+    def label_mapping(self) -> dict[str, int]:
+        """String label -> class index, for sources whose labels were text."""
+        return {label: index for index, label in enumerate(self.class_names or [])}
+
+    def describe(self) -> str:
+        return (f"{self.name}: {self.num_train} train / {len(self.y_val)} validation / "
+                f"{len(self.y_test)} test samples, input {self.input_shape}, {self.num_classes} classes")
 
 
-def _load_keras(name: str) -> tuple[np.ndarray, ...]:
+def keras_cache_dir() -> Path:
+    return Path(os.environ.get("KERAS_HOME", Path.home() / ".keras")) / "datasets"
+
+
+def _load_keras(name: str) -> RawArrays:
     import keras
 
     cached = keras_cache_dir() / KERAS_BUILTINS[name]
     if name == "mnist" and cached.is_file():
-        return _load_npz(cached)
+        return read_npz(cached)
     try:
         (x_train, y_train), (x_test, y_test) = getattr(keras.datasets, name).load_data()
     except Exception as exc:  # the loaders raise whatever the download layer raises
@@ -133,41 +177,99 @@ def _load_keras(name: str) -> tuple[np.ndarray, ...]:
             f"Put Keras' copy at {cached} (the path Keras' loader caches it under), "
             f"or point data.source at a local .npz with x_train, y_train, x_test, y_test"
         ) from None
-    return x_train, y_train, x_test, y_test
+    return RawArrays(x_train, y_train, x_test, y_test)
 
 
-def _standardise(x_train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
-    """Scale tabular features with statistics of the training split only."""
-    mean = x_train.mean(axis=0)
-    std = x_train.std(axis=0)
-    std[std == 0] = 1.0
-    return [(x - mean) / std for x in (x_train, *others)]
-
-
-def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
-    """Load ``cfg.source`` and split it into train / validation / test."""
-    name = cfg.source
+def read_source(cfg: DataConfig) -> RawArrays:
     if cfg.is_file:
-        path = Path(name).expanduser()
-        if path.suffix.lower() != ".npz":
-            raise DataError(f"data.source {name!r}: only .npz files are supported so far")
-        arrays = _load_npz(path)
-    elif name in KERAS_BUILTINS:
-        arrays = _load_keras(name)
+        return read_file(cfg)
+    if cfg.source in KERAS_BUILTINS:
+        return _load_keras(cfg.source)
+    return read_sklearn(cfg.source)
+
+
+@dataclass
+class SplitRows:
+    """Source rows of each split; ``test`` indexes ``x_test`` when the source has one, else ``x``."""
+
+    train: np.ndarray
+    val: np.ndarray
+    test: np.ndarray
+
+
+def split_rows(raw: RawArrays, cfg: DataConfig, seed: int) -> SplitRows:
+    if raw.x_test is None:
+        pool, test = split_positions(len(raw.y), cfg.test_size, seed)
     else:
-        arrays = _load_sklearn(name)
-    tabular = name in TABULAR_BUILTINS
-    if len(arrays) == 2:
-        x, y = _as_features(arrays[0], name), _as_labels(arrays[1], name)
-        _check_pair(x, y, name, "all")
-        x_train, y_train, x_test, y_test = split_off(x, y, cfg.test_size, seed)
-    else:
-        x_train, x_test = (_as_features(a, name) for a in arrays[0::2])
-        y_train, y_test = (_as_labels(a, name) for a in arrays[1::2])
-    x_train, y_train, x_val, y_val = split_off(x_train, y_train, cfg.validation_size, seed + 1)
-    if tabular:
-        x_train, x_val, x_test = _standardise(x_train, x_val, x_test)
-    for split, (xs, ys) in {"train": (x_train, y_train), "test": (x_test, y_test)}.items():
-        _check_pair(xs, ys, name, split)
-    num_classes = int(max(y_train.max(), y_test.max(), y_val.max() if len(y_val) else 0)) + 1
-    return Dataset(name, x_train, y_train, x_val, y_val, x_test, y_test, max(num_classes, 2))
+        pool, test = np.arange(len(raw.y)), np.arange(len(raw.y_test))
+    kept, taken = split_positions(len(pool), cfg.validation_size, seed + 1)
+    return SplitRows(pool[kept], pool[taken], test)
+
+
+def _standardise(raw: RawArrays, train_rows: np.ndarray) -> None:
+    """Scale tabular features in place with statistics of the training split only."""
+    x = np.asarray(raw.x, dtype=np.float64)
+    mean, std = x[train_rows].mean(axis=0), x[train_rows].std(axis=0)
+    std[std == 0] = 1.0
+    raw.x = (x - mean) / std
+    if raw.x_test is not None:
+        raw.x_test = (np.asarray(raw.x_test, dtype=np.float64) - mean) / std
+
+
+def _validate(raw: RawArrays, splits: SplitRows, name: str) -> int:
+    """Labels, lengths and empty splits; returns the number of classes."""
+    _check_feature_dtype(raw.x, name)
+    raw.y = _as_labels(raw.y, name)
+    _check_lengths(raw.x, raw.y, name, "train" if raw.x_test is not None else "all")
+    test_labels = raw.y
+    if raw.x_test is not None:
+        raw.y_test = test_labels = _as_labels(raw.y_test, name)
+        _check_lengths(raw.x_test, raw.y_test, name, "test")
+        if tuple(raw.x_test.shape[1:]) != tuple(raw.x.shape[1:]):
+            raise DataError(f"{name}: x_test rows have shape {tuple(raw.x_test.shape[1:])} but x_train "
+                            f"rows have shape {tuple(raw.x.shape[1:])}; they must match")
+    for split in ("train", "test"):
+        if len(getattr(splits, split)) == 0:
+            raise DataError(f"{name}: the {split} split is empty; check data.test_size, "
+                            f"data.validation_size and the number of samples")
+    train_classes = int(raw.y[splits.train].max()) + 1
+    highest = int(test_labels[splits.test].max())
+    if highest >= train_classes:
+        raise DataError(f"{name}: test label {highest} is out of range: the training split has classes "
+                        f"0..{train_classes - 1}; labels must be class indices seen in training")
+    return max(train_classes, 2)
+
+
+def load_dataset(cfg: DataConfig, seed: int, read_val: bool = True, read_test: bool = True) -> Dataset:
+    """Open ``cfg.source``, split it, and read the validation and test features.
+
+    A worker passes ``read_test=False`` (it never evaluates on the test split)
+    and ``read_val=False`` unless it scores candidates for best-of election.
+    """
+    name = Path(cfg.source).name if cfg.is_file else cfg.source
+    raw = read_source(cfg)
+    splits = split_rows(raw, cfg, seed)
+    num_classes = _validate(raw, splits, name)
+    if raw.tabular or cfg.source in TABULAR_BUILTINS:
+        _standardise(raw, splits.train)
+    x_test_source = raw.x if raw.x_test is None else raw.x_test
+    y_test_source = raw.y if raw.x_test is None else raw.y_test
+    val_rows = splits.val if read_val else splits.val[:0]
+    test_rows = splits.test if read_test else splits.test[:0]
+    x_val = _as_features(read_rows(raw.x, val_rows))
+    x_test = _as_features(read_rows(x_test_source, test_rows))
+    check_finite(x_val, name, "validation")
+    check_finite(x_test, name, "test")
+    train = TrainRows(name, raw.x, raw.y, splits.train, raw.keep_open)
+    return Dataset(name, train, x_val, raw.y[val_rows], x_test, y_test_source[test_rows], num_classes,
+                   feature_shape(raw.x), raw.class_names)
+
+
+def validation_only(name: str, x_val: np.ndarray, y_val: np.ndarray, input_shape: tuple[int, ...],
+                    num_classes: int) -> Dataset:
+    """A worker's dataset under ``scatter``: no file access, only the validation rows it scores on."""
+    empty_x = np.empty((0, *input_shape), dtype=np.float32)
+    no_rows = np.empty(0, dtype=np.int64)
+    train = TrainRows(name, empty_x, np.empty(0, dtype=np.int32), no_rows)
+    return Dataset(name, train, x_val, y_val, empty_x, np.empty(0, dtype=np.int32), num_classes,
+                   tuple(input_shape))

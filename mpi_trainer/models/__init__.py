@@ -7,6 +7,7 @@ Workers rebuild from the spec, so every rank trains the same graph.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 from typing import Any
@@ -23,11 +24,12 @@ class ModelSpec:
     user_module: str | None
 
 
-def _resolve_builder(name: str) -> tuple[Any, str | None]:
+def _resolve_builder(cfg: ModelConfig) -> tuple[Any, str | None]:
     from mpi_trainer.models.zoo import ZOO
 
+    name = cfg.name
     if name in ZOO:
-        return ZOO[name], None
+        return functools.partial(ZOO[name], activation=cfg.activation), None
     module_name, sep, function_name = name.partition(":")
     if not sep or not module_name or not function_name:
         raise ConfigError(f"`model.name` must be one of {sorted(ZOO)} or `package.module:function`. "
@@ -56,10 +58,22 @@ def make_optimizer(cfg: ModelConfig) -> Any:
     return optimizer
 
 
-def implied_loss(model: Any) -> str:
-    """Integer labels: one sigmoid unit -> binary cross-entropy, else sparse categorical."""
+def implied_loss(model: Any, cfg: ModelConfig | None = None) -> str:
+    """The loss for integer labels, given ``model.loss`` and ``model.activation``.
+
+    One output unit -> binary cross-entropy; squared error and sigmoid outputs
+    compare against one-hot labels; otherwise sparse categorical cross-entropy.
+    """
+    from mpi_trainer.models import losses
+
     units = model.outputs[0].shape[-1]
-    return "binary_crossentropy" if units == 1 else "sparse_categorical_crossentropy"
+    if cfg is not None and cfg.loss == "squared_error":
+        return losses.SQUARED_ERROR
+    if units == 1:
+        return "binary_crossentropy"
+    if cfg is not None and cfg.activation == "sigmoid":
+        return losses.SIGMOID_CROSS_ENTROPY
+    return "sparse_categorical_crossentropy"
 
 
 def _serialise_loss(loss: Any) -> Any:
@@ -72,7 +86,7 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
     """Build and compile the configured model on the scheduler; return it and its spec."""
     import keras
 
-    builder, user_module = _resolve_builder(cfg.name)
+    builder, user_module = _resolve_builder(cfg)
     try:
         model = builder(tuple(input_shape), int(num_classes))
     except ValueError as exc:
@@ -81,15 +95,29 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
     if not isinstance(model, keras.Model):
         raise ConfigError(f"`model.name` {cfg.name!r} must return a keras.Model. "
                           f"Received: {type(model).__name__}")
+    check_input(model, cfg.name, input_shape)
     check_output(model, cfg.name, num_classes)
     if getattr(model, "optimizer", None) is not None and getattr(model, "loss", None) is not None:
         optimizer, loss = model.optimizer, model.loss
     else:
-        optimizer, loss = make_optimizer(cfg), implied_loss(model)
+        optimizer, loss = make_optimizer(cfg), implied_loss(model, cfg)
     spec = ModelSpec(model.to_json(), keras.optimizers.serialize(optimizer), _serialise_loss(loss),
                      user_module)
     compile_model(model, spec)
     return model, spec
+
+
+def check_input(model: Any, name: str, input_shape: tuple[int, ...]) -> None:
+    """The model's input must fit one sample of the data (e.g. 3 channels vs 1 is an error)."""
+    expected = tuple(model.inputs[0].shape[1:])
+    data = tuple(input_shape)
+    fits = len(expected) == len(data) and all(e is None or e == d for e, d in zip(expected, data))
+    if not fits:
+        what = ""
+        if len(expected) == len(data) == 3 and expected[-1] not in (None, data[-1]):
+            what = f" ({expected[-1]}-channel model on {data[-1]}-channel data)"
+        raise ConfigError(f"`model.name` {name!r} expects inputs of shape {expected} but the data's "
+                          f"samples have shape {data}{what}; build the model for the data's input shape")
 
 
 def check_output(model: Any, name: str, num_classes: int) -> None:
@@ -102,7 +130,9 @@ def check_output(model: Any, name: str, num_classes: int) -> None:
 def compile_model(model: Any, spec: ModelSpec) -> None:
     import keras
 
-    model.compile(optimizer=keras.optimizers.deserialize(spec.optimizer), loss=spec.loss,
+    from mpi_trainer.models import losses
+
+    model.compile(optimizer=keras.optimizers.deserialize(spec.optimizer), loss=losses.resolve(spec.loss),
                   metrics=["accuracy"])
 
 
