@@ -75,10 +75,14 @@ class DataConfig(_Section):
     source: str = "digits"
     test_size: float = 0.2
     validation_size: float = 0.1
+    rebalance: bool = False
+    rebalance_smoothing: float = 0.5
 
     def __post_init__(self) -> None:
         self._fraction("test_size")
         self._fraction("validation_size", low_open=False)
+        self._require(0 < self.rebalance_smoothing <= 1, "rebalance_smoothing",
+                      "must lie in the interval (0, 1]")
         if self.is_file:
             path = Path(self.source).expanduser()
             self._require(
@@ -126,6 +130,7 @@ class AggregationConfig(_Section):
     prefix: ClassVar[str] = "aggregation"
     method: str = "average"
     ssp: int = 0
+    staleness_damping: bool = False
 
     def __post_init__(self) -> None:
         self._choice("method", AGGREGATION_METHODS)
@@ -163,6 +168,27 @@ class LogConfig(_Section):
 
 
 @dataclass
+class DebugConfig(_Section):
+    """Testing and benchmarking aids, off by default and outside the normal training path.
+
+    Each rank in ``slow_ranks`` sleeps ``(slow_factor - 1)`` times the length of
+    every training batch right after it, so it trains ``slow_factor`` times
+    slower and plays a straggler. ``async_engine`` runs the bounded-staleness
+    engine even at ``aggregation.ssp = 0``, to check it against the synchronous one.
+    """
+
+    prefix: ClassVar[str] = "debug"
+    slow_ranks: list[int] = field(default_factory=list)
+    slow_factor: float = 1.0
+    async_engine: bool = False
+
+    def __post_init__(self) -> None:
+        self._require(self.slow_factor >= 1, "slow_factor", "must be >= 1 (1 = normal speed)")
+        self._require(all(rank >= 1 for rank in self.slow_ranks), "slow_ranks",
+                      "must list worker ranks (each >= 1; rank 0 is the scheduler)")
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -171,6 +197,13 @@ class Config:
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+
+    def __post_init__(self) -> None:
+        if self.data.rebalance and self.aggregation.ssp > 0:
+            raise ConfigError("`data.rebalance` re-cuts blocks between synchronous rounds and needs "
+                              f"aggregation.ssp = 0. Received: data.rebalance=True with "
+                              f"aggregation.ssp={self.aggregation.ssp}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -66,10 +66,12 @@ def setup(transport: Transport, cfg: Config, config_path: str | None, run_dir: s
     from mpi_trainer.data.sources import load_dataset
     from mpi_trainer.messages import JobPlan
     from mpi_trainer.models import build_model
+    from mpi_trainer.slowdown import check_slow_ranks
 
     dataset = model = plan = path = None
     error = None
     try:
+        check_slow_ranks(cfg.debug, transport.size)
         dataset = load_dataset(cfg.data, cfg.train.seed)
         if transport.rank == 0:
             keras.utils.set_random_seed(cfg.train.seed)
@@ -103,10 +105,10 @@ def train(cfg: Config, config_path: str | None, run_dir: str | None) -> int:
     dataset, model, plan, path = setup(transport, cfg, config_path, run_dir)
     plan = transport.bcast_object(plan)
     if transport.rank == 0:
-        from mpi_trainer.scheduler import Scheduler
+        from mpi_trainer.ssp_scheduler import scheduler_class
 
         log_plan(plan, dataset)
-        Scheduler(transport, cfg, dataset, model, plan, path).run()
+        scheduler_class(cfg)(transport, cfg, dataset, model, plan, path).run()
         print(f"run directory: {path}", flush=True)
     else:
         import keras

@@ -23,8 +23,9 @@ from mpi_trainer.config import Config
 from mpi_trainer.data.partition import shuffled_order
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.logs import get_logger
-from mpi_trainer.messages import ROUND, SEND_WEIGHTS, STOP, JobPlan, Report
+from mpi_trainer.messages import ROUND, SEND_WEIGHTS, STOP, UPDATE, JobPlan, Order, Report
 from mpi_trainer.models import rebuild_model
+from mpi_trainer.slowdown import make_slowdown
 from mpi_trainer.weights import WeightCodec
 
 
@@ -41,9 +42,11 @@ class Worker:
         self.order = shuffled_order(plan.num_train, plan.shuffle_seed)
         self.set_block(plan.block_bounds[transport.rank - 1])
         self.total_samples = plan.num_train
+        self.slowdown = make_slowdown(cfg.debug, transport.rank)
 
     def set_block(self, bounds: tuple[int, int]) -> None:
         start, end = bounds
+        self.bounds = (start, end)
         rows = np.sort(self.order[start:end])
         self.x, self.y = self.dataset.x_train[rows], self.dataset.y_train[rows]
         self.log.debug("block [%d, %d): %d samples", start, end, end - start)
@@ -58,15 +61,19 @@ class Worker:
             if order.kind == SEND_WEIGHTS:
                 self.transport.send_array(self.candidate, 0)
             elif order.kind == ROUND:
+                self.follow_block(order)
                 self.run_round(order.round)
+            elif order.kind == UPDATE:
+                self.run_update(order)
             else:
                 raise RuntimeError(f"unknown order {order.kind!r} from the scheduler")
 
     def train_once(self) -> tuple[dict[str, Any], float]:
         self.model.set_weights(self.codec.unflatten(self.global_weights))
         started = time.perf_counter()
+        callbacks = [self.slowdown] if self.slowdown is not None else None
         history = self.model.fit(self.x, self.y, batch_size=self.cfg.train.batch_size, epochs=1,
-                                 verbose=0, shuffle=True)
+                                 verbose=0, shuffle=True, callbacks=callbacks)
         return {k: float(v[-1]) for k, v in history.history.items()}, time.perf_counter() - started
 
     def run_round(self, round_index: int) -> None:
@@ -88,6 +95,24 @@ class Worker:
         self.transport.send_object(report, 0, TAG_REPORT)
         self.log.debug("round %d: loss %.4f acc %.4f in %.2f s on %d samples", round_index,
                        report.train_loss, report.train_accuracy, train_seconds, report.samples)
+
+    def follow_block(self, order: Order) -> None:
+        """Rebalancing: take the block the scheduler re-cut for this round (indices only travel)."""
+        block = order.detail.get("block")
+        if block is not None and tuple(block) != self.bounds:
+            self.set_block(tuple(block))
+
+    def run_update(self, order: Order) -> None:
+        """SSP: receive the current global weights, train once, send the report and the weights back."""
+        self.transport.take_bytes()
+        self.transport.recv_array(self.global_weights, source=0)
+        metrics, train_seconds = self.train_once()
+        report = Report(self.transport.rank, order.round, len(self.x), metrics.get("loss", float("nan")),
+                        metrics.get("accuracy", float("nan")), train_seconds)
+        if self.cfg.aggregation.method == "best":
+            self.score(report)
+        self.transport.send_object(report, 0, TAG_REPORT)
+        self.transport.send_array(self.codec.flatten(self.model.get_weights()), 0)
 
     def score(self, report: Report) -> None:
         """Best-of election: score this round's weights on the shared validation split."""

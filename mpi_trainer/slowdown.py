@@ -1,0 +1,48 @@
+"""Playing a straggler on purpose, for tests and benchmarks (``[debug]`` config section).
+
+A rank named in ``debug.slow_ranks`` trains with :class:`BatchSlowdown`, which
+sleeps ``(slow_factor - 1)`` times the length of each training batch right
+after it, so the rank trains ``slow_factor`` times slower whatever the model,
+data or machine. Ranks not named, and every rank when the section is absent,
+get no callback at all: the normal training path is untouched.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from mpi_trainer.config import DebugConfig
+from mpi_trainer.errors import ConfigError
+
+
+def check_slow_ranks(debug: DebugConfig, world_size: int) -> None:
+    """Every rank to slow down must be a worker rank of this job."""
+    bad = [rank for rank in debug.slow_ranks if not 1 <= rank < world_size]
+    if bad:
+        raise ConfigError(f"`debug.slow_ranks` must name worker ranks 1..{world_size - 1} of this "
+                          f"{world_size}-rank job. Received: debug.slow_ranks={debug.slow_ranks}")
+
+
+def make_slowdown(debug: DebugConfig, rank: int) -> Any | None:
+    """The slowdown callback for ``rank``, or None when this rank runs at normal speed."""
+    if rank not in debug.slow_ranks or debug.slow_factor <= 1:
+        return None
+    import keras
+
+    class BatchSlowdown(keras.callbacks.Callback):
+        def __init__(self, factor: float) -> None:
+            super().__init__()
+            self.factor = factor
+            self.batch_started = 0.0
+            self.slept_seconds = 0.0
+
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            self.batch_started = time.perf_counter()
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            pause = (self.factor - 1) * (time.perf_counter() - self.batch_started)
+            time.sleep(pause)
+            self.slept_seconds += pause
+
+    return BatchSlowdown(debug.slow_factor)
