@@ -6,8 +6,10 @@ smoothed with an exponential moving average (``smoothing`` = weight of the
 newest measurement) so that one noisy round does not make blocks swing, and
 blocks are only re-cut when some block would change by more than
 ``DEADBAND`` of its size, so that they settle instead of shifting by a few
-samples every round. The blocks always stay contiguous, non-empty and cover
-the training set exactly once.
+samples every round. A worker's first round is not measured: it includes
+one-time set-up (graph tracing) that says nothing about its speed. The
+blocks always stay contiguous, non-empty and cover the training set exactly
+once.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class Rebalancer:
         self.bounds = [tuple(b) for b in bounds]
         self.smoothing = smoothing
         self.throughput: list[float | None] = [None] * len(self.bounds)
+        self.warmed_up = [False] * len(self.bounds)
 
     @property
     def total(self) -> int:
@@ -57,6 +60,9 @@ class Rebalancer:
 
     def observe(self, index: int, samples: int, train_seconds: float) -> None:
         """Fold one round's measurement for block ``index`` into its smoothed throughput."""
+        if not self.warmed_up[index]:
+            self.warmed_up[index] = True
+            return
         if samples <= 0 or train_seconds <= 0:
             return
         rate = samples / train_seconds

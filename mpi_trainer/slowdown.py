@@ -3,7 +3,9 @@
 A rank named in ``debug.slow_ranks`` trains with :class:`BatchSlowdown`, which
 sleeps ``(slow_factor - 1)`` times the length of each training batch right
 after it, so the rank trains ``slow_factor`` times slower whatever the model,
-data or machine. Ranks not named, and every rank when the section is absent,
+data or machine. The rank's very first batch is not slowed: it includes
+one-time graph tracing, which would add a long pause that says nothing about
+the rank's speed round after round. Ranks not named, and every rank when the section is absent,
 get no callback at all: the normal training path is untouched.
 """
 
@@ -36,11 +38,15 @@ def make_slowdown(debug: DebugConfig, rank: int) -> Any | None:
             self.factor = factor
             self.batch_started = 0.0
             self.slept_seconds = 0.0
+            self.batches_seen = 0
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
             self.batch_started = time.perf_counter()
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            self.batches_seen += 1
+            if self.batches_seen == 1:
+                return
             pause = (self.factor - 1) * (time.perf_counter() - self.batch_started)
             time.sleep(pause)
             self.slept_seconds += pause
