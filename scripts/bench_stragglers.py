@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""Straggler benchmark: one worker slowed down, BSP vs SSP (s = 1, 2) vs rebalancing.
+
+Runs the same job four times side by side on this machine, with worker
+``--slow-rank`` trained ``--factor`` times slower (``debug.slow_ranks`` /
+``debug.slow_factor``), and prints for each run the wall time to reach the
+BSP run's final test accuracy minus ``--tolerance`` (0.5 percentage points),
+that time as a ratio of BSP's, the mean straggler idle fraction of the rounds
+after the first (the first includes one-time graph tracing) and the largest
+staleness seen. ``--write FILE`` appends the table and the command to FILE
+under ``## Stragglers``, replacing an earlier copy of that section.
+
+    python scripts/bench_stragglers.py --write docs/benchmarks.md
+
+``--hog`` replaces the sleep-based slowdown by a real one: a busy-looping
+process pinned with ``taskset`` to the core that the slow rank is pinned to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mpi_trainer.mpirun import mpirun_command  # noqa: E402
+
+SECTION = "## Stragglers"
+
+
+@dataclass
+class Variant:
+    label: str
+    overrides: list[str]
+
+
+@dataclass
+class Outcome:
+    label: str
+    rows: list[dict[str, str]]
+    wall_seconds: float
+
+    def accuracies(self) -> list[float]:
+        return [float(r["test_accuracy"]) for r in self.rows]
+
+    def time_to(self, target: float) -> float | None:
+        for row in self.rows:
+            if float(row["test_accuracy"]) >= target:
+                return float(row["elapsed_seconds"])
+        return None
+
+    def idle_fraction(self) -> float:
+        later = self.rows[1:] or self.rows
+        return sum(float(r["idle_fraction"]) for r in later) / len(later)
+
+    def max_staleness(self) -> int:
+        return max(int(r["max_staleness"]) for r in self.rows)
+
+
+def variants() -> list[Variant]:
+    return [
+        Variant("BSP (s=0)", ["aggregation.ssp=0"]),
+        Variant("SSP s=1", ["aggregation.ssp=1"]),
+        Variant("SSP s=2", ["aggregation.ssp=2"]),
+        Variant("BSP + rebalance", ["aggregation.ssp=0", "data.rebalance=true"]),
+    ]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="configs/quickstart.toml")
+    parser.add_argument("--model", default="lenet", help="zoo model (lenet gives enough work per batch)")
+    parser.add_argument("--source", default="digits")
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--method", default="weighted")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--slow-rank", type=int, default=2)
+    parser.add_argument("--factor", type=float, default=2.0, help="how many times slower the slow rank is")
+    parser.add_argument("--tolerance", type=float, default=0.005, help="accuracy allowance below BSP's final")
+    parser.add_argument("--hog", action="store_true", help="slow the rank with a pinned CPU hog instead")
+    parser.add_argument("--write", help="append the results to this markdown file")
+    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--keep", help="keep the run directories under this folder")
+    return parser.parse_args()
+
+
+def common_overrides(args: argparse.Namespace) -> list[str]:
+    sets = [f"model.name={args.model}", f"data.source={args.source}", f"train.epochs={args.epochs}",
+            f"train.batch_size={args.batch_size}", f"aggregation.method={args.method}",
+            "checkpoint.every=0", "early_stopping.patience=0", "log.verbosity=1"]
+    if not args.hog:
+        sets += [f"debug.slow_ranks=[{args.slow_rank}]", f"debug.slow_factor={args.factor}"]
+    return sets
+
+
+def start_hog(core: int) -> subprocess.Popen:
+    """A busy loop pinned to ``core``: real contention, as another job on the node would cause."""
+    return subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", "while True: pass"])
+
+
+def without_unbound(command: list[str]) -> list[str]:
+    """``command`` without its ``--bind-to none`` pair."""
+    out: list[str] = []
+    for item in command:
+        if item == "none" and out and out[-1] == "--bind-to":
+            out.pop()
+        else:
+            out.append(item)
+    return out
+
+
+def run_variant(args: argparse.Namespace, variant: Variant, run_dir: Path) -> Outcome:
+    sets = [item for o in [*common_overrides(args), *variant.overrides] for item in ("--set", o)]
+    extra = ["--bind-to", "core", "--map-by", "core"] if args.hog else None
+    command = mpirun_command(args.workers + 1, ["train", args.config, *sets, "--run-dir", str(run_dir)],
+                             extra=extra)
+    if args.hog:  # mpirun_command asks for --bind-to none; the hog needs ranks pinned to cores
+        command = without_unbound(command)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    started = time.perf_counter()
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
+    if proc.returncode != 0:
+        raise SystemExit(f"{variant.label} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                         f"{proc.stderr[-3000:]}")
+    with (run_dir / "rounds.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    return Outcome(variant.label, rows, time.perf_counter() - started)
+
+
+def table(outcomes: list[Outcome], target: float) -> str:
+    reference = outcomes[0].time_to(target)
+    lines = ["| run | rounds | final acc | time to target (s) | ratio to BSP | idle fraction "
+             "| max staleness |", "|---|---|---|---|---|---|---|"]
+    for outcome in outcomes:
+        reached = outcome.time_to(target)
+        ratio = f"{reached / reference:.2f}" if reached is not None and reference else "not reached"
+        shown = f"{reached:.1f}" if reached is not None else "not reached"
+        lines.append(f"| {outcome.label} | {len(outcome.rows)} | {outcome.accuracies()[-1]:.4f} | {shown} | "
+                     f"{ratio} | {outcome.idle_fraction():.3f} | {outcome.max_staleness()} |")
+    return "\n".join(lines)
+
+
+def write_section(path: Path, body: str) -> None:
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    if SECTION in text:
+        head, _, rest = text.partition(SECTION)
+        following = rest.find("\n## ")
+        text = head + (rest[following + 1:] if following >= 0 else "")
+    path.write_text(text.rstrip("\n") + "\n\n" + body.rstrip("\n") + "\n")
+
+
+def main() -> int:
+    args = parse_args()
+    hog = None
+    if args.hog:
+        hog = start_hog(args.slow_rank % (os.cpu_count() or 1))
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench_stragglers_") as tmp:
+            base = Path(args.keep) if args.keep else Path(tmp)
+            outcomes = [run_variant(args, v, base / f"run{i}") for i, v in enumerate(variants())]
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+    target = outcomes[0].accuracies()[-1] - args.tolerance
+    slowdown = "a CPU hog pinned to its core" if args.hog else f"debug.slow_factor={args.factor:g}"
+    heading = (f"{args.workers} workers, rank {args.slow_rank} slowed by {slowdown}; {args.model} on "
+               f"{args.source}, {args.method} aggregation, {args.epochs} rounds; target = BSP final "
+               f"accuracy - {args.tolerance * 100:g} pp = {target:.4f}; idle fraction = mean over "
+               f"rounds >= 1")
+    result = table(outcomes, target)
+    print(heading)
+    print(result)
+    if args.write:
+        command = "python scripts/bench_stragglers.py " + shlex.join(sys.argv[1:])
+        body = (f"{SECTION}\n\nMeasured on {os.cpu_count()} cores ({time.strftime('%Y-%m-%d')}). "
+                f"{heading}.\n\n{result}\n\nReproduce with:\n\n    {command}\n")
+        write_section(Path(args.write), body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
