@@ -38,6 +38,7 @@ def make_slowdown(debug: DebugConfig, rank: int) -> Any | None:
             self.factor = factor
             self.batch_started = 0.0
             self.slept_seconds = 0.0
+            self.slowed_batch_seconds = 0.0
             self.batches_seen = 0
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
@@ -47,7 +48,9 @@ def make_slowdown(debug: DebugConfig, rank: int) -> Any | None:
             self.batches_seen += 1
             if self.batches_seen == 1:
                 return
-            pause = (self.factor - 1) * (time.perf_counter() - self.batch_started)
+            batch_seconds = time.perf_counter() - self.batch_started
+            pause = (self.factor - 1) * batch_seconds
+            self.slowed_batch_seconds += batch_seconds
             time.sleep(pause)
             self.slept_seconds += pause
 
