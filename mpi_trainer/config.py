@@ -172,18 +172,20 @@ class DebugConfig(_Section):
     """Testing and benchmarking aids, off by default and outside the normal training path.
 
     Each rank in ``slow_ranks`` sleeps ``(slow_factor - 1)`` times the length of
-    every training batch right after it, so it trains ``slow_factor`` times
-    slower and plays a straggler. ``async_engine`` runs the bounded-staleness
+    every training batch, plus ``batch_delay`` seconds, right after it, so it
+    plays a straggler. ``async_engine`` runs the bounded-staleness
     engine even at ``aggregation.ssp = 0``, to check it against the synchronous one.
     """
 
     prefix: ClassVar[str] = "debug"
     slow_ranks: list[int] = field(default_factory=list)
     slow_factor: float = 1.0
+    batch_delay: float = 0.0
     async_engine: bool = False
 
     def __post_init__(self) -> None:
         self._require(self.slow_factor >= 1, "slow_factor", "must be >= 1 (1 = normal speed)")
+        self._non_negative("batch_delay")
         self._require(all(rank >= 1 for rank in self.slow_ranks), "slow_ranks",
                       "must list worker ranks (each >= 1; rank 0 is the scheduler)")
 

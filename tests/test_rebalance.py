@@ -64,6 +64,7 @@ def test_rebalancer_rejects_a_bad_smoothing():
 @pytest.mark.parametrize(("override", "message"), [
     ("debug.slow_factor=0.5", "`debug.slow_factor` must be >= 1 (1 = normal speed). "
                               "Received: debug.slow_factor=0.5"),
+    ("debug.batch_delay=-0.1", "`debug.batch_delay` must be >= 0. Received: debug.batch_delay=-0.1"),
     ("debug.slow_ranks=[0]", "`debug.slow_ranks` must list worker ranks (each >= 1; rank 0 is the "
                              "scheduler). Received: debug.slow_ranks=[0]"),
     ("data.rebalance_smoothing=1.5", "`data.rebalance_smoothing` must lie in the interval (0, 1]. "
@@ -95,6 +96,7 @@ def test_slowdown_is_absent_unless_configured_for_this_rank():
     assert make_slowdown(DebugConfig(slow_ranks=[2], slow_factor=2.0), 1) is None
     assert make_slowdown(DebugConfig(slow_ranks=[2], slow_factor=1.0), 2) is None
     assert make_slowdown(DebugConfig(slow_ranks=[2], slow_factor=2.0), 2) is not None
+    assert make_slowdown(DebugConfig(slow_ranks=[2], batch_delay=0.01), 2) is not None
 
 
 def test_slowdown_pauses_each_batch_for_factor_minus_one_times_its_length():
@@ -107,13 +109,13 @@ def test_slowdown_pauses_each_batch_for_factor_minus_one_times_its_length():
     y = (x[:, 0] > 0).astype("int32")
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
     model.compile("sgd", "sparse_categorical_crossentropy")
-    slowdown = make_slowdown(DebugConfig(slow_ranks=[1], slow_factor=3.0), 1)
+    slowdown = make_slowdown(DebugConfig(slow_ranks=[1], slow_factor=3.0, batch_delay=0.01), 1)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[slowdown])  # first batch traces
     slowdown.slept_seconds = slowdown.slowed_batch_seconds = 0.0
     started = time.perf_counter()
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[slowdown])
     elapsed = time.perf_counter() - started
     assert slowdown.batches_seen == 16
-    # every batch of the second fit is followed by a pause of twice its own length, inside the fit
-    assert slowdown.slept_seconds == pytest.approx(2 * slowdown.slowed_batch_seconds, rel=1e-6)
+    # each of the second fit's 8 batches is followed by a pause of twice its own length plus 10 ms
+    assert slowdown.slept_seconds == pytest.approx(2 * slowdown.slowed_batch_seconds + 8 * 0.01, rel=1e-6)
     assert elapsed >= slowdown.slept_seconds + slowdown.slowed_batch_seconds > 0
