@@ -84,7 +84,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--config", default="configs/quickstart.toml")
     parser.add_argument("--model", default="lenet", help="zoo model (lenet gives enough work per batch)")
     parser.add_argument("--source", default="digits")
-    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--test-size", type=float, default=0.05,
+                        help="small, as in the originating config, so evaluation does not dominate a round")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--method", default="weighted")
     parser.add_argument("--workers", type=int, default=2)
@@ -99,7 +101,8 @@ def parse_args() -> argparse.Namespace:
 
 
 def common_overrides(args: argparse.Namespace) -> list[str]:
-    sets = [f"model.name={args.model}", f"data.source={args.source}", f"train.epochs={args.epochs}",
+    sets = [f"model.name={args.model}", f"data.source={args.source}", f"data.test_size={args.test_size}",
+            "data.validation_size=0.0", f"train.epochs={args.epochs}",
             f"train.batch_size={args.batch_size}", f"aggregation.method={args.method}",
             "checkpoint.every=0", "early_stopping.patience=0", "log.verbosity=1"]
     if not args.hog:
