@@ -171,9 +171,11 @@ class LogConfig(_Section):
 class DebugConfig(_Section):
     """Testing and benchmarking aids, off by default and outside the normal training path.
 
-    Each rank in ``slow_ranks`` sleeps ``(slow_factor - 1)`` times the length of
-    every training batch, plus ``batch_delay`` seconds, right after it, so it
-    plays a straggler. ``async_engine`` runs the bounded-staleness
+    ``batch_delay`` makes every worker sleep that many seconds after each
+    training batch: simulated per-batch work, so that benchmarks on a small,
+    busy machine measure scheduling rather than CPU contention. Each rank in
+    ``slow_ranks`` then takes ``slow_factor`` times as long per batch (batch
+    plus delay) and plays a straggler. ``async_engine`` runs the bounded-staleness
     engine even at ``aggregation.ssp = 0``, to check it against the synchronous one.
     """
 

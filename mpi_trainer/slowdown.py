@@ -1,11 +1,11 @@
 """Playing a straggler on purpose, for tests and benchmarks (``[debug]`` config section).
 
-A rank named in ``debug.slow_ranks`` trains with :class:`BatchSlowdown`, which
-sleeps ``(slow_factor - 1)`` times the length of each training batch right
-after it, so the rank's batches take ``slow_factor`` times as long whatever the
-model, data or machine, plus a fixed ``batch_delay`` seconds per batch, which
-makes a straggler of a rank even when its batches are too short to measure
-(tiny models, where per-call overheads dominate). The rank's very first batch is not slowed: it includes
+With ``debug.batch_delay = d`` every worker sleeps ``d`` seconds after each
+training batch (simulated work, so that a benchmark on a small, busy machine
+measures scheduling rather than CPU contention). A rank named in
+``debug.slow_ranks`` trains with a :class:`BatchSlowdown` that makes each batch
+(its compute plus ``d``) take ``slow_factor`` times as long, whatever the
+model, data or machine. The rank's very first batch is not slowed: it includes
 one-time graph tracing, which would add a long pause that says nothing about
 the rank's speed round after round. Ranks not named, and every rank when the section is absent,
 get no callback at all: the normal training path is untouched.
@@ -30,7 +30,8 @@ def check_slow_ranks(debug: DebugConfig, world_size: int) -> None:
 
 def make_slowdown(debug: DebugConfig, rank: int) -> Any | None:
     """The slowdown callback for ``rank``, or None when this rank runs at normal speed."""
-    if rank not in debug.slow_ranks or (debug.slow_factor <= 1 and debug.batch_delay <= 0):
+    factor = debug.slow_factor if rank in debug.slow_ranks else 1.0
+    if factor <= 1 and debug.batch_delay <= 0:
         return None
     import keras
 
@@ -52,9 +53,9 @@ def make_slowdown(debug: DebugConfig, rank: int) -> Any | None:
             if self.batches_seen == 1:
                 return
             batch_seconds = time.perf_counter() - self.batch_started
-            pause = (self.factor - 1) * batch_seconds + self.delay
+            pause = self.delay + (self.factor - 1) * (batch_seconds + self.delay)
             self.slowed_batch_seconds += batch_seconds
             time.sleep(pause)
             self.slept_seconds += pause
 
-    return BatchSlowdown(debug.slow_factor, debug.batch_delay)
+    return BatchSlowdown(factor, debug.batch_delay)

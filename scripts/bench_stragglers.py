@@ -14,7 +14,10 @@ under ``## Stragglers``, replacing an earlier copy of that section.
 
     python scripts/bench_stragglers.py --write docs/benchmarks.md
 
-``--hog`` replaces the sleep-based slowdown by a real one: a busy-looping
+By default every worker also sleeps ``--batch-delay`` seconds per batch (simulated
+work, ``debug.batch_delay``), so that on a small, busy machine the figures
+measure scheduling rather than CPU contention; ``--batch-delay 0 --model lenet``
+measures real compute. ``--hog`` replaces the sleep-based slowdown by a real one: a busy-looping
 process pinned with ``taskset`` to the core that the slow rank is pinned to.
 """
 
@@ -82,12 +85,14 @@ def variants() -> list[Variant]:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="configs/quickstart.toml")
-    parser.add_argument("--model", default="lenet", help="zoo model (lenet gives enough work per batch)")
+    parser.add_argument("--model", default="mlp")
     parser.add_argument("--source", default="digits")
-    parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--test-size", type=float, default=0.05,
-                        help="small, as in the originating config, so evaluation does not dominate a round")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--test-size", type=float, default=0.2)
+    parser.add_argument("--batch-delay", type=float, default=0.02,
+                        help="simulated work per batch on every worker (debug.batch_delay), seconds; "
+                             "0 = real compute only")
+    parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--method", default="weighted")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--slow-rank", type=int, default=2)
@@ -102,7 +107,7 @@ def parse_args() -> argparse.Namespace:
 
 def common_overrides(args: argparse.Namespace) -> list[str]:
     sets = [f"model.name={args.model}", f"data.source={args.source}", f"data.test_size={args.test_size}",
-            "data.validation_size=0.0", f"train.epochs={args.epochs}",
+            f"train.epochs={args.epochs}", f"debug.batch_delay={args.batch_delay}",
             f"train.batch_size={args.batch_size}", f"aggregation.method={args.method}",
             "checkpoint.every=0", "early_stopping.patience=0", "log.verbosity=1"]
     if not args.hog:
@@ -221,8 +226,11 @@ def main() -> int:
             hog.kill()
             hog.wait()
     slowdown = "a CPU hog pinned to its core" if args.hog else f"debug.slow_factor={args.factor:g}"
+    work = (f"{args.batch_delay * 1000:g} ms of simulated work per batch (debug.batch_delay) on every worker"
+            if args.batch_delay > 0 else "real compute only")
     heading = (f"{args.workers} workers, rank {args.slow_rank} slowed by {slowdown}; {args.model} on "
-               f"{args.source}, {args.method} aggregation; BSP runs {args.epochs} rounds, the others up "
+               f"{args.source}, batch size {args.batch_size}, {work}, {args.method} aggregation; "
+               f"BSP runs {args.epochs} rounds, the others up "
                f"to {2 * args.epochs}, ended once they reach the target = BSP final accuracy - "
                f"{args.tolerance * 100:g} pp = {target:.4f}; idle fraction = mean over rounds >= 2 "
                f"(round 0 traces graphs, rebalancing first acts in round 2)")

@@ -6,11 +6,14 @@ import csv
 
 import h5py
 import numpy as np
+import pytest
 from conftest import run_mpi
 
 QUICK = ["train", "configs/quickstart.toml", "--set", "train.epochs=3"]
-# digits/mlp batches last about a millisecond: a fixed delay makes rank 2 a clear straggler
-SLOW_RANK_2 = ["--set", "debug.slow_ranks=[2]", "--set", "debug.batch_delay=0.03"]
+# digits/mlp batches last about a millisecond: 10 ms of simulated work per batch on every worker,
+# three times as long on rank 2, makes a clear straggler whatever else loads the machine
+SLOW_RANK_2 = ["--set", "debug.batch_delay=0.01", "--set", "debug.slow_ranks=[2]",
+               "--set", "debug.slow_factor=3.0"]
 
 
 def final_weights(run_dir) -> list[np.ndarray]:
@@ -42,9 +45,12 @@ def test_ssp_engine_at_s0_gives_the_synchronous_weights(tmp_path):
 
 def test_ssp_bounds_staleness_and_uses_it_with_a_slow_worker(tmp_path):
     run_dir = tmp_path / "ssp1"
-    result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", "train.epochs=4",
+    # min_delta = 1 can never be met: early stopping ends the run after round 3 of 6, while
+    # workers still hold updates, which the scheduler must take in before releasing them
+    result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", "train.epochs=6",
                          "--set", "aggregation.ssp=1", "--set", "checkpoint.every=2",
-                         "--set", "early_stopping.patience=10", *SLOW_RANK_2], run_dir)
+                         "--set", "early_stopping.patience=3", "--set", "early_stopping.min_delta=1.0",
+                         *SLOW_RANK_2], run_dir)
     assert result.returncode == 0, result.output
     rounds, updates = result.rounds(), read_csv(run_dir / "updates.csv")
     assert [int(r["round"]) for r in rounds] == [0, 1, 2, 3]
@@ -61,7 +67,9 @@ def test_ssp_bounds_staleness_and_uses_it_with_a_slow_worker(tmp_path):
     assert versions == list(range(1, 9))
     assert all(int(u["base_version"]) < int(u["version"]) for u in updates)
     summary = result.summary()
-    assert summary["ssp"] == 1 and summary["rounds_completed"] == 4 and summary["stop_reason"] == "epochs"
+    assert summary["ssp"] == 1 and summary["rounds_completed"] == 4
+    assert summary["stop_reason"] == "early_stopping" and summary["final_round"] == 0
+    assert summary["final_test_accuracy"] == pytest.approx(float(rounds[0]["test_accuracy"]), abs=1e-5)
     assert float(rounds[-1]["test_accuracy"]) > 0.8
     assert (run_dir / "checkpoint.h5").is_file() and (run_dir / "final.weights.h5").is_file()
     assert "staleness 1" in (run_dir / "train.log").read_text()

@@ -96,10 +96,11 @@ def test_slowdown_is_absent_unless_configured_for_this_rank():
     assert make_slowdown(DebugConfig(slow_ranks=[2], slow_factor=2.0), 1) is None
     assert make_slowdown(DebugConfig(slow_ranks=[2], slow_factor=1.0), 2) is None
     assert make_slowdown(DebugConfig(slow_ranks=[2], slow_factor=2.0), 2) is not None
-    assert make_slowdown(DebugConfig(slow_ranks=[2], batch_delay=0.01), 2) is not None
+    assert make_slowdown(DebugConfig(slow_ranks=[2], batch_delay=0.01), 1).factor == 1.0  # delay only
+    assert make_slowdown(DebugConfig(slow_ranks=[2], slow_factor=3.0, batch_delay=0.01), 2).factor == 3.0
 
 
-def test_slowdown_pauses_each_batch_for_factor_minus_one_times_its_length():
+def test_slowdown_makes_each_batch_and_its_delay_take_factor_times_as_long():
     import time
 
     import keras
@@ -116,6 +117,7 @@ def test_slowdown_pauses_each_batch_for_factor_minus_one_times_its_length():
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[slowdown])
     elapsed = time.perf_counter() - started
     assert slowdown.batches_seen == 16
-    # each of the second fit's 8 batches is followed by a pause of twice its own length plus 10 ms
-    assert slowdown.slept_seconds == pytest.approx(2 * slowdown.slowed_batch_seconds + 8 * 0.01, rel=1e-6)
+    # each of the second fit's 8 batches is followed by a pause that makes batch + 10 ms take 3x as long
+    expected = 8 * 0.01 + 2 * (slowdown.slowed_batch_seconds + 8 * 0.01)
+    assert slowdown.slept_seconds == pytest.approx(expected, rel=1e-6)
     assert elapsed >= slowdown.slept_seconds + slowdown.slowed_batch_seconds > 0
