@@ -87,12 +87,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--config", default="configs/quickstart.toml")
     parser.add_argument("--model", default="mlp")
     parser.add_argument("--source", default="digits")
-    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--test-size", type=float, default=0.2)
-    parser.add_argument("--batch-delay", type=float, default=0.02,
+    parser.add_argument("--batch-delay", type=float, default=0.05,
                         help="simulated work per batch on every worker (debug.batch_delay), seconds; "
                              "0 = real compute only")
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--learning-rate", type=float, default=0.0005,
+                        help="low enough that the target takes several rounds, not one")
     parser.add_argument("--method", default="weighted")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--slow-rank", type=int, default=2)
@@ -108,6 +110,7 @@ def parse_args() -> argparse.Namespace:
 def common_overrides(args: argparse.Namespace) -> list[str]:
     sets = [f"model.name={args.model}", f"data.source={args.source}", f"data.test_size={args.test_size}",
             f"train.epochs={args.epochs}", f"debug.batch_delay={args.batch_delay}",
+            f"model.learning_rate={args.learning_rate}",
             f"train.batch_size={args.batch_size}", f"aggregation.method={args.method}",
             "checkpoint.every=0", "early_stopping.patience=0", "log.verbosity=1"]
     if not args.hog:
@@ -229,7 +232,8 @@ def main() -> int:
     work = (f"{args.batch_delay * 1000:g} ms of simulated work per batch (debug.batch_delay) on every worker"
             if args.batch_delay > 0 else "real compute only")
     heading = (f"{args.workers} workers, rank {args.slow_rank} slowed by {slowdown}; {args.model} on "
-               f"{args.source}, batch size {args.batch_size}, {work}, {args.method} aggregation; "
+               f"{args.source}, batch size {args.batch_size}, learning rate {args.learning_rate:g}, {work}, "
+               f"{args.method} aggregation; "
                f"BSP runs {args.epochs} rounds, the others up "
                f"to {2 * args.epochs}, ended once they reach the target = BSP final accuracy - "
                f"{args.tolerance * 100:g} pp = {target:.4f}; idle fraction = mean over rounds >= 2 "
