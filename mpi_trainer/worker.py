@@ -6,7 +6,8 @@ A worker owns its local model, its optimizer state and its block of the
 training set. It waits for orders, trains one local epoch per round on its
 block and hands back its weights and metrics, in the shape the aggregation
 method wants (a scaled contribution to a reduction, or a scored candidate for
-election). It never decides when to stop and never writes files. It makes no
+election; under SSP, its weights point to point). With rebalancing the order
+names the block to train on. It never decides when to stop and never writes files. It makes no
 MPI calls of its own: everything goes through :class:`~mpi_trainer.comm.Transport`.
 """
 
