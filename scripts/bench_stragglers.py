@@ -163,7 +163,7 @@ def run_variant(args: argparse.Namespace, variant: Variant, run_dir: Path,
     epochs = args.epochs if target is None else 2 * args.epochs
     sets = [item for o in [*common_overrides(args), f"train.epochs={epochs}", *variant.overrides]
             for item in ("--set", o)]
-    extra = ["--bind-to", "core", "--map-by", "core"] if args.hog else None
+    extra = ["--bind-to", "core:overload-allowed", "--map-by", "core"] if args.hog else None
     command = mpirun_command(args.workers + 1, ["train", args.config, *sets, "--run-dir", str(run_dir)],
                              extra=extra)
     if args.hog:  # mpirun_command asks for --bind-to none; the hog needs ranks pinned to cores
