@@ -18,7 +18,7 @@ By default every worker also sleeps ``--batch-delay`` seconds per batch (simulat
 work, ``debug.batch_delay``), so that on a small, busy machine the figures
 measure scheduling rather than CPU contention; ``--batch-delay 0 --model lenet``
 measures real compute. ``--hog`` replaces the sleep-based slowdown by a real one: a busy-looping
-process pinned with ``taskset`` to the core that the slow rank is pinned to.
+process pinned with ``taskset`` to ``--hog-core``, with the ranks bound to cores.
 """
 
 from __future__ import annotations
@@ -100,7 +100,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--slow-rank", type=int, default=2)
     parser.add_argument("--factor", type=float, default=2.0, help="how many times slower the slow rank is")
     parser.add_argument("--tolerance", type=float, default=0.005, help="accuracy allowance below BSP's final")
-    parser.add_argument("--hog", action="store_true", help="slow the rank with a pinned CPU hog instead")
+    parser.add_argument("--hog", action="store_true", help="slow a rank with a pinned CPU hog instead")
+    parser.add_argument("--hog-core", type=int, default=1,
+                        help="core for the hog; each run's log (--keep) reports which rank is bound there "
+                             "(on a 2-core machine Open MPI put ranks 0 and 1 on core 0, rank 2 on core 1)")
     parser.add_argument("--write", help="append the results to this markdown file")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--keep", help="keep the run directories under this folder")
@@ -163,7 +166,8 @@ def run_variant(args: argparse.Namespace, variant: Variant, run_dir: Path,
     epochs = args.epochs if target is None else 2 * args.epochs
     sets = [item for o in [*common_overrides(args), f"train.epochs={epochs}", *variant.overrides]
             for item in ("--set", o)]
-    extra = ["--bind-to", "core:overload-allowed", "--map-by", "core"] if args.hog else None
+    pinned = ["--bind-to", "core:overload-allowed", "--map-by", "core", "--report-bindings"]
+    extra = pinned if args.hog else None
     command = mpirun_command(args.workers + 1, ["train", args.config, *sets, "--run-dir", str(run_dir)],
                              extra=extra)
     if args.hog:  # mpirun_command asks for --bind-to none; the hog needs ranks pinned to cores
@@ -216,7 +220,7 @@ def main() -> int:
     args = parse_args()
     hog = None
     if args.hog:
-        hog = start_hog(args.slow_rank % (os.cpu_count() or 1))
+        hog = start_hog(args.hog_core)
     try:
         with tempfile.TemporaryDirectory(prefix="bench_stragglers_") as tmp:
             base = Path(args.keep) if args.keep else Path(tmp)
@@ -228,7 +232,8 @@ def main() -> int:
         if hog is not None:
             hog.kill()
             hog.wait()
-    slowdown = "a CPU hog pinned to its core" if args.hog else f"debug.slow_factor={args.factor:g}"
+    slowdown = (f"a CPU hog pinned to core {args.hog_core}" if args.hog
+                else f"debug.slow_factor={args.factor:g}")
     work = (f"{args.batch_delay * 1000:g} ms of simulated work per batch (debug.batch_delay) on every worker"
             if args.batch_delay > 0 else "real compute only")
     heading = (f"{args.workers} workers, rank {args.slow_rank} slowed by {slowdown}; {args.model} on "
