@@ -116,6 +116,8 @@ class DataConfig(_Section):
     label: str = ""
     features: list[str] = field(default_factory=list)
     datasets: list[str] = field(default_factory=list)
+    rebalance: bool = False
+    rebalance_smoothing: float = 0.5
     increment: IncrementConfig = field(default_factory=IncrementConfig)
     augmentation: AugmentationConfig = field(default_factory=AugmentationConfig)
 
@@ -125,6 +127,8 @@ class DataConfig(_Section):
         self._choice("placement", PLACEMENTS)
         self._require(len(self.datasets) in (0, 2, 4), "datasets",
                       "must list 4 array names (x_train, y_train, x_test, y_test) or 2 (x, y)")
+        self._require(0 < self.rebalance_smoothing <= 1, "rebalance_smoothing",
+                      "must lie in the interval (0, 1]")
         if self.is_file:
             path = Path(self.source).expanduser()
             self._require(
@@ -184,6 +188,7 @@ class AggregationConfig(_Section):
     prefix: ClassVar[str] = "aggregation"
     method: str = "average"
     ssp: int = 0
+    staleness_damping: bool = False
 
     def __post_init__(self) -> None:
         self._choice("method", AGGREGATION_METHODS)
@@ -233,6 +238,31 @@ class LogConfig(_Section):
 
 
 @dataclass
+class DebugConfig(_Section):
+    """Testing and benchmarking aids, off by default and outside the normal training path.
+
+    ``batch_delay`` makes every worker sleep that many seconds after each
+    training batch: simulated per-batch work, so that benchmarks on a small,
+    busy machine measure scheduling rather than CPU contention. Each rank in
+    ``slow_ranks`` then takes ``slow_factor`` times as long per batch (batch
+    plus delay) and plays a straggler. ``async_engine`` runs the bounded-staleness
+    engine even at ``aggregation.ssp = 0``, to check it against the synchronous one.
+    """
+
+    prefix: ClassVar[str] = "debug"
+    slow_ranks: list[int] = field(default_factory=list)
+    slow_factor: float = 1.0
+    batch_delay: float = 0.0
+    async_engine: bool = False
+
+    def __post_init__(self) -> None:
+        self._require(self.slow_factor >= 1, "slow_factor", "must be >= 1 (1 = normal speed)")
+        self._non_negative("batch_delay")
+        self._require(all(rank >= 1 for rank in self.slow_ranks), "slow_ranks",
+                      "must list worker ranks (each >= 1; rank 0 is the scheduler)")
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -242,8 +272,17 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     comm: CommConfig = field(default_factory=CommConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
 
     def __post_init__(self) -> None:
+        if self.data.rebalance and self.data.placement == "scatter":
+            raise ConfigError("`data.rebalance` needs workers that can read any row of the shared file, "
+                              "but scatter placement sends each worker only its own rows. Received: "
+                              "data.rebalance=True with data.placement='scatter'; expected data.placement='shared'")
+        if self.data.rebalance and self.aggregation.ssp > 0:
+            raise ConfigError("`data.rebalance` re-cuts blocks between synchronous rounds and needs "
+                              f"aggregation.ssp = 0. Received: data.rebalance=True with "
+                              f"aggregation.ssp={self.aggregation.ssp}")
         needs_validation = {
             "aggregation.method": (self.aggregation.method == "best", "'best' elects on the validation split"),
             "early_stopping.monitor": (self.early_stopping.monitor.startswith("val_"),

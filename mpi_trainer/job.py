@@ -65,10 +65,12 @@ def setup(transport: Transport, cfg: Config, config_path: str | None, run_dir: s
     from mpi_trainer.data.partition import block_bounds
     from mpi_trainer.messages import JobPlan
     from mpi_trainer.models import build_model
+    from mpi_trainer.slowdown import check_slow_ranks
 
     dataset = model = plan = path = None
     error = None
     try:
+        check_slow_ranks(cfg.debug, transport.size)
         dataset = load_dataset_for_rank(transport.rank, cfg)
         if dataset is not None:
             bounds = block_bounds(dataset.num_train, transport.workers)  # every reader fails alike
@@ -166,10 +168,10 @@ def train(cfg: Config, config_path: str | None, run_dir: str | None) -> int:
     plan = transport.bcast_object(plan)
     worker_data, dataset = place_training_data(transport, cfg, dataset, plan)
     if transport.rank == 0:
-        from mpi_trainer.scheduler import Scheduler
+        from mpi_trainer.ssp_scheduler import scheduler_class
 
         log_plan(plan, dataset)
-        Scheduler(transport, cfg, dataset, model, plan, path).run()
+        scheduler_class(cfg)(transport, cfg, dataset, model, plan, path).run()
         print(f"run directory: {path}", flush=True)
     else:
         import keras

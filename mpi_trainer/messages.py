@@ -10,6 +10,7 @@ from mpi_trainer.models import ModelSpec
 ROUND = "round"
 SEND_WEIGHTS = "send_weights"
 STOP = "stop"
+UPDATE = "update"  # SSP: receive the global weights point to point, train once, send back
 
 
 @dataclass
@@ -25,7 +26,10 @@ class JobPlan:
 
 @dataclass
 class Order:
-    """Scheduler -> worker: run a round, send your weights (best-of winner), or stop."""
+    """Scheduler -> worker: run a round, send your weights (best-of winner), run an SSP update, or stop.
+
+    ``detail`` may carry ``block``: the ``[start, end)`` bounds a rebalanced round trains on.
+    """
 
     kind: str
     round: int = -1

@@ -30,13 +30,16 @@ from mpi_trainer.data.sources import Dataset
 from mpi_trainer.early_stopping import EarlyStopping
 from mpi_trainer.logs import RoundLog, get_logger, write_json_atomic
 from mpi_trainer.messages import ROUND, SEND_WEIGHTS, STOP, JobPlan, Order, Report
+from mpi_trainer.rebalance import Rebalancer
 from mpi_trainer.report import format_round_line, format_table
+from mpi_trainer.ssp import idle_fraction
 from mpi_trainer.weights import WeightCodec
 
 ROUND_FIELDS = [
     "round", "wall_seconds", "train_seconds_max", "train_seconds_min", "comm_seconds",
     "aggregate_seconds", "eval_seconds", "bytes", "test_loss", "test_accuracy", "max_staleness",
     "train_loss", "train_accuracy", "val_loss", "val_accuracy", "samples", "winner", "elapsed_seconds",
+    "idle_fraction", "block_sizes",
 ]
 
 
@@ -66,6 +69,8 @@ class Scheduler:
         self.state = RunState()
         self.started = time.perf_counter()
         self.round_log = RoundLog(run_dir / "rounds.csv", ROUND_FIELDS)
+        self.rebalancer = (Rebalancer(plan.block_bounds, cfg.data.rebalance_smoothing)
+                           if cfg.data.rebalance else None)
 
     @property
     def workers(self) -> list[int]:
@@ -93,7 +98,8 @@ class Scheduler:
         """One synchronous round; returns True when early stopping says stop."""
         started = time.perf_counter()
         for worker in self.workers:
-            self.transport.send_object(Order(ROUND, round_index), worker, TAG_ORDER)
+            order = Order(ROUND, round_index, self.block_detail(worker))
+            self.transport.send_object(order, worker, TAG_ORDER)
         self.transport.broadcast(self.global_weights)
         if self.cfg.aggregation.method == "best":
             reports, received, winner = self.collect_best()
@@ -104,13 +110,37 @@ class Scheduler:
         log_data_shares(self.log, self.cfg.data.increment, round_index, reports, self.plan.num_train)
         evaluation, eval_seconds = self.evaluate()
         row = self.round_row(round_index, reports, received, winner, evaluation)
-        row.update(wall_seconds=time.perf_counter() - started, eval_seconds=eval_seconds,
+        wall = time.perf_counter() - started
+        row.update(wall_seconds=wall, eval_seconds=eval_seconds,
                    comm_seconds=max(0.0, collected - started - row["train_seconds_max"]
-                                    - row["aggregate_seconds"]))
+                                    - row["aggregate_seconds"]),
+                   idle_fraction=idle_fraction(wall, {r.rank: r.train_seconds for r in reports}),
+                   block_sizes=";".join(str(r.samples) for r in reports))
         self.record(row)
+        self.rebalance(round_index, reports)
         stop = self.early.update(round_index, row[self.cfg.early_stopping.monitor], self.global_weights)
         self.maybe_checkpoint(round_index)
         return stop
+
+    # -- rebalancing ----------------------------------------------------------
+    def block_detail(self, worker: int) -> dict[str, Any]:
+        """Every worker's block bounds this round, when blocks are rebalanced.
+
+        All bounds travel (a few bytes each) because the weighted average needs every block's size.
+        """
+        return {"blocks": list(self.rebalancer.bounds)} if self.rebalancer else {}
+
+    def rebalance(self, round_index: int, reports: list[Report]) -> None:
+        """Re-cut the blocks from this round's throughput; only the new bounds travel."""
+        if self.rebalancer is None:
+            return
+        rates = {r.rank - 1: (r.samples, r.train_seconds) for r in reports}
+        if self.rebalancer.update(rates):
+            self.plan.block_bounds = list(self.rebalancer.bounds)
+            sizes = ", ".join(f"rank {w}: {end - start}" for w, (start, end)
+                              in zip(self.workers, self.rebalancer.bounds))
+            self.log.info("after round %d blocks re-cut by throughput (%s samples/s): %s", round_index,
+                          ", ".join(f"{rate:.0f}" for rate in self.rebalancer.throughput), sizes)
 
     # -- collection and aggregation ------------------------------------------
     def recv_reports(self) -> tuple[list[Report], int]:

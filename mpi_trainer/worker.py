@@ -6,7 +6,8 @@ A worker owns its local model, its optimizer state and its block of the
 training set. It waits for orders, trains one local epoch per round on its
 block and hands back its weights and metrics, in the shape the aggregation
 method wants (a scaled contribution to a reduction, or a scored candidate for
-election). It never decides when to stop and never writes files. It makes no
+election; under SSP, its weights point to point). With rebalancing the order
+names the block to train on. It never decides when to stop and never writes files. It makes no
 MPI calls of its own: everything goes through :class:`~mpi_trainer.comm.Transport`.
 """
 
@@ -23,8 +24,9 @@ from mpi_trainer.config import Config
 from mpi_trainer.data.placement import WorkerData, peak_rss_mib
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.logs import get_logger
-from mpi_trainer.messages import ROUND, SEND_WEIGHTS, STOP, JobPlan, Report
+from mpi_trainer.messages import ROUND, SEND_WEIGHTS, STOP, UPDATE, JobPlan, Order, Report
 from mpi_trainer.models import rebuild_model
+from mpi_trainer.slowdown import make_slowdown
 from mpi_trainer.weights import WeightCodec
 
 
@@ -43,6 +45,7 @@ class Worker:
         self.data = data if data is not None else WorkerData(dataset.train, plan, transport.rank, cfg)
         self.x, self.y = self.data.fixed_x, self.data.fixed_y
         self.total_samples = plan.num_train
+        self.slowdown = make_slowdown(cfg.debug, transport.rank)
 
     def run(self) -> None:
         """Serve orders until the scheduler says stop."""
@@ -54,15 +57,19 @@ class Worker:
             if order.kind == SEND_WEIGHTS:
                 self.transport.send_array(self.candidate, 0)
             elif order.kind == ROUND:
+                self.follow_blocks(order)
                 self.run_round(order.round)
+            elif order.kind == UPDATE:
+                self.run_update(order)
             else:
                 raise RuntimeError(f"unknown order {order.kind!r} from the scheduler")
 
     def train_once(self) -> tuple[dict[str, Any], float]:
         self.model.set_weights(self.codec.unflatten(self.global_weights))
         started = time.perf_counter()
+        callbacks = [self.slowdown] if self.slowdown is not None else None
         history = self.model.fit(self.x, self.y, batch_size=self.cfg.train.batch_size, epochs=1,
-                                 verbose=0, shuffle=True)
+                                 verbose=0, shuffle=True, callbacks=callbacks)
         return {k: float(v[-1]) for k, v in history.history.items()}, time.perf_counter() - started
 
     def run_round(self, round_index: int) -> None:
@@ -85,6 +92,25 @@ class Worker:
         self.transport.send_object(report, 0, TAG_REPORT)
         self.log.debug("round %d: loss %.4f acc %.4f in %.2f s on %d samples", round_index,
                        report.train_loss, report.train_accuracy, train_seconds, report.samples)
+
+    def follow_blocks(self, order: Order) -> None:
+        """Rebalancing: adopt the blocks the scheduler re-cut for this round (only bounds travel)."""
+        blocks = order.detail.get("blocks")
+        if blocks is not None and self.data.set_blocks(blocks):
+            self.log.debug("round %d: block now [%d, %d)", order.round, *blocks[self.transport.rank - 1])
+
+    def run_update(self, order: Order) -> None:
+        """SSP: receive the current global weights, train once, send the report and the weights back."""
+        self.transport.take_bytes()
+        self.transport.recv_array(self.global_weights, source=0)
+        self.x, self.y = self.data.for_round(order.round)
+        metrics, train_seconds = self.train_once()
+        report = Report(self.transport.rank, order.round, len(self.x), metrics.get("loss", float("nan")),
+                        metrics.get("accuracy", float("nan")), train_seconds)
+        if self.cfg.aggregation.method == "best":
+            self.score(report)
+        self.transport.send_object(report, 0, TAG_REPORT)
+        self.transport.send_array(self.codec.flatten(self.model.get_weights()), 0)
 
     def score(self, report: Report) -> None:
         """Best-of election: score this round's weights on the shared validation split."""

@@ -68,12 +68,24 @@ class WorkerData:
         self.total = plan.num_train
         self.increment = cfg.data.increment
         self.seed = cfg.train.seed
+        self.shuffle_seed = plan.shuffle_seed
         self.block_sizes = [end - start for start, end in plan.block_bounds]
         self.fixed = fixed_positions(plan, rank)
         self.fixed_x, self.fixed_y = source.read(self.fixed)
         self.augmenter = build_augmenter(cfg.data.augmentation, cfg.train.seed + rank)
         get_logger().debug("worker rank %d: block of %d rows in memory (%.1f MiB), peak RSS %.1f MiB",
                            rank, len(self.fixed), self.fixed_x.nbytes / 2**20, peak_rss_mib())
+
+    def set_blocks(self, block_bounds: list[tuple[int, int]]) -> bool:
+        """Rebalancing: adopt re-cut blocks; re-read this worker's rows when its block changed."""
+        self.block_sizes = [end - start for start, end in block_bounds]
+        start, end = block_bounds[self.rank - 1]
+        fixed = np.sort(shuffled_order(self.total, self.shuffle_seed)[start:end])
+        if np.array_equal(fixed, self.fixed):
+            return False
+        self.fixed = fixed
+        self.fixed_x, self.fixed_y = self.source.read(fixed)
+        return True
 
     def round_total(self, round_index: int) -> int:
         """Samples all workers train on in ``round_index`` (the weighted average's denominator)."""

@@ -1,0 +1,92 @@
+"""Real ``mpirun`` jobs with a slowed worker: SSP at s = 0 and s = 1, and block rebalancing."""
+
+from __future__ import annotations
+
+import csv
+
+import h5py
+import numpy as np
+import pytest
+from conftest import run_mpi
+
+QUICK = ["train", "configs/quickstart.toml", "--set", "train.epochs=3"]
+# digits/mlp batches last about a millisecond: 10 ms of simulated work per batch on every worker,
+# three times as long on rank 2, makes a clear straggler whatever else loads the machine
+SLOW_RANK_2 = ["--set", "debug.batch_delay=0.01", "--set", "debug.slow_ranks=[2]",
+               "--set", "debug.slow_factor=3.0"]
+
+
+def final_weights(run_dir) -> list[np.ndarray]:
+    arrays: list[np.ndarray] = []
+    with h5py.File(run_dir / "final.weights.h5", "r") as handle:
+        handle.visititems(lambda _, obj: arrays.append(obj[()]) if isinstance(obj, h5py.Dataset) else None)
+    return arrays
+
+
+def read_csv(path) -> list[dict[str, str]]:
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_ssp_engine_at_s0_gives_the_synchronous_weights(tmp_path):
+    sync = run_mpi(3, QUICK, tmp_path / "sync")
+    engine = run_mpi(3, [*QUICK, "--set", "debug.async_engine=true"], tmp_path / "engine")
+    assert sync.returncode == 0, sync.output
+    assert engine.returncode == 0, engine.output
+    assert (tmp_path / "engine" / "updates.csv").is_file()  # the SSP engine really ran
+    assert not (tmp_path / "sync" / "updates.csv").exists()
+    for a, b in zip(final_weights(tmp_path / "sync"), final_weights(tmp_path / "engine"), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    sync_acc = [float(r["test_accuracy"]) for r in sync.rounds()]
+    engine_acc = [float(r["test_accuracy"]) for r in engine.rounds()]
+    np.testing.assert_allclose(sync_acc, engine_acc, atol=1e-6)
+    assert all(r["max_staleness"] == "0" for r in engine.rounds())
+
+
+def test_ssp_bounds_staleness_and_uses_it_with_a_slow_worker(tmp_path):
+    run_dir = tmp_path / "ssp1"
+    # min_delta = 1 can never be met: early stopping ends the run after round 3 of 6, while
+    # workers still hold updates, which the scheduler must take in before releasing them
+    result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", "train.epochs=6",
+                         "--set", "aggregation.ssp=1", "--set", "checkpoint.every=2",
+                         "--set", "early_stopping.patience=3", "--set", "early_stopping.min_delta=1.0",
+                         *SLOW_RANK_2], run_dir)
+    assert result.returncode == 0, result.output
+    rounds, updates = result.rounds(), read_csv(run_dir / "updates.csv")
+    assert [int(r["round"]) for r in rounds] == [0, 1, 2, 3]
+    assert len(updates) == 4 * 2
+    assert all(0 <= int(r["max_staleness"]) <= 1 for r in rounds)
+    staleness = [int(u["staleness"]) for u in updates]
+    assert max(staleness) == 1, updates  # the fast worker really ran ahead
+    ahead = {w: sum(1 for u in updates if u["worker"] == w and u["staleness"] == "1") for w in ("1", "2")}
+    assert ahead["1"] > ahead["2"], updates  # and it is the fast one that runs ahead
+    for round_row in rounds:  # each round's max_staleness is that of its own updates
+        own = [int(u["staleness"]) for u in updates if u["round"] == round_row["round"]]
+        assert len(own) == 2 and int(round_row["max_staleness"]) == max(own)
+    versions = [int(u["version"]) for u in updates]
+    assert versions == list(range(1, 9))
+    assert all(int(u["base_version"]) < int(u["version"]) for u in updates)
+    summary = result.summary()
+    assert summary["ssp"] == 1 and summary["rounds_completed"] == 4
+    assert summary["stop_reason"] == "early_stopping" and summary["final_round"] == 0
+    assert summary["final_test_accuracy"] == pytest.approx(float(rounds[0]["test_accuracy"]), abs=1e-5)
+    assert float(rounds[-1]["test_accuracy"]) > 0.8
+    assert (run_dir / "checkpoint.h5").is_file() and (run_dir / "final.weights.h5").is_file()
+    assert "staleness 1" in (run_dir / "train.log").read_text()
+
+
+def test_rebalancing_shrinks_the_slow_workers_block_and_keeps_full_coverage(tmp_path):
+    run_dir = tmp_path / "rebalance"
+    result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", "train.epochs=4",
+                         "--set", "data.rebalance=true", "--set", "aggregation.method=weighted",
+                         *SLOW_RANK_2], run_dir)
+    assert result.returncode == 0, result.output
+    rounds = result.rounds()
+    sizes = [[int(s) for s in r["block_sizes"].split(";")] for r in rounds]
+    total = sum(sizes[0])
+    assert all(sum(s) == total == int(r["samples"]) for s, r in zip(sizes, rounds))
+    assert sizes[0][0] == sizes[0][1]
+    assert sizes[-1][1] < 0.45 * total < sizes[-1][0], sizes  # the slow worker got less to do
+    assert "blocks re-cut by throughput" in (run_dir / "train.log").read_text()
+    assert all(0.0 <= float(r["idle_fraction"]) < 1.0 for r in rounds)
+    assert float(rounds[-1]["test_accuracy"]) > 0.8

@@ -1,0 +1,153 @@
+"""Block rebalancing, the straggler config keys and their error messages, without MPI."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpi_trainer.config import DebugConfig, load_config
+from mpi_trainer.errors import ConfigError
+from mpi_trainer.rebalance import Rebalancer, bounds_from_sizes, proportional_sizes
+from mpi_trainer.slowdown import check_slow_ranks, make_slowdown
+
+
+def covers_once(bounds: list[tuple[int, int]], total: int) -> bool:
+    return bounds[0][0] == 0 and bounds[-1][1] == total and all(
+        a[1] == b[0] and a[0] < a[1] for a, b in zip(bounds, bounds[1:] + [(total, total + 1)]))
+
+
+def test_proportional_sizes_sum_to_total_and_follow_the_weights():
+    assert proportional_sizes(900, [2.0, 1.0]) == [600, 300]
+    sizes = proportional_sizes(1001, [3.0, 1.0, 1.0])
+    assert sum(sizes) == 1001 and sizes[0] == pytest.approx(600, abs=1)
+    assert proportional_sizes(3, [1000.0, 1.0, 1.0]) == [1, 1, 1]
+    with pytest.raises(ValueError, match="need at least one sample per block"):
+        proportional_sizes(1, [1.0, 1.0])
+
+
+def test_a_half_speed_worker_gets_a_third_after_the_warm_up_round():
+    rebalancer = Rebalancer([(0, 600), (600, 1200)], smoothing=1.0)
+    assert not rebalancer.update({0: (600, 9.0), 1: (600, 30.0)})  # warm-up round: not measured
+    assert rebalancer.update({0: (600, 1.0), 1: (600, 2.0)})
+    assert rebalancer.bounds == [(0, 800), (800, 1200)]
+    assert covers_once(rebalancer.bounds, 1200)
+
+
+def test_smoothing_damps_one_noisy_round_and_the_deadband_keeps_blocks_still():
+    rebalancer = Rebalancer([(0, 500), (500, 1000)], smoothing=0.3)
+    rebalancer.update({0: (500, 1.0), 1: (500, 1.0)})  # warm-up
+    rebalancer.update({0: (500, 1.0), 1: (500, 1.0)})
+    assert rebalancer.bounds == [(0, 500), (500, 1000)]
+    rebalancer.update({0: (500, 1.0), 1: (500, 3.0)})  # one slow outlier round
+    moved = rebalancer.bounds[0][1] - 500
+    assert 0 < moved < 1000 * 3 / 4 - 500  # moves less than the raw 3:1 ratio would
+    before = list(rebalancer.bounds)
+    sizes = [e - s for s, e in before]
+    rebalancer.update({0: (sizes[0], sizes[0] / 500 * 1.0), 1: (sizes[1], sizes[1] / 500 * 1.0)})
+    for _ in range(20):  # steady equal speeds: converges back and then stops moving
+        sizes = [e - s for s, e in rebalancer.bounds]
+        rebalancer.update({0: (sizes[0], sizes[0] / 500), 1: (sizes[1], sizes[1] / 500)})
+    settled = list(rebalancer.bounds)
+    sizes = [e - s for s, e in settled]
+    assert not rebalancer.update({0: (sizes[0], sizes[0] / 500), 1: (sizes[1], sizes[1] / 500)})
+    assert abs(settled[0][1] - 500) <= 0.03 * 500 and covers_once(settled, 1000)
+
+
+def test_bounds_from_sizes_are_contiguous():
+    assert bounds_from_sizes([3, 1, 2]) == [(0, 3), (3, 4), (4, 6)]
+
+
+def test_rebalancer_rejects_a_bad_smoothing():
+    with pytest.raises(ValueError, match="smoothing must lie in"):
+        Rebalancer([(0, 2)], smoothing=0.0)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("debug.slow_factor=0.5", "`debug.slow_factor` must be >= 1 (1 = normal speed). "
+                              "Received: debug.slow_factor=0.5"),
+    ("debug.batch_delay=-0.1", "`debug.batch_delay` must be >= 0. Received: debug.batch_delay=-0.1"),
+    ("debug.slow_ranks=[0]", "`debug.slow_ranks` must list worker ranks (each >= 1; rank 0 is the "
+                             "scheduler). Received: debug.slow_ranks=[0]"),
+    ("data.rebalance_smoothing=1.5", "`data.rebalance_smoothing` must lie in the interval (0, 1]. "
+                                     "Received: data.rebalance_smoothing=1.5"),
+    ("data.rebalance=1", "`data.rebalance` must be of type bool. Received: data.rebalance=1"),
+    ("aggregation.ssp=-1", "`aggregation.ssp` must be >= 0. Received: aggregation.ssp=-1"),
+])
+def test_bad_straggler_keys_name_key_value_and_expectation(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert str(info.value) == message
+
+
+def test_rebalancing_with_ssp_is_refused_before_training():
+    with pytest.raises(ConfigError, match=r"needs aggregation.ssp = 0. Received: data.rebalance=True "
+                                          r"with aggregation.ssp=2"):
+        load_config(None, ["data.rebalance=true", "aggregation.ssp=2"])
+
+
+def test_slow_ranks_must_exist_in_the_job():
+    check_slow_ranks(DebugConfig(slow_ranks=[1, 2], slow_factor=2.0), world_size=3)
+    with pytest.raises(ConfigError, match=r"must name worker ranks 1..2 of this 3-rank job. "
+                                          r"Received: debug.slow_ranks=\[3\]"):
+        check_slow_ranks(DebugConfig(slow_ranks=[3], slow_factor=2.0), world_size=3)
+
+
+def test_slowdown_is_absent_unless_configured_for_this_rank():
+    assert make_slowdown(DebugConfig(), 1) is None
+    assert make_slowdown(DebugConfig(slow_ranks=[2], slow_factor=2.0), 1) is None
+    assert make_slowdown(DebugConfig(slow_ranks=[2], slow_factor=1.0), 2) is None
+    assert make_slowdown(DebugConfig(slow_ranks=[2], slow_factor=2.0), 2) is not None
+    assert make_slowdown(DebugConfig(slow_ranks=[2], batch_delay=0.01), 1).factor == 1.0  # delay only
+    assert make_slowdown(DebugConfig(slow_ranks=[2], slow_factor=3.0, batch_delay=0.01), 2).factor == 3.0
+
+
+def test_slowdown_makes_each_batch_and_its_delay_take_factor_times_as_long():
+    import time
+
+    import keras
+    import numpy as np
+
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    y = (x[:, 0] > 0).astype("int32")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
+    model.compile("sgd", "sparse_categorical_crossentropy")
+    slowdown = make_slowdown(DebugConfig(slow_ranks=[1], slow_factor=3.0, batch_delay=0.01), 1)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[slowdown])  # first batch traces
+    slowdown.slept_seconds = slowdown.slowed_batch_seconds = 0.0
+    started = time.perf_counter()
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[slowdown])
+    elapsed = time.perf_counter() - started
+    assert slowdown.batches_seen == 16
+    # each of the second fit's 8 batches is followed by a pause that makes batch + 10 ms take 3x as long
+    expected = 8 * 0.01 + 2 * (slowdown.slowed_batch_seconds + 8 * 0.01)
+    assert slowdown.slept_seconds == pytest.approx(expected, rel=1e-6)
+    assert elapsed >= slowdown.slept_seconds + slowdown.slowed_batch_seconds > 0
+
+
+def test_rebalancing_with_scatter_placement_is_refused_before_training():
+    with pytest.raises(ConfigError, match=r"Received: data.rebalance=True with data.placement='scatter'"):
+        load_config(None, ["data.rebalance=true", "data.placement='scatter'"])
+
+
+def test_a_worker_rereads_its_rows_when_its_block_is_recut():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from mpi_trainer.data.partition import block_bounds, shuffled_order
+    from mpi_trainer.data.placement import WorkerData
+    from mpi_trainer.data.sources import load_dataset
+
+    cfg = load_config(None, ["data.source=digits", "data.rebalance=true"])
+    dataset = load_dataset(cfg.data, 0)
+    total = dataset.num_train
+    plan = SimpleNamespace(num_train=total, shuffle_seed=0, block_bounds=block_bounds(total, 2))
+    data = WorkerData(dataset.train, plan, 2, cfg)
+    assert len(data.fixed_x) == total // 2
+    assert not data.set_blocks(plan.block_bounds)  # unchanged: nothing re-read
+    recut = [(0, total // 3), (total // 3, total)]
+    assert data.set_blocks(recut)
+    expected = np.sort(shuffled_order(total, 0)[total // 3:])
+    x, y = dataset.train.read(expected)
+    np.testing.assert_array_equal(data.fixed_x, x)
+    np.testing.assert_array_equal(data.fixed_y, y)
+    assert data.round_total(0) == total and data.block_sizes == [total // 3, total - total // 3]

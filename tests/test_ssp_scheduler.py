@@ -1,0 +1,139 @@
+"""The SSP engine of the scheduler in one process, against simulated workers of different speeds.
+
+A fake transport plays the workers: each dispatched update finishes after its
+worker's duration (simulated time) and returns ``base + step``, so every merge
+can be checked by hand. The model and the evaluation are real (a tiny Keras model).
+"""
+
+from __future__ import annotations
+
+import csv
+import heapq
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpi_trainer.comm import Received
+from mpi_trainer.config import Config, config_from_dict
+from mpi_trainer.data.sources import Dataset, TrainRows
+from mpi_trainer.messages import STOP, UPDATE, JobPlan, Report
+from mpi_trainer.ssp_scheduler import SSPScheduler, scheduler_class
+
+
+@dataclass
+class FakeWorkers:
+    """A Transport stand-in: rank 0 talks to simulated workers with fixed update durations."""
+
+    durations: dict[int, float]
+    val_accuracy: dict[int, float] = field(default_factory=dict)
+    step: float = 0.01
+    now: float = 0.0
+    pending: list = field(default_factory=list)
+    results: dict[int, np.ndarray] = field(default_factory=dict)
+    orders: list = field(default_factory=list)
+    stopped: set = field(default_factory=set)
+    last_order: dict = field(default_factory=dict)
+    wait_wall_seconds: float = 0.0
+    wait_cpu_seconds: float = 0.0
+    size: int = 0
+
+    def __post_init__(self) -> None:
+        self.size = len(self.durations) + 1
+
+    def take_bytes(self) -> int:
+        return 0
+
+    def send_object(self, order, dest: int, tag: int) -> int:
+        self.orders.append((dest, order.kind))
+        if order.kind == STOP:
+            self.stopped.add(dest)
+        self.last_order[dest] = order
+        return 64
+
+    def send_array(self, buf: np.ndarray, dest: int, tag: int = 0) -> None:
+        assert self.last_order[dest].kind == UPDATE
+        self.results[dest] = buf + np.float32(self.step * dest)  # each worker learns its own step
+        heapq.heappush(self.pending, (self.now + self.durations[dest], dest, self.last_order[dest].round))
+
+    def recv_object(self, source: int = -1, tag: int = 0, timeout: float | None = None) -> Received:
+        self.now, worker, clock = heapq.heappop(self.pending)
+        report = Report(worker, clock, 10 * worker, 0.5, 0.5, self.durations[worker],
+                        val_accuracy=self.val_accuracy.get(worker, 0.5), val_loss=0.1)
+        return Received(report, worker, 100)
+
+    def recv_array(self, buf: np.ndarray, source: int = -1, tag: int = 0,
+                   timeout: float | None = None) -> Received:
+        buf[:] = self.results.pop(source)
+        return Received(buf, source, buf.nbytes)
+
+
+def make_scheduler(tmp_path: Path, transport: FakeWorkers, **sections) -> SSPScheduler:
+    import keras
+
+    keras.utils.set_random_seed(0)
+    table = {"train": {"epochs": 6}, "log": {"verbosity": 0}, **sections}
+    cfg = config_from_dict(table)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(40, 3)).astype("float32"), rng.integers(0, 2, 40)
+    train = TrainRows("toy", x, y, np.arange(len(x)))
+    dataset = Dataset("toy", train, x[:0], y[:0], x, y, 2, (3,))
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="softmax")])
+    model.compile("sgd", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    workers = transport.size - 1
+    total = sum(10 * w for w in range(1, workers + 1))
+    plan = JobPlan(cfg.to_dict(), None, [(0, 1)] * workers, 0, total)
+    return SSPScheduler(transport, cfg, dataset, model, plan, tmp_path)
+
+
+def read_updates(tmp_path: Path) -> list[dict[str, str]]:
+    with (tmp_path / "updates.csv").open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.mark.parametrize("bound", [1, 2])
+def test_engine_keeps_staleness_within_the_bound_and_merges_deltas(tmp_path, bound):
+    transport = FakeWorkers({1: 1.0, 2: 1.0, 3: 3.0})
+    scheduler = make_scheduler(tmp_path, transport, aggregation={"ssp": bound, "method": "weighted"})
+    start = scheduler.global_weights.copy()
+    summary = scheduler.run()
+    updates = read_updates(tmp_path)
+    assert summary["rounds_completed"] == 6 and len(updates) == 6 * 3
+    assert max(int(u["staleness"]) for u in updates) == bound
+    # weighted shares n_w / N = 10w / 60; each merged delta is step * w, whatever its staleness
+    expected = sum(float(u["share"]) * 0.01 * int(u["worker"]) for u in updates)
+    np.testing.assert_allclose(scheduler.global_weights - start, expected, atol=1e-5)
+    fast = sum(1 for u in updates if u["worker"] == "1")
+    assert fast > sum(1 for u in updates if u["worker"] == "3")
+    assert transport.stopped == {1, 2, 3} and not transport.pending  # nobody left mid-update
+
+
+def test_early_stop_takes_in_the_updates_in_flight_before_releasing_workers(tmp_path):
+    transport = FakeWorkers({1: 1.0, 2: 2.0})
+    scheduler = make_scheduler(tmp_path, transport, aggregation={"ssp": 1},
+                               early_stopping={"patience": 1, "min_delta": 1.0})
+    summary = scheduler.run()
+    assert summary["stop_reason"] == "early_stopping" and summary["rounds_completed"] == 2
+    assert not transport.pending and transport.stopped == {1, 2}
+    assert set(transport.orders[-2:]) == {(1, STOP), (2, STOP)}
+
+
+def test_best_under_ssp_elects_the_highest_validation_accuracy_per_window(tmp_path):
+    transport = FakeWorkers({1: 1.0, 2: 1.5}, val_accuracy={1: 0.6, 2: 0.9})
+    scheduler = make_scheduler(tmp_path, transport, aggregation={"ssp": 1, "method": "best"},
+                               train={"epochs": 3})
+    scheduler.run()
+    rows = list(csv.DictReader((tmp_path / "rounds.csv").open(newline="")))
+    for row in rows:
+        own = [u for u in read_updates(tmp_path) if u["round"] == row["round"]]
+        workers = {u["worker"] for u in own}
+        assert row["winner"] == ("2" if "2" in workers else "1")
+
+
+def test_ssp_zero_uses_the_synchronous_engine_unless_forced():
+    from mpi_trainer.scheduler import Scheduler
+
+    assert scheduler_class(Config()) is Scheduler
+    assert scheduler_class(config_from_dict({"aggregation": {"ssp": 1}})) is SSPScheduler
+    assert scheduler_class(config_from_dict({"debug": {"async_engine": True}})) is SSPScheduler
