@@ -22,6 +22,11 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="train (run under mpirun -n N, N >= 2)")
     _add_config_args(train)
     train.add_argument("--run-dir", help="directory for the run's files (default runs/<config>-<time>)")
+    train.add_argument("--resume", action="store_true",
+                       help="continue the run in --run-dir from its checkpoint (any number of workers)")
+    from mpi_trainer.launch import add_launch_parser
+
+    add_launch_parser(commands, _add_config_args)
     check = commands.add_parser("check", help="validate a config without MPI")
     _add_config_args(check)
     return parser
@@ -34,13 +39,17 @@ def main(argv: list[str] | None = None) -> int:
     quiet_backend()
     try:
         cfg = load_config(args.config, args.overrides)
+        if args.command == "launch":
+            from mpi_trainer.launch import launch
+
+            return launch(args, cfg)
         if args.command == "check":
             print(f"{args.config}: OK")
             print(cfg.to_toml(), end="")
             return 0
         from mpi_trainer.job import train
 
-        return train(cfg, args.config, args.run_dir)
+        return train(cfg, args.config, args.run_dir, args.resume)
     except InputError as exc:
         return report_error(exc)
 

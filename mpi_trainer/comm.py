@@ -129,9 +129,9 @@ class Transport:
         return self.comm.bcast(obj, root=root)
 
     # -- flat float32 buffers ---------------------------------------------
-    def broadcast(self, buf: np.ndarray, root: int = 0) -> None:
+    def broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None:
         """Broadcast ``buf`` in place from ``root`` to every rank."""
-        self._wait(self.comm.Ibcast(buf, root=root), "weights broadcast")
+        self._wait(self.comm.Ibcast(buf, root=root), "weights broadcast", timeout)
         if self.rank == root:
             self._count(buf.nbytes * (self.size - 1))
 

@@ -34,6 +34,7 @@ BUILTIN_DATASETS = (
 )
 DATA_SUFFIXES = (".npz", ".h5", ".hdf5", ".csv")
 AGGREGATION_METHODS = ("average", "weighted", "best")
+NAN_POLICIES = ("stop", "rollback")
 MONITORS = ("test_accuracy", "test_loss", "val_accuracy", "val_loss")
 
 
@@ -115,10 +116,14 @@ class TrainConfig(_Section):
     epochs: int = 20
     batch_size: int = 32
     seed: int = 0
+    # Total optimizer steps (batches, summed over workers) after which the run stops; 0 = no limit.
+    max_steps: int = 0
+    nan_policy: str = "stop"
 
     def __post_init__(self) -> None:
         self._positive("epochs", "batch_size")
-        self._non_negative("seed")
+        self._non_negative("seed", "max_steps")
+        self._choice("nan_policy", NAN_POLICIES)
 
 
 @dataclass
@@ -154,6 +159,30 @@ class CheckpointConfig(_Section):
 
 
 @dataclass
+class WatchdogConfig(_Section):
+    """Seconds without progress before a rank or the launcher gives up; 0 = wait forever."""
+
+    prefix: ClassVar[str] = "watchdog"
+    worker_timeout: float = 0.0
+    stall_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._non_negative("worker_timeout", "stall_seconds")
+
+
+@dataclass
+class DebugConfig(_Section):
+    """Fault injection for tests of the NaN guard; never set in real runs."""
+
+    prefix: ClassVar[str] = "debug"
+    nan_rank: int = 0
+    nan_round: int = 0
+
+    def __post_init__(self) -> None:
+        self._non_negative("nan_rank", "nan_round")
+
+
+@dataclass
 class LogConfig(_Section):
     prefix: ClassVar[str] = "log"
     verbosity: int = 1
@@ -170,6 +199,8 @@ class Config:
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def to_dict(self) -> dict[str, Any]:

@@ -16,11 +16,13 @@ from typing import Any
 
 from mpi_trainer.comm import Transport, install_abort_on_error
 from mpi_trainer.config import Config
-from mpi_trainer.errors import ConfigError, InputError
+from mpi_trainer.errors import ConfigError, InputError, WorkerFailure
 from mpi_trainer.logs import add_log_file, get_logger, setup_logging, write_atomic
 from mpi_trainer.runtime import configure_threads, threads_for_rank, usable_cores
 
 EXIT_INPUT_ERROR = 2
+EXIT_WORKER_FAILURE = 3
+RESUME_SEED_STRIDE = 7919
 
 
 def default_run_dir(config_path: str | None) -> Path:
@@ -28,8 +30,8 @@ def default_run_dir(config_path: str | None) -> Path:
     return Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def prepare_run_dir(run_dir: Path, cfg: Config) -> Path:
-    if (run_dir / "rounds.csv").exists():
+def prepare_run_dir(run_dir: Path, cfg: Config, resume: bool = False) -> Path:
+    if not resume and (run_dir / "rounds.csv").exists():
         raise ConfigError(f"Run directory already holds a run. Received: --run-dir {str(run_dir)!r}; "
                           f"expected a new or empty directory")
     try:
@@ -58,8 +60,20 @@ def agree(transport: Transport, error: str | None) -> None:
     raise InputError(f"{text}{where}")
 
 
-def setup(transport: Transport, cfg: Config, config_path: str | None, run_dir: str | None) -> tuple:
-    """Load data everywhere and build the model on rank 0; returns (dataset, model, plan, run_dir)."""
+def resume_state(run_dir: str | None, cfg: Config, model: Any) -> Any:
+    """The checkpoint state ``train --resume`` continues from (None: nothing to resume, start over)."""
+    from mpi_trainer.resume import load_resume_state
+
+    if not run_dir:
+        raise ConfigError("`--resume` needs the run directory to continue. Received: no --run-dir; "
+                          "expected --run-dir DIR of an earlier run")
+    count = sum(int(w.size) for w in model.get_weights())
+    return load_resume_state(Path(run_dir), cfg.to_dict(), count)
+
+
+def setup(transport: Transport, cfg: Config, config_path: str | None, run_dir: str | None,
+          resume: bool = False) -> tuple:
+    """Load data everywhere and build the model on rank 0; returns (dataset, model, plan, run_dir, state)."""
     import keras
 
     from mpi_trainer.data.partition import block_bounds
@@ -67,7 +81,7 @@ def setup(transport: Transport, cfg: Config, config_path: str | None, run_dir: s
     from mpi_trainer.messages import JobPlan
     from mpi_trainer.models import build_model
 
-    dataset = model = plan = path = None
+    dataset = model = plan = path = state = None
     error = None
     try:
         dataset = load_dataset(cfg.data, cfg.train.seed)
@@ -75,12 +89,15 @@ def setup(transport: Transport, cfg: Config, config_path: str | None, run_dir: s
             keras.utils.set_random_seed(cfg.train.seed)
             bounds = block_bounds(len(dataset.x_train), transport.workers)
             model, spec = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
-            plan = JobPlan(cfg.to_dict(), spec, bounds, cfg.train.seed, len(dataset.x_train))
-            path = prepare_run_dir(Path(run_dir) if run_dir else default_run_dir(config_path), cfg)
-    except (InputError, ValueError) as exc:
+            state = resume_state(run_dir, cfg, model) if resume else None
+            # Blocks are always planned for the workers present now: a resume may have fewer or more.
+            plan = JobPlan(cfg.to_dict(), spec, bounds, cfg.train.seed, len(dataset.x_train),
+                           state.next_round if state else 0)
+            path = prepare_run_dir(Path(run_dir) if run_dir else default_run_dir(config_path), cfg, resume)
+    except (InputError, ValueError, OSError) as exc:
         error = str(exc)
     agree(transport, error)
-    return dataset, model, plan, path
+    return dataset, model, plan, path, state
 
 
 def log_plan(plan: Any, dataset: Any) -> None:
@@ -90,7 +107,23 @@ def log_plan(plan: Any, dataset: Any) -> None:
         log.info("worker rank %d: block start %d end %d size %d", index + 1, start, end, end - start)
 
 
-def train(cfg: Config, config_path: str | None, run_dir: str | None) -> int:
+def run_scheduler(transport: Transport, cfg: Config, setup_result: tuple, hosts: list[str]) -> None:
+    """Rank 0's part; a watchdog failure ends the whole job with a one-line message, not a traceback."""
+    from mpi_trainer.scheduler import Scheduler
+
+    dataset, model, plan, path, state = setup_result
+    log_plan(plan, dataset)
+    try:
+        Scheduler(transport, cfg, dataset, model, plan, path, hosts, state).run()
+    except WorkerFailure as exc:
+        get_logger().error("%s", exc)
+        sys.stderr.write(f"mpi_trainer: error: {exc}\n")
+        sys.stderr.flush()
+        transport.abort(EXIT_WORKER_FAILURE)
+    print(f"run directory: {path}", flush=True)
+
+
+def train(cfg: Config, config_path: str | None, run_dir: str | None, resume: bool = False) -> int:
     """Entry for ``mpi_trainer train`` on every rank; returns the exit code."""
     transport = Transport()
     setup_logging(transport.rank, transport.size, transport.host, cfg.log.verbosity)
@@ -100,20 +133,18 @@ def train(cfg: Config, config_path: str | None, run_dir: str | None) -> int:
     threads = threads_for_rank(transport.rank, node_cores, node_ranks, usable_cores())
     configure_threads(threads)
     get_logger().debug("%d threads (%d cores, ranks on this node: %s)", threads, node_cores, node_ranks)
-    dataset, model, plan, path = setup(transport, cfg, config_path, run_dir)
+    hosts = transport.allgather(transport.host)
+    dataset, model, plan, path, state = setup(transport, cfg, config_path, run_dir, resume)
     plan = transport.bcast_object(plan)
     if transport.rank == 0:
-        from mpi_trainer.scheduler import Scheduler
-
-        log_plan(plan, dataset)
-        Scheduler(transport, cfg, dataset, model, plan, path).run()
-        print(f"run directory: {path}", flush=True)
+        run_scheduler(transport, cfg, (dataset, model, plan, path, state), hosts)
     else:
         import keras
 
         from mpi_trainer.worker import Worker
 
-        keras.utils.set_random_seed(cfg.train.seed + transport.rank)
+        # A resumed run draws fresh randomness instead of replaying round 0's.
+        keras.utils.set_random_seed(cfg.train.seed + transport.rank + RESUME_SEED_STRIDE * plan.start_round)
         Worker(transport, plan, dataset, cfg).run()
     return 0
 

@@ -21,11 +21,16 @@ class JobPlan:
     block_bounds: list[tuple[int, int]]
     shuffle_seed: int
     num_train: int
+    start_round: int = 0
 
 
 @dataclass
 class Order:
-    """Scheduler -> worker: run a round, send your weights (best-of winner), or stop."""
+    """Scheduler -> worker: run a round, send your weights (best-of winner), or stop.
+
+    A round's ``detail`` may carry ``learning_rate`` (a new rate), ``reset_optimizer``
+    (after a NaN rollback) and ``max_steps`` (the last, partial round under train.max_steps).
+    """
 
     kind: str
     round: int = -1
@@ -46,3 +51,5 @@ class Report:
     val_accuracy: float = float("nan")
     eval_seconds: float = 0.0
     bytes_before_report: int = 0
+    steps: int = 0
+    weights_finite: bool = True

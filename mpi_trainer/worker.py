@@ -12,6 +12,7 @@ MPI calls of its own: everything goes through :class:`~mpi_trainer.comm.Transpor
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -25,6 +26,7 @@ from mpi_trainer.data.sources import Dataset
 from mpi_trainer.logs import get_logger
 from mpi_trainer.messages import ROUND, SEND_WEIGHTS, STOP, JobPlan, Report
 from mpi_trainer.models import rebuild_model
+from mpi_trainer.stop_at_step import steps_per_round
 from mpi_trainer.weights import WeightCodec
 
 
@@ -41,6 +43,7 @@ class Worker:
         self.order = shuffled_order(plan.num_train, plan.shuffle_seed)
         self.set_block(plan.block_bounds[transport.rank - 1])
         self.total_samples = plan.num_train
+        self.nan_injected = False
 
     def set_block(self, bounds: tuple[int, int]) -> None:
         start, end = bounds
@@ -58,34 +61,68 @@ class Worker:
             if order.kind == SEND_WEIGHTS:
                 self.transport.send_array(self.candidate, 0)
             elif order.kind == ROUND:
-                self.run_round(order.round)
+                self.apply_detail(order.detail)
+                self.run_round(order.round, order.detail.get("max_steps"))
             else:
                 raise RuntimeError(f"unknown order {order.kind!r} from the scheduler")
 
-    def train_once(self) -> tuple[dict[str, Any], float]:
-        self.model.set_weights(self.codec.unflatten(self.global_weights))
-        started = time.perf_counter()
-        history = self.model.fit(self.x, self.y, batch_size=self.cfg.train.batch_size, epochs=1,
-                                 verbose=0, shuffle=True)
-        return {k: float(v[-1]) for k, v in history.history.items()}, time.perf_counter() - started
+    def apply_detail(self, detail: dict[str, Any]) -> None:
+        """Optimizer changes the scheduler asks for before a round (NaN rollback, resume)."""
+        optimizer = self.model.optimizer
+        if detail.get("reset_optimizer"):
+            # Moments computed from non-finite gradients would poison the next round.
+            for variable in optimizer.variables:
+                if "learning_rate" not in variable.path:
+                    variable.assign(np.zeros(variable.shape, dtype=variable.dtype))
+        if "learning_rate" in detail:
+            optimizer.learning_rate = detail["learning_rate"]
+            self.log.debug("learning rate set to %g", detail["learning_rate"])
 
-    def run_round(self, round_index: int) -> None:
+    def train_once(self, max_steps: int | None) -> tuple[dict[str, Any], float, int]:
+        """One local epoch on the block (or ``max_steps`` batches of it); metrics, seconds, steps."""
+        self.model.set_weights(self.codec.unflatten(self.global_weights))
+        batch = self.cfg.train.batch_size
+        x, y = self.x, self.y
+        if max_steps is not None:
+            if max_steps == 0:
+                return {}, 0.0, 0
+            seed = self.cfg.train.seed + self.transport.rank
+            rows = np.random.default_rng(seed).permutation(len(x))[:max_steps * batch]
+            x, y = x[rows], y[rows]
+        started = time.perf_counter()
+        history = self.model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=True)
+        metrics = {k: float(v[-1]) for k, v in history.history.items()}
+        return metrics, time.perf_counter() - started, steps_per_round(len(x), batch)
+
+    def maybe_inject_nan(self, round_index: int, local: np.ndarray) -> None:
+        """Test hook (debug.nan_rank / debug.nan_round): poison this rank's weights once."""
+        debug = self.cfg.debug
+        if debug.nan_rank == self.transport.rank and debug.nan_round == round_index and not self.nan_injected:
+            self.log.warning("debug: injecting NaN into the weights of round %d", round_index)
+            local[:] = np.nan
+            self.nan_injected = True
+
+    def run_round(self, round_index: int, max_steps: int | None = None) -> None:
         self.transport.take_bytes()
         self.transport.broadcast(self.global_weights)
-        metrics, train_seconds = self.train_once()
+        metrics, train_seconds, steps = self.train_once(max_steps)
         local = self.codec.flatten(self.model.get_weights())
-        report = Report(self.transport.rank, round_index, len(self.x), metrics.get("loss", float("nan")),
-                        metrics.get("accuracy", float("nan")), train_seconds)
+        self.maybe_inject_nan(round_index, local)
+        loss = metrics.get("loss", 0.0 if not steps else math.nan)
+        report = Report(self.transport.rank, round_index, len(self.x), loss,
+                        metrics.get("accuracy", math.nan), train_seconds, steps=steps,
+                        weights_finite=bool(np.all(np.isfinite(local))))
         method = self.cfg.aggregation.method
         if method == "best":
             self.score(report)
             self.candidate = local
-        else:
+        report.bytes_before_report = self.transport.take_bytes()
+        # The report goes first, so a scheduler that times out knows which rank is missing.
+        self.transport.send_object(report, 0, TAG_REPORT)
+        if method != "best":
             local *= np.float32(aggregation.contribution_scale(
                 method, len(self.x), self.total_samples, self.transport.workers))
             self.transport.reduce_sum(local)
-        report.bytes_before_report = self.transport.take_bytes()
-        self.transport.send_object(report, 0, TAG_REPORT)
         self.log.debug("round %d: loss %.4f acc %.4f in %.2f s on %d samples", round_index,
                        report.train_loss, report.train_accuracy, train_seconds, report.samples)
 
