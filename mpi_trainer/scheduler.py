@@ -79,6 +79,7 @@ class Scheduler:
         self.initial_weights = self.global_weights.copy()
         self.start_round = 0
         self.order_detail: dict[str, Any] = {}
+        self.discarded_bytes = 0
         if resume is not None:
             self.restore(resume)
         self.round_log = RoundLog(run_dir / "rounds.csv", ROUND_FIELDS)
@@ -171,6 +172,7 @@ class Scheduler:
         outcomes = [nan_guard.WorkerOutcome(r.rank, r.train_loss, r.weights_finite) for r in reports]
         cause = nan_guard.non_finite_cause(outcomes, self.global_weights)
         if cause:
+            self.discarded_bytes += received  # still traffic: counted with the next recorded round
             return self.on_non_finite(round_index, cause, before)
         self.state.consecutive_rollbacks = 0
         self.state.steps += sum(r.steps for r in reports)
@@ -298,7 +300,8 @@ class Scheduler:
     def round_row(self, round_index: int, reports: list[Report], received: int, winner: int,
                   evaluation: dict[str, float]) -> dict[str, Any]:
         train_times = [r.train_seconds for r in reports]
-        sent = self.transport.take_bytes() + received
+        sent = self.transport.take_bytes() + received + self.discarded_bytes
+        self.discarded_bytes = 0
         samples = sum(r.samples for r in reports)
         row = {
             "round": round_index,
