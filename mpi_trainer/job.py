@@ -60,15 +60,14 @@ def agree(transport: Transport, error: str | None) -> None:
     raise InputError(f"{text}{where}")
 
 
-def resume_state(run_dir: str | None, cfg: Config, model: Any) -> Any:
+def resume_state(run_dir: str | None, cfg: Config) -> Any:
     """The checkpoint state ``train --resume`` continues from (None: nothing to resume, start over)."""
     from mpi_trainer.resume import load_resume_state
 
     if not run_dir:
         raise ConfigError("`--resume` needs the run directory to continue. Received: no --run-dir; "
                           "expected --run-dir DIR of an earlier run")
-    count = sum(int(w.size) for w in model.get_weights())
-    return load_resume_state(Path(run_dir), cfg.to_dict(), count)
+    return load_resume_state(Path(run_dir), cfg.to_dict())
 
 
 def setup(transport: Transport, cfg: Config, config_path: str | None, run_dir: str | None,
@@ -80,6 +79,7 @@ def setup(transport: Transport, cfg: Config, config_path: str | None, run_dir: s
     from mpi_trainer.data.sources import load_dataset
     from mpi_trainer.messages import JobPlan
     from mpi_trainer.models import build_model
+    from mpi_trainer.resume import check_weight_count
 
     dataset = model = plan = path = state = None
     error = None
@@ -88,8 +88,10 @@ def setup(transport: Transport, cfg: Config, config_path: str | None, run_dir: s
         if transport.rank == 0:
             keras.utils.set_random_seed(cfg.train.seed)
             bounds = block_bounds(len(dataset.x_train), transport.workers)
+            state = resume_state(run_dir, cfg) if resume else None
             model, spec = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
-            state = resume_state(run_dir, cfg, model) if resume else None
+            if state is not None:
+                check_weight_count(state, sum(int(w.size) for w in model.get_weights()), cfg.model.name)
             # Blocks are always planned for the workers present now: a resume may have fewer or more.
             plan = JobPlan(cfg.to_dict(), spec, bounds, cfg.train.seed, len(dataset.x_train),
                            state.next_round if state else 0)

@@ -110,7 +110,13 @@ def _optional_float(value: Any) -> float | None:
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
 
-def load_resume_state(run_dir: Path, config: dict[str, Any], weight_count: int) -> ResumeState | None:
+def check_weight_count(state: ResumeState, weight_count: int, model_name: str) -> None:
+    if state.weights.size != weight_count:
+        raise ConfigError(f"Cannot resume: the checkpoint holds {state.weights.size} weights, the model "
+                          f"built from model.name={model_name!r} has {weight_count}")
+
+
+def load_resume_state(run_dir: Path, config: dict[str, Any]) -> ResumeState | None:
     """Read the run's checkpoint, check it fits ``config`` and trim ``rounds.csv``; None if none exists."""
     checkpoint = run_dir / CHECKPOINT_NAME
     if not checkpoint.exists() and not checkpoint.with_name(CHECKPOINT_NAME + ".bak").exists():
@@ -118,9 +124,6 @@ def load_resume_state(run_dir: Path, config: dict[str, Any], weight_count: int) 
         return None
     arrays, meta = load_checkpoint(checkpoint)
     check_compatible(meta["config"], config)
-    if arrays["weights"].size != weight_count:
-        raise ConfigError(f"Cannot resume: the checkpoint holds {arrays['weights'].size} weights, the model "
-                          f"built from model.name={flatten_keys(config)['model.name']!r} has {weight_count}")
     last_round = int(meta["round"])
     return ResumeState(
         next_round=last_round + 1, weights=arrays["weights"].astype(np.float32),

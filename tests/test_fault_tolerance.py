@@ -20,7 +20,7 @@ from mpi_trainer.cli import main
 from mpi_trainer.config import Config, load_config
 from mpi_trainer.errors import ConfigError
 from mpi_trainer.logs import RoundLog, read_rounds
-from mpi_trainer.resume import incompatible_keys, load_resume_state, trim_rounds
+from mpi_trainer.resume import check_weight_count, incompatible_keys, load_resume_state, trim_rounds
 from mpi_trainer.stop_at_step import step_budgets, steps_per_round
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,7 +81,7 @@ def test_resume_state_restores_counters_and_trims_rounds(tmp_path):
     config = Config().to_dict()
     _round_rows(tmp_path / "rounds.csv", range(5))
     _save_run_checkpoint(tmp_path, 2, config, np.arange(4, dtype=np.float32))
-    state = load_resume_state(tmp_path, config, weight_count=4)
+    state = load_resume_state(tmp_path, config)
     assert state.next_round == 3 and state.previous_workers == 3
     assert (state.steps, state.lr_scale, state.wall_seconds, state.traffic_bytes) == (40, 0.5, 12.5, 1000)
     assert (state.best_value, state.best_round, state.wait) == (0.9, 2, 1)
@@ -94,14 +94,15 @@ def test_resume_refuses_another_model_naming_the_key(tmp_path):
     _save_run_checkpoint(tmp_path, 0, Config().to_dict(), np.zeros(4, dtype=np.float32))
     other = load_config(None, ["model.name=cnn"]).to_dict()
     with pytest.raises(ConfigError, match=r"model\.name='cnn' \(checkpoint: 'mlp'\)"):
-        load_resume_state(tmp_path, other, weight_count=4)
-    with pytest.raises(ConfigError, match="holds 4 weights"):
-        load_resume_state(tmp_path, Config().to_dict(), weight_count=5)
+        load_resume_state(tmp_path, other)
+    state = load_resume_state(tmp_path, Config().to_dict())
+    with pytest.raises(ConfigError, match="holds 4 weights, the model built from model.name='mlp' has 5"):
+        check_weight_count(state, 5, "mlp")
 
 
 def test_resume_without_checkpoint_starts_over(tmp_path):
     _round_rows(tmp_path / "rounds.csv", range(2))
-    assert load_resume_state(tmp_path, Config().to_dict(), weight_count=4) is None
+    assert load_resume_state(tmp_path, Config().to_dict()) is None
     assert not (tmp_path / "rounds.csv").exists()
 
 
