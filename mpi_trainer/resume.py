@@ -83,6 +83,13 @@ def _parse_cell(text: str) -> Any:
     return int(number) if number.is_integer() and "." not in text and "e" not in text else number
 
 
+def _complete(row: dict[str, Any]) -> bool:
+    """False for a row torn by a crash mid-write (missing cells, or a cut-off round number)."""
+    if None in row or any(value is None for value in row.values()):
+        return False
+    return str(row.get("round", "")).isdigit()
+
+
 def trim_rounds(path: Path, last_round: int) -> list[dict[str, Any]]:
     """Keep the rows of rounds ``<= last_round`` in ``path`` (rewritten atomically); return them parsed."""
     if not path.exists():
@@ -90,7 +97,7 @@ def trim_rounds(path: Path, last_round: int) -> list[dict[str, Any]]:
     with path.open(newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
         fieldnames = list(reader.fieldnames or [])
-        rows = [row for row in reader if row.get("round") and int(row["round"]) <= last_round]
+        rows = [row for row in reader if _complete(row) and int(row["round"]) <= last_round]
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=fieldnames)
     writer.writeheader()

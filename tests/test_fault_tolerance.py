@@ -70,6 +70,15 @@ def test_trim_rounds_drops_rows_after_the_checkpoint_and_appending_keeps_one_hea
     assert path.read_text().count("round,") == 1
 
 
+def test_trim_rounds_drops_a_row_torn_by_a_crash(tmp_path):
+    path = tmp_path / "rounds.csv"
+    _round_rows(path, range(3))
+    with path.open("a") as handle:
+        handle.write("1")  # round 12's row, cut off after its first digit
+    assert [row["round"] for row in trim_rounds(path, 11)] == [0, 1, 2]
+    assert [int(r["round"]) for r in read_rounds(path)] == [0, 1, 2]
+
+
 def _save_run_checkpoint(run_dir: Path, round_index: int, config: dict, weights: np.ndarray) -> None:
     meta = {"round": round_index, "best_value": 0.9, "best_round": round_index, "wait": 1, "steps": 40,
             "lr_scale": 0.5, "wall_seconds": 12.5, "traffic_bytes": 1000, "config": config,
