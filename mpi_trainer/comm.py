@@ -23,6 +23,7 @@ import numpy as np
 TAG_ORDER = 11
 TAG_REPORT = 12
 TAG_WEIGHTS = 13
+TAG_STATE = 14
 
 # Polling back-off: first re-check after 20 us, doubling up to ``max_sleep``.
 _FIRST_SLEEP = 2e-5

@@ -9,6 +9,7 @@ from mpi_trainer.models import ModelSpec
 
 ROUND = "round"
 SEND_WEIGHTS = "send_weights"
+SEND_OPTIMIZER = "send_optimizer"
 STOP = "stop"
 
 
@@ -29,7 +30,8 @@ class Order:
     """Scheduler -> worker: run a round, send your weights (best-of winner), or stop.
 
     A round's ``detail`` may carry ``learning_rate`` (a new rate), ``reset_optimizer``
-    (after a NaN rollback) and ``max_steps`` (the last, partial round under train.max_steps).
+    (after a NaN rollback), ``optimizer_state`` (a resumed state follows on TAG_STATE)
+    and ``max_steps`` (the last, partial round under train.max_steps).
     """
 
     kind: str

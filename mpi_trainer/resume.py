@@ -23,6 +23,7 @@ import numpy as np
 from mpi_trainer.checkpoint import load_checkpoint
 from mpi_trainer.errors import ConfigError
 from mpi_trainer.logs import get_logger, write_atomic
+from mpi_trainer.optimizer_state import split_arrays
 
 CHECKPOINT_NAME = "checkpoint.h5"
 ROUNDS_NAME = "rounds.csv"
@@ -47,6 +48,7 @@ class ResumeState:
     previous_workers: int
     rollbacks: list[dict[str, Any]] = field(default_factory=list)
     rounds: list[dict[str, Any]] = field(default_factory=list)
+    optimizer_states: dict[int, np.ndarray] = field(default_factory=dict)
 
 
 def flatten_keys(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -139,4 +141,4 @@ def load_resume_state(run_dir: Path, config: dict[str, Any]) -> ResumeState | No
         steps=int(meta.get("steps", 0)), lr_scale=float(meta.get("lr_scale", 1.0)),
         wall_seconds=float(meta.get("wall_seconds", 0.0)), traffic_bytes=int(meta.get("traffic_bytes", 0)),
         previous_workers=len(meta.get("block_bounds", [])), rollbacks=list(meta.get("rollbacks", [])),
-        rounds=trim_rounds(run_dir / ROUNDS_NAME, last_round))
+        rounds=trim_rounds(run_dir / ROUNDS_NAME, last_round), optimizer_states=split_arrays(arrays))

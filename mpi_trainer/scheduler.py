@@ -23,13 +23,14 @@ import numpy as np
 
 from mpi_trainer import aggregation, nan_guard
 from mpi_trainer.checkpoint import load_checkpoint, save_checkpoint
-from mpi_trainer.comm import TAG_ORDER, TAG_REPORT, Transport
+from mpi_trainer.comm import TAG_ORDER, TAG_REPORT, TAG_STATE, Transport
 from mpi_trainer.config import Config
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.early_stopping import EarlyStopping
 from mpi_trainer.errors import WorkerFailure
 from mpi_trainer.logs import RoundLog, get_logger, write_json_atomic
-from mpi_trainer.messages import ROUND, SEND_WEIGHTS, STOP, JobPlan, Order, Report
+from mpi_trainer.messages import ROUND, SEND_OPTIMIZER, SEND_WEIGHTS, STOP, JobPlan, Order, Report
+from mpi_trainer.optimizer_state import ARRAY_PREFIX, assign_states
 from mpi_trainer.report import format_round_line, format_table
 from mpi_trainer.resume import CHECKPOINT_NAME, ResumeState
 from mpi_trainer.stop_at_step import step_budgets, steps_per_round
@@ -55,6 +56,7 @@ class RunState:
     lr_scale: float = 1.0
     wall_offset: float = 0.0
     consecutive_rollbacks: int = 0
+    checkpoint_bytes: int = 0
     rollbacks: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -80,6 +82,7 @@ class Scheduler:
         self.start_round = 0
         self.order_detail: dict[str, Any] = {}
         self.discarded_bytes = 0
+        self.pending_states: dict[int, np.ndarray] = {}
         if resume is not None:
             self.restore(resume)
         self.round_log = RoundLog(run_dir / "rounds.csv", ROUND_FIELDS)
@@ -93,6 +96,7 @@ class Scheduler:
                               lr_scale=resume.lr_scale, wall_offset=resume.wall_seconds,
                               rollbacks=resume.rollbacks)
         self.start_round = resume.next_round
+        self.pending_states = assign_states(resume.optimizer_states, self.workers)
         if resume.lr_scale != 1.0:
             self.order_detail["learning_rate"] = self.learning_rate
         self.log.info("resuming after round %d (%d steps so far); %d workers now, %d before%s",
@@ -119,8 +123,9 @@ class Scheduler:
                       self.codec.size, self.codec.nbytes / 2**20)
         try:
             self.state.stop_reason = self.run_rounds()
+            states = self.gather_optimizer_states() if self.needs_final_checkpoint() else {}
             self.release_workers()
-            return self.finish()
+            return self.finish(states)
         finally:
             self.round_log.close()
 
@@ -153,6 +158,8 @@ class Scheduler:
             detail = dict(self.order_detail)
             if budgets is not None:
                 detail["max_steps"] = budgets[worker]
+            if worker in self.pending_states:
+                detail["optimizer_state"] = True
             orders[worker] = Order(ROUND, round_index, detail)
         self.order_detail = {}
         return orders
@@ -162,6 +169,9 @@ class Scheduler:
         started = time.perf_counter()
         for worker, order in self.round_orders(round_index).items():
             self.transport.send_object(order, worker, TAG_ORDER)
+        for worker, vector in self.pending_states.items():
+            self.transport.send_object(vector, worker, TAG_STATE)
+        self.pending_states = {}
         self.broadcast_weights(round_index)
         before = self.global_weights
         if self.cfg.aggregation.method == "best":
@@ -332,13 +342,42 @@ class Scheduler:
         self.log.info(format_round_line(row, self.cfg.train.epochs))
         write_json_atomic(self.run_dir / "summary.json", self.summary())
 
-    def maybe_checkpoint(self, round_index: int, force: bool = False) -> None:
+    def needs_final_checkpoint(self) -> bool:
+        """False when the last round's checkpoint already holds what the end would write."""
+        if not self.state.rounds:
+            return False
+        last, every = int(self.state.rounds[-1]["round"]), self.cfg.checkpoint.every
+        written = every > 0 and (last + 1) % every == 0 and last >= self.start_round
+        return not written or self.state.stop_reason in ("early_stopping", "nan")
+
+    def gather_optimizer_states(self) -> dict[int, np.ndarray]:
+        """Each worker's optimizer vector, for the checkpoint; none after a NaN (it may hold NaN)."""
+        if self.state.stop_reason == "nan":
+            return {}
+        states, received = {}, 0
+        for worker in self.workers:
+            self.transport.send_object(Order(SEND_OPTIMIZER), worker, TAG_ORDER)
+            try:
+                message = self.transport.recv_object(worker, TAG_STATE, timeout=self.worker_timeout)
+            except TimeoutError:
+                raise self.watchdog_failure("send its optimizer state", [worker]) from None
+            states[worker], received = message.payload, received + message.nbytes
+        # Checkpoint traffic is counted in the run's total, not in the round's row.
+        sent = self.transport.take_bytes() + received
+        self.state.checkpoint_bytes += sent
+        self.state.traffic_bytes += sent
+        return states
+
+    def maybe_checkpoint(self, round_index: int, force: bool = False,
+                         states: dict[int, np.ndarray] | None = None) -> None:
         every = self.cfg.checkpoint.every
         if not force and (every <= 0 or (round_index + 1) % every):
             return
         arrays = {"weights": self.global_weights}
         if self.early.best_weights is not None:
             arrays["best_weights"] = self.early.best_weights
+        states = self.gather_optimizer_states() if states is None else states
+        arrays.update({f"{ARRAY_PREFIX}{rank}": vector for rank, vector in states.items()})
         meta = {"round": round_index, "rounds_completed": round_index + 1,
                 "best_value": self.early.best_value, "best_round": self.early.best_round,
                 "wait": self.early.wait, "monitor": self.early.monitor,
@@ -365,12 +404,12 @@ class Scheduler:
             return next(r for r in rounds if int(r["round"]) == self.early.best_round)
         return rounds[-1] if rounds else None
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self, states: dict[int, np.ndarray]) -> dict[str, Any]:
         final = self.final_round()
         self.model.set_weights(self.codec.unflatten(self.global_weights))
         self.model.save_weights(self.run_dir / "final.weights.h5")
-        if self.state.rounds:
-            self.maybe_checkpoint(int(self.state.rounds[-1]["round"]), force=True)
+        if self.needs_final_checkpoint():
+            self.maybe_checkpoint(int(self.state.rounds[-1]["round"]), force=True, states=states)
         summary = self.summary(final)
         write_json_atomic(self.run_dir / "summary.json", summary)
         if self.state.rounds:
@@ -397,6 +436,7 @@ class Scheduler:
             "rollbacks": self.state.rollbacks,
             "resumed_after_round": self.start_round - 1 if self.start_round else None,
             "traffic_bytes": self.state.traffic_bytes,
+            "checkpoint_bytes": self.state.checkpoint_bytes,
             "model_bytes": self.codec.nbytes,
             "stop_reason": self.state.stop_reason,
             "workers": len(self.workers),

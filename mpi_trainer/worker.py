@@ -19,13 +19,14 @@ from typing import Any
 import numpy as np
 
 from mpi_trainer import aggregation
-from mpi_trainer.comm import TAG_ORDER, TAG_REPORT, Transport
+from mpi_trainer.comm import TAG_ORDER, TAG_REPORT, TAG_STATE, Transport
 from mpi_trainer.config import Config
 from mpi_trainer.data.partition import shuffled_order
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.logs import get_logger
-from mpi_trainer.messages import ROUND, SEND_WEIGHTS, STOP, JobPlan, Report
+from mpi_trainer.messages import ROUND, SEND_OPTIMIZER, SEND_WEIGHTS, STOP, JobPlan, Report
 from mpi_trainer.models import rebuild_model
+from mpi_trainer.optimizer_state import ensure_built, load_state_vector, state_vector
 from mpi_trainer.stop_at_step import steps_per_round
 from mpi_trainer.weights import WeightCodec
 
@@ -36,6 +37,7 @@ class Worker:
         self.cfg = cfg
         self.log = get_logger()
         self.model = rebuild_model(plan.model)
+        ensure_built(self.model)
         self.codec = WeightCodec.from_weights(self.model.get_weights())
         self.global_weights = self.codec.empty()
         self.candidate: np.ndarray | None = None
@@ -60,6 +62,8 @@ class Worker:
                 return
             if order.kind == SEND_WEIGHTS:
                 self.transport.send_array(self.candidate, 0)
+            elif order.kind == SEND_OPTIMIZER:
+                self.transport.send_object(state_vector(self.model.optimizer), 0, TAG_STATE)
             elif order.kind == ROUND:
                 self.apply_detail(order.detail)
                 self.run_round(order.round, order.detail.get("max_steps"))
@@ -69,6 +73,8 @@ class Worker:
     def apply_detail(self, detail: dict[str, Any]) -> None:
         """Optimizer changes the scheduler asks for before a round (NaN rollback, resume)."""
         optimizer = self.model.optimizer
+        if detail.get("optimizer_state"):
+            load_state_vector(optimizer, self.transport.recv_object(0, TAG_STATE).payload)
         if detail.get("reset_optimizer"):
             # Moments computed from non-finite gradients would poison the next round.
             for variable in optimizer.variables:

@@ -83,7 +83,8 @@ def _save_run_checkpoint(run_dir: Path, round_index: int, config: dict, weights:
     meta = {"round": round_index, "best_value": 0.9, "best_round": round_index, "wait": 1, "steps": 40,
             "lr_scale": 0.5, "wall_seconds": 12.5, "traffic_bytes": 1000, "config": config,
             "block_bounds": [[0, 5], [5, 10], [10, 15]], "rollbacks": [{"round": 1}]}
-    save_checkpoint(run_dir / "checkpoint.h5", {"weights": weights, "best_weights": weights * 2}, meta)
+    arrays = {"weights": weights, "best_weights": weights * 2, "optimizer_rank_1": np.ones(3, np.float32)}
+    save_checkpoint(run_dir / "checkpoint.h5", arrays, meta)
 
 
 def test_resume_state_restores_counters_and_trims_rounds(tmp_path):
@@ -97,6 +98,7 @@ def test_resume_state_restores_counters_and_trims_rounds(tmp_path):
     np.testing.assert_array_equal(state.best_weights, np.arange(4) * 2)
     assert [row["round"] for row in state.rounds] == [0, 1, 2]
     assert state.rollbacks == [{"round": 1}]
+    assert list(state.optimizer_states) == [1] and state.optimizer_states[1].tolist() == [1, 1, 1]
 
 
 def test_resume_refuses_another_model_naming_the_key(tmp_path):
@@ -176,3 +178,30 @@ def test_step_budgets_end_exactly_on_max_steps():
     assert step_budgets(61, full) == {1: 21, 2: 20, 3: 20}
     assert step_budgets(0, full) == {1: 0, 2: 0, 3: 0}
     assert step_budgets(42, {1: 40, 2: 3}) == {1: 39, 2: 3}
+
+
+def test_optimizer_state_round_trips_and_maps_onto_fewer_or_more_workers():
+    import keras
+
+    from mpi_trainer.optimizer_state import assign_states, ensure_built, load_state_vector, state_vector
+
+    def model() -> keras.Model:
+        built = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        built.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+        ensure_built(built)
+        return built
+
+    trained, fresh = model(), model()
+    trained.fit(np.ones((8, 3)), np.zeros((8, 2)), epochs=2, verbose=0)
+    vector = state_vector(trained.optimizer)
+    assert vector.size == 1 + 2 * (3 * 2 + 2) and vector[0] == 2  # step counter, then the moments
+    assert not np.any(state_vector(fresh.optimizer))
+    load_state_vector(fresh.optimizer, vector)
+    np.testing.assert_array_equal(state_vector(fresh.optimizer), vector)
+    assert float(fresh.optimizer.learning_rate) == pytest.approx(0.01)  # the rate is the scheduler's
+    with pytest.raises(ValueError, match="needs 17"):
+        load_state_vector(fresh.optimizer, vector[:5])
+    saved = {1: np.zeros(2), 2: np.ones(2), 3: np.full(2, 3.0)}
+    assert {w: v[0] for w, v in assign_states(saved, [1, 2]).items()} == {1: 0, 2: 1}
+    assert {w: v[0] for w, v in assign_states(saved, [1, 2, 3, 4]).items()} == {1: 0, 2: 1, 3: 3, 4: 0}
+    assert assign_states({}, [1, 2]) == {}
