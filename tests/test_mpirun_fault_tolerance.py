@@ -61,7 +61,9 @@ def test_launch_resumes_after_a_worker_is_killed_and_matches_an_uninterrupted_ru
     launched = MpiResult(0, output, run_dir)
     assert [int(r["round"]) for r in launched.rounds()] == list(range(15))
     summary = launched.summary()
-    assert summary["rounds_completed"] == 15 and summary["resumed_after_round"] in (3, 5)
+    assert summary["rounds_completed"] == 15
+    # Killed after round 4 or a little later: resumed from an odd round's checkpoint (every 2 rounds).
+    assert summary["resumed_after_round"] % 2 == 1 and 3 <= summary["resumed_after_round"] < 14
     assert len(summary["restarts"]) == 1 and "exited with status" in summary["restarts"][0]["cause"]
     assert "restarting with --resume" in (run_dir / "launch.log").read_text()
     baseline = run_mpi(3, ["train", *sets], tmp_path / "uninterrupted")
