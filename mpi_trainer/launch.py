@@ -312,9 +312,20 @@ def launch(args: argparse.Namespace, cfg: Config) -> int:
     if cfg.checkpoint.every == 0:
         supervisor.log("checkpoint.every = 0: a restart resumes from the last finished run's checkpoint "
                        "only, or starts over")
-    status = supervisor.run()
+    # The job runs in its own session, out of reach of the terminal's Ctrl-C: ending the
+    # launcher (SIGINT or SIGTERM) must end the job too, which run_once's cleanup does.
+    signal.signal(signal.SIGTERM, exit_on_signal)
+    try:
+        status = supervisor.run()
+    except KeyboardInterrupt:
+        supervisor.log("interrupted; the job was ended")
+        return 128 + signal.SIGINT
     record_restarts(run_dir / "summary.json", supervisor.failures)
     return status
+
+
+def exit_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def record_restarts(summary_path: Path, failures: list[Failure]) -> None:

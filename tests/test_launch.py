@@ -90,3 +90,35 @@ def test_host_failing_twice_is_dropped_from_the_machinefile(tmp_path):
 def test_launch_refuses_bad_arguments(args, message, capsys):
     assert main(["launch", *args, "configs/quickstart.toml"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_terminating_the_launcher_ends_the_job(tmp_path):
+    """SIGTERM to the launcher must not leave the job (in its own session) running."""
+    import os
+    import signal
+    import subprocess
+
+    import psutil
+
+    script = tmp_path / "sleepy.py"
+    script.write_text("import time\ntime.sleep(120)\n")
+    code = (
+        "import sys, signal\n"
+        "from pathlib import Path\n"
+        "from mpi_trainer.launch import Supervisor, exit_on_signal\n"
+        "signal.signal(signal.SIGTERM, exit_on_signal)\n"
+        f"command = [sys.executable, {str(script)!r}]\n"
+        f"Supervisor(lambda a: command, Path({str(tmp_path)!r}) / 'r.csv', 0, 0).run()\n"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 30
+    children: list = []
+    while time.monotonic() < deadline and not children:
+        children = psutil.Process(launcher.pid).children(recursive=True)
+        time.sleep(0.1)
+    assert children, "the job never started"
+    time.sleep(0.5)
+    os.kill(launcher.pid, signal.SIGTERM)
+    assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive
