@@ -22,7 +22,6 @@ from mpi_trainer.runtime import configure_threads, threads_for_rank, usable_core
 
 EXIT_INPUT_ERROR = 2
 EXIT_WORKER_FAILURE = 3
-RESUME_SEED_STRIDE = 7919
 
 
 def default_run_dir(config_path: str | None) -> Path:
@@ -143,10 +142,10 @@ def train(cfg: Config, config_path: str | None, run_dir: str | None, resume: boo
     else:
         import keras
 
+        from mpi_trainer.resume import worker_seed
         from mpi_trainer.worker import Worker
 
-        # A resumed run draws fresh randomness instead of replaying round 0's.
-        keras.utils.set_random_seed(cfg.train.seed + transport.rank + RESUME_SEED_STRIDE * plan.start_round)
+        keras.utils.set_random_seed(worker_seed(cfg.train.seed, transport.rank, plan.start_round))
         Worker(transport, plan, dataset, cfg).run()
     return 0
 

@@ -26,6 +26,9 @@ from mpi_trainer.logs import get_logger, write_atomic
 from mpi_trainer.optimizer_state import split_arrays
 
 CHECKPOINT_NAME = "checkpoint.h5"
+# A resumed worker seeds with train.seed + rank + RESUME_SEED_STRIDE * first round, so it
+# does not replay the shuffles of the run's first rounds.
+RESUME_SEED_STRIDE = 7919
 ROUNDS_NAME = "rounds.csv"
 # Keys whose change makes the saved weights or the data split meaningless.
 COMPATIBILITY_KEYS = ("data.source", "data.test_size", "data.validation_size", "model.name", "train.seed")
@@ -49,6 +52,10 @@ class ResumeState:
     rollbacks: list[dict[str, Any]] = field(default_factory=list)
     rounds: list[dict[str, Any]] = field(default_factory=list)
     optimizer_states: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+def worker_seed(seed: int, rank: int, start_round: int) -> int:
+    return seed + rank + RESUME_SEED_STRIDE * start_round
 
 
 def flatten_keys(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -32,7 +32,7 @@ from mpi_trainer.logs import RoundLog, get_logger, write_json_atomic
 from mpi_trainer.messages import ROUND, SEND_OPTIMIZER, SEND_WEIGHTS, STOP, JobPlan, Order, Report
 from mpi_trainer.optimizer_state import ARRAY_PREFIX, assign_states
 from mpi_trainer.report import format_round_line, format_table
-from mpi_trainer.resume import CHECKPOINT_NAME, ResumeState
+from mpi_trainer.resume import CHECKPOINT_NAME, ResumeState, worker_seed
 from mpi_trainer.stop_at_step import step_budgets, steps_per_round
 from mpi_trainer.weights import WeightCodec
 
@@ -386,7 +386,8 @@ class Scheduler:
                 "steps": self.state.steps, "lr_scale": self.state.lr_scale, "wall_seconds": self.elapsed(),
                 "rollbacks": self.state.rollbacks, "workers": len(self.workers),
                 "rng_seeds": {"train": self.cfg.train.seed, "shuffle": self.plan.shuffle_seed,
-                              "workers": [self.cfg.train.seed + w for w in self.workers]}}
+                              "workers": [worker_seed(self.cfg.train.seed, w, self.start_round)
+                                          for w in self.workers]}}
         save_checkpoint(self.run_dir / "checkpoint.h5", arrays, meta)
         self.log.debug("checkpoint written after round %d", round_index)
 
