@@ -24,6 +24,7 @@ TAG_ORDER = 11
 TAG_REPORT = 12
 TAG_WEIGHTS = 13
 TAG_STATE = 14
+TAG_READY = 15
 
 # Polling back-off: first re-check after 20 us, doubling up to ``max_sleep``.
 _FIRST_SLEEP = 2e-5

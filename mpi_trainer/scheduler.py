@@ -23,7 +23,7 @@ import numpy as np
 
 from mpi_trainer import aggregation, nan_guard
 from mpi_trainer.checkpoint import load_checkpoint, save_checkpoint
-from mpi_trainer.comm import TAG_ORDER, TAG_REPORT, TAG_STATE, Transport
+from mpi_trainer.comm import TAG_ORDER, TAG_READY, TAG_REPORT, TAG_STATE, Transport
 from mpi_trainer.config import Config
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.early_stopping import EarlyStopping
@@ -172,6 +172,7 @@ class Scheduler:
         for worker, vector in self.pending_states.items():
             self.transport.send_object(vector, worker, TAG_STATE)
         self.pending_states = {}
+        self.await_ready(started, round_index)
         self.broadcast_weights(round_index)
         before = self.global_weights
         if self.cfg.aggregation.method == "best":
@@ -244,6 +245,16 @@ class Scheduler:
         named = ", ".join(f"worker rank {rank} on host {self.hosts[rank]}" for rank in ranks)
         return WorkerFailure(f"watchdog: {named} did not {what} within watchdog.worker_timeout="
                              f"{self.worker_timeout:g} s; ending the job")
+
+    def await_ready(self, started: float, round_index: int) -> None:
+        """Every worker's "ready" for the round (its bytes reach us with its report)."""
+        ready: set[int] = set()
+        while len(ready) < len(self.workers):
+            try:
+                ready.add(self.transport.recv_object(tag=TAG_READY, timeout=self.remaining(started)).source)
+            except TimeoutError:
+                missing = sorted(set(self.workers) - ready)
+                raise self.watchdog_failure(f"start round {round_index}", missing) from None
 
     def broadcast_weights(self, round_index: int) -> None:
         try:

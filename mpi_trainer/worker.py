@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from mpi_trainer import aggregation
-from mpi_trainer.comm import TAG_ORDER, TAG_REPORT, TAG_STATE, Transport
+from mpi_trainer.comm import TAG_ORDER, TAG_READY, TAG_REPORT, TAG_STATE, Transport
 from mpi_trainer.config import Config
 from mpi_trainer.data.partition import shuffled_order
 from mpi_trainer.data.sources import Dataset
@@ -110,6 +110,8 @@ class Worker:
 
     def run_round(self, round_index: int, max_steps: int | None = None) -> None:
         self.transport.take_bytes()
+        # "ready": lets the scheduler's watchdog name a rank that stopped before the broadcast.
+        self.transport.send_object(round_index, 0, TAG_READY)
         self.transport.broadcast(self.global_weights)
         metrics, train_seconds, steps = self.train_once(max_steps)
         local = self.codec.flatten(self.model.get_weights())
