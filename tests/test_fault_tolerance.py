@@ -141,7 +141,7 @@ for index in range(10**6):
 def test_killing_the_writer_mid_checkpoint_always_leaves_a_loadable_checkpoint(tmp_path):
     """kill -9 of the checkpoint writer at random moments, many times: the checkpoint always loads whole."""
     path, rng = tmp_path / "checkpoint.h5", random.Random(0)
-    last_round = -1
+    last_round, torn = -1, 0
     for _ in range(12):
         writer = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE,
                                   text=True)
@@ -149,10 +149,14 @@ def test_killing_the_writer_mid_checkpoint_always_leaves_a_loadable_checkpoint(t
         time.sleep(rng.uniform(0.0, 0.15))
         os.kill(writer.pid, signal.SIGKILL)
         writer.wait()
+        tmp = path.with_name(path.name + ".tmp")
+        torn += tmp.exists()  # killed in the middle of a write
+        tmp.unlink(missing_ok=True)
         arrays, meta = load_checkpoint(path)
         assert np.all(arrays["weights"] == meta["round"])  # weights and metadata from the same save
         last_round = meta["round"]
-    assert last_round >= 0
+    print(f"{torn} of 12 kills landed mid-write")
+    assert last_round >= 0 and torn > 0
 
 
 def test_nan_guard_names_the_ranks_and_decides_by_policy():
