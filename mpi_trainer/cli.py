@@ -22,6 +22,11 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="train (run under mpirun -n N, N >= 2)")
     _add_config_args(train)
     train.add_argument("--run-dir", help="directory for the run's files (default runs/<config>-<time>)")
+    train.add_argument("--resume", action="store_true",
+                       help="continue the run in --run-dir from its checkpoint (any number of workers)")
+    from mpi_trainer.launch import add_launch_parser
+
+    add_launch_parser(commands, _add_config_args)
     check = commands.add_parser("check", help="validate a config without MPI (loads data, builds the model)")
     _add_config_args(check)
     check.add_argument("--workers", type=int, help="also check the data splits into this many blocks")
@@ -34,16 +39,22 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     quiet_backend()
     try:
+        if args.command == "train":
+            from mpi_trainer.job import train
+
+            return train(args.config, args.overrides, args.run_dir, args.resume)
         cfg = load_config(args.config, args.overrides)
+        if args.command == "launch":
+            from mpi_trainer.launch import launch
+
+            return launch(args, cfg)
         if args.command == "check":
             from mpi_trainer.job import check
 
             print(f"{args.config}: OK: {check(cfg, args.workers)}")
             print(cfg.to_toml(), end="")
             return 0
-        from mpi_trainer.job import train
-
-        return train(cfg, args.config, args.run_dir)
+        raise AssertionError(f"unhandled command {args.command!r}")
     except InputError as exc:
         return report_error(exc)
 

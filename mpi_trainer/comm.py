@@ -24,6 +24,8 @@ TAG_ORDER = 11
 TAG_REPORT = 12
 TAG_WEIGHTS = 13
 TAG_DATA = 14
+TAG_STATE = 15
+TAG_READY = 16
 
 # MPI counts are C ints: one message carries fewer than 2**31 elements, so data
 # arrays travel as byte chunks of at most 1 GiB.
@@ -135,9 +137,9 @@ class Transport:
         return self.comm.bcast(obj, root=root)
 
     # -- flat float32 buffers ---------------------------------------------
-    def broadcast(self, buf: np.ndarray, root: int = 0) -> None:
+    def broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None:
         """Broadcast ``buf`` in place from ``root`` to every rank."""
-        self._wait(self.comm.Ibcast(buf, root=root), "weights broadcast")
+        self._wait(self.comm.Ibcast(buf, root=root), "weights broadcast", timeout)
         if self.rank == root:
             self._count(buf.nbytes * (self.size - 1))
 

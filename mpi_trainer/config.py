@@ -38,6 +38,7 @@ PLACEMENTS = ("shared", "scatter")
 FLIP_MODES = ("none", "horizontal", "vertical", "horizontal_and_vertical")
 OUTPUT_ACTIVATIONS = ("softmax", "sigmoid")
 LOSSES = ("cross_entropy", "squared_error")
+NAN_POLICIES = ("stop", "rollback")
 MONITORS = ("test_accuracy", "test_loss", "val_accuracy", "val_loss")
 
 
@@ -177,10 +178,14 @@ class TrainConfig(_Section):
     epochs: int = 20
     batch_size: int = 32
     seed: int = 0
+    # Total optimizer steps (batches, summed over workers) after which the run stops; 0 = no limit.
+    max_steps: int = 0
+    nan_policy: str = "stop"
 
     def __post_init__(self) -> None:
         self._positive("epochs", "batch_size")
-        self._non_negative("seed")
+        self._non_negative("seed", "max_steps")
+        self._choice("nan_policy", NAN_POLICIES)
 
 
 @dataclass
@@ -229,6 +234,19 @@ class CommConfig(_Section):
 
 
 @dataclass
+class WatchdogConfig(_Section):
+    """Seconds without progress before a rank or the launcher gives up; 0 = wait forever."""
+
+    prefix: ClassVar[str] = "watchdog"
+    worker_timeout: float = 0.0
+    stall_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._non_negative("worker_timeout", "stall_seconds")
+
+
+
+@dataclass
 class LogConfig(_Section):
     prefix: ClassVar[str] = "log"
     verbosity: int = 1
@@ -247,6 +265,8 @@ class DebugConfig(_Section):
     ``slow_ranks`` then takes ``slow_factor`` times as long per batch (batch
     plus delay) and plays a straggler. ``async_engine`` runs the bounded-staleness
     engine even at ``aggregation.ssp = 0``, to check it against the synchronous one.
+    ``nan_rank`` (0 = off) poisons that worker's weights with NaN in round
+    ``nan_round``, to exercise the NaN guard.
     """
 
     prefix: ClassVar[str] = "debug"
@@ -254,10 +274,12 @@ class DebugConfig(_Section):
     slow_factor: float = 1.0
     batch_delay: float = 0.0
     async_engine: bool = False
+    nan_rank: int = 0
+    nan_round: int = 0
 
     def __post_init__(self) -> None:
         self._require(self.slow_factor >= 1, "slow_factor", "must be >= 1 (1 = normal speed)")
-        self._non_negative("batch_delay")
+        self._non_negative("batch_delay", "nan_rank", "nan_round")
         self._require(all(rank >= 1 for rank in self.slow_ranks), "slow_ranks",
                       "must list worker ranks (each >= 1; rank 0 is the scheduler)")
 
@@ -271,6 +293,7 @@ class Config:
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     comm: CommConfig = field(default_factory=CommConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     log: LogConfig = field(default_factory=LogConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
 
@@ -279,6 +302,15 @@ class Config:
             raise ConfigError("`data.rebalance` needs workers that can read any row of the shared file, "
                               "but scatter placement sends each worker only its own rows. Received: "
                               "data.rebalance=True with data.placement='scatter'; expected data.placement='shared'")
+        ssp = self.aggregation.ssp
+        if ssp > 0 and self.train.max_steps > 0:
+            raise ConfigError("`train.max_steps` splits the last synchronous round into step budgets and needs "
+                              f"aggregation.ssp = 0. Received: train.max_steps={self.train.max_steps} with "
+                              f"aggregation.ssp={ssp}")
+        if ssp > 0 and self.train.nan_policy == "rollback":
+            raise ConfigError("`train.nan_policy` = 'rollback' re-runs a synchronous round and needs "
+                              f"aggregation.ssp = 0 (under SSP use 'stop'). Received: train.nan_policy='rollback' "
+                              f"with aggregation.ssp={ssp}")
         if self.data.rebalance and self.aggregation.ssp > 0:
             raise ConfigError("`data.rebalance` re-cuts blocks between synchronous rounds and needs "
                               f"aggregation.ssp = 0. Received: data.rebalance=True with "

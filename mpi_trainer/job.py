@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from mpi_trainer.comm import Transport, install_abort_on_error
-from mpi_trainer.config import Config
-from mpi_trainer.errors import ConfigError, InputError
+from mpi_trainer.config import Config, load_config
+from mpi_trainer.errors import ConfigError, InputError, WorkerFailure
 from mpi_trainer.logs import add_log_file, get_logger, setup_logging, write_atomic
 from mpi_trainer.runtime import configure_threads, threads_for_rank, usable_cores
 
 EXIT_INPUT_ERROR = 2
+EXIT_WORKER_FAILURE = 3
 
 
 def default_run_dir(config_path: str | None) -> Path:
@@ -28,8 +29,8 @@ def default_run_dir(config_path: str | None) -> Path:
     return Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def prepare_run_dir(run_dir: Path, cfg: Config) -> Path:
-    if (run_dir / "rounds.csv").exists():
+def prepare_run_dir(run_dir: Path, cfg: Config, resume: bool = False) -> Path:
+    if not resume and (run_dir / "rounds.csv").exists():
         raise ConfigError(f"Run directory already holds a run. Received: --run-dir {str(run_dir)!r}; "
                           f"expected a new or empty directory")
     try:
@@ -47,6 +48,10 @@ def check_world(transport: Transport) -> None:
                           f"Received: {transport.size} rank; expected mpirun -n 2 or more")
 
 
+class AgreedInputError(InputError):
+    """Bad input that every rank knows about: all of them report it and exit together."""
+
+
 def agree(transport: Transport, error: str | None) -> None:
     """Every rank learns whether any rank failed set-up; all fail together if so."""
     errors = transport.allgather(error)
@@ -55,19 +60,31 @@ def agree(transport: Transport, error: str | None) -> None:
         return
     rank, text = failed[0]
     where = "" if rank == transport.rank else f" (reported by rank {rank})"
-    raise InputError(f"{text}{where}")
+    raise AgreedInputError(f"{text}{where}")
 
 
-def setup(transport: Transport, cfg: Config, config_path: str | None, run_dir: str | None) -> tuple:
-    """Load data everywhere and build the model on rank 0; returns (dataset, model, plan, run_dir)."""
+def resume_state(run_dir: str | None, cfg: Config) -> Any:
+    """The checkpoint state ``train --resume`` continues from (None: nothing to resume, start over)."""
+    from mpi_trainer.resume import load_resume_state
+
+    if not run_dir:
+        raise ConfigError("`--resume` needs the run directory to continue. Received: no --run-dir; "
+                          "expected --run-dir DIR of an earlier run")
+    return load_resume_state(Path(run_dir), cfg.to_dict())
+
+
+def setup(transport: Transport, cfg: Config, config_path: str | None, run_dir: str | None,
+          resume: bool = False) -> tuple:
+    """Load data everywhere and build the model on rank 0; returns (dataset, model, plan, run_dir, state)."""
     import keras
 
     from mpi_trainer.data.partition import block_bounds
     from mpi_trainer.messages import JobPlan
     from mpi_trainer.models import build_model
+    from mpi_trainer.resume import check_weight_count
     from mpi_trainer.slowdown import check_slow_ranks
 
-    dataset = model = plan = path = None
+    dataset = model = plan = path = state = None
     error = None
     try:
         check_slow_ranks(cfg.debug, transport.size)
@@ -76,13 +93,18 @@ def setup(transport: Transport, cfg: Config, config_path: str | None, run_dir: s
             bounds = block_bounds(dataset.num_train, transport.workers)  # every reader fails alike
         if transport.rank == 0:
             keras.utils.set_random_seed(cfg.train.seed)
+            state = resume_state(run_dir, cfg) if resume else None
             model, spec = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
-            plan = JobPlan(cfg.to_dict(), spec, bounds, cfg.train.seed, dataset.num_train)
-            path = prepare_run_dir(Path(run_dir) if run_dir else default_run_dir(config_path), cfg)
-    except (InputError, ValueError) as exc:
+            if state is not None:
+                check_weight_count(state, sum(int(w.size) for w in model.get_weights()), cfg.model.name)
+            # Blocks are always planned for the workers present now: a resume may have fewer or more.
+            plan = JobPlan(cfg.to_dict(), spec, bounds, cfg.train.seed, dataset.num_train,
+                           state.next_round if state else 0)
+            path = prepare_run_dir(Path(run_dir) if run_dir else default_run_dir(config_path), cfg, resume)
+    except (InputError, ValueError, OSError) as exc:
         error = str(exc)
     agree(transport, error)
-    return dataset, model, plan, path
+    return dataset, model, plan, path, state
 
 
 def check(cfg: Config, workers: int | None = None) -> str:
@@ -154,9 +176,49 @@ def log_plan(plan: Any, dataset: Any) -> None:
         log.info("worker rank %d: block start %d end %d size %d", index + 1, start, end, end - start)
 
 
-def train(cfg: Config, config_path: str | None, run_dir: str | None) -> int:
+def run_scheduler(transport: Transport, cfg: Config, setup_result: tuple, hosts: list[str]) -> None:
+    """Rank 0's part; a watchdog failure ends the whole job with a one-line message, not a traceback."""
+    from mpi_trainer.ssp_scheduler import scheduler_class
+
+    dataset, model, plan, path, state = setup_result
+    log_plan(plan, dataset)
+    try:
+        scheduler_class(cfg)(transport, cfg, dataset, model, plan, path, hosts, state).run()
+    except WorkerFailure as exc:
+        get_logger().error("%s", exc)
+        sys.stderr.write(f"mpi_trainer: error: {exc}\n")
+        sys.stderr.flush()
+        transport.abort(EXIT_WORKER_FAILURE)
+    print(f"run directory: {path}", flush=True)
+
+
+def load_config_everywhere(transport: Transport, config_path: str, overrides: list[str]) -> Config:
+    """Every rank reads the config; an error on any rank fails all of them, each with the message."""
+    cfg, error = None, None
+    try:
+        cfg = load_config(config_path, overrides)
+    except InputError as exc:
+        error = str(exc)
+    agree(transport, error)
+    return cfg
+
+
+def train(config_path: str, overrides: list[str], run_dir: str | None, resume: bool = False) -> int:
     """Entry for ``mpi_trainer train`` on every rank; returns the exit code."""
-    transport = Transport(max_sleep=cfg.comm.poll_interval)
+    transport = Transport()
+    try:
+        return train_job(transport, config_path, overrides, run_dir, resume)
+    except AgreedInputError as exc:
+        report_error(exc)
+        # Every rank prints before any exits: mpirun ends the job when the first rank leaves.
+        transport.barrier()
+        return EXIT_INPUT_ERROR
+
+
+def train_job(transport: Transport, config_path: str, overrides: list[str], run_dir: str | None,
+              resume: bool) -> int:
+    cfg = load_config_everywhere(transport, config_path, overrides)
+    transport.max_sleep = cfg.comm.poll_interval
     setup_logging(transport.rank, transport.size, transport.host, cfg.log.verbosity)
     check_world(transport)
     install_abort_on_error(transport)
@@ -164,21 +226,19 @@ def train(cfg: Config, config_path: str | None, run_dir: str | None) -> int:
     threads = threads_for_rank(transport.rank, node_cores, node_ranks, usable_cores())
     configure_threads(threads)
     get_logger().debug("%d threads (%d cores, ranks on this node: %s)", threads, node_cores, node_ranks)
-    dataset, model, plan, path = setup(transport, cfg, config_path, run_dir)
+    hosts = transport.allgather(transport.host)
+    dataset, model, plan, path, state = setup(transport, cfg, config_path, run_dir, resume)
     plan = transport.bcast_object(plan)
     worker_data, dataset = place_training_data(transport, cfg, dataset, plan)
     if transport.rank == 0:
-        from mpi_trainer.ssp_scheduler import scheduler_class
-
-        log_plan(plan, dataset)
-        scheduler_class(cfg)(transport, cfg, dataset, model, plan, path).run()
-        print(f"run directory: {path}", flush=True)
+        run_scheduler(transport, cfg, (dataset, model, plan, path, state), hosts)
     else:
         import keras
 
+        from mpi_trainer.resume import worker_seed
         from mpi_trainer.worker import Worker
 
-        keras.utils.set_random_seed(cfg.train.seed + transport.rank)
+        keras.utils.set_random_seed(worker_seed(cfg.train.seed, transport.rank, plan.start_round))
         Worker(transport, plan, dataset, cfg, worker_data).run()
     return 0
 

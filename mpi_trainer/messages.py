@@ -9,6 +9,7 @@ from mpi_trainer.models import ModelSpec
 
 ROUND = "round"
 SEND_WEIGHTS = "send_weights"
+SEND_OPTIMIZER = "send_optimizer"
 STOP = "stop"
 UPDATE = "update"  # SSP: receive the global weights point to point, train once, send back
 
@@ -22,13 +23,17 @@ class JobPlan:
     block_bounds: list[tuple[int, int]]
     shuffle_seed: int
     num_train: int
+    start_round: int = 0
 
 
 @dataclass
 class Order:
     """Scheduler -> worker: run a round, send your weights (best-of winner), run an SSP update, or stop.
 
-    ``detail`` may carry ``block``: the ``[start, end)`` bounds a rebalanced round trains on.
+    A round's ``detail`` may carry ``blocks`` (every worker's ``[start, end)`` bounds after
+    rebalancing), ``learning_rate`` (a new rate), ``reset_optimizer`` (after a NaN rollback),
+    ``optimizer_state`` (a resumed state follows on TAG_STATE) and ``max_steps`` (the last,
+    partial round under train.max_steps).
     """
 
     kind: str
@@ -50,3 +55,5 @@ class Report:
     val_accuracy: float = float("nan")
     eval_seconds: float = 0.0
     bytes_before_report: int = 0
+    steps: int = 0
+    weights_finite: bool = True

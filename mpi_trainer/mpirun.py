@@ -34,3 +34,20 @@ def mpirun_command(ranks: int, args: list[str], machinefile: str | None = None,
         command += ["--machinefile", machinefile]
     command += list(extra or [])
     return command + [sys.executable, "-m", "mpi_trainer", *args]
+
+
+def rank_pid(parent: int, rank: int) -> int | None:
+    """The pid of MPI rank ``rank`` among the descendants of the ``mpirun`` process ``parent``.
+
+    Fault-injection tests and benchmarks use it to stop or kill one chosen rank.
+    Needs psutil (the ``test`` extra); a rank is recognised by ``OMPI_COMM_WORLD_RANK``.
+    """
+    import psutil
+
+    for child in psutil.Process(parent).children(recursive=True):
+        try:
+            if child.environ().get("OMPI_COMM_WORLD_RANK") == str(rank):
+                return child.pid
+        except psutil.Error:
+            continue
+    return None

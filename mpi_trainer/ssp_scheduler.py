@@ -30,6 +30,7 @@ from mpi_trainer.config import Config
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.logs import RoundLog
 from mpi_trainer.messages import UPDATE, JobPlan, Order, Report
+from mpi_trainer.resume import ResumeState
 from mpi_trainer.scheduler import Scheduler
 from mpi_trainer.ssp import (
     BestWindow,
@@ -77,13 +78,14 @@ class Window:
 
 class SSPScheduler(Scheduler):
     def __init__(self, transport: Transport, cfg: Config, dataset: Dataset, model: Any,
-                 plan: JobPlan, run_dir: Path) -> None:
-        super().__init__(transport, cfg, dataset, model, plan, run_dir)
+                 plan: JobPlan, run_dir: Path, hosts: list[str] | None = None,
+                 resume: ResumeState | None = None) -> None:
+        super().__init__(transport, cfg, dataset, model, plan, run_dir, hosts, resume)
         self.clock = StalenessClock(self.workers, cfg.aggregation.ssp)
         self.version = 0
         self.in_flight: dict[int, InFlight] = {}
         self.dispatched = 0
-        self.update_budget = cfg.train.epochs * len(self.workers)
+        self.update_budget = (cfg.train.epochs - self.start_round) * len(self.workers)
         self.best = BestWindow()
         self.window = Window(self.started)
         self.update_log = RoundLog(run_dir / "updates.csv", UPDATE_FIELDS)
@@ -99,14 +101,15 @@ class SSPScheduler(Scheduler):
             self.state.stop_reason = self.run_rounds()
             self.drain()
             self.release_workers()
-            return self.finish()
+            # Workers are busy with updates while SSP runs, so its checkpoints carry no optimizer state.
+            return self.finish({})
         finally:
             self.round_log.close()
             self.update_log.close()
 
     def run_rounds(self) -> str:
         self.dispatch_ready()
-        round_index = 0
+        round_index = self.start_round
         while round_index < self.cfg.train.epochs:
             self.merge_next(round_index)
             full = len(self.window.records) == len(self.workers)
@@ -114,8 +117,9 @@ class SSPScheduler(Scheduler):
                 self.elect()
             self.dispatch_ready()  # before evaluating, so that workers do not wait on it
             if full:
-                if self.close_round(round_index):
-                    return "early_stopping"
+                reason = self.close_round(round_index)
+                if reason:
+                    return reason
                 round_index += 1
         return "epochs"
 
@@ -139,7 +143,10 @@ class SSPScheduler(Scheduler):
     # -- taking updates in --------------------------------------------------
     def receive_update(self) -> tuple[Report, np.ndarray, int]:
         """The first update to arrive from any worker: its report, weights and bytes."""
-        message = self.transport.recv_object(tag=TAG_REPORT)
+        try:
+            message = self.transport.recv_object(tag=TAG_REPORT, timeout=self.worker_timeout)
+        except TimeoutError:
+            raise self.watchdog_failure("return an update", sorted(self.in_flight)) from None
         started = time.perf_counter()
         weights = self.transport.recv_array(self.codec.empty(), source=message.source)
         self.window.comm_seconds += time.perf_counter() - started
@@ -189,10 +196,14 @@ class SSPScheduler(Scheduler):
                        record.base_version, record.staleness, record.versions_behind, record.share)
 
     # -- rounds -------------------------------------------------------------
-    def close_round(self, round_index: int) -> bool:
-        """Evaluate and record the round made of the last ``W`` updates; True when stopping early."""
+    def close_round(self, round_index: int) -> str | None:
+        """Evaluate and record the round made of the last ``W`` updates; returns a stop reason or None."""
         window = self.window
-        self.check_finite(window.reports)
+        if not np.all(np.isfinite(self.global_weights)):
+            losses = {r.rank: r.train_loss for r in window.reports}
+            self.log.error("round %d: merged weights are not finite (worker train losses %s); stopping, keeping "
+                           "the best weights", round_index, losses)
+            return "nan"
         evaluation, eval_seconds = self.evaluate()
         self.aggregate_seconds = window.merge_seconds
         reports = sorted(window.reports, key=lambda r: (r.rank, r.round))
@@ -207,7 +218,12 @@ class SSPScheduler(Scheduler):
         self.window = Window(ended)
         stop = self.early.update(round_index, row[self.cfg.early_stopping.monitor], self.global_weights)
         self.maybe_checkpoint(round_index)
-        return stop
+        return "early_stopping" if stop else None
+
+    def maybe_checkpoint(self, round_index: int, force: bool = False,
+                         states: dict[int, np.ndarray] | None = None) -> None:
+        # Asking a busy worker for its optimizer state mid-update could leave both waiting on each other.
+        super().maybe_checkpoint(round_index, force, {} if states is None else states)
 
     def busy_in(self, window: Window, ended: float) -> dict[int, float]:
         """Each worker's busy time in the window: merged updates, plus the one it is computing now."""

@@ -151,3 +151,12 @@ def test_a_worker_rereads_its_rows_when_its_block_is_recut():
     np.testing.assert_array_equal(data.fixed_x, x)
     np.testing.assert_array_equal(data.fixed_y, y)
     assert data.round_total(0) == total and data.block_sizes == [total // 3, total - total // 3]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.max_steps=100", "Received: train.max_steps=100 with aggregation.ssp=1"),
+    ("train.nan_policy='rollback'", "Received: train.nan_policy='rollback' with aggregation.ssp=1"),
+])
+def test_synchronous_only_features_are_refused_under_ssp(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, ["aggregation.ssp=1", override])

@@ -38,6 +38,7 @@ class FakeWorkers:
     wait_wall_seconds: float = 0.0
     wait_cpu_seconds: float = 0.0
     size: int = 0
+    host: str = "simulated"
 
     def __post_init__(self) -> None:
         self.size = len(self.durations) + 1

@@ -1,0 +1,58 @@
+"""Workers' optimizer state (step counter, moments) as flat vectors for checkpoints.
+
+Each worker keeps its own optimizer between rounds. A checkpoint stores one
+vector per worker rank; a resume hands them back. When the worker count
+changed, new worker ``w`` takes the state of old worker ``((w - 1) mod old) + 1``
+so every worker starts warm. The learning rate is not part of the vector: the
+scheduler owns it (NaN rollbacks halve it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+ARRAY_PREFIX = "optimizer_rank_"
+
+
+def _state_variables(optimizer: Any) -> list[Any]:
+    return [v for v in optimizer.variables if "learning_rate" not in v.path]
+
+
+def ensure_built(model: Any) -> None:
+    """Create the optimizer's variables now, so their layout is fixed before the first round."""
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+
+
+def state_vector(optimizer: Any) -> np.ndarray:
+    parts = [np.ravel(np.asarray(v.numpy(), dtype=np.float32)) for v in _state_variables(optimizer)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+
+
+def load_state_vector(optimizer: Any, flat: np.ndarray) -> None:
+    variables = _state_variables(optimizer)
+    expected = sum(int(np.prod(v.shape)) for v in variables)
+    if flat.size != expected:
+        raise ValueError(f"optimizer state has {flat.size} values, this optimizer needs {expected}")
+    offset = 0
+    for variable in variables:
+        size = int(np.prod(variable.shape))
+        variable.assign(flat[offset:offset + size].reshape(variable.shape).astype(variable.dtype))
+        offset += size
+
+
+def assign_states(saved: Mapping[int, np.ndarray], workers: Sequence[int]) -> dict[int, np.ndarray]:
+    """Saved per-rank states mapped onto the current worker ranks (elastic restarts included)."""
+    old = sorted(saved)
+    if not old:
+        return {}
+    return {worker: saved[old[(worker - 1) % len(old)]] for worker in workers}
+
+
+def split_arrays(arrays: Mapping[str, np.ndarray]) -> dict[int, np.ndarray]:
+    """The per-rank optimizer vectors among a checkpoint's arrays."""
+    return {int(name[len(ARRAY_PREFIX):]): array for name, array in arrays.items()
+            if name.startswith(ARRAY_PREFIX)}
