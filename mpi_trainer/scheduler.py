@@ -456,9 +456,10 @@ class Scheduler:
         write_json_atomic(self.run_dir / "summary.json", summary)
         if self.state.rounds:
             self.log.info("per-round results:\n%s", format_table(self.state.rounds))
+        accuracy = summary["final_test_accuracy"]
         self.log.info("done: %s after %d rounds, final test accuracy %s, %.1f s, %.2f MB sent; run "
                       "directory %s", summary["stop_reason"], summary["rounds_completed"],
-                      summary["final_test_accuracy"], summary["wall_seconds"],
+                      "n/a" if accuracy is None else f"{accuracy:.4f}", summary["wall_seconds"],
                       summary["traffic_bytes"] / 1e6, self.run_dir)
         return summary
 
