@@ -53,6 +53,8 @@ def test_every_contract_key_exists():
                                             "Received: data.source='/no/such/file.npz'"),
         ("data.source='imagenet'", "`data.source` must be one of"),
         ("log.verbosity=5", "`log.verbosity` must be 0, 1 or 2. Received: log.verbosity=5"),
+        ("comm.poll_interval=-0.1", "`comm.poll_interval` must be >= 0. Received: comm.poll_interval=-0.1"),
+        ("comm.poll_interval=5", "`comm.poll_interval` must be <= 1 second. Received: comm.poll_interval=5.0"),
     ],
 )
 def test_bad_values_name_key_value_and_expectation(override, fragment):
