@@ -181,6 +181,10 @@ class TrainConfig(_Section):
     # Total optimizer steps (batches, summed over workers) after which the run stops; 0 = no limit.
     max_steps: int = 0
     nan_policy: str = "stop"
+    # Synchronous rounds: start round r+1 before evaluating round r, so the workers do not wait
+    # for the scheduler's evaluation. Early stopping then decides one round late (that round is
+    # discarded); rounds followed by a checkpoint are not overlapped.
+    overlap_eval: bool = False
 
     def __post_init__(self) -> None:
         self._positive("epochs", "batch_size")

@@ -86,6 +86,7 @@ class Scheduler:
         self.order_detail: dict[str, Any] = {}
         self.discarded_bytes = 0
         self.pending_states: dict[int, np.ndarray] = {}
+        self.next_started: float | None = None  # set while the next round runs ahead (overlap_eval)
         if resume is not None:
             self.restore(resume)
         self.round_log = RoundLog(run_dir / "rounds.csv", ROUND_FIELDS)
@@ -169,8 +170,8 @@ class Scheduler:
         self.order_detail = {}
         return orders
 
-    def run_round(self, round_index: int) -> str | None:
-        """One synchronous round; returns a stop reason, RETRY after a NaN rollback, or None."""
+    def dispatch(self, round_index: int) -> float:
+        """Start a round on every worker (orders, "ready", weights); returns when it started."""
         started = time.perf_counter()
         for worker, order in self.round_orders(round_index).items():
             self.transport.send_object(order, worker, TAG_ORDER)
@@ -179,11 +180,29 @@ class Scheduler:
         self.pending_states = {}
         self.await_ready(started, round_index)
         self.broadcast_weights(round_index)
-        before = self.global_weights
+        return started
+
+    def collect(self, started: float, round_index: int) -> tuple[list[Report], int, int]:
         if self.cfg.aggregation.method == "best":
-            reports, received, winner = self.collect_best(started, round_index)
-        else:
-            reports, received, winner = self.collect_reduced(started, round_index)
+            return self.collect_best(started, round_index)
+        return self.collect_reduced(started, round_index)
+
+    def overlaps(self, round_index: int) -> bool:
+        """Whether the next round starts before this one is evaluated (train.overlap_eval).
+
+        Not before a checkpoint: gathering the workers' optimizer state needs them idle.
+        """
+        every = self.cfg.checkpoint.every
+        checkpoint_due = every > 0 and (round_index + 1) % every == 0
+        return (self.cfg.train.overlap_eval and round_index + 1 < self.cfg.train.epochs
+                and not checkpoint_due and not self.steps_exhausted())
+
+    def run_round(self, round_index: int) -> str | None:
+        """One synchronous round; returns a stop reason, RETRY after a NaN rollback, or None."""
+        started = self.next_started if self.next_started is not None else self.dispatch(round_index)
+        self.next_started = None
+        before = self.global_weights
+        reports, received, winner = self.collect(started, round_index)
         collected = time.perf_counter()
         outcomes = [nan_guard.WorkerOutcome(r.rank, r.train_loss, r.weights_finite) for r in reports]
         cause = nan_guard.non_finite_cause(outcomes, self.global_weights)
@@ -193,21 +212,39 @@ class Scheduler:
         self.state.consecutive_rollbacks = 0
         self.state.steps += sum(r.steps for r in reports)
         log_data_shares(self.log, self.cfg.data.increment, round_index, reports, self.plan.num_train)
+        sent = self.transport.take_bytes() + received  # this round's bytes, before the next one starts
+        self.rebalance(round_index, reports)
+        if self.overlaps(round_index):
+            # The workers train the next round while this one is evaluated and recorded.
+            self.next_started = self.dispatch(round_index + 1)
         evaluation, eval_seconds = self.evaluate()
-        row = self.round_row(round_index, reports, received, winner, evaluation)
-        wall = time.perf_counter() - started
+        row = self.round_row(round_index, reports, sent, winner, evaluation)
+        ended = self.next_started if self.next_started is not None else time.perf_counter()
+        wall = ended - started
         row.update(wall_seconds=wall, eval_seconds=eval_seconds,
                    comm_seconds=max(0.0, collected - started - row["train_seconds_max"]
                                     - row["aggregate_seconds"]),
                    idle_fraction=idle_fraction(wall, {r.rank: r.train_seconds for r in reports}),
                    block_sizes=";".join(str(r.samples) for r in reports))
         self.record(row)
-        self.rebalance(round_index, reports)
         stop = self.early.update(round_index, row[self.cfg.early_stopping.monitor], self.global_weights)
         self.maybe_checkpoint(round_index)
         if stop:
+            self.drain_next(round_index + 1)
             return "early_stopping"
         return "max_steps" if self.steps_exhausted() else None
+
+    def drain_next(self, round_index: int) -> None:
+        """Early stop with the next round already running: take its results in and discard them."""
+        if self.next_started is None:
+            return
+        started, self.next_started = self.next_started, None
+        kept = self.global_weights
+        _, received, _ = self.collect(started, round_index)
+        self.global_weights = kept
+        self.state.traffic_bytes += self.transport.take_bytes() + received
+        self.log.info("round %d was already under way when early stopping decided; its result is discarded",
+                      round_index)
 
     # -- the NaN guard ------------------------------------------------------
     def on_non_finite(self, round_index: int, cause: str, before: np.ndarray) -> str:
@@ -351,7 +388,7 @@ class Scheduler:
     def round_row(self, round_index: int, reports: list[Report], received: int, winner: int,
                   evaluation: dict[str, float]) -> dict[str, Any]:
         train_times = [r.train_seconds for r in reports]
-        sent = self.transport.take_bytes() + received + self.discarded_bytes
+        sent = received + self.discarded_bytes
         self.discarded_bytes = 0
         samples = sum(r.samples for r in reports)
         row = {

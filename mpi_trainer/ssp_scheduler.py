@@ -207,7 +207,8 @@ class SSPScheduler(Scheduler):
         evaluation, eval_seconds = self.evaluate()
         self.aggregate_seconds = window.merge_seconds
         reports = sorted(window.reports, key=lambda r: (r.rank, r.round))
-        row = self.round_row(round_index, reports, window.received_bytes, window.winner, evaluation)
+        row = self.round_row(round_index, reports, self.transport.take_bytes() + window.received_bytes,
+                             window.winner, evaluation)
         ended = time.perf_counter()
         row.update(wall_seconds=ended - window.started, eval_seconds=eval_seconds,
                    comm_seconds=window.comm_seconds,

@@ -79,6 +79,8 @@ def variants() -> list[Variant]:
         Variant("SSP s=1", ["aggregation.ssp=1"]),
         Variant("SSP s=2", ["aggregation.ssp=2"]),
         Variant("BSP + rebalance", ["aggregation.ssp=0", "data.rebalance=true"]),
+        Variant("BSP + rebalance + overlap_eval",
+                ["aggregation.ssp=0", "data.rebalance=true", "train.overlap_eval=true"]),
     ]
 
 

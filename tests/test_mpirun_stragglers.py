@@ -90,3 +90,21 @@ def test_rebalancing_shrinks_the_slow_workers_block_and_keeps_full_coverage(tmp_
     assert "blocks re-cut by throughput" in (run_dir / "train.log").read_text()
     assert all(0.0 <= float(r["idle_fraction"]) < 1.0 for r in rounds)
     assert float(rounds[-1]["test_accuracy"]) > 0.8
+
+
+def test_overlapped_evaluation_trains_the_same_and_drains_the_round_under_way_on_early_stop(tmp_path):
+    plain = run_mpi(3, QUICK, tmp_path / "plain")
+    overlap = run_mpi(3, ["train", "configs/quickstart.toml", "--set", "train.epochs=8",
+                          "--set", "train.overlap_eval=true", "--set", "early_stopping.patience=2",
+                          "--set", "early_stopping.min_delta=0.5"], tmp_path / "overlap")
+    assert plain.returncode == 0, plain.output
+    assert overlap.returncode == 0, overlap.output
+    summary = overlap.summary()
+    # Round 0 sets the best; rounds 1 and 2 bring no 0.5 gain; round 3 was already running and is dropped.
+    assert summary["stop_reason"] == "early_stopping" and summary["rounds_completed"] == 3
+    assert summary["final_round"] == 0
+    assert "round 3 was already under way when early stopping decided" in overlap.output
+    for ours, theirs in zip(overlap.rounds(), plain.rounds(), strict=True):
+        assert float(ours["test_accuracy"]) == pytest.approx(float(theirs["test_accuracy"]), rel=1e-6)
+        assert ours["bytes"] == theirs["bytes"]  # the next round's dispatch is not billed to this one
+    assert summary["traffic_bytes"] > plain.summary()["traffic_bytes"]  # the dropped round still cost traffic
