@@ -48,7 +48,6 @@ class Worker:
         # The block (and, with increment, each round's draw) comes from the data placement.
         self.data = data if data is not None else WorkerData(dataset.train, plan, transport.rank, cfg)
         self.x, self.y = self.data.fixed_x, self.data.fixed_y
-        self.total_samples = plan.num_train
         self.slowdown = make_slowdown(cfg.debug, transport.rank)
         self.nan_injected = False
 

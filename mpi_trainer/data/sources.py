@@ -85,12 +85,6 @@ def split_positions(count: int, fraction: float, seed: int) -> tuple[np.ndarray,
     return order[taken:], order[:taken]
 
 
-def split_off(x: np.ndarray, y: np.ndarray, fraction: float, seed: int):
-    """Seeded random split of arrays: returns (x_keep, y_keep, x_split, y_split)."""
-    kept, taken = split_positions(len(x), fraction, seed)
-    return x[kept], y[kept], x[taken], y[taken]
-
-
 @dataclass
 class TrainRows:
     """The training split as a row reader: position ``p`` of the training set is source row ``rows[p]``."""
