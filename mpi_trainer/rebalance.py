@@ -1,22 +1,30 @@
 """Dynamic block rebalancing: re-cut worker blocks in proportion to measured throughput.
 
 Pure Python, driven by the scheduler between synchronous rounds. Each round a
-worker's throughput is its block size over its train time. The estimate is
-smoothed with an exponential moving average (``smoothing`` = weight of the
-newest measurement) so that one noisy round does not make blocks swing, and
-blocks are only re-cut when some block would change by more than
-``DEADBAND`` of its size, so that they settle instead of shifting by a few
-samples every round. A worker's first round is not measured: it includes
-one-time set-up (graph tracing) that says nothing about its speed. The
-blocks always stay contiguous, non-empty and cover the training set exactly
-once.
+worker's throughput is its block size over its train time. Two filters keep
+noise from moving the blocks:
+
+* the median of the worker's last ``WINDOW`` measurements, so that one round
+  in which a worker stalled (another job took its core, the OS swapped) is
+  ignored, while a lasting change of speed is followed from its second round;
+* an exponential moving average of those medians (``smoothing`` = weight of
+  the newest), so that the blocks approach a new split without overshooting.
+
+Blocks are only re-cut when some block would change by more than ``DEADBAND``
+of its size, so that they settle instead of shifting by a few samples every
+round. A worker's first round is not measured: it includes one-time set-up
+(graph tracing) that says nothing about its speed. The blocks always stay
+contiguous, non-empty and cover the training set exactly once.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Mapping, Sequence
 
 DEADBAND = 0.02
+WINDOW = 3
 
 
 def proportional_sizes(total: int, weights: Sequence[float]) -> list[int]:
@@ -52,6 +60,7 @@ class Rebalancer:
         self.bounds = [tuple(b) for b in bounds]
         self.smoothing = smoothing
         self.throughput: list[float | None] = [None] * len(self.bounds)
+        self.recent: list[deque[float]] = [deque(maxlen=WINDOW) for _ in self.bounds]
         self.warmed_up = [False] * len(self.bounds)
 
     @property
@@ -65,7 +74,8 @@ class Rebalancer:
             return
         if samples <= 0 or train_seconds <= 0:
             return
-        rate = samples / train_seconds
+        self.recent[index].append(samples / train_seconds)
+        rate = statistics.median(self.recent[index])
         old = self.throughput[index]
         self.throughput[index] = rate if old is None else self.smoothing * rate + (1 - self.smoothing) * old
 

@@ -32,24 +32,35 @@ def test_a_half_speed_worker_gets_a_third_after_the_warm_up_round():
     assert covers_once(rebalancer.bounds, 1200)
 
 
-def test_smoothing_damps_one_noisy_round_and_the_deadband_keeps_blocks_still():
-    rebalancer = Rebalancer([(0, 500), (500, 1000)], smoothing=0.3)
-    rebalancer.update({0: (500, 1.0), 1: (500, 1.0)})  # warm-up
-    rebalancer.update({0: (500, 1.0), 1: (500, 1.0)})
+def test_one_stalled_round_is_ignored_and_a_lasting_slowdown_is_followed():
+    rebalancer = Rebalancer([(0, 500), (500, 1000)], smoothing=0.5)
+    rebalancer.update({0: (500, 9.0), 1: (500, 9.0)})  # warm-up
+    for _ in range(3):
+        assert not rebalancer.update({0: (500, 1.0), 1: (500, 1.0)})
+    assert not rebalancer.update({0: (500, 1.0), 1: (500, 3.0)})  # worker 1 stalls once
+    for _ in range(2):
+        assert not rebalancer.update({0: (500, 1.0), 1: (500, 1.0)})  # and is back to speed
     assert rebalancer.bounds == [(0, 500), (500, 1000)]
-    rebalancer.update({0: (500, 1.0), 1: (500, 3.0)})  # one slow outlier round
+    # Worker 1 becomes 3x slower for good: followed from its second slow round on.
+    assert not rebalancer.update({0: (500, 1.0), 1: (500, 3.0)})
+    assert rebalancer.update({0: (500, 1.0), 1: (500, 3.0)})
     moved = rebalancer.bounds[0][1] - 500
-    assert 0 < moved < 1000 * 3 / 4 - 500  # moves less than the raw 3:1 ratio would
-    before = list(rebalancer.bounds)
-    sizes = [e - s for s, e in before]
-    rebalancer.update({0: (sizes[0], sizes[0] / 500 * 1.0), 1: (sizes[1], sizes[1] / 500 * 1.0)})
-    for _ in range(20):  # steady equal speeds: converges back and then stops moving
+    assert 0 < moved < 1000 * 3 / 4 - 500  # the moving average approaches 3:1 without overshooting
+    assert covers_once(rebalancer.bounds, 1000)
+
+
+def test_blocks_converge_to_equal_train_times_and_then_stay_still():
+    rebalancer = Rebalancer([(0, 500), (500, 1000)], smoothing=0.5)
+    seconds_per_sample = [1 / 500, 2 / 500]  # worker 1 at half speed
+    rebalancer.update({0: (500, 9.0), 1: (500, 9.0)})  # warm-up
+    changes = []
+    for _ in range(20):
         sizes = [e - s for s, e in rebalancer.bounds]
-        rebalancer.update({0: (sizes[0], sizes[0] / 500), 1: (sizes[1], sizes[1] / 500)})
-    settled = list(rebalancer.bounds)
-    sizes = [e - s for s, e in settled]
-    assert not rebalancer.update({0: (sizes[0], sizes[0] / 500), 1: (sizes[1], sizes[1] / 500)})
-    assert abs(settled[0][1] - 500) <= 0.03 * 500 and covers_once(settled, 1000)
+        changes.append(rebalancer.update({i: (n, n * t) for i, (n, t) in
+                                          enumerate(zip(sizes, seconds_per_sample))}))
+    settled = [e - s for s, e in rebalancer.bounds]
+    assert abs(settled[0] - 667) <= 0.03 * 667 and covers_once(rebalancer.bounds, 1000)
+    assert any(changes) and not any(changes[-10:])  # settles instead of moving every round
 
 
 def test_bounds_from_sizes_are_contiguous():
