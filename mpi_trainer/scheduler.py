@@ -386,7 +386,8 @@ class Scheduler:
         return out, time.perf_counter() - started
 
     def round_row(self, round_index: int, reports: list[Report], received: int, winner: int,
-                  evaluation: dict[str, float]) -> dict[str, Any]:
+                  evaluation: dict[str, float], elected: Report | None = None) -> dict[str, Any]:
+        """One row of rounds.csv; ``elected`` is the winning report when ``winner`` sent more than one."""
         train_times = [r.train_seconds for r in reports]
         sent = received + self.discarded_bytes
         self.discarded_bytes = 0
@@ -406,7 +407,7 @@ class Scheduler:
             "winner": winner if winner >= 0 else "",
         }
         if winner >= 0:
-            best = next(r for r in reports if r.rank == winner)
+            best = elected or next(r for r in reports if r.rank == winner)
             row.update(val_loss=best.val_loss, val_accuracy=best.val_accuracy)
         row.update(evaluation)
         return row

@@ -129,10 +129,13 @@ class BestWindow:
         self.best_weights: np.ndarray | None = None
         self.best_worker = -1
 
-    def offer(self, worker: int, val_accuracy: float, val_loss: float, weights: np.ndarray) -> None:
+    def offer(self, worker: int, val_accuracy: float, val_loss: float, weights: np.ndarray) -> bool:
+        """Consider one update; True when it now leads the window."""
         score = (val_accuracy, -val_loss)
         if self.best_score is None or score > self.best_score:
             self.best_score, self.best_weights, self.best_worker = score, weights.copy(), worker
+            return True
+        return False
 
     def close(self) -> tuple[int, np.ndarray | None]:
         """The window's winner and its weights; the window starts empty again."""

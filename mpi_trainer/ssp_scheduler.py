@@ -43,7 +43,8 @@ from mpi_trainer.ssp import (
 )
 
 UPDATE_FIELDS = ["update", "round", "worker", "clock", "base_version", "version", "staleness",
-                 "versions_behind", "share", "samples", "train_seconds", "train_loss", "elapsed_seconds"]
+                 "versions_behind", "share", "samples", "train_seconds", "train_loss", "val_loss", "val_accuracy",
+                 "elapsed_seconds"]
 
 
 def scheduler_class(cfg: Config) -> type[Scheduler]:
@@ -74,6 +75,7 @@ class Window:
     merge_seconds: float = 0.0
     comm_seconds: float = 0.0
     winner: int = -1
+    leader: Report | None = None  # best: the leading update (its worker may have sent two in the window)
 
 
 class SSPScheduler(Scheduler):
@@ -173,7 +175,8 @@ class SSPScheduler(Scheduler):
         """Fold one update into the global model; returns the share it got (NaN for ``best``)."""
         method = self.cfg.aggregation.method
         if method == "best":
-            self.best.offer(report.rank, report.val_accuracy, report.val_loss, local)
+            if self.best.offer(report.rank, report.val_accuracy, report.val_loss, local):
+                self.window.leader = report
             return float("nan")
         share = merge_share(method, report.samples, self.plan.num_train, len(self.workers),
                             flight.staleness, self.cfg.aggregation.staleness_damping)
@@ -188,7 +191,9 @@ class SSPScheduler(Scheduler):
         self.log.info("window election: %s -> rank %d", scores, winner)
 
     def log_update(self, record: UpdateRecord, report: Report) -> None:
+        # val_* are the worker's own scores on the validation split, sent only for ``best`` (NaN otherwise).
         row = {**asdict(record), "update": record.version - 1, "train_loss": report.train_loss,
+               "val_loss": report.val_loss, "val_accuracy": report.val_accuracy,
                "elapsed_seconds": time.perf_counter() - self.started}
         self.update_log.write(row)
         self.log.debug("update %d from rank %d: clock %d, started from version %d, staleness %d, "
@@ -208,7 +213,7 @@ class SSPScheduler(Scheduler):
         self.aggregate_seconds = window.merge_seconds
         reports = sorted(window.reports, key=lambda r: (r.rank, r.round))
         row = self.round_row(round_index, reports, self.transport.take_bytes() + window.received_bytes,
-                             window.winner, evaluation)
+                             window.winner, evaluation, window.leader)
         ended = time.perf_counter()
         row.update(wall_seconds=ended - window.started, eval_seconds=eval_seconds,
                    comm_seconds=window.comm_seconds,

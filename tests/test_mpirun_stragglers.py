@@ -1,4 +1,4 @@
-"""Real ``mpirun`` jobs with a slowed worker: SSP at s = 0 and s = 1, and block rebalancing."""
+"""Real ``mpirun`` jobs with a slowed worker: SSP at s = 0, 1 and 2 (best-of, damping), and block rebalancing."""
 
 from __future__ import annotations
 
@@ -73,6 +73,47 @@ def test_ssp_bounds_staleness_and_uses_it_with_a_slow_worker(tmp_path):
     assert float(rounds[-1]["test_accuracy"]) > 0.8
     assert (run_dir / "checkpoint.h5").is_file() and (run_dir / "final.weights.h5").is_file()
     assert "staleness 1" in (run_dir / "train.log").read_text()
+
+
+def test_ssp_best_elects_each_windows_top_scoring_update_and_keeps_its_weights(tmp_path):
+    run_dir = tmp_path / "best"
+    # monitor = val_accuracy makes the scheduler score the weights it kept on the validation split the
+    # workers scored on, so each round's val_* are measured on the elected model, not copied from a report
+    result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", "train.epochs=4",
+                         "--set", "aggregation.ssp=1", "--set", "aggregation.method=best",
+                         "--set", "early_stopping.monitor=val_accuracy", *SLOW_RANK_2], run_dir)
+    assert result.returncode == 0, result.output
+    rounds, updates = result.rounds(), read_csv(run_dir / "updates.csv")
+    assert [int(r["round"]) for r in rounds] == [0, 1, 2, 3] and len(updates) == 4 * 2
+    assert all(u["share"] == "nan" for u in updates)  # best merges no delta: the winner replaces the model
+    assert all(0.0 <= float(u["val_accuracy"]) <= 1.0 for u in updates)  # every update was scored
+    assert max(int(u["staleness"]) for u in updates) == 1, updates
+    for round_row in rounds:
+        window = [u for u in updates if u["round"] == round_row["round"]]
+        # highest validation accuracy, then lowest validation loss, then the earliest to arrive
+        top = max(window, key=lambda u: (float(u["val_accuracy"]), -float(u["val_loss"]), -int(u["update"])))
+        assert len(window) == 2 and round_row["winner"] == top["worker"] in ("1", "2"), (round_row, window)
+        assert float(round_row["val_accuracy"]) == pytest.approx(float(top["val_accuracy"]), abs=1e-6)
+        assert float(round_row["val_loss"]) == pytest.approx(float(top["val_loss"]), rel=1e-4)
+    assert (run_dir / "train.log").read_text().count("window election") == 4
+    assert float(rounds[-1]["test_accuracy"]) > 0.8
+
+
+def test_ssp_staleness_damping_divides_each_updates_share_by_one_plus_its_staleness(tmp_path):
+    run_dir = tmp_path / "damped"
+    result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", "train.epochs=4",
+                         "--set", "aggregation.ssp=2", "--set", "aggregation.method=weighted",
+                         "--set", "aggregation.staleness_damping=true", *SLOW_RANK_2], run_dir)
+    assert result.returncode == 0, result.output
+    rounds, updates = result.rounds(), read_csv(run_dir / "updates.csv")
+    assert len(rounds) == 4 and len(updates) == 4 * 2
+    staleness = [int(u["staleness"]) for u in updates]
+    assert 0 in staleness and 0 < max(staleness) <= 2, updates
+    total = sum(int(size) for size in rounds[0]["block_sizes"].split(";"))  # the training set: N
+    for update, stale in zip(updates, staleness):  # weighted: n_w / N, damped by 1 + staleness
+        assert float(update["share"]) == pytest.approx(int(update["samples"]) / total / (1 + stale), rel=1e-6)
+    assert "with staleness damping" in (run_dir / "train.log").read_text()
+    assert float(rounds[-1]["test_accuracy"]) > 0.8
 
 
 def test_rebalancing_shrinks_the_slow_workers_block_and_keeps_full_coverage(tmp_path):

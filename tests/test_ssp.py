@@ -107,10 +107,10 @@ def test_a_stale_update_adds_what_it_learnt_instead_of_dragging_the_model_back()
 
 def test_best_window_keeps_the_highest_accuracy_then_lowest_loss_then_earliest():
     window = BestWindow()
-    window.offer(1, 0.80, 0.5, np.array([1.0]))
-    window.offer(2, 0.90, 0.7, np.array([2.0]))
-    window.offer(1, 0.90, 0.6, np.array([3.0]))
-    window.offer(2, 0.90, 0.6, np.array([4.0]))
+    assert window.offer(1, 0.80, 0.5, np.array([1.0]))
+    assert window.offer(2, 0.90, 0.7, np.array([2.0]))
+    assert window.offer(1, 0.90, 0.6, np.array([3.0]))
+    assert not window.offer(2, 0.90, 0.6, np.array([4.0]))  # a tie goes to the earlier update
     winner, weights = window.close()
     assert winner == 1 and weights.tolist() == [3.0]
     assert window.close() == (-1, None)

@@ -27,7 +27,7 @@ class FakeWorkers:
     """A Transport stand-in: rank 0 talks to simulated workers with fixed update durations."""
 
     durations: dict[int, float]
-    val_accuracy: dict[int, float] = field(default_factory=dict)
+    val_accuracy: dict = field(default_factory=dict)  # by worker, or by (worker, clock) for one update
     step: float = 0.01
     now: float = 0.0
     pending: list = field(default_factory=list)
@@ -61,7 +61,8 @@ class FakeWorkers:
     def recv_object(self, source: int = -1, tag: int = 0, timeout: float | None = None) -> Received:
         self.now, worker, clock = heapq.heappop(self.pending)
         report = Report(worker, clock, 10 * worker, 0.5, 0.5, self.durations[worker],
-                        val_accuracy=self.val_accuracy.get(worker, 0.5), val_loss=0.1)
+                        val_accuracy=self.val_accuracy.get((worker, clock), self.val_accuracy.get(worker, 0.5)),
+                        val_loss=0.1)
         return Received(report, worker, 100)
 
     def recv_array(self, buf: np.ndarray, source: int = -1, tag: int = 0,
@@ -130,6 +131,18 @@ def test_best_under_ssp_elects_the_highest_validation_accuracy_per_window(tmp_pa
         own = [u for u in read_updates(tmp_path) if u["round"] == row["round"]]
         workers = {u["worker"] for u in own}
         assert row["winner"] == ("2" if "2" in workers else "1")
+
+
+def test_best_round_row_reports_the_winning_update_when_its_worker_sent_two(tmp_path):
+    # worker 1 is five times faster: with s = 1 its clocks 0 and 1 fill the first window, and clock 1 wins
+    transport = FakeWorkers({1: 1.0, 2: 5.0}, val_accuracy={(1, 0): 0.6, (1, 1): 0.8})
+    scheduler = make_scheduler(tmp_path, transport, aggregation={"ssp": 1, "method": "best"},
+                               train={"epochs": 2})
+    scheduler.run()
+    first = [u for u in read_updates(tmp_path) if u["round"] == "0"]
+    assert [(u["worker"], u["clock"], float(u["val_accuracy"])) for u in first] == [("1", "0", 0.6), ("1", "1", 0.8)]
+    row = next(csv.DictReader((tmp_path / "rounds.csv").open(newline="")))
+    assert row["winner"] == "1" and float(row["val_accuracy"]) == pytest.approx(0.8)
 
 
 def test_ssp_zero_uses_the_synchronous_engine_unless_forced():
