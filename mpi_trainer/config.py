@@ -319,6 +319,11 @@ class Config:
             raise ConfigError("`data.rebalance` re-cuts blocks between synchronous rounds and needs "
                               f"aggregation.ssp = 0. Received: data.rebalance=True with "
                               f"aggregation.ssp={self.aggregation.ssp}")
+        if self.aggregation.staleness_damping and (ssp == 0 or self.aggregation.method == "best"):
+            raise ConfigError("`aggregation.staleness_damping` scales merged SSP updates, so it needs "
+                              "aggregation.ssp > 0 and method 'average' or 'weighted'. Received: "
+                              f"aggregation.staleness_damping=True with aggregation.ssp={ssp} and "
+                              f"aggregation.method={self.aggregation.method!r}")
         needs_validation = {
             "aggregation.method": (self.aggregation.method == "best", "'best' elects on the validation split"),
             "early_stopping.monitor": (self.early_stopping.monitor.startswith("val_"),

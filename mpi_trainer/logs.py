@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import os
@@ -72,11 +73,33 @@ class RoundLog:
         self.path = path
         self.fieldnames = fieldnames
         is_new = not path.exists() or path.stat().st_size == 0
+        if not is_new:
+            self._adopt_columns()
         self._handle = path.open("a", newline="", encoding="utf-8")
-        self._writer = csv.DictWriter(self._handle, fieldnames=fieldnames, extrasaction="raise")
+        self._writer = csv.DictWriter(self._handle, fieldnames=self.fieldnames, extrasaction="raise")
         if is_new:
             self._writer.writeheader()
             self._sync()
+
+    def _adopt_columns(self) -> None:
+        """A resumed run's file written with other columns: rewrite it (atomically) to match.
+
+        Columns that are new get empty cells in the earlier rows; columns only
+        the file has are kept, after ours, empty in new rows. Appending rows of
+        another width would leave a file that no CSV reader can take.
+        """
+        with self.path.open(newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            existing = list(reader.fieldnames or [])
+            if existing == self.fieldnames:
+                return
+            rows = list(reader)
+        self.fieldnames = self.fieldnames + [c for c in existing if c not in self.fieldnames]
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=self.fieldnames, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+        write_atomic(self.path, buffer.getvalue())
 
     def _sync(self) -> None:
         self._handle.flush()

@@ -171,3 +171,13 @@ def test_a_worker_rereads_its_rows_when_its_block_is_recut():
 def test_synchronous_only_features_are_refused_under_ssp(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, ["aggregation.ssp=1", override])
+
+
+@pytest.mark.parametrize("overrides, received", [
+    (["aggregation.ssp=0"], "aggregation.ssp=0 and aggregation.method='average'"),
+    (["aggregation.ssp=1", "aggregation.method='best'"], "aggregation.ssp=1 and aggregation.method='best'"),
+])
+def test_staleness_damping_where_it_would_do_nothing_is_refused(overrides, received):
+    with pytest.raises(ConfigError, match=f"Received: aggregation.staleness_damping=True with {received}"):
+        load_config(None, ["aggregation.staleness_damping=true", *overrides])
+    load_config(None, ["aggregation.staleness_damping=true", "aggregation.ssp=1"])  # merged updates: fine

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 
 import numpy as np
@@ -68,3 +69,20 @@ def test_round_line_and_table():
     assert format_round_line(rows[1], 10) == "round 2/10  acc 0.9500  loss 0.2000  0.50 s  1.00 MB"
     table = format_table(rows)
     assert "total" in table and "2.00" in table and "3.000" in table
+
+
+def test_round_log_rewrites_a_resumed_file_written_with_other_columns(tmp_path):
+    path = tmp_path / "updates.csv"
+    log = RoundLog(path, ["round", "old_only", "share"])
+    log.write({"round": 0, "old_only": "x", "share": 0.5})
+    log.close()
+    log = RoundLog(path, ["round", "share", "val_accuracy"])  # a later version adds a column
+    log.write({"round": 1, "share": 0.25, "val_accuracy": 0.9})
+    log.close()
+    with path.open(newline="") as handle:
+        lines = list(csv.reader(handle))
+    assert lines[0] == ["round", "share", "val_accuracy", "old_only"]
+    assert all(len(line) == 4 for line in lines)  # one width: every CSV reader can take it
+    rows = read_rounds(path)
+    assert rows[0] == {"round": "0", "share": "0.5", "val_accuracy": "", "old_only": "x"}
+    assert rows[1] == {"round": "1", "share": "0.25", "val_accuracy": "0.9", "old_only": ""}
