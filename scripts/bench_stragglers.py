@@ -91,9 +91,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--source", default="digits")
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--test-size", type=float, default=0.2)
-    parser.add_argument("--batch-delay", type=float, default=0.05,
+    parser.add_argument("--batch-delay", type=float, default=None,
                         help="simulated work per batch on every worker (debug.batch_delay), seconds; "
-                             "0 = real compute only")
+                             "0 = real compute only; default 0.05, and 0 with --hog (the hog slows compute)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--learning-rate", type=float, default=0.0005,
                         help="low enough that the target takes several rounds, not one")
@@ -109,7 +109,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--write", help="append the results to this markdown file")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--keep", help="keep the run directories under this folder")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.batch_delay is None:
+        args.batch_delay = 0.0 if args.hog else 0.05
+    return args
 
 
 def common_overrides(args: argparse.Namespace) -> list[str]:
