@@ -168,15 +168,19 @@ class Transport:
         self.comm.Recv(buf, status.Get_source(), tag)
         return Received(buf, status.Get_source(), nbytes)
 
-    # -- data arrays of any size (set-up placement) ------------------------
-    def send_large_array(self, array: np.ndarray, dest: int, tag: int = TAG_DATA) -> None:
-        """Send any numeric array: a small header, then byte chunks of at most ``max_message_bytes``."""
+    # -- data arrays of any size (scatter placement) ----------------------
+    def send_large_array(self, array: np.ndarray, dest: int, tag: int = TAG_DATA,
+                         timeout: float | None = None) -> None:
+        """Send any numeric array: a small header, then byte chunks of at most ``max_message_bytes``.
+
+        ``timeout`` bounds the wait for each chunk to be taken (TimeoutError after it).
+        """
         array = np.ascontiguousarray(array)
         self.send_object((array.shape, array.dtype.str), dest, tag)
         flat = array.reshape(-1).view(np.uint8)
         for start in range(0, flat.nbytes, self.max_message_bytes):
             chunk = flat[start:start + self.max_message_bytes]
-            self._wait(self.comm.Isend([chunk, self._mpi.BYTE], dest, tag), "data send")
+            self._wait(self.comm.Isend([chunk, self._mpi.BYTE], dest, tag), "data send", timeout)
             self._count(chunk.nbytes)
 
     def recv_large_array(self, source: int, tag: int = TAG_DATA) -> np.ndarray:

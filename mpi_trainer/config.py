@@ -302,10 +302,6 @@ class Config:
     debug: DebugConfig = field(default_factory=DebugConfig)
 
     def __post_init__(self) -> None:
-        if self.data.rebalance and self.data.placement == "scatter":
-            raise ConfigError("`data.rebalance` needs workers that can read any row of the shared file, "
-                              "but scatter placement sends each worker only its own rows. Received: "
-                              "data.rebalance=True with data.placement='scatter'; expected data.placement='shared'")
         ssp = self.aggregation.ssp
         if ssp > 0 and self.train.max_steps > 0:
             raise ConfigError("`train.max_steps` splits the last synchronous round into step budgets and needs "

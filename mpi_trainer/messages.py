@@ -31,9 +31,10 @@ class Order:
     """Scheduler -> worker: run a round, send your weights (best-of winner), run an SSP update, or stop.
 
     A round's ``detail`` may carry ``blocks`` (every worker's ``[start, end)`` bounds after
-    rebalancing), ``learning_rate`` (a new rate), ``reset_optimizer`` (after a NaN rollback),
-    ``optimizer_state`` (a resumed state follows on TAG_STATE) and ``max_steps`` (the last,
-    partial round under train.max_steps).
+    rebalancing), ``moved_rows`` (under scatter, after a re-cut: that many training rows follow
+    on TAG_DATA as positions, features, labels), ``learning_rate`` (a new rate),
+    ``reset_optimizer`` (after a NaN rollback), ``optimizer_state`` (a resumed state follows
+    on TAG_STATE) and ``max_steps`` (the last, partial round under train.max_steps).
     """
 
     kind: str

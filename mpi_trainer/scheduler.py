@@ -26,6 +26,7 @@ from mpi_trainer.checkpoint import load_checkpoint, save_checkpoint
 from mpi_trainer.comm import TAG_ORDER, TAG_READY, TAG_REPORT, TAG_STATE, Transport
 from mpi_trainer.config import Config
 from mpi_trainer.data.increment import log_data_shares
+from mpi_trainer.data.placement import ScatterLedger, send_moved_rows
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.early_stopping import EarlyStopping
 from mpi_trainer.errors import WorkerFailure
@@ -92,6 +93,10 @@ class Scheduler:
         self.round_log = RoundLog(run_dir / "rounds.csv", ROUND_FIELDS)
         self.rebalancer = (Rebalancer(plan.block_bounds, cfg.data.rebalance_smoothing)
                            if cfg.data.rebalance else None)
+        # Under scatter a re-cut moves rows: the ledger knows who holds what, ``moved`` what goes next.
+        self.ledger = (ScatterLedger(cfg, plan, self.workers)
+                       if cfg.data.rebalance and cfg.data.placement == "scatter" else None)
+        self.moved: dict[int, np.ndarray] = {}
 
     def restore(self, resume: ResumeState) -> None:
         """Carry on from a checkpoint: weights, counters, and the time and bytes spent so far."""
@@ -175,6 +180,9 @@ class Scheduler:
         started = time.perf_counter()
         for worker, order in self.round_orders(round_index).items():
             self.transport.send_object(order, worker, TAG_ORDER)
+            if self.moved:
+                self.send_moved(worker, round_index)
+        self.moved = {}
         for worker, vector in self.pending_states.items():
             self.transport.send_object(vector, worker, TAG_STATE)
         self.pending_states = {}
@@ -282,16 +290,38 @@ class Scheduler:
         """Every worker's block bounds this round, when blocks are rebalanced.
 
         All bounds travel (a few bytes each) because the weighted average needs every block's size.
+        After a re-cut under scatter, ``moved_rows`` says how many training rows follow the order.
         """
-        return {"blocks": list(self.rebalancer.bounds)} if self.rebalancer else {}
+        if self.rebalancer is None:
+            return {}
+        detail: dict[str, Any] = {"blocks": list(self.rebalancer.bounds)}
+        if self.moved:
+            detail["moved_rows"] = len(self.moved[worker])
+        return detail
+
+    def send_moved(self, worker: int, round_index: int) -> None:
+        """Scatter: the rows that changed owner go to their new worker before it reads its block."""
+        positions = self.moved[worker]
+        try:
+            nbytes = send_moved_rows(self.transport, self.dataset, worker, positions, self.worker_timeout)
+        except TimeoutError:
+            raise self.watchdog_failure(f"take its training rows for round {round_index}", [worker]) from None
+        if len(positions):
+            self.log.info("round %d: sent worker rank %d %d training rows that changed owner (%.2f MB)",
+                          round_index, worker, len(positions), nbytes / 1e6)
 
     def rebalance(self, round_index: int, reports: list[Report]) -> None:
-        """Re-cut the blocks from this round's throughput; only the new bounds travel."""
+        """Re-cut the blocks from this round's throughput; the next round's orders carry the new bounds.
+
+        Under scatter the rows that changed owner follow those orders (see :meth:`send_moved`).
+        """
         if self.rebalancer is None:
             return
         rates = {r.rank - 1: (r.samples, r.train_seconds) for r in reports}
         if self.rebalancer.update(rates):
             self.plan.block_bounds = list(self.rebalancer.bounds)
+            if self.ledger is not None:
+                self.moved = self.ledger.recut(self.plan, round_index + 1)
             sizes = ", ".join(f"rank {w}: {end - start}" for w, (start, end)
                               in zip(self.workers, self.rebalancer.bounds))
             self.log.info("after round %d blocks re-cut by throughput (%s samples/s): %s", round_index,

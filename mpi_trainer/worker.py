@@ -7,7 +7,8 @@ training set. It waits for orders, trains one local epoch per round on its
 block and hands back its weights and metrics, in the shape the aggregation
 method wants (a scaled contribution to a reduction, or a scored candidate for
 election; under SSP, its weights point to point). With rebalancing the order
-names the block to train on. It never decides when to stop and never writes files. It makes no
+names the block to train on, and under scatter the rows that changed owner
+follow it. It never decides when to stop and never writes files. It makes no
 MPI calls of its own: everything goes through :class:`~mpi_trainer.comm.Transport`.
 """
 
@@ -22,7 +23,7 @@ import numpy as np
 from mpi_trainer import aggregation
 from mpi_trainer.comm import TAG_ORDER, TAG_READY, TAG_REPORT, TAG_STATE, Transport
 from mpi_trainer.config import Config
-from mpi_trainer.data.placement import WorkerData, peak_rss_mib
+from mpi_trainer.data.placement import WorkerData, peak_rss_mib, receive_moved_rows
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.logs import get_logger
 from mpi_trainer.messages import ROUND, SEND_OPTIMIZER, SEND_WEIGHTS, STOP, UPDATE, JobPlan, Order, Report
@@ -138,9 +139,16 @@ class Worker:
                        report.train_loss, report.train_accuracy, train_seconds, report.samples)
 
     def follow_blocks(self, order: Order) -> None:
-        """Rebalancing: adopt the blocks the scheduler re-cut for this round (only bounds travel)."""
+        """Rebalancing: adopt the blocks the scheduler re-cut for this round.
+
+        Under scatter the rows that changed owner follow the order; otherwise only bounds travel.
+        """
         blocks = order.detail.get("blocks")
-        if blocks is not None and self.data.set_blocks(blocks):
+        if blocks is None:
+            return
+        if "moved_rows" in order.detail:
+            self.data.take_rows(receive_moved_rows(self.transport), blocks, order.round)
+        if self.data.set_blocks(blocks):
             self.log.debug("round %d: block now [%d, %d)", order.round, *blocks[self.transport.rank - 1])
 
     def run_update(self, order: Order) -> None:

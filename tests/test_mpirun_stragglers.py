@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 
 import h5py
 import numpy as np
@@ -131,6 +132,32 @@ def test_rebalancing_shrinks_the_slow_workers_block_and_keeps_full_coverage(tmp_
     assert "blocks re-cut by throughput" in (run_dir / "train.log").read_text()
     assert all(0.0 <= float(r["idle_fraction"]) < 1.0 for r in rounds)
     assert float(rounds[-1]["test_accuracy"]) > 0.8
+
+
+def test_rebalancing_under_scatter_sends_the_rows_that_changed_owner_and_counts_them(tmp_path):
+    run_dir = tmp_path / "scatter"
+    result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", "train.epochs=4",
+                         "--set", "data.rebalance=true", "--set", "data.placement=scatter",
+                         "--set", "aggregation.method=weighted", *SLOW_RANK_2], run_dir)
+    assert result.returncode == 0, result.output
+    rounds = result.rounds()
+    sizes = [[int(s) for s in r["block_sizes"].split(";")] for r in rounds]
+    total = sizes[0][0] + sizes[0][1]
+    assert all(sum(s) == total == int(r["samples"]) for s, r in zip(sizes, rounds))
+    assert sizes[-1][1] < 0.45 * total < sizes[-1][0], sizes
+    moved = [0] * len(rounds)
+    log = (run_dir / "train.log").read_text()
+    for r, rows in re.findall(r"round (\d+): sent worker rank \d+ (\d+) training rows that changed owner", log):
+        moved[int(r)] += int(rows)
+    # rank 1's block starts at 0 and rank 2's ends at the last sample: only the shifted boundary's rows travel
+    assert moved == [0] + [abs(new[0] - old[0]) for old, new in zip(sizes, sizes[1:])]
+    recut = [r for r in range(len(rounds)) if moved[r]]
+    assert recut, sizes
+    unchanged = min(int(rounds[r]["bytes"]) for r in range(1, len(rounds)) if not moved[r])
+    row_bytes = 8 + 8 * 8 * 4 + 4  # digits: int64 position, 8x8 float32 features, int32 label
+    for r in recut:
+        assert int(rounds[r]["bytes"]) - unchanged >= moved[r] * row_bytes
+    assert float(rounds[-1]["train_accuracy"]) > 0.8 and float(rounds[-1]["test_accuracy"]) > 0.8
 
 
 def test_overlapped_evaluation_trains_the_same_and_drains_the_round_under_way_on_early_stop(tmp_path):

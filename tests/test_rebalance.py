@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import time
+from types import SimpleNamespace
+
+import numpy as np
 import pytest
 
 from mpi_trainer.config import DebugConfig, load_config
+from mpi_trainer.data.partition import block_bounds, shuffled_order
+from mpi_trainer.data.placement import HeldRows, ScatterLedger, WorkerData, fixed_positions, rows_needed
+from mpi_trainer.data.sources import load_dataset
 from mpi_trainer.errors import ConfigError
 from mpi_trainer.rebalance import Rebalancer, bounds_from_sizes, proportional_sizes
 from mpi_trainer.slowdown import check_slow_ranks, make_slowdown
@@ -112,10 +119,7 @@ def test_slowdown_is_absent_unless_configured_for_this_rank():
 
 
 def test_slowdown_makes_each_batch_and_its_delay_take_factor_times_as_long():
-    import time
-
     import keras
-    import numpy as np
 
     x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
     y = (x[:, 0] > 0).astype("int32")
@@ -134,20 +138,12 @@ def test_slowdown_makes_each_batch_and_its_delay_take_factor_times_as_long():
     assert elapsed >= slowdown.slept_seconds + slowdown.slowed_batch_seconds > 0
 
 
-def test_rebalancing_with_scatter_placement_is_refused_before_training():
-    with pytest.raises(ConfigError, match=r"Received: data.rebalance=True with data.placement='scatter'"):
-        load_config(None, ["data.rebalance=true", "data.placement='scatter'"])
+def test_rebalancing_with_scatter_placement_is_accepted():
+    cfg = load_config(None, ["data.rebalance=true", "data.placement='scatter'"])
+    assert cfg.data.rebalance and cfg.data.placement == "scatter"
 
 
 def test_a_worker_rereads_its_rows_when_its_block_is_recut():
-    from types import SimpleNamespace
-
-    import numpy as np
-
-    from mpi_trainer.data.partition import block_bounds, shuffled_order
-    from mpi_trainer.data.placement import WorkerData
-    from mpi_trainer.data.sources import load_dataset
-
     cfg = load_config(None, ["data.source=digits", "data.rebalance=true"])
     dataset = load_dataset(cfg.data, 0)
     total = dataset.num_train
@@ -181,3 +177,61 @@ def test_staleness_damping_where_it_would_do_nothing_is_refused(overrides, recei
     with pytest.raises(ConfigError, match=f"Received: aggregation.staleness_damping=True with {received}"):
         load_config(None, ["aggregation.staleness_damping=true", *overrides])
     load_config(None, ["aggregation.staleness_damping=true", "aggregation.ssp=1"])  # merged updates: fine
+
+
+def _scatter_setup(*overrides: str):
+    """digits, 2 workers with equal blocks, and a re-cut that moves a sixth of the data to rank 1."""
+
+
+    cfg = load_config(None, ["data.source=digits", "data.rebalance=true", "data.placement='scatter'",
+                             "train.epochs=4", *overrides])
+    dataset = load_dataset(cfg.data, 0)
+    total = dataset.num_train
+    plan = SimpleNamespace(num_train=total, shuffle_seed=0, block_bounds=block_bounds(total, 2), start_round=0)
+    recut = SimpleNamespace(**{**vars(plan), "block_bounds": [(0, 2 * total // 3), (2 * total // 3, total)]})
+    return cfg, dataset, plan, recut
+
+
+def test_a_recut_under_scatter_moves_only_the_rows_that_changed_owner():
+    cfg, dataset, plan, recut = _scatter_setup()
+    total, order = dataset.num_train, shuffled_order(dataset.num_train, 0)
+    ledger = ScatterLedger(cfg, plan, [1, 2])
+    np.testing.assert_array_equal(ledger.held[1], np.sort(order[:total // 2]))
+    moved = ledger.recut(recut, 1)
+    np.testing.assert_array_equal(moved[1], np.sort(order[total // 2:2 * total // 3]))  # rank 2's old rows
+    assert len(moved[2]) == 0  # rank 2's new block lies inside its old one
+    np.testing.assert_array_equal(ledger.held[2], np.sort(order[2 * total // 3:]))  # it drops the rest
+    assert all(len(rows) == 0 for rows in ledger.recut(recut, 2).values())  # same blocks: nothing moves
+
+
+def test_a_worker_under_scatter_trains_on_the_same_rows_after_a_recut_with_increment():
+    cfg, dataset, plan, recut = _scatter_setup("data.increment.enabled=true")
+    ledger = ScatterLedger(cfg, plan, [1, 2])
+    before = {rank: set(ledger.held[rank]) for rank in (1, 2)}
+    moved = ledger.recut(recut, 2)
+    for rank in (1, 2):
+        held = rows_needed(plan, rank, cfg, 0)
+        scattered = WorkerData(HeldRows(held, *dataset.train.read(held)), plan, rank, cfg)
+        scattered.take_rows(HeldRows(moved[rank], *dataset.train.read(moved[rank])), recut.block_bounds, 2)
+        scattered.set_blocks(recut.block_bounds)
+        shared = WorkerData(dataset.train, recut, rank, cfg)
+        for round_index in (2, 3):  # the new block's draws too, which scatter did not predict at set-up
+            for a, b in zip(scattered.for_round(round_index), shared.for_round(round_index)):
+                np.testing.assert_array_equal(a, b)
+        assert not before[rank] & set(moved[rank])  # nothing a worker holds travels again
+        np.testing.assert_array_equal(scattered.source.positions, ledger.held[rank])  # both sides agree
+    assert 0 < len(moved[1]) < len(ledger.held[1])
+    np.testing.assert_array_equal(rows_needed(recut, 1, cfg, 4), fixed_positions(recut, 1))  # no round left
+
+
+def test_held_rows_merge_keeps_exactly_the_rows_asked_for():
+    def rows(positions):
+        positions = np.asarray(positions, dtype=np.int64)
+        return HeldRows(positions, positions[:, None] * np.ones((1, 2), np.float32), positions.astype(np.int32))
+
+    merged = rows([1, 4, 6, 9]).merged(rows([2, 7]), keep=np.array([2, 4, 7, 9]))
+    np.testing.assert_array_equal(merged.positions, [2, 4, 7, 9])
+    np.testing.assert_array_equal(merged.x[:, 1], [2, 4, 7, 9])
+    np.testing.assert_array_equal(merged.y, [2, 4, 7, 9])
+    with pytest.raises(RuntimeError, match="did not send it"):
+        rows([1, 4]).merged(rows([2]), keep=np.array([2, 3]))

@@ -48,11 +48,11 @@ def draw_extra(total: int, fixed_positions: np.ndarray, round_index: int, rank: 
 
 
 def positions_needed(total: int, fixed_positions: np.ndarray, rounds: int, rank: int, seed: int,
-                     cfg: IncrementConfig) -> np.ndarray:
-    """Every training position a worker touches in ``rounds`` rounds (what scatter must send)."""
+                     cfg: IncrementConfig, start_round: int = 0) -> np.ndarray:
+    """Every training position a worker touches in rounds ``start_round`` to ``rounds - 1`` (what scatter sends)."""
     parts = [np.asarray(fixed_positions, dtype=np.int64)]
     if cfg.enabled:
-        parts += [draw_extra(total, fixed_positions, r, rank, seed, cfg) for r in range(rounds)]
+        parts += [draw_extra(total, fixed_positions, r, rank, seed, cfg) for r in range(start_round, rounds)]
     return np.unique(np.concatenate(parts))
 
 

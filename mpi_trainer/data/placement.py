@@ -6,6 +6,10 @@
 the rows it will use, in chunks below MPI's 2 GiB message limit, once at
 set-up; with random data increment that is the union of its fixed block and
 every draw it will make, which the scheduler can predict from the seed.
+With rebalancing, a re-cut changes what a worker needs: the scheduler keeps a
+:class:`ScatterLedger` of the rows each worker holds and sends, with the next
+round's order, only the rows that changed owner; the worker merges them in and
+drops the rows it will not use again.
 
 :class:`WorkerData` then serves each round's arrays: the fixed block, plus
 the round's random draw, passed through real-time augmentation if enabled.
@@ -47,11 +51,31 @@ class HeldRows:
             raise RuntimeError("a worker asked for training rows the scheduler did not send it")
         return self.x[index], self.y[index]
 
+    def merged(self, arrived: HeldRows, keep: np.ndarray) -> HeldRows:
+        """These rows and ``arrived`` together, cut down to exactly the sorted positions ``keep``."""
+        mine = np.isin(self.positions, keep)
+        positions = np.concatenate([self.positions[mine], arrived.positions])
+        order = np.argsort(positions, kind="stable")
+        pooled = HeldRows(positions[order], np.concatenate([self.x[mine], arrived.x])[order],
+                          np.concatenate([self.y[mine], arrived.y])[order])
+        return HeldRows(np.asarray(keep), *pooled.read(keep))
+
+
+def block_positions(num_train: int, shuffle_seed: int, bounds: tuple[int, int]) -> np.ndarray:
+    """The training positions of block ``[start, end)`` of the seeded shuffle, in increasing order."""
+    start, end = bounds
+    return np.sort(shuffled_order(num_train, shuffle_seed)[start:end])
+
 
 def fixed_positions(plan: Any, rank: int) -> np.ndarray:
     """A worker's fixed block: its slice of the seeded shuffle, in increasing order."""
-    start, end = plan.block_bounds[rank - 1]
-    return np.sort(shuffled_order(plan.num_train, plan.shuffle_seed)[start:end])
+    return block_positions(plan.num_train, plan.shuffle_seed, plan.block_bounds[rank - 1])
+
+
+def rows_needed(plan: Any, rank: int, cfg: Config, start_round: int) -> np.ndarray:
+    """Every training position worker ``rank`` uses under ``plan`` from ``start_round`` to the end of the run."""
+    return positions_needed(plan.num_train, fixed_positions(plan, rank), cfg.train.epochs, rank, cfg.train.seed,
+                            cfg.data.increment, start_round)
 
 
 def peak_rss_mib() -> float:
@@ -66,6 +90,7 @@ class WorkerData:
         self.source = source
         self.rank = rank
         self.total = plan.num_train
+        self.rounds = cfg.train.epochs
         self.increment = cfg.data.increment
         self.seed = cfg.train.seed
         self.shuffle_seed = plan.shuffle_seed
@@ -79,13 +104,23 @@ class WorkerData:
     def set_blocks(self, block_bounds: list[tuple[int, int]]) -> bool:
         """Rebalancing: adopt re-cut blocks; re-read this worker's rows when its block changed."""
         self.block_sizes = [end - start for start, end in block_bounds]
-        start, end = block_bounds[self.rank - 1]
-        fixed = np.sort(shuffled_order(self.total, self.shuffle_seed)[start:end])
+        fixed = block_positions(self.total, self.shuffle_seed, block_bounds[self.rank - 1])
         if np.array_equal(fixed, self.fixed):
             return False
         self.fixed = fixed
         self.fixed_x, self.fixed_y = self.source.read(fixed)
         return True
+
+    def take_rows(self, arrived: HeldRows, block_bounds: list[tuple[int, int]], round_index: int) -> None:
+        """Scatter after a re-cut: hold the rows that came, and drop those not used from ``round_index`` on.
+
+        Call before :meth:`set_blocks`, which then reads the new block from the merged rows.
+        """
+        fixed = block_positions(self.total, self.shuffle_seed, block_bounds[self.rank - 1])
+        keep = positions_needed(self.total, fixed, self.rounds, self.rank, self.seed, self.increment, round_index)
+        self.source = self.source.merged(arrived, keep)
+        get_logger().debug("round %d: received %d training rows, now holding %d (%.1f MiB)", round_index,
+                           len(arrived.positions), len(keep), self.source.x.nbytes / 2**20)
 
     def round_total(self, round_index: int) -> int:
         """Samples all workers train on in ``round_index`` (the weighted average's denominator)."""
@@ -113,8 +148,7 @@ def scatter_rows(transport: Any, cfg: Config, dataset: Dataset, plan: Any) -> No
     validation rows travel too.
     """
     for rank in range(1, transport.size):
-        positions = positions_needed(plan.num_train, fixed_positions(plan, rank), cfg.train.epochs, rank,
-                                     cfg.train.seed, cfg.data.increment)
+        positions = rows_needed(plan, rank, cfg, plan.start_round)
         x, y = dataset.train.read(positions)
         arrays = [positions, x, y]
         if _sends_validation(cfg):
@@ -135,6 +169,42 @@ def receive_rows(transport: Any, cfg: Config) -> tuple[HeldRows, Dataset]:
     else:
         x_val, y_val = np.empty((0, *input_shape), np.float32), np.empty(0, np.int32)
     return HeldRows(positions, x, y), validation_only(name, x_val, y_val, input_shape, num_classes)
+
+
+class ScatterLedger:
+    """Scheduler side of scatter with rebalancing: the training positions each worker holds.
+
+    It starts from what :func:`scatter_rows` sent. After a re-cut, a worker needs
+    its new block and the draws made from it, from the next round to the end of
+    the run; it is sent only what it lacks and drops the rest, so afterwards it
+    holds exactly what it needs and the ledger says so.
+    """
+
+    def __init__(self, cfg: Config, plan: Any, workers: list[int]) -> None:
+        self.cfg = cfg
+        self.held = {rank: rows_needed(plan, rank, cfg, plan.start_round) for rank in workers}
+
+    def recut(self, plan: Any, start_round: int) -> dict[int, np.ndarray]:
+        """The positions each worker must receive to train on ``plan``'s blocks from ``start_round`` on."""
+        moved = {}
+        for rank, held in self.held.items():
+            needed = rows_needed(plan, rank, self.cfg, start_round)
+            moved[rank] = np.setdiff1d(needed, held, assume_unique=True)
+            self.held[rank] = needed
+        return moved
+
+
+def send_moved_rows(transport: Any, dataset: Dataset, rank: int, positions: np.ndarray,
+                    timeout: float | None = None) -> int:
+    """Send worker ``rank`` the training rows at ``positions``; returns the bytes of the three arrays."""
+    x, y = dataset.train.read(positions)
+    for array in (positions, x, y):
+        transport.send_large_array(array, rank, timeout=timeout)
+    return positions.nbytes + x.nbytes + y.nbytes
+
+
+def receive_moved_rows(transport: Any) -> HeldRows:
+    return HeldRows(*(transport.recv_large_array(0) for _ in range(3)))
 
 
 def place_data(transport: Any, cfg: Config, dataset: Dataset | None,
