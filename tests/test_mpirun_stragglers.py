@@ -76,15 +76,20 @@ def test_ssp_bounds_staleness_and_uses_it_with_a_slow_worker(tmp_path):
     assert "staleness 1" in (run_dir / "train.log").read_text()
 
 
+def run_ssp_with_slow_rank_2(run_dir, *overrides: str) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """Four SSP rounds on digits with worker rank 2 slowed; its rounds.csv and updates.csv rows."""
+    sets = [item for override in ("train.epochs=4", *overrides) for item in ("--set", override)]
+    result = run_mpi(3, ["train", "configs/quickstart.toml", *sets, *SLOW_RANK_2], run_dir)
+    assert result.returncode == 0, result.output
+    return result.rounds(), read_csv(run_dir / "updates.csv")
+
+
 def test_ssp_best_elects_each_windows_top_scoring_update_and_keeps_its_weights(tmp_path):
     run_dir = tmp_path / "best"
     # monitor = val_accuracy makes the scheduler score the weights it kept on the validation split the
     # workers scored on, so each round's val_* are measured on the elected model, not copied from a report
-    result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", "train.epochs=4",
-                         "--set", "aggregation.ssp=1", "--set", "aggregation.method=best",
-                         "--set", "early_stopping.monitor=val_accuracy", *SLOW_RANK_2], run_dir)
-    assert result.returncode == 0, result.output
-    rounds, updates = result.rounds(), read_csv(run_dir / "updates.csv")
+    rounds, updates = run_ssp_with_slow_rank_2(run_dir, "aggregation.ssp=1", "aggregation.method=best",
+                                               "early_stopping.monitor=val_accuracy")
     assert [int(r["round"]) for r in rounds] == [0, 1, 2, 3] and len(updates) == 4 * 2
     assert all(u["share"] == "nan" for u in updates)  # best merges no delta: the winner replaces the model
     assert all(0.0 <= float(u["val_accuracy"]) <= 1.0 for u in updates)  # every update was scored
@@ -102,11 +107,8 @@ def test_ssp_best_elects_each_windows_top_scoring_update_and_keeps_its_weights(t
 
 def test_ssp_staleness_damping_divides_each_updates_share_by_one_plus_its_staleness(tmp_path):
     run_dir = tmp_path / "damped"
-    result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", "train.epochs=4",
-                         "--set", "aggregation.ssp=2", "--set", "aggregation.method=weighted",
-                         "--set", "aggregation.staleness_damping=true", *SLOW_RANK_2], run_dir)
-    assert result.returncode == 0, result.output
-    rounds, updates = result.rounds(), read_csv(run_dir / "updates.csv")
+    rounds, updates = run_ssp_with_slow_rank_2(run_dir, "aggregation.ssp=2", "aggregation.method=weighted",
+                                               "aggregation.staleness_damping=true")
     assert len(rounds) == 4 and len(updates) == 4 * 2
     staleness = [int(u["staleness"]) for u in updates]
     assert 0 in staleness and 0 < max(staleness) <= 2, updates
