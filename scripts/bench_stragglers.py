@@ -9,8 +9,9 @@ other runs get up to twice the rounds and are ended as soon as they reach the
 target. For each run it prints the wall time to reach the target (in total,
 and counted after round 0, which is dominated by one-time graph tracing),
 those times as ratios of BSP's, the mean straggler idle fraction of rounds
->= 2 and the largest staleness seen. ``--write FILE`` appends the table and the command to FILE
-under ``## Stragglers``, replacing an earlier copy of that section.
+>= 2 and the largest staleness seen. ``--write FILE`` puts the table and the command in FILE
+under ``## Stragglers``, in a subsection named after the command: an earlier run of the same
+command is replaced, the rest of the section is kept.
 
     python scripts/bench_stragglers.py --write docs/benchmarks.md
 
@@ -212,13 +213,26 @@ def table(outcomes: list[Outcome], target: float) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, body: str) -> None:
+def write_section(path: Path, heading: str, body: str) -> None:
+    """Put ``heading`` + ``body`` under ``## Stragglers`` in ``path``.
+
+    A subsection with the same heading (an earlier run of the same command) is
+    replaced; the rest of the section, written by hand, is kept.
+    """
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if SECTION in text:
-        head, _, rest = text.partition(SECTION)
-        following = rest.find("\n## ")
-        text = head + (rest[following + 1:] if following >= 0 else "")
-    path.write_text(text.rstrip("\n") + "\n\n" + body.rstrip("\n") + "\n")
+    if SECTION not in text:
+        text = text.rstrip("\n") + f"\n\n{SECTION}\n"
+    head, _, rest = text.partition(SECTION)
+    section_end = rest.find("\n## ")
+    section, tail = (rest, "") if section_end < 0 else (rest[:section_end + 1], rest[section_end + 1:])
+    block = f"{heading}\n\n{body.strip()}\n"
+    if heading in section:
+        before, _, after = section.partition(heading)
+        following = after.find("\n### ")
+        section = before + block + ("\n" + after[following + 1:] if following >= 0 else "")
+    else:
+        section = section.rstrip("\n") + "\n\n" + block
+    path.write_text(head + SECTION + section.rstrip("\n") + "\n" + ("\n" + tail if tail else ""))
 
 
 def main() -> int:
@@ -253,9 +267,9 @@ def main() -> int:
     print(result)
     if args.write:
         command = "python scripts/bench_stragglers.py " + shlex.join(sys.argv[1:])
-        body = (f"{SECTION}\n\nMeasured on {os.cpu_count()} cores ({time.strftime('%Y-%m-%d')}). "
+        body = (f"Measured on {os.cpu_count()} cores ({time.strftime('%Y-%m-%d')}). "
                 f"{heading}.\n\n{result}\n\nReproduce with:\n\n    {command}\n")
-        write_section(Path(args.write), body)
+        write_section(Path(args.write), f"### Output of `{command}`", body)
     return 0
 
 
