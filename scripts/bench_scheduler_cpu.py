@@ -3,7 +3,7 @@
 Runs the same job twice, side by side, and prints the scheduler's CPU use during its waits as a
 fraction of one core (process CPU time / wall time spent waiting), plus the job's wall time.
 
-    .venv/bin/python scripts/bench_scheduler_cpu.py [--rounds 6] [--ranks 3]
+    .venv/bin/python scripts/bench_scheduler_cpu.py [--rounds 6] [--ranks 3] [--set aggregation.ssp=1]
 """
 
 from __future__ import annotations
@@ -20,13 +20,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--ranks", type=int, default=3)
     parser.add_argument("--model", default="lenet")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="more config overrides for both runs, e.g. aggregation.ssp=1")
     args = parser.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for mode, interval in (("polling (default)", 0.005), ("blocking MPI waits", 0.0)):
             summary, rounds = run_job(args.ranks, "configs/quickstart.toml",
                                       [f"model.name={args.model}", f"train.epochs={args.rounds}",
-                                       f"comm.poll_interval={interval}"], Path(tmp) / mode.split()[0])
+                                       f"comm.poll_interval={interval}", *args.set], Path(tmp) / mode.split()[0])
             results[mode] = summary
     print(f"{'scheduler wait mode':<22} {'wait s':>8} {'wait CPU s':>11} {'CPU/core':>9} {'job wall s':>11}")
     for mode, s in results.items():
