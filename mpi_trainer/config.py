@@ -315,6 +315,9 @@ class Config:
             raise ConfigError("`data.rebalance` re-cuts blocks between synchronous rounds and needs "
                               f"aggregation.ssp = 0. Received: data.rebalance=True with "
                               f"aggregation.ssp={self.aggregation.ssp}")
+        if self.data.rebalance and self.debug.async_engine:
+            raise ConfigError("`data.rebalance` re-cuts blocks between synchronous rounds, which the SSP engine "
+                              "does not run. Received: data.rebalance=True with debug.async_engine=True")
         if self.aggregation.staleness_damping and (ssp == 0 or self.aggregation.method == "best"):
             raise ConfigError("`aggregation.staleness_damping` scales merged SSP updates, so it needs "
                               "aggregation.ssp > 0 and method 'average' or 'weighted'. Received: "

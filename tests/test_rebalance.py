@@ -169,6 +169,11 @@ def test_synchronous_only_features_are_refused_under_ssp(override, message):
         load_config(None, ["aggregation.ssp=1", override])
 
 
+def test_rebalancing_on_the_ssp_engine_is_refused_even_at_s0():
+    with pytest.raises(ConfigError, match="Received: data.rebalance=True with debug.async_engine=True"):
+        load_config(None, ["data.rebalance=true", "debug.async_engine=true"])
+
+
 @pytest.mark.parametrize("overrides, received", [
     (["aggregation.ssp=0"], "aggregation.ssp=0 and aggregation.method='average'"),
     (["aggregation.ssp=1", "aggregation.method='best'"], "aggregation.ssp=1 and aggregation.method='best'"),
