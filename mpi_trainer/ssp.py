@@ -32,13 +32,14 @@ from mpi_trainer import aggregation
 class StalenessClock:
     """The per-worker clocks and the SSP admission rule."""
 
-    def __init__(self, workers: Sequence[int], staleness_bound: int) -> None:
+    def __init__(self, workers: Sequence[int], staleness_bound: int, start: int = 0) -> None:
+        """``start``: every worker's clock at the beginning (a resumed run starts at its next round)."""
         if staleness_bound < 0:
             raise ValueError(f"staleness_bound must be >= 0. Received: staleness_bound={staleness_bound}")
         if not workers:
             raise ValueError("an SSP clock needs at least one worker")
         self.staleness_bound = staleness_bound
-        self.clocks = {worker: 0 for worker in sorted(workers)}
+        self.clocks = {worker: start for worker in sorted(workers)}
 
     @property
     def slowest(self) -> int:

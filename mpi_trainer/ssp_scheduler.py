@@ -30,7 +30,7 @@ from mpi_trainer.config import Config
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.logs import RoundLog
 from mpi_trainer.messages import UPDATE, JobPlan, Order, Report
-from mpi_trainer.resume import ResumeState
+from mpi_trainer.resume import ResumeState, trim_rounds
 from mpi_trainer.scheduler import Scheduler
 from mpi_trainer.ssp import (
     BestWindow,
@@ -42,6 +42,7 @@ from mpi_trainer.ssp import (
     merge_share,
 )
 
+UPDATES_NAME = "updates.csv"
 UPDATE_FIELDS = ["update", "round", "worker", "clock", "base_version", "version", "staleness",
                  "versions_behind", "share", "samples", "train_seconds", "train_loss", "val_loss", "val_accuracy",
                  "elapsed_seconds"]
@@ -83,14 +84,17 @@ class SSPScheduler(Scheduler):
                  plan: JobPlan, run_dir: Path, hosts: list[str] | None = None,
                  resume: ResumeState | None = None) -> None:
         super().__init__(transport, cfg, dataset, model, plan, run_dir, hosts, resume)
-        self.clock = StalenessClock(self.workers, cfg.aggregation.ssp)
-        self.version = 0
+        # Resumed: clocks go on from the checkpoint's next round (the round a worker's data draw
+        # follows), and update numbers from the updates kept for the rounds already recorded.
+        self.clock = StalenessClock(self.workers, cfg.aggregation.ssp, start=self.start_round)
+        kept = trim_rounds(run_dir / UPDATES_NAME, self.start_round - 1) if resume is not None else []
+        self.version = len(kept)
         self.in_flight: dict[int, InFlight] = {}
         self.dispatched = 0
         self.update_budget = (cfg.train.epochs - self.start_round) * len(self.workers)
         self.best = BestWindow()
         self.window = Window(self.started)
-        self.update_log = RoundLog(run_dir / "updates.csv", UPDATE_FIELDS)
+        self.update_log = RoundLog(run_dir / UPDATES_NAME, UPDATE_FIELDS)
 
     # -- the run ----------------------------------------------------------
     def run(self) -> dict[str, Any]:

@@ -18,7 +18,9 @@ import pytest
 from mpi_trainer.comm import Received
 from mpi_trainer.config import Config, config_from_dict
 from mpi_trainer.data.sources import Dataset, TrainRows
+from mpi_trainer.errors import WorkerFailure
 from mpi_trainer.messages import STOP, UPDATE, JobPlan, Report
+from mpi_trainer.resume import ResumeState, load_resume_state
 from mpi_trainer.ssp_scheduler import SSPScheduler, scheduler_class
 
 
@@ -29,6 +31,8 @@ class FakeWorkers:
     durations: dict[int, float]
     val_accuracy: dict = field(default_factory=dict)  # by worker, or by (worker, clock) for one update
     step: float = 0.01
+    nan_from: dict = field(default_factory=dict)  # worker -> first clock whose weights come back NaN
+    hung: set = field(default_factory=set)  # workers whose updates never come back
     now: float = 0.0
     pending: list = field(default_factory=list)
     results: dict[int, np.ndarray] = field(default_factory=dict)
@@ -55,10 +59,18 @@ class FakeWorkers:
 
     def send_array(self, buf: np.ndarray, dest: int, tag: int = 0) -> None:
         assert self.last_order[dest].kind == UPDATE
+        clock = self.last_order[dest].round
         self.results[dest] = buf + np.float32(self.step * dest)  # each worker learns its own step
-        heapq.heappush(self.pending, (self.now + self.durations[dest], dest, self.last_order[dest].round))
+        if clock >= self.nan_from.get(dest, clock + 1):
+            self.results[dest][:] = np.nan
+        if dest not in self.hung:
+            heapq.heappush(self.pending, (self.now + self.durations[dest], dest, clock))
 
     def recv_object(self, source: int = -1, tag: int = 0, timeout: float | None = None) -> Received:
+        if not self.pending:
+            if timeout is None:
+                raise AssertionError("the scheduler would wait forever for a hung worker")
+            raise TimeoutError
         self.now, worker, clock = heapq.heappop(self.pending)
         report = Report(worker, clock, 10 * worker, 0.5, 0.5, self.durations[worker],
                         val_accuracy=self.val_accuracy.get((worker, clock), self.val_accuracy.get(worker, 0.5)),
@@ -71,7 +83,8 @@ class FakeWorkers:
         return Received(buf, source, buf.nbytes)
 
 
-def make_scheduler(tmp_path: Path, transport: FakeWorkers, **sections) -> SSPScheduler:
+def make_scheduler(tmp_path: Path, transport: FakeWorkers, resume: ResumeState | None = None,
+                   **sections) -> SSPScheduler:
     import keras
 
     keras.utils.set_random_seed(0)
@@ -86,7 +99,7 @@ def make_scheduler(tmp_path: Path, transport: FakeWorkers, **sections) -> SSPSch
     workers = transport.size - 1
     total = sum(10 * w for w in range(1, workers + 1))
     plan = JobPlan(cfg.to_dict(), None, [(0, 1)] * workers, 0, total)
-    return SSPScheduler(transport, cfg, dataset, model, plan, tmp_path)
+    return SSPScheduler(transport, cfg, dataset, model, plan, tmp_path, resume=resume)
 
 
 def read_updates(tmp_path: Path) -> list[dict[str, str]]:
@@ -143,6 +156,44 @@ def test_best_round_row_reports_the_winning_update_when_its_worker_sent_two(tmp_
     assert [(u["worker"], u["clock"], float(u["val_accuracy"])) for u in first] == [("1", "0", 0.6), ("1", "1", 0.8)]
     row = next(csv.DictReader((tmp_path / "rounds.csv").open(newline="")))
     assert row["winner"] == "1" and float(row["val_accuracy"]) == pytest.approx(0.8)
+
+
+def test_resume_goes_on_from_the_checkpoint_and_logs_every_round_and_update_once(tmp_path):
+    sections = {"aggregation": {"ssp": 1, "method": "weighted"}, "checkpoint": {"every": 1}}
+    make_scheduler(tmp_path, FakeWorkers({1: 1.0, 2: 2.0}), train={"epochs": 3}, **sections).run()
+    with (tmp_path / "updates.csv").open("a", newline="") as handle:  # a crash in round 3, after one update
+        csv.writer(handle).writerow([6, 3, 1, 3, 5, 7, 0, 1, 0.25, 10, 1.0, 0.5, "nan", "nan", 9.0])
+    transport = FakeWorkers({1: 1.0, 2: 2.0})
+    cfg = config_from_dict({"train": {"epochs": 6}, "log": {"verbosity": 0}, **sections})
+    resume = load_resume_state(tmp_path, cfg.to_dict())
+    summary = make_scheduler(tmp_path, transport, resume, train={"epochs": 6}, **sections).run()
+    rounds = list(csv.DictReader((tmp_path / "rounds.csv").open(newline="")))
+    updates = read_updates(tmp_path)
+    assert [r["round"] for r in rounds] == [str(r) for r in range(6)] and summary["rounds_completed"] == 6
+    assert [int(u["update"]) for u in updates] == list(range(12))  # numbered on, the torn round's row gone
+    assert [sum(1 for u in updates if u["round"] == str(r)) for r in range(6)] == [2] * 6
+    resumed = [u for u in updates if int(u["round"]) >= 3]
+    assert min(int(u["clock"]) for u in resumed) == 3  # clocks (and the workers' data draws) go on
+    assert max(int(u["staleness"]) for u in resumed) <= 1 and transport.stopped == {1, 2}
+
+
+def test_non_finite_merged_weights_stop_the_run_with_the_best_weights_and_nobody_left_waiting(tmp_path):
+    transport = FakeWorkers({1: 1.0, 2: 1.5}, nan_from={2: 2})
+    scheduler = make_scheduler(tmp_path, transport, aggregation={"ssp": 1})
+    summary = scheduler.run()
+    poisoned = next(u for u in read_updates(tmp_path) if (u["worker"], u["clock"]) == ("2", "2"))
+    # the round holding the first NaN update is not recorded; the rounds before it are
+    assert summary["stop_reason"] == "nan" and summary["rounds_completed"] == int(poisoned["round"]) >= 2
+    assert np.all(np.isfinite(scheduler.global_weights))  # the best round's weights are kept
+    assert summary["final_round"] == summary["best_round"] < int(poisoned["round"])
+    assert transport.stopped == {1, 2} and not transport.pending
+
+
+def test_a_hung_worker_ends_the_run_through_the_watchdog_naming_it(tmp_path):
+    transport = FakeWorkers({1: 1.0, 2: 1.0}, hung={2})
+    scheduler = make_scheduler(tmp_path, transport, aggregation={"ssp": 2}, watchdog={"worker_timeout": 5.0})
+    with pytest.raises(WorkerFailure, match="worker rank 2 on host simulated did not return an update"):
+        scheduler.run()
 
 
 def test_ssp_zero_uses_the_synchronous_engine_unless_forced():
