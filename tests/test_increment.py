@@ -10,7 +10,7 @@ import pytest
 from mpi_trainer.config import ConfigError, IncrementConfig, load_config
 from mpi_trainer.data.increment import draw_extra, extra_count, positions_needed, step_size
 from mpi_trainer.data.partition import block_bounds
-from mpi_trainer.data.placement import HeldRows, WorkerData, fixed_positions
+from mpi_trainer.data.placement import HeldRows, WorkerData, fixed_positions, rows_needed
 
 
 def _cfg(**kwargs) -> IncrementConfig:
@@ -89,3 +89,20 @@ def test_held_rows_refuse_positions_that_were_not_sent():
     np.testing.assert_array_equal(held.read(np.array([4, 9]))[0], np.zeros((2, 2)))
     with pytest.raises(RuntimeError, match="did not send"):
         held.read(np.array([5]))
+
+
+def test_scatter_under_ssp_sends_the_draws_of_a_worker_running_s_updates_ahead():
+    total, workers = 200, 2
+    x = np.arange(total, dtype=np.float32)[:, None] * np.ones((1, 3), np.float32)
+    rows = HeldRows(np.arange(total), x, np.arange(total) % 3)
+    cfg = load_config(None, ["data.increment.enabled=true", "data.increment.load_factor=0.05",
+                             "train.epochs=4", "aggregation.ssp=2"])
+    plan = SimpleNamespace(**vars(_plan(total, workers)), start_round=0)
+    sent = rows_needed(plan, 1, cfg, 0)
+    held = HeldRows(sent, *rows.read(sent))
+    data = WorkerData(held, plan, 1, cfg)
+    last_clock = cfg.train.epochs - 1 + cfg.aggregation.ssp  # the slowest worker at epochs - 1, this one s ahead
+    xs, _ = data.for_round(last_clock)
+    assert len(xs) == total // workers + extra_count(total, total // workers, last_clock, cfg.data.increment)
+    no_ssp = load_config(None, ["data.increment.enabled=true", "data.increment.load_factor=0.05", "train.epochs=4"])
+    assert len(rows_needed(plan, 1, no_ssp, 0)) < len(sent)  # synchronous rounds need no more than epochs

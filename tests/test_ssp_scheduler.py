@@ -124,6 +124,15 @@ def test_engine_keeps_staleness_within_the_bound_and_merges_deltas(tmp_path, bou
     assert transport.stopped == {1, 2, 3} and not transport.pending  # nobody left mid-update
 
 
+def test_a_fast_workers_clock_ends_at_most_s_past_the_last_round(tmp_path):
+    # The data a worker trains on follows its clock, so scatter placement sends draws up to this clock.
+    epochs, bound = 4, 2
+    make_scheduler(tmp_path, FakeWorkers({1: 1.0, 2: 5.0}), aggregation={"ssp": bound},
+                   train={"epochs": epochs}).run()
+    clocks = [int(u["clock"]) for u in read_updates(tmp_path)]
+    assert epochs <= max(clocks) <= epochs - 1 + bound  # past the last round, within the bound
+
+
 def test_early_stop_takes_in_the_updates_in_flight_before_releasing_workers(tmp_path):
     transport = FakeWorkers({1: 1.0, 2: 2.0})
     scheduler = make_scheduler(tmp_path, transport, aggregation={"ssp": 1},

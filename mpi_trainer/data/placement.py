@@ -72,9 +72,19 @@ def fixed_positions(plan: Any, rank: int) -> np.ndarray:
     return block_positions(plan.num_train, plan.shuffle_seed, plan.block_bounds[rank - 1])
 
 
+def data_rounds(cfg: Config) -> int:
+    """How many rounds of data a worker may be asked for: ``train.epochs``, plus ``s`` under SSP.
+
+    Under SSP a worker's data follows its own clock, and a fast worker may run up
+    to ``s`` updates ahead of the slowest one, whose clock is at most ``epochs - 1``
+    while updates are still handed out.
+    """
+    return cfg.train.epochs + cfg.aggregation.ssp
+
+
 def rows_needed(plan: Any, rank: int, cfg: Config, start_round: int) -> np.ndarray:
     """Every training position worker ``rank`` uses under ``plan`` from ``start_round`` to the end of the run."""
-    return positions_needed(plan.num_train, fixed_positions(plan, rank), cfg.train.epochs, rank, cfg.train.seed,
+    return positions_needed(plan.num_train, fixed_positions(plan, rank), data_rounds(cfg), rank, cfg.train.seed,
                             cfg.data.increment, start_round)
 
 
@@ -90,7 +100,7 @@ class WorkerData:
         self.source = source
         self.rank = rank
         self.total = plan.num_train
-        self.rounds = cfg.train.epochs
+        self.rounds = data_rounds(cfg)
         self.increment = cfg.data.increment
         self.seed = cfg.train.seed
         self.shuffle_seed = plan.shuffle_seed
