@@ -205,6 +205,22 @@ def test_a_hung_worker_ends_the_run_through_the_watchdog_naming_it(tmp_path):
         scheduler.run()
 
 
+def test_a_worker_that_does_not_take_its_moved_rows_is_named_by_the_watchdog(tmp_path):
+    # The scheduler's row hand-over after a re-cut under scatter placement (shared by both engines).
+    transport = FakeWorkers({1: 1.0, 2: 1.0})
+    scheduler = make_scheduler(tmp_path, transport, watchdog={"worker_timeout": 5.0})
+
+    def never_taken(array, dest, tag=0, timeout=None):
+        assert timeout == 5.0
+        raise TimeoutError
+
+    transport.send_large_array = never_taken
+    scheduler.moved = {2: np.array([3, 7])}
+    with pytest.raises(WorkerFailure, match="worker rank 2 on host simulated did not take its training rows "
+                                           "for round 4 within watchdog.worker_timeout=5 s"):
+        scheduler.send_moved(2, 4)
+
+
 def test_ssp_zero_uses_the_synchronous_engine_unless_forced():
     from mpi_trainer.scheduler import Scheduler
 
