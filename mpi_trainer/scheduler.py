@@ -32,6 +32,7 @@ from mpi_trainer.early_stopping import EarlyStopping
 from mpi_trainer.errors import WorkerFailure
 from mpi_trainer.logs import RoundLog, get_logger, write_json_atomic
 from mpi_trainer.messages import ROUND, SEND_OPTIMIZER, SEND_WEIGHTS, STOP, JobPlan, Order, Report
+from mpi_trainer.models import evaluate_model
 from mpi_trainer.optimizer_state import ARRAY_PREFIX, assign_states
 from mpi_trainer.rebalance import Rebalancer
 from mpi_trainer.report import format_round_line, format_table
@@ -406,12 +407,10 @@ class Scheduler:
         started = time.perf_counter()
         self.model.set_weights(self.codec.unflatten(self.global_weights))
         batch = max(256, self.cfg.train.batch_size)
-        result = self.model.evaluate(self.dataset.x_test, self.dataset.y_test, batch_size=batch,
-                                     verbose=0, return_dict=True)
-        out = {"test_loss": float(result["loss"]), "test_accuracy": float(result["accuracy"])}
+        result = evaluate_model(self.model, self.dataset.x_test, self.dataset.y_test, batch)
+        out = {"test_loss": result["loss"], "test_accuracy": result["accuracy"]}
         if self.cfg.early_stopping.monitor.startswith("val_") and len(self.dataset.x_val):
-            result = self.model.evaluate(self.dataset.x_val, self.dataset.y_val, batch_size=batch,
-                                         verbose=0, return_dict=True)
+            result = evaluate_model(self.model, self.dataset.x_val, self.dataset.y_val, batch)
             out.update(val_loss=float(result["loss"]), val_accuracy=float(result["accuracy"]))
         return out, time.perf_counter() - started
 

@@ -27,7 +27,7 @@ from mpi_trainer.data.placement import WorkerData, peak_rss_mib, receive_moved_r
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.logs import get_logger
 from mpi_trainer.messages import ROUND, SEND_OPTIMIZER, SEND_WEIGHTS, STOP, UPDATE, JobPlan, Order, Report
-from mpi_trainer.models import rebuild_model
+from mpi_trainer.models import evaluate_model, rebuild_model
 from mpi_trainer.optimizer_state import ensure_built, load_state_vector, state_vector
 from mpi_trainer.slowdown import make_slowdown
 from mpi_trainer.stop_at_step import steps_per_round
@@ -167,7 +167,7 @@ class Worker:
     def score(self, report: Report) -> None:
         """Best-of election: score this round's weights on the shared validation split."""
         started = time.perf_counter()
-        result = self.model.evaluate(self.dataset.x_val, self.dataset.y_val, verbose=0,
-                                     batch_size=max(256, self.cfg.train.batch_size), return_dict=True)
+        result = evaluate_model(self.model, self.dataset.x_val, self.dataset.y_val,
+                                max(256, self.cfg.train.batch_size))
         report.val_loss, report.val_accuracy = float(result["loss"]), float(result["accuracy"])
         report.eval_seconds = time.perf_counter() - started

@@ -9,7 +9,7 @@ import pytest
 
 from mpi_trainer.config import ModelConfig
 from mpi_trainer.errors import ConfigError
-from mpi_trainer.models import build_model, rebuild_model
+from mpi_trainer.models import build_model, evaluate_model, rebuild_model
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -57,3 +57,20 @@ def test_bad_model_names_are_config_errors(name, fragment):
     with pytest.raises(ConfigError, match=fragment) as info:
         build_model(ModelConfig(name=name), (4,), 3)
     assert "model.name" in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["mlp", "lenet"])
+def test_evaluate_model_gives_what_keras_evaluate_gives(name):
+    import numpy as np
+
+    model, _ = build_model(ModelConfig(name=name), (8, 8, 1), 10)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(359, 8, 8, 1)).astype("float32"), rng.integers(0, 10, 359)
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0)  # weights that give a non-trivial score
+    expected = model.evaluate(x, y, batch_size=100, verbose=0, return_dict=True)
+    got = evaluate_model(model, x, y, batch_size=100)  # 3 full batches and a partial one
+    assert set(got) == set(expected)
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(float(value), rel=1e-5, abs=1e-6), key
+    with pytest.raises(ValueError, match="empty split"):
+        evaluate_model(model, x[:0], y[:0], batch_size=100)

@@ -145,3 +145,23 @@ def rebuild_model(spec: ModelSpec) -> Any:
     model = keras.models.model_from_json(spec.architecture)
     compile_model(model, spec)
     return model
+
+
+def evaluate_model(model: Any, x: Any, y: Any, batch_size: int) -> dict[str, float]:
+    """Loss and metrics of ``model`` on ``(x, y)``, as ``model.evaluate`` gives them, at a fraction of its cost.
+
+    ``model.evaluate`` sets up a data adapter, callbacks and a progress loop on
+    every call, about 0.1 s, which the scheduler pays every round while the
+    workers wait. ``test_on_batch`` runs the same compiled test step on one
+    batch; the batches' results, weighted by their sizes, are the sample means
+    ``evaluate`` reports.
+    """
+    if len(x) == 0:
+        raise ValueError("cannot evaluate on an empty split")
+    totals: dict[str, float] = {}
+    for start in range(0, len(x), batch_size):
+        stop = min(start + batch_size, len(x))
+        result = model.test_on_batch(x[start:stop], y[start:stop], return_dict=True)
+        for name, value in result.items():
+            totals[name] = totals.get(name, 0.0) + float(value) * (stop - start)
+    return {name: total / len(x) for name, total in totals.items()}
