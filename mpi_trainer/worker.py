@@ -23,12 +23,14 @@ import numpy as np
 from mpi_trainer import aggregation
 from mpi_trainer.comm import TAG_ORDER, TAG_READY, TAG_REPORT, TAG_STATE, Transport
 from mpi_trainer.config import Config
+from mpi_trainer.data.feed import fit_arguments
 from mpi_trainer.data.placement import WorkerData, peak_rss_mib, receive_moved_rows
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.logs import get_logger
 from mpi_trainer.messages import ROUND, SEND_OPTIMIZER, SEND_WEIGHTS, STOP, UPDATE, JobPlan, Order, Report
 from mpi_trainer.models import evaluate_model, rebuild_model
 from mpi_trainer.optimizer_state import ensure_built, load_state_vector, state_vector
+from mpi_trainer.resume import worker_seed
 from mpi_trainer.slowdown import make_slowdown
 from mpi_trainer.stop_at_step import steps_per_round
 from mpi_trainer.weights import WeightCodec
@@ -50,6 +52,7 @@ class Worker:
         self.data = data if data is not None else WorkerData(dataset.train, plan, transport.rank, cfg)
         self.x, self.y = self.data.fixed_x, self.data.fixed_y
         self.slowdown = make_slowdown(cfg.debug, transport.rank)
+        self.shuffle_rng = np.random.default_rng(worker_seed(cfg.train.seed, transport.rank, plan.start_round))
         self.nan_injected = False
 
     def run(self) -> None:
@@ -99,7 +102,8 @@ class Worker:
             x, y = x[rows], y[rows]
         started = time.perf_counter()
         callbacks = [self.slowdown] if self.slowdown is not None else None
-        history = self.model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=True, callbacks=callbacks)
+        history = self.model.fit(**fit_arguments(x, y, batch, self.shuffle_rng), epochs=1, verbose=0,
+                                 callbacks=callbacks)
         metrics = {k: float(v[-1]) for k, v in history.history.items()}
         return metrics, time.perf_counter() - started, steps_per_round(len(x), batch)
 
