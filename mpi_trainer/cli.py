@@ -24,32 +24,59 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--run-dir", help="directory for the run's files (default runs/<config>-<time>)")
     train.add_argument("--resume", action="store_true",
                        help="continue the run in --run-dir from its checkpoint (any number of workers)")
-    from mpi_trainer.launch import add_launch_parser
+    from mpi_trainer.launch.supervisor import add_launch_parser
 
     add_launch_parser(commands, _add_config_args)
+    preflight = commands.add_parser("preflight", help="under the job's mpirun line: check that every rank "
+                                    "reaches the others and reads the data (prints a table)")
+    _add_config_args(preflight)
+    preflight.add_argument("--timeout", type=float, default=30.0,
+                           help="seconds each step may take before the rank is named as failing")
+    preflight.add_argument("--probe-mb", type=float, default=4.0,
+                           help="megabytes sent to each worker and back to time its link to rank 0")
     check = commands.add_parser("check", help="validate a config without MPI (loads data, builds the model)")
     _add_config_args(check)
     check.add_argument("--workers", type=int, help="also check the data splits into this many blocks")
+    report = commands.add_parser("report", help="write a run's plots and print its per-round table "
+                                 "(works on a run still going or cut short)")
+    report.add_argument("run_dir", help="the run directory (--run-dir of train)")
+    report.add_argument("--no-plots", dest="plots", action="store_false", help="the table only, no PNGs")
     return parser
 
 
+def run_report(run_dir: str, plots: bool) -> int:
+    from mpi_trainer.reporting.report import make_report
+
+    result = make_report(run_dir, plots)
+    print(result.text, end="")
+    for name in result.plots:
+        print(f"plot: {result.png(name)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    from mpi_trainer.job import quiet_backend, report_error
+    from mpi_trainer.launch.job import quiet_backend, report_error
 
     args = build_parser().parse_args(argv)
     quiet_backend()
     try:
+        if args.command == "report":
+            return run_report(args.run_dir, args.plots)
         if args.command == "train":
-            from mpi_trainer.job import train
+            from mpi_trainer.launch.job import train
 
             return train(args.config, args.overrides, args.run_dir, args.resume)
+        if args.command == "preflight":
+            from mpi_trainer.launch.preflight import preflight
+
+            return preflight(args.config, args.overrides, args.timeout, args.probe_mb)
         cfg = load_config(args.config, args.overrides)
         if args.command == "launch":
-            from mpi_trainer.launch import launch
+            from mpi_trainer.launch.supervisor import launch
 
             return launch(args, cfg)
         if args.command == "check":
-            from mpi_trainer.job import check
+            from mpi_trainer.launch.job import check
 
             print(f"{args.config}: OK: {check(cfg, args.workers)}")
             print(cfg.to_toml(), end="")

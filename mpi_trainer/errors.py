@@ -1,4 +1,8 @@
-"""Exception types raised for bad input, before training starts."""
+"""Exception types raised for bad input, before training starts, and the exit codes they map to."""
+
+# Exit statuses of `mpi_trainer train` (and of mpirun, which passes the first non-zero one on).
+EXIT_INPUT_ERROR = 2  # bad config, data, arguments or run directory: retrying cannot help
+EXIT_WORKER_FAILURE = 3  # a rank stopped answering (watchdog)
 
 
 class InputError(ValueError):

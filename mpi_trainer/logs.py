@@ -1,30 +1,65 @@
-"""Console and file logging tagged with the rank, and the run directory's record files."""
+"""Console and file logging tagged with the rank (rank 0 also logs to the run directory's train.log)."""
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import logging
-import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 LOGGER_NAME = "mpi_trainer"
-_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG}
+# The least log.verbosity at which the console shows a record of this level (warnings always).
+_CONSOLE_VERBOSITY = {logging.DEBUG: 2, logging.INFO: 1}
+
+
+@dataclass
+class ConsoleState:
+    """What the console shows: set once by :func:`setup_logging`, read by its filter and formatter.
+
+    A record may carry ``extra={"verbosity": v}`` (shown from verbosity ``v`` on, whatever its
+    level) and ``extra={"in_bar": True}`` (left off the console while a progress bar shows it).
+    """
+
+    rank: int = 0
+    verbosity: int = 1
+    bar_active: bool = False
+
+
+_console = ConsoleState()
+
+
+def console_state() -> ConsoleState:
+    return _console
+
+
+class _ConsoleFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _console.bar_active and getattr(record, "in_bar", False):
+            return False
+        needed = getattr(record, "verbosity", _CONSOLE_VERBOSITY.get(record.levelno, 0))
+        if _console.rank != 0 and record.levelno < logging.WARNING:
+            needed = max(needed, 2)  # workers speak at verbosity 2 only
+        return _console.verbosity >= needed
+
+
+class _ConsoleFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        # A progress bar owns the last console line: clear it so the record does not run into it.
+        return "\r\x1b[K" + text if _console.bar_active else text
 
 
 def setup_logging(rank: int, size: int, host: str, verbosity: int) -> logging.Logger:
-    """Timestamped console log; workers speak at verbosity 2 only, rank 0 from 1."""
+    """Timestamped console log filtered by log.verbosity; workers speak at verbosity 2 only."""
+    global _console
+    _console = ConsoleState(rank, verbosity)
     logger = logging.getLogger(LOGGER_NAME)
     logger.handlers.clear()
     logger.propagate = False
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter(
+    handler.setFormatter(_ConsoleFormatter(
         f"%(asctime)s [rank {rank}/{size} {host}] %(levelname)s %(message)s", "%H:%M:%S"))
-    level = _LEVELS[verbosity] if rank == 0 else (logging.DEBUG if verbosity >= 2 else logging.WARNING)
-    handler.setLevel(level)
+    handler.addFilter(_ConsoleFilter())
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)
     return logger
@@ -41,87 +76,3 @@ def add_log_file(path: Path) -> None:
 
 def get_logger() -> logging.Logger:
     return logging.getLogger(LOGGER_NAME)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so a reader sees the old or the new file, never half of one."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    write_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
-
-
-class RoundLog:
-    """``rounds.csv``: header fixed at the first row, one row per round, flushed and synced."""
-
-    def __init__(self, path: Path, fieldnames: list[str]) -> None:
-        self.path = path
-        self.fieldnames = fieldnames
-        is_new = not path.exists() or path.stat().st_size == 0
-        if not is_new:
-            self._adopt_columns()
-        self._handle = path.open("a", newline="", encoding="utf-8")
-        self._writer = csv.DictWriter(self._handle, fieldnames=self.fieldnames, extrasaction="raise")
-        if is_new:
-            self._writer.writeheader()
-            self._sync()
-
-    def _adopt_columns(self) -> None:
-        """A resumed run's file written with other columns: rewrite it (atomically) to match.
-
-        Columns that are new get empty cells in the earlier rows; columns only
-        the file has are kept, after ours, empty in new rows. Appending rows of
-        another width would leave a file that no CSV reader can take.
-        """
-        with self.path.open(newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            existing = list(reader.fieldnames or [])
-            if existing == self.fieldnames:
-                return
-            rows = list(reader)
-        self.fieldnames = self.fieldnames + [c for c in existing if c not in self.fieldnames]
-        buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=self.fieldnames, restval="")
-        writer.writeheader()
-        writer.writerows(rows)
-        write_atomic(self.path, buffer.getvalue())
-
-    def _sync(self) -> None:
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
-
-    def write(self, row: dict[str, Any]) -> None:
-        unknown = set(row) - set(self.fieldnames)
-        if unknown:
-            raise ValueError(f"rounds.csv has no columns {sorted(unknown)}; columns: {self.fieldnames}")
-        self._writer.writerow({k: _fmt(row.get(k, "")) for k in self.fieldnames})
-        self._sync()
-
-    def close(self) -> None:
-        self._handle.close()
-
-
-def _fmt(value: Any) -> Any:
-    if isinstance(value, float):
-        return f"{value:.10g}"
-    return value
-
-
-def read_rounds(path: Path) -> list[dict[str, str]]:
-    with Path(path).open(newline="", encoding="utf-8") as handle:
-        return list(csv.DictReader(handle))

@@ -23,9 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from mpi_trainer.logs import read_rounds
-from mpi_trainer.mpirun import mpirun_command
-from mpi_trainer.mpirun import rank_pid as find_rank_pid
+from mpi_trainer.launch.mpirun import mpirun_command
+from mpi_trainer.launch.mpirun import rank_pid as find_rank_pid
+from mpi_trainer.persistence.run_files import read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}

@@ -29,7 +29,7 @@ from mpi_trainer.config import DebugConfig, load_config  # noqa: E402
 from mpi_trainer.data.feed import fit_arguments  # noqa: E402
 from mpi_trainer.data.sources import load_dataset  # noqa: E402
 from mpi_trainer.models import build_model  # noqa: E402
-from mpi_trainer.slowdown import make_slowdown  # noqa: E402
+from mpi_trainer.worker.slowdown import make_slowdown  # noqa: E402
 
 
 def main() -> int:

@@ -25,7 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mpi_trainer.mpirun import mpirun_command  # noqa: E402
+from mpi_trainer.launch.mpirun import mpirun_command  # noqa: E402
 
 SAMPLE_SHAPE = (32, 32, 3)
 RSS_LINE = re.compile(r"\[rank (\d+)/\d+ [^\]]*\] DEBUG stop received; peak RSS ([\d.]+) MiB")

@@ -22,7 +22,7 @@ from benchlib import ROOT, run_job, synthetic_images
 
 PLAIN = r"""
 import json, os, sys, time
-from mpi_trainer.runtime import configure_threads
+from mpi_trainer.launch.runtime import configure_threads
 configure_threads(os.cpu_count())
 import keras
 from mpi_trainer.config import DataConfig, ModelConfig

@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mpi_trainer.mpirun import mpirun_command  # noqa: E402
+from mpi_trainer.launch.mpirun import mpirun_command  # noqa: E402
 
 SECTION = "## Stragglers"
 

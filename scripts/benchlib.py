@@ -12,16 +12,17 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mpi_trainer.logs import read_rounds  # noqa: E402
-from mpi_trainer.mpirun import mpirun_command  # noqa: E402
+from mpi_trainer.launch.mpirun import mpirun_command  # noqa: E402
+from mpi_trainer.persistence.run_files import read_rounds  # noqa: E402
 
 
-def run_job(ranks: int, config: str, overrides: list[str], run_dir: Path) -> tuple[dict, list[dict]]:
-    """Run one training job under mpirun; return its summary and rounds."""
+def run_job(ranks: int, config: str, overrides: list[str], run_dir: Path,
+            mpirun_args: list[str] | None = None) -> tuple[dict, list[dict]]:
+    """Run one training job under mpirun (``mpirun_args``: e.g. simulated hosts); return summary and rounds."""
     args = ["train", config, "--run-dir", str(run_dir)]
     for item in overrides:
         args += ["--set", item]
-    proc = subprocess.run(mpirun_command(ranks, args), cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(mpirun_command(ranks, args, None, mpirun_args), cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"job failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     summary = json.loads((run_dir / "summary.json").read_text())

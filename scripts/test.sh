@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The whole test suite: install into .venv (with the test extras), lint, then pytest.
+# The whole test suite: install into .venv (with the test extras and JAX, whose multi-process test
+# runs here), lint, then pytest.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-source "$ROOT/scripts/setup_env.sh" test
+source "$ROOT/scripts/setup_env.sh" test,jax
 cd "$ROOT"
 "$ROOT/.venv/bin/ruff" check mpi_trainer tests scripts
 exec "$ROOT/.venv/bin/python" -m pytest -q "$@"

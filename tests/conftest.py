@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpi_trainer.logs import read_rounds
-from mpi_trainer.mpirun import mpirun_command
+from mpi_trainer.launch.mpirun import mpirun_command
+from mpi_trainer.persistence.run_files import read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 MPI_TIMEOUT = 240
@@ -38,12 +38,22 @@ def run_mpi(ranks: int, args: list[str], run_dir: Path | None = None, timeout: f
     if run_dir is not None:
         args = [*args, "--run-dir", str(run_dir)]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(extra_env or {})}
+    if extra_env and "PYTHONPATH" in extra_env and os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.pathsep.join([extra_env["PYTHONPATH"], os.environ["PYTHONPATH"]])
     try:
         command = mpirun_command(ranks, args, machinefile, mpirun_args)
         proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"mpirun did not finish within {timeout} s:\n{exc.stdout}\n{exc.stderr}")
     return MpiResult(proc.returncode, proc.stdout + proc.stderr, run_dir or ROOT)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Everything under tests/mpirun/ starts real ``mpirun`` jobs: ``-m "not mpirun"`` skips that tier."""
+    mpirun_dir = Path(__file__).parent / "mpirun"
+    for item in items:
+        if mpirun_dir in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.mpirun)
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ doubles while the pipeline lives: on rounds of a few seconds, about one round
 in ten then ended 1–2 s late, which is idle time for every other worker in a
 synchronous round. The pipeline here does what ``fit`` does (a new random
 order every round, batches of ``batch_size``, the last one partial) with
-autotuning off and a prefetch of one batch. Other backends do not use tf.data
-for arrays and get the arrays as they are.
+autotuning off and a prefetch of one batch. JAX and PyTorch have no tf.data:
+they get the same seeded order as a Keras ``PyDataset`` (:mod:`.batches`).
 """
 
 from __future__ import annotations
@@ -18,16 +18,22 @@ from typing import Any
 import numpy as np
 
 
-def fit_arguments(x: np.ndarray, y: np.ndarray, batch_size: int, rng: np.random.Generator) -> dict[str, Any]:
-    """Keyword arguments for ``model.fit`` that train one epoch over ``(x, y)`` in a random order."""
+def fit_arguments(x: np.ndarray, y: np.ndarray, batch_size: int, rng: np.random.Generator,
+                  backend: str | None = None) -> dict[str, Any]:
+    """Keyword arguments for ``model.fit`` that train one epoch over ``(x, y)`` in a random order.
+
+    ``backend`` defaults to the running Keras backend.
+    """
     import keras
 
-    if keras.backend.backend() != "tensorflow":
-        return {"x": x, "y": y, "batch_size": batch_size, "shuffle": True}
+    order = rng.permutation(len(x))
+    if (backend or keras.backend.backend()) != "tensorflow":
+        from mpi_trainer.data.batches import ShuffledBatches
+
+        return {"x": ShuffledBatches(x, y, batch_size, order), "shuffle": False}
     import tensorflow as tf
 
     features, labels = tf.convert_to_tensor(x), tf.convert_to_tensor(y)
-    order = rng.permutation(len(x))
     dataset = (tf.data.Dataset.from_tensor_slices(order).batch(batch_size)
                .map(lambda rows: (tf.gather(features, rows), tf.gather(labels, rows))).prefetch(1))
     options = tf.data.Options()

@@ -36,6 +36,15 @@ def extra_count(total: int, fixed: int, round_index: int, cfg: IncrementConfig) 
     return min(room, step_size(total, cfg) * (round_index + 1))
 
 
+def round_samples(total: int, block_sizes: list[int], round_index: int, cfg: IncrementConfig) -> int:
+    """Samples all workers train on in ``round_index``: their blocks plus that round's draws.
+
+    The denominator of the ``weighted`` share ``n_w / N_round``, so that the
+    shares of one round sum to 1 with or without increment.
+    """
+    return sum(size + extra_count(total, size, round_index, cfg) for size in block_sizes)
+
+
 def draw_extra(total: int, fixed_positions: np.ndarray, round_index: int, rank: int, seed: int,
                cfg: IncrementConfig) -> np.ndarray:
     """The round's random draw: sorted training positions outside the fixed block."""

@@ -23,10 +23,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from mpi_trainer.comm import TAG_DATA
 from mpi_trainer.config import Config
 from mpi_trainer.data.augmentation import augment, build_augmenter
-from mpi_trainer.data.increment import draw_extra, extra_count, positions_needed, share_line
+from mpi_trainer.data.increment import draw_extra, positions_needed, round_samples, share_line
 from mpi_trainer.data.partition import shuffled_order
 from mpi_trainer.data.sources import Dataset, validation_only
 from mpi_trainer.logs import get_logger
@@ -134,8 +133,7 @@ class WorkerData:
 
     def round_total(self, round_index: int) -> int:
         """Samples all workers train on in ``round_index`` (the weighted average's denominator)."""
-        return sum(size + extra_count(self.total, size, round_index, self.increment)
-                   for size in self.block_sizes)
+        return round_samples(self.total, self.block_sizes, round_index, self.increment)
 
     def for_round(self, round_index: int) -> tuple[np.ndarray, np.ndarray]:
         extra = draw_extra(self.total, self.fixed, round_index, self.rank, self.seed, self.increment)
@@ -148,34 +146,32 @@ class WorkerData:
 
 
 def _sends_validation(cfg: Config) -> bool:
-    return cfg.aggregation.method == "best"  # workers score best-of candidates on it
+    return cfg.aggregation.elects  # workers score best-of candidates on it
 
 
-def scatter_rows(transport: Any, cfg: Config, dataset: Dataset, plan: Any) -> None:
+def scatter_rows(link: Any, cfg: Config, dataset: Dataset, plan: Any) -> None:
     """Scheduler side of ``scatter``: send each worker every training row it will use.
 
     Workers under ``scatter`` never open the source, so best-of election's
-    validation rows travel too.
+    validation rows travel too. ``link`` is the scheduler's end of the protocol.
     """
-    for rank in range(1, transport.size):
+    for rank in link.workers:
         positions = rows_needed(plan, rank, cfg, plan.start_round)
         x, y = dataset.train.read(positions)
         arrays = [positions, x, y]
         if _sends_validation(cfg):
             arrays += [dataset.x_val, dataset.y_val]
-        transport.send_object((dataset.name, dataset.input_shape, dataset.num_classes), rank, TAG_DATA)
-        for array in arrays:
-            transport.send_large_array(array, rank)
+        link.send_split(rank, (dataset.name, dataset.input_shape, dataset.num_classes), arrays)
         get_logger().info("scatter: sent worker rank %d %d training rows%s (%.2f MB)", rank, len(positions),
                           " and the validation split" if _sends_validation(cfg) else "",
                           sum(a.nbytes for a in arrays) / 1e6)
 
 
-def receive_rows(transport: Any, cfg: Config) -> tuple[HeldRows, Dataset]:
-    name, input_shape, num_classes = transport.recv_object(0, TAG_DATA).payload
-    positions, x, y = (transport.recv_large_array(0) for _ in range(3))
+def receive_rows(link: Any, cfg: Config) -> tuple[HeldRows, Dataset]:
+    (name, input_shape, num_classes), arrays = link.recv_split(5 if _sends_validation(cfg) else 3)
+    positions, x, y = arrays[:3]
     if _sends_validation(cfg):
-        x_val, y_val = transport.recv_large_array(0), transport.recv_large_array(0)
+        x_val, y_val = arrays[3:]
     else:
         x_val, y_val = np.empty((0, *input_shape), np.float32), np.empty(0, np.int32)
     return HeldRows(positions, x, y), validation_only(name, x_val, y_val, input_shape, num_classes)
@@ -204,33 +200,26 @@ class ScatterLedger:
         return moved
 
 
-def send_moved_rows(transport: Any, dataset: Dataset, rank: int, positions: np.ndarray,
-                    timeout: float | None = None) -> int:
-    """Send worker ``rank`` the training rows at ``positions``; returns the bytes of the three arrays."""
-    x, y = dataset.train.read(positions)
-    for array in (positions, x, y):
-        transport.send_large_array(array, rank, timeout=timeout)
-    return positions.nbytes + x.nbytes + y.nbytes
+def moved_rows(dataset: Dataset, positions: np.ndarray) -> HeldRows:
+    """The training rows at ``positions``, to send to the worker that now owns them."""
+    return HeldRows(positions, *dataset.train.read(positions))
 
 
-def receive_moved_rows(transport: Any) -> HeldRows:
-    return HeldRows(*(transport.recv_large_array(0) for _ in range(3)))
-
-
-def place_data(transport: Any, cfg: Config, dataset: Dataset | None,
+def place_data(link: Any, rank: int, cfg: Config, dataset: Dataset | None,
                plan: Any) -> tuple[WorkerData | None, Dataset | None]:
     """Give every worker its training rows.
 
-    Returns the worker's :class:`WorkerData` (None on rank 0) and the dataset
-    the rank goes on with: under ``scatter`` a worker loaded none at set-up
-    and gets a validation-only one here.
+    ``link`` is this rank's end of the protocol. Returns the worker's
+    :class:`WorkerData` (None on rank 0) and the dataset the rank goes on with:
+    under ``scatter`` a worker loaded none at set-up and gets a validation-only
+    one here.
     """
     scatter = cfg.data.placement == "scatter"
-    if transport.rank == 0:
+    if rank == 0:
         if scatter:
-            scatter_rows(transport, cfg, dataset, plan)
+            scatter_rows(link, cfg, dataset, plan)
         return None, dataset
     if scatter:
-        held, dataset = receive_rows(transport, cfg)
-        return WorkerData(held, plan, transport.rank, cfg), dataset
-    return WorkerData(dataset.train, plan, transport.rank, cfg), dataset
+        held, dataset = receive_rows(link, cfg)
+        return WorkerData(held, plan, rank, cfg), dataset
+    return WorkerData(dataset.train, plan, rank, cfg), dataset

@@ -19,7 +19,7 @@ from mpi_trainer.errors import ConfigError
 @dataclass
 class ModelSpec:
     architecture: str
-    optimizer: dict[str, Any]
+    optimizer: dict[str, Any] | None  # None under L-BFGS
     loss: Any
     user_module: str | None
 
@@ -47,8 +47,11 @@ def _resolve_builder(cfg: ModelConfig) -> tuple[Any, str | None]:
 
 
 def make_optimizer(cfg: ModelConfig) -> Any:
+    """The Keras optimizer ``model.optimizer`` names; None for 'lbfgs', which runs outside Keras."""
     import keras
 
+    if cfg.uses_lbfgs:
+        return None
     try:
         optimizer = keras.optimizers.get(cfg.optimizer)
     except ValueError:
@@ -101,8 +104,10 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
         optimizer, loss = model.optimizer, model.loss
     else:
         optimizer, loss = make_optimizer(cfg), implied_loss(model, cfg)
-    spec = ModelSpec(model.to_json(), keras.optimizers.serialize(optimizer), _serialise_loss(loss),
-                     user_module)
+    if cfg.uses_lbfgs:
+        optimizer = None  # L-BFGS moves the weights itself; a user model's own optimizer is not used
+    spec = ModelSpec(model.to_json(), None if optimizer is None else keras.optimizers.serialize(optimizer),
+                     _serialise_loss(loss), user_module)
     compile_model(model, spec)
     return model, spec
 
@@ -132,7 +137,9 @@ def compile_model(model: Any, spec: ModelSpec) -> None:
 
     from mpi_trainer.models import losses
 
-    model.compile(optimizer=keras.optimizers.deserialize(spec.optimizer), loss=losses.resolve(spec.loss),
+    # No optimizer (L-BFGS): the model is compiled only for its loss and evaluation.
+    optimizer = None if spec.optimizer is None else keras.optimizers.deserialize(spec.optimizer)
+    model.compile(optimizer=optimizer, loss=losses.resolve(spec.loss),
                   metrics=["accuracy"])
 
 

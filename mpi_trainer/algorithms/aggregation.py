@@ -1,0 +1,90 @@
+"""Aggregation rules, as pure functions over flat float32 weight vectors.
+
+Under synchronous rounds ``average`` and ``weighted`` travel as one MPI
+reduction: each worker multiplies its weights by :func:`contribution_scale`
+before the sum, so the reduced buffer is already the aggregate. ``combine`` is
+the same rule applied in one place. Best-of election ranks candidates with
+:func:`election_key`, in synchronous rounds and SSP windows alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+
+def contribution_scale(method: str, samples: int, total_samples: int, workers: int) -> float:
+    """A worker's share of the aggregate: ``1/W`` (``average``) or ``n_w / N`` (``weighted``).
+
+    ``total_samples`` is what all workers trained on in that round (blocks plus
+    increment draws, :func:`mpi_trainer.data.increment.round_samples`), so the
+    shares of a round sum to 1. Synchronous workers scale their weights by it
+    before the sum-reduction; the SSP engine scales each merged delta by it.
+    """
+    if method == "average":
+        return 1.0 / workers
+    if method == "weighted":
+        if total_samples <= 0:
+            raise ValueError(f"total_samples must be > 0. Received: total_samples={total_samples}")
+        return samples / total_samples
+    raise ValueError(f"method must be 'average' or 'weighted'. Received: method={method!r}")
+
+
+def combine(vectors: Sequence[np.ndarray], samples: Sequence[int], method: str) -> np.ndarray:
+    """Average (``average``) or sample-weighted average (``weighted``) of ``vectors``."""
+    if len(vectors) != len(samples) or not vectors:
+        raise ValueError(f"need one sample count per vector. Received: {len(vectors)} vectors, "
+                         f"{len(samples)} counts")
+    total = int(sum(samples))
+    out = np.zeros_like(vectors[0], dtype=np.float32)
+    for vector, count in zip(vectors, samples):
+        out += np.float32(contribution_scale(method, count, total, len(vectors))) * vector
+    return out
+
+
+def election_key(accuracy: float, loss: float, rank: int, arrival: int = 0) -> tuple[float, float, int, int]:
+    """The one best-of rule, smallest first: highest validation accuracy, then lowest loss, then
+    lowest rank, then (a worker that sent two updates in one SSP window) the earlier one."""
+    return -accuracy, loss, rank, arrival
+
+
+def elect(scores: Mapping[int, tuple[float, float]]) -> int:
+    """Best-of election over one synchronous round: ``scores`` maps rank -> (accuracy, loss).
+
+    Every run elects the same winner from the same scores (:func:`election_key`).
+    """
+    if not scores:
+        raise ValueError("cannot elect a winner from no scores")
+    return min(scores, key=lambda rank: election_key(*scores[rank], rank))
+
+
+class BestWindow:
+    """Best-of under SSP: the best update of each election window (one SSP round) wins.
+
+    Candidates are ranked by :func:`election_key`, as in a synchronous round.
+    Only the leader's weights are kept. The winner becomes the global model
+    when the window closes; workers dispatched in the meantime start from the
+    previous winner.
+    """
+
+    def __init__(self) -> None:
+        self.leader: tuple[float, float, int, int] | None = None
+        self.best_weights: np.ndarray | None = None
+        self.arrivals = 0
+
+    def offer(self, worker: int, val_accuracy: float, val_loss: float, weights: np.ndarray) -> bool:
+        """Consider one update; True when it now leads the window."""
+        key = election_key(val_accuracy, val_loss, worker, self.arrivals)
+        self.arrivals += 1
+        if self.leader is None or key < self.leader:
+            self.leader, self.best_weights = key, weights.copy()
+            return True
+        return False
+
+    def close(self) -> tuple[int, np.ndarray | None]:
+        """The window's winner and its weights; the window starts empty again."""
+        winner = -1 if self.leader is None else self.leader[2]
+        weights = self.best_weights
+        self.leader, self.best_weights, self.arrivals = None, None, 0
+        return winner, weights

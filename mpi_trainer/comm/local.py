@@ -1,0 +1,233 @@
+"""A naive transport: every rank in one process, one thread each, no MPI.
+
+It speaks the same verbs as :class:`~mpi_trainer.comm.transport.Transport`
+(point-to-point messages with tags, broadcast, sum-reduction, set-up
+collectives), so the engines, the round recorder and the worker run unchanged
+on it. That is what makes them testable in one process: a test starts the
+scheduler and its workers as threads of a :class:`LocalWorld` and reads the
+run directory afterwards. Payloads are copied (objects pickled, arrays
+copied), as they would be on a wire, and bytes are counted the same way.
+
+When a rank fails, :meth:`LocalTransport.abort` wakes every waiting rank with
+:class:`RankAborted`, so a failure in one thread never leaves the others
+hanging; a wait with a timeout raises ``TimeoutError`` as MPI waits do.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mpi_trainer.comm.transport import RankAccounting, Received
+
+_ANY = -1
+
+
+class RankAborted(RuntimeError):
+    """Another rank of the local world failed; this one stops waiting."""
+
+
+@dataclass
+class _Message:
+    source: int
+    tag: int
+    payload: Any
+    nbytes: int
+
+
+@dataclass
+class _Collective:
+    """One collective call, matched across ranks by its sequence number."""
+
+    deposits: dict[int, Any] = field(default_factory=dict)
+
+
+class LocalWorld:
+    """``size`` ranks that talk through shared mailboxes under one condition variable."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"a world needs at least one rank. Received: size={size}")
+        self.size = size
+        self.cond = threading.Condition()
+        self.mailboxes: dict[int, list[_Message]] = {rank: [] for rank in range(size)}
+        self.collectives: dict[int, _Collective] = {}
+        self.aborted: str | None = None
+        self._transports = [LocalTransport(self, rank) for rank in range(size)]
+
+    def transports(self) -> list[LocalTransport]:
+        return list(self._transports)
+
+    def wait_for(self, ready: Callable[[], Any], timeout: float | None, what: str, rank: int) -> Any:
+        """Block until ``ready()`` returns something truthy; call with ``cond`` held."""
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        while True:
+            if self.aborted is not None:
+                raise RankAborted(f"rank {rank}: {self.aborted}")
+            result = ready()
+            if result:
+                return result
+            left = None if deadline is None else deadline - time.perf_counter()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"rank {rank} of {self.size} on local: no {what} within {timeout:g} s")
+            self.cond.wait(left)
+
+    def run(self, roles: dict[int, Callable[[], Any]], timeout: float = 300.0) -> dict[int, Any]:
+        """Run each rank's role in its own thread; returns their results, or raises the first failure.
+
+        A role is a callable (e.g. an engine's or a worker's ``run``) built on
+        this world's transports (:meth:`transports`).
+        """
+        transports = self._transports
+        results: dict[int, Any] = {}
+        errors: dict[int, BaseException] = {}
+
+        def play(rank: int) -> None:
+            try:
+                results[rank] = roles[rank]()
+            except BaseException as exc:  # noqa: BLE001 - reported to the caller below
+                errors[rank] = exc
+                transports[rank].abort()
+
+        threads = [threading.Thread(target=play, args=(rank,), name=f"rank-{rank}") for rank in sorted(roles)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout)
+        if any(thread.is_alive() for thread in threads):
+            transports[0].abort()
+            raise TimeoutError(f"the local world did not finish within {timeout:g} s")
+        first = next((errors[r] for r in sorted(errors) if not isinstance(errors[r], RankAborted)), None)
+        if first is not None or errors:
+            raise first or next(iter(errors.values()))
+        return results
+
+
+class LocalTransport(RankAccounting):
+    """One rank's end of a :class:`LocalWorld`, with :class:`~mpi_trainer.comm.transport.Transport`'s verbs."""
+
+    def __init__(self, world: LocalWorld, rank: int) -> None:
+        self.world = world
+        self._start_accounting(rank, world.size, "local")
+        self.max_sleep = 0.0
+        self._sequence = 0  # this rank's count of collective calls, to match them across ranks
+
+    # -- point to point ------------------------------------------------------
+    def _post(self, dest: int, tag: int, payload: Any, nbytes: int) -> None:
+        with self.world.cond:
+            self.world.mailboxes[dest].append(_Message(self.rank, tag, payload, nbytes))
+            self.world.cond.notify_all()
+        self._count(nbytes)
+
+    def _take(self, source: int, tag: int, timeout: float | None) -> _Message:
+        box = self.world.mailboxes[self.rank]
+
+        def first_match() -> _Message | None:
+            for index, message in enumerate(box):
+                if message.tag == tag and source in (_ANY, message.source):
+                    return box.pop(index)
+            return None
+
+        started = time.perf_counter()
+        with self.world.cond:
+            try:
+                return self.world.wait_for(first_match, timeout, f"message (tag {tag})", self.rank)
+            finally:
+                self.wait_wall_seconds += time.perf_counter() - started
+
+    def send_object(self, obj: Any, dest: int, tag: int) -> int:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        self._post(dest, tag, data, len(data))
+        return len(data)
+
+    def recv_object(self, source: int = _ANY, tag: int = 0, timeout: float | None = None) -> Received:
+        message = self._take(source, tag, timeout)
+        return Received(pickle.loads(message.payload), message.source, message.nbytes)
+
+    def send_array(self, buf: np.ndarray, dest: int, tag: int = 0) -> None:
+        self._post(dest, tag, np.array(buf, copy=True), buf.nbytes)
+
+    def recv_array(self, buf: np.ndarray, source: int = _ANY, tag: int = 0,
+                   timeout: float | None = None) -> Received:
+        message = self._take(source, tag, timeout)
+        if message.nbytes != buf.nbytes:
+            raise RuntimeError(f"expected {buf.nbytes} bytes of weights from rank {message.source}, "
+                               f"received {message.nbytes}")
+        buf[...] = message.payload.reshape(buf.shape)
+        return Received(buf, message.source, message.nbytes)
+
+    def send_large_array(self, array: np.ndarray, dest: int, tag: int = 0, timeout: float | None = None) -> None:
+        self._post(dest, tag, np.array(array, copy=True), array.nbytes)
+
+    def recv_large_array(self, source: int, tag: int = 0) -> np.ndarray:
+        return self._take(source, tag, None).payload
+
+    # -- collectives ------------------------------------------------------------
+    def _collective(self) -> _Collective:
+        self._sequence += 1
+        return self.world.collectives.setdefault(self._sequence, _Collective())
+
+    def _gather_at(self, value: Any, timeout: float | None, what: str) -> dict[int, Any]:
+        """Deposit ``value`` and wait until every rank has deposited its own; returns them all."""
+        with self.world.cond:
+            slot = self._collective()
+            slot.deposits[self.rank] = value
+            self.world.cond.notify_all()
+            return self.world.wait_for(lambda: len(slot.deposits) == self.size and slot.deposits,
+                                       timeout, what, self.rank)
+
+    def broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None:
+        with self.world.cond:
+            slot = self._collective()
+            if self.rank == root:
+                slot.deposits[root] = np.array(buf, copy=True)
+                self.world.cond.notify_all()
+                self._count(buf.nbytes * (self.size - 1))
+                return
+            self.world.wait_for(lambda: slot.deposits.get(root) is not None, timeout, "weights broadcast",
+                                self.rank)
+            buf[...] = slot.deposits[root]
+
+    def reduce_sum(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None:
+        if self.rank != root:
+            self._count(buf.nbytes)
+        deposits = self._gather_at(np.array(buf, copy=True), timeout if self.rank == root else None,
+                                   "weights reduction")
+        if self.rank == root:
+            buf[...] = sum(deposits[rank] for rank in sorted(deposits))  # rank order: the same sum every run
+
+    def gather(self, buf: np.ndarray, out: np.ndarray | None = None, root: int = 0,
+               timeout: float | None = None) -> None:
+        if self.rank != root:
+            self._count(buf.nbytes)
+        deposits = self._gather_at(np.array(buf, copy=True), timeout if self.rank == root else None,
+                                   "weights gather")
+        if self.rank == root:
+            out[...] = np.stack([deposits[rank] for rank in range(self.size)])
+
+    def bcast_object(self, obj: Any = None, root: int = 0) -> Any:
+        deposits = self._gather_at(pickle.dumps(obj) if self.rank == root else None, None, "set-up broadcast")
+        if self.rank == root:
+            self._count(len(deposits[root]) * (self.size - 1))
+        return pickle.loads(deposits[root])
+
+    def allgather(self, obj: Any) -> list[Any]:
+        deposits = self._gather_at(pickle.dumps(obj), None, "allgather")
+        return [pickle.loads(deposits[rank]) for rank in range(self.size)]
+
+    def barrier(self) -> None:
+        self._gather_at(True, None, "barrier")
+
+    def node_layout(self) -> tuple[int, list[int]]:
+        return 1, list(range(self.size))
+
+    def abort(self, code: int = 1) -> None:
+        with self.world.cond:
+            self.world.aborted = self.world.aborted or f"rank {self.rank} aborted the job (code {code})"
+            self.world.cond.notify_all()

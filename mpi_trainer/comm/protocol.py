@@ -1,0 +1,266 @@
+"""What the scheduler and the workers say to each other, and in what order.
+
+Separation of concerns: :mod:`~mpi_trainer.comm.transport` moves bytes (and is
+the only module that imports MPI); this module owns the conversation on top of
+it: the message types, their tags, and the order in which they travel. The
+engines and the worker call the verbs of :class:`SchedulerLink` and
+:class:`WorkerLink` and never see a tag.
+
+A synchronous round, as the scheduler sees it::
+
+    send_order(ROUND) to every worker -> [send_rows, when a re-cut moved rows]
+    -> [send_state, when resuming optimizer state] -> await_ready (every worker)
+    -> broadcast_weights -> recv_report (every worker)
+    -> reduce_weights (average, weighted) | request_weights(winner) (best)
+
+An SSP update: ``send_order(UPDATE)`` and ``send_weights`` to one worker; its
+``recv_report`` and ``recv_weights`` come back when it is done. At the end of
+a run: ``send_order(SEND_OPTIMIZER)`` / ``recv_state`` for the checkpoint, then
+``send_order(STOP)``. Reports always travel before weights, so a scheduler
+that times out knows which rank is missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from mpi_trainer.comm.transport import Received
+
+# Below the transport's own hand-shake tags (transport.FIRST_TRANSPORT_TAG and up).
+_TAG_ORDER = 11
+_TAG_REPORT = 12
+_TAG_WEIGHTS = 13
+_TAG_DATA = 14
+_TAG_STATE = 15
+_TAG_READY = 16
+
+
+class OrderKind(str, Enum):
+    ROUND = "round"  # a synchronous round: take the broadcast, train, report, contribute
+    UPDATE = "update"  # SSP: take the weights point to point, train once, send report and weights back
+    SEND_WEIGHTS = "send_weights"  # best-of: the elected worker sends its candidate
+    SEND_OPTIMIZER = "send_optimizer"  # the checkpoint wants the worker's optimizer state
+    STOP = "stop"
+
+    __str__ = str.__str__
+
+
+@dataclass
+class JobPlan:
+    """Broadcast once at set-up: everything a worker needs to start."""
+
+    config: dict[str, Any]
+    model: Any  # models.ModelSpec: the architecture and compile settings
+    block_bounds: list[tuple[int, int]]
+    shuffle_seed: int
+    num_train: int
+    start_round: int = 0
+
+
+@dataclass
+class Order:
+    """Scheduler -> worker. Only ``kind`` is always set; the rest applies to some kinds.
+
+    ``round``: the synchronous round (ROUND). ``clock``/``version``: the SSP
+    update's clock (the round its data follows) and the global version it
+    starts from (UPDATE). With ROUND: ``blocks`` (every worker's ``[start, end)``
+    after a re-cut), ``moved_rows`` (under scatter, that many rows follow the
+    order), ``learning_rate``, ``reset_optimizer`` (after a NaN rollback),
+    ``optimizer_state`` (a resumed state follows the order), ``max_steps`` (the
+    last, partial round under ``train.max_steps``).
+    """
+
+    kind: OrderKind
+    round: int = -1
+    clock: int = -1
+    version: int = -1
+    blocks: list[tuple[int, int]] | None = None
+    moved_rows: int | None = None
+    learning_rate: float | None = None
+    reset_optimizer: bool = False
+    optimizer_state: bool = False
+    max_steps: int | None = None
+
+
+@dataclass
+class Report:
+    """Worker -> scheduler after local training (a round, or an SSP update at ``round`` = its clock)."""
+
+    rank: int
+    round: int
+    samples: int
+    train_loss: float
+    train_accuracy: float
+    train_seconds: float
+    val_loss: float = float("nan")
+    val_accuracy: float = float("nan")
+    eval_seconds: float = 0.0
+    bytes_before_report: int = 0
+    steps: int = 0
+    weights_finite: bool = True
+    # (phase, round, start, end) in time.time() seconds since the last report, for log.timeline
+    phases: list[tuple[str, int, float, float]] = field(default_factory=list)
+
+
+@dataclass
+class Rows:
+    """Training rows by position in the training split (scatter placement)."""
+
+    positions: np.ndarray
+    x: np.ndarray
+    y: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return self.positions.nbytes + self.x.nbytes + self.y.nbytes
+
+
+class SchedulerLink:
+    """Rank 0's side of the conversation. Waits take ``timeout`` (None: forever) and raise TimeoutError."""
+
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+
+    @property
+    def workers(self) -> list[int]:
+        return list(range(1, self.transport.size))
+
+    def take_bytes(self) -> int:
+        return self.transport.take_bytes()
+
+    def send_order(self, worker: int, order: Order) -> None:
+        self.transport.send_object(order, worker, _TAG_ORDER)
+
+    def await_ready(self, timeout_at: Any) -> None:
+        """Every worker's "ready" for the round; ``timeout_at()`` gives the seconds left each time.
+
+        Raises :class:`MissingRanks` naming the workers that did not answer.
+        """
+        ready: set[int] = set()
+        while len(ready) < len(self.workers):
+            try:
+                ready.add(self.transport.recv_object(tag=_TAG_READY, timeout=timeout_at()).source)
+            except TimeoutError:
+                raise MissingRanks(sorted(set(self.workers) - ready)) from None
+
+    def broadcast_weights(self, weights: np.ndarray, timeout: float | None) -> None:
+        self.transport.broadcast(weights, timeout=timeout)
+
+    def recv_report(self, timeout: float | None) -> Received:
+        """The next report from any worker (payload: :class:`Report`)."""
+        return self.transport.recv_object(tag=_TAG_REPORT, timeout=timeout)
+
+    def reduce_weights(self, out: np.ndarray, timeout: float | None) -> None:
+        """The sum of the workers' scaled weights, into ``out`` (zeros on entry)."""
+        self.transport.reduce_sum(out, timeout=timeout)
+
+    def gather_weights(self, rows: np.ndarray, timeout: float | None) -> None:
+        """Every worker's scaled weights in a 16-bit wire format, one row each (row 0 is rank 0's zeros).
+
+        MPI cannot sum 16-bit floats, so they are gathered and summed in float32 by the scheduler.
+        """
+        self.transport.gather(np.zeros_like(rows[0]), rows, timeout=timeout)
+
+    def request_weights(self, worker: int, out: np.ndarray, timeout: float | None) -> Received:
+        """Best-of: the elected worker's candidate weights."""
+        self.send_order(worker, Order(OrderKind.SEND_WEIGHTS))
+        return self.transport.recv_array(out, source=worker, tag=_TAG_WEIGHTS, timeout=timeout)
+
+    def send_weights(self, worker: int, weights: np.ndarray) -> None:
+        self.transport.send_array(weights, worker, _TAG_WEIGHTS)
+
+    def recv_weights(self, worker: int, out: np.ndarray) -> Received:
+        return self.transport.recv_array(out, source=worker, tag=_TAG_WEIGHTS)
+
+    def send_state(self, worker: int, vector: np.ndarray) -> None:
+        self.transport.send_object(vector, worker, _TAG_STATE)
+
+    def request_state(self, worker: int, timeout: float | None) -> Received:
+        """A worker's optimizer state vector, for the checkpoint."""
+        self.send_order(worker, Order(OrderKind.SEND_OPTIMIZER))
+        return self.transport.recv_object(worker, _TAG_STATE, timeout=timeout)
+
+    def send_rows(self, worker: int, rows: Any, timeout: float | None = None) -> int:
+        """Training rows (``positions``, ``x``, ``y``), in chunks below MPI's message limit; returns their bytes."""
+        arrays = (rows.positions, rows.x, rows.y)
+        for array in arrays:
+            self.transport.send_large_array(array, worker, _TAG_DATA, timeout=timeout)
+        return sum(array.nbytes for array in arrays)
+
+    def send_split(self, worker: int, header: tuple, arrays: list[np.ndarray]) -> None:
+        """Scatter at set-up: the dataset's description, then its arrays."""
+        self.transport.send_object(header, worker, _TAG_DATA)
+        for array in arrays:
+            self.transport.send_large_array(array, worker, _TAG_DATA)
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            self.send_order(worker, Order(OrderKind.STOP))
+
+
+class MissingRanks(TimeoutError):
+    """Some ranks did not answer in time; ``missing`` names them (as the transport's timeouts do)."""
+
+    def __init__(self, ranks: list[int]) -> None:
+        super().__init__(f"no answer from ranks {ranks}")
+        self.missing = ranks
+
+
+class WorkerLink:
+    """A worker's side of the conversation (its waits are unbounded: the scheduler's watchdog decides)."""
+
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+
+    @property
+    def rank(self) -> int:
+        return self.transport.rank
+
+    @property
+    def workers(self) -> int:
+        return self.transport.size - 1
+
+    def take_bytes(self) -> int:
+        return self.transport.take_bytes()
+
+    def recv_order(self) -> Order:
+        return self.transport.recv_object(0, _TAG_ORDER).payload
+
+    def send_ready(self, round_index: int) -> None:
+        self.transport.send_object(round_index, 0, _TAG_READY)
+
+    def recv_broadcast(self, out: np.ndarray) -> None:
+        self.transport.broadcast(out)
+
+    def send_report(self, report: Report) -> None:
+        self.transport.send_object(report, 0, _TAG_REPORT)
+
+    def contribute(self, scaled: np.ndarray, gathered: bool = False) -> None:
+        """This worker's scaled weights into the scheduler's sum (``gathered``: a 16-bit wire format)."""
+        if gathered:
+            self.transport.gather(scaled)
+        else:
+            self.transport.reduce_sum(scaled)
+
+    def send_weights(self, weights: np.ndarray) -> None:
+        self.transport.send_array(weights, 0, _TAG_WEIGHTS)
+
+    def recv_weights(self, out: np.ndarray) -> None:
+        self.transport.recv_array(out, source=0, tag=_TAG_WEIGHTS)
+
+    def recv_state(self) -> np.ndarray:
+        return self.transport.recv_object(0, _TAG_STATE).payload
+
+    def send_state(self, vector: np.ndarray) -> None:
+        self.transport.send_object(vector, 0, _TAG_STATE)
+
+    def recv_rows(self) -> Rows:
+        return Rows(*(self.transport.recv_large_array(0, _TAG_DATA) for _ in range(3)))
+
+    def recv_split(self, count: int) -> tuple[tuple, list[np.ndarray]]:
+        header = self.transport.recv_object(0, _TAG_DATA).payload
+        return header, [self.transport.recv_large_array(0, _TAG_DATA) for _ in range(count)]

@@ -1,0 +1,467 @@
+"""The only module that talks MPI.
+
+The scheduler and the workers speak through a handful of verbs on
+:class:`Transport`: small pickled messages between two ranks, flat float32
+buffers broadcast, reduced or sent point to point, and a few set-up
+collectives. Every verb counts the bytes its rank sends.
+
+Waiting and moving are kept apart. A rank blocked in a plain MPI call spins a
+CPU core that the workers need for training, so every *wait for a peer* is a
+non-blocking request polled with short, growing sleeps, and it can time out.
+But Open MPI advances a transfer only inside MPI calls: a bulk transfer polled
+with sleeps stalls between the polls (a 1.85 MB ``MPI_Ireduce`` took 1.1 s
+where a blocking ``MPI_Reduce`` took 0.4 ms). So bulk payloads move only once
+every participant is known to be there, and then with the blocking call:
+
+* collectives (``broadcast``, ``reduce_sum``): each rank sends the root an
+  empty "arrived" message and sleeps until the root answers "proceed", which
+  it does once all have arrived; each confirms with "going", and every rank
+  calls the blocking collective (the root once all have confirmed);
+* point to point, from ``announce_bytes`` on: the sender sends an empty
+  announcement on the payload's tag and sleeps until the receiver answers
+  "clear"; then the sender's blocking send meets the receiver's blocking receive.
+
+These small messages have their own tags (or are empty on the payload's tag,
+which no payload is) and carry no bytes, so they are neither confused with
+other messages nor counted as traffic.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mpi_trainer.errors import EXIT_WORKER_FAILURE
+
+# The transport's own hand-shake tags. Message tags belong to mpi_trainer.comm.protocol, which keeps
+# below FIRST_TRANSPORT_TAG; the transport's verbs take the caller's tag.
+FIRST_TRANSPORT_TAG = 17
+TAG_ARRIVED = 17  # collective readiness: a rank reached the collective (to the root)
+TAG_PROCEED = 18  # collective readiness: every rank arrived (from the root)
+TAG_CLEAR = 19  # point to point: the receiver is ready for an announced payload
+TAG_GOING = 20  # collective readiness: a rank got "proceed" and enters the collective (to the root)
+
+# A blocking transfer held up past the watchdog's timeout ends the job with the
+# watchdog's exit status (mpi_trainer.errors.EXIT_WORKER_FAILURE).
+STUCK_TRANSFER_EXIT = EXIT_WORKER_FAILURE
+
+# MPI counts are C ints: one message carries fewer than 2**31 elements, so data
+# arrays travel as byte chunks of at most 1 GiB.
+MAX_MESSAGE_BYTES = 1 << 30
+
+# Point-to-point payloads from this size on are announced and sent once the
+# receiver is ready. Below it Open MPI sends eagerly (its TCP eager limit is
+# 64 KiB), and the handshake's two extra messages would cost more than they save.
+ANNOUNCE_BYTES = 32 * 1024
+
+# Polling back-off: for the first 200 us a wait polls without pausing (a sleep
+# lasts at least ~60 us on Linux, longer than a readiness message takes, and
+# yielding the core to a busy neighbour costs its whole time slice); then each
+# sleep is a tenth of the time waited so far, from 20 us up to ``max_sleep``. A
+# peer that arrives is noticed at most 10 % late, while a long wait wakes only
+# every ``max_sleep`` (about 1 % of a core).
+_SPIN_SECONDS = 2e-4
+_FIRST_SLEEP = 2e-5
+_SLEEP_FRACTION = 0.1
+DEFAULT_MAX_SLEEP = 0.005
+
+_NOTHING = np.empty(0, np.uint8)  # the payload of the readiness messages
+
+
+@dataclass
+class Received:
+    """A message taken off the wire: its payload, sender and size in bytes."""
+
+    payload: Any
+    source: int
+    nbytes: int
+
+
+def poll_sleep(waited: float, max_sleep: float) -> float:
+    """The next sleep of a wait that has lasted ``waited`` seconds (0: poll again at once)."""
+    if waited < _SPIN_SECONDS:
+        return 0.0
+    return min(max(_FIRST_SLEEP, waited * _SLEEP_FRACTION), max(max_sleep, _FIRST_SLEEP))
+
+
+class TransportTimeout(TimeoutError):
+    """A wait for peers ran out of time; ``missing`` names the ranks that never arrived."""
+
+    def __init__(self, message: str, missing: list[int]) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+class RankAccounting:
+    """What every transport keeps for its rank: who it is, the bytes it sent, the time it waited.
+
+    Shared by :class:`Transport` and the in-process
+    :class:`~mpi_trainer.comm.local.LocalTransport`, so both count alike.
+    """
+
+    def _start_accounting(self, rank: int, size: int, host: str) -> None:
+        self.rank, self.size, self.host = rank, size, host
+        self.bytes_sent = 0
+        self.total_bytes_sent = 0
+        self.wait_wall_seconds = 0.0
+        self.wait_cpu_seconds = 0.0
+
+    @property
+    def workers(self) -> int:
+        return self.size - 1
+
+    def describe(self) -> str:
+        return f"rank {self.rank} of {self.size} on {self.host}"
+
+    def _count(self, nbytes: int) -> None:
+        self.bytes_sent += nbytes
+        self.total_bytes_sent += nbytes
+
+    def take_bytes(self) -> int:
+        """Bytes this rank sent since the previous call."""
+        sent, self.bytes_sent = self.bytes_sent, 0
+        return sent
+
+
+class Transport(RankAccounting):
+    """MPI verbs for one rank, with byte counters and non-spinning waits.
+
+    ``max_sleep = 0`` turns every wait into a plain blocking MPI call (no
+    readiness messages); it is kept for the benchmark that shows what the
+    polling saves. ``timeout`` bounds the wait for peers to arrive; once all
+    have, the transfer runs at the blocking call's speed.
+    """
+
+    def __init__(self, comm: Any = None, max_sleep: float = DEFAULT_MAX_SLEEP) -> None:
+        from mpi4py import MPI
+
+        self._mpi = MPI
+        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        self._start_accounting(self.comm.Get_rank(), self.comm.Get_size(), MPI.Get_processor_name())
+        self.max_sleep = max_sleep
+        self.max_message_bytes = MAX_MESSAGE_BYTES
+        self.announce_bytes = ANNOUNCE_BYTES
+
+    @contextmanager
+    def _timed(self) -> Iterator[None]:
+        """Add the wall and CPU time of the block to this rank's time in the transport."""
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self.wait_wall_seconds += time.perf_counter() - wall0
+            self.wait_cpu_seconds += time.process_time() - cpu0
+
+    @contextmanager
+    def _bulk(self, timeout: float | None, what: str) -> Iterator[None]:
+        """Time a blocking transfer that every peer has entered; past ``timeout``, end the job.
+
+        A blocking MPI call cannot time out, and a peer stopped inside it would
+        hold this rank for ever, so a timer names the transfer and aborts.
+        """
+        guard = None
+        if timeout is not None and self._mpi.Query_thread() >= self._mpi.THREAD_MULTIPLE:
+            guard = threading.Timer(timeout, self._abort_stuck, (what, timeout))
+            guard.daemon = True
+            guard.start()
+        try:
+            with self._timed():
+                yield
+        finally:
+            if guard is not None:
+                guard.cancel()
+
+    def _abort_stuck(self, what: str, timeout: float) -> None:
+        sys.stderr.write(f"mpi_trainer: error: {self.describe()}: the {what} did not complete within "
+                         f"{timeout:g} s of every rank entering it (a peer stopped inside it); ending the job\n")
+        sys.stderr.flush()
+        self.abort(STUCK_TRANSFER_EXIT)
+
+    # -- waiting ----------------------------------------------------------
+    def _blocking(self, timeout: float | None) -> bool:
+        return self.max_sleep <= 0 and timeout is None
+
+    def _poll(self, ready: Callable[[], bool], timeout: float | None, what: str,
+              missing: Callable[[], list[int]] = list) -> None:
+        """Call ``ready()`` with growing sleeps until it is true; TransportTimeout after ``timeout``."""
+        with self._timed():
+            started = time.perf_counter()
+            while not ready():
+                waited = time.perf_counter() - started
+                if timeout is not None and waited > timeout:
+                    raise self._timeout(what, timeout, missing())
+                pause = poll_sleep(waited, self.max_sleep)
+                if pause:
+                    time.sleep(pause)
+
+    def _timeout(self, what: str, timeout: float, missing: list[int]) -> TransportTimeout:
+        named = ""
+        if missing:
+            named = f" (waiting for rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))})"
+        return TransportTimeout(f"{self.describe()}: no {what} within {timeout:g} s{named}", missing)
+
+    def _wait(self, request: Any, what: str = "completion", timeout: float | None = None) -> None:
+        if self._blocking(timeout):
+            with self._timed():
+                request.Wait()
+            return
+        self._poll(request.Test, timeout, what)
+
+    def _wait_for_peer(self, peer: int, tag: int, timeout: float | None, what: str) -> None:
+        """Sleep until an empty message arrives from ``peer`` on ``tag``.
+
+        A receive still pending at the timeout is cancelled, so that a late
+        message cannot complete it behind the caller's back.
+        """
+        request = self.comm.Irecv([_NOTHING, self._mpi.BYTE], peer, tag)
+        if self._blocking(timeout):
+            with self._timed():
+                request.Wait()
+            return
+        try:
+            self._poll(request.Test, timeout, what, lambda: [peer])
+        except TimeoutError:
+            request.Cancel()
+            request.Wait()
+            raise
+
+    def _probe(self, source: int, tag: int, timeout: float | None) -> Any:
+        status = self._mpi.Status()
+        what = f"message (tag {tag}) from {'any rank' if source < 0 else f'rank {source}'}"
+        if self._blocking(timeout):
+            with self._timed():
+                self.comm.Probe(source, tag, status)
+        else:
+            self._poll(lambda: self.comm.Iprobe(source, tag, status), timeout, what,
+                       lambda: [] if source < 0 else [source])
+        return status
+
+    # -- readiness ----------------------------------------------------------
+    def _send_nothing(self, dest: int, tag: int) -> None:
+        """An empty message: MPI sends it eagerly, so the request is complete when posted."""
+        self.comm.Isend([_NOTHING, self._mpi.BYTE], dest, tag).Wait()
+
+    def _gather_nothing(self, others: set[int], tag: int, timeout: float | None, what: str) -> None:
+        """Root: sleep until every rank in ``others`` has sent it an empty message on ``tag``."""
+        heard: set[int] = set()
+        status = self._mpi.Status()
+
+        def everyone() -> bool:
+            while len(heard) < len(others) and self.comm.Iprobe(self._mpi.ANY_SOURCE, tag, status):
+                self.comm.Recv([_NOTHING, self._mpi.BYTE], status.Get_source(), tag)
+                heard.add(status.Get_source())
+            return len(heard) == len(others)
+
+        self._poll(everyone, timeout, what, lambda: sorted(others - heard))
+
+    def _rendezvous(self, root: int, timeout: float | None, what: str) -> None:
+        """Return once every rank of the communicator is at this collective, ready to move the payload.
+
+        Three steps, each rank's waits sleeping: all tell the root they arrived; the
+        root tells all to proceed; all confirm. The root enters the blocking collective
+        only after the confirmations, so a rank stopped while it waited (a fast worker
+        waiting for a slow one) is named by the timeout instead of hanging the root.
+        """
+        if self._blocking(timeout) or self.size == 1:
+            return
+        if self.rank != root:
+            self._send_nothing(root, TAG_ARRIVED)
+            self._wait_for_peer(root, TAG_PROCEED, timeout, what)
+            self._send_nothing(root, TAG_GOING)
+            return
+        others = set(range(self.size)) - {root}
+        self._gather_nothing(others, TAG_ARRIVED, timeout, what)
+        for rank in sorted(others):
+            self._send_nothing(rank, TAG_PROCEED)
+        self._gather_nothing(others, TAG_GOING, timeout, what)
+
+    def _announce(self, dest: int, tag: int, timeout: float | None, what: str) -> None:
+        """Sender: tell ``dest`` a large payload is coming on ``tag``; sleep until it is ready for it."""
+        if self._blocking(timeout):
+            return
+        self._send_nothing(dest, tag)
+        self._wait_for_peer(dest, TAG_CLEAR, timeout, what)
+
+    def _accept(self, status: Any, tag: int, timeout: float | None) -> Any:
+        """Receiver: take the announcement ``status`` describes, clear the sender, probe the payload.
+
+        The payload follows within one of the sender's polling sleeps; the probe
+        still sleeps and times out, for a sender stopped before it sent.
+        """
+        sender = status.Get_source()
+        self.comm.Recv([_NOTHING, self._mpi.BYTE], sender, tag)
+        self._send_nothing(sender, TAG_CLEAR)
+        return self._probe(sender, tag, timeout)
+
+    def _receive_status(self, source: int, tag: int, timeout: float | None, expected: int = -1) -> Any:
+        """The status of the next payload on ``tag``, after accepting an announcement if one comes first."""
+        status = self._probe(source, tag, timeout)
+        if status.Get_count(self._mpi.BYTE) == 0 and expected != 0:
+            status = self._accept(status, tag, timeout)
+        return status
+
+    # -- small objects ----------------------------------------------------
+    def send_object(self, obj: Any, dest: int, tag: int, timeout: float | None = None) -> int:
+        """Send a picklable object; a large one (an optimizer state) is announced first."""
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        if len(data) >= self.announce_bytes:
+            self._announce(dest, tag, timeout, f"receiver for a {len(data)}-byte object")
+            with self._bulk(timeout, "object send"):
+                self.comm.Send([data, self._mpi.BYTE], dest, tag)
+        else:
+            self._wait(self.comm.Isend([data, self._mpi.BYTE], dest, tag))
+        self._count(len(data))
+        return len(data)
+
+    def recv_object(self, source: int = -1, tag: int = 0, timeout: float | None = None) -> Received:
+        source = self._mpi.ANY_SOURCE if source < 0 else source
+        status = self._receive_status(source, tag, timeout)
+        nbytes = status.Get_count(self._mpi.BYTE)
+        data = bytearray(nbytes)
+        with self._bulk(timeout, "object receive"):
+            self.comm.Recv([data, self._mpi.BYTE], status.Get_source(), tag)
+        return Received(pickle.loads(data), status.Get_source(), nbytes)
+
+    def bcast_object(self, obj: Any = None, root: int = 0) -> Any:
+        """Blocking broadcast, used only during set-up."""
+        if self.rank == root:
+            self._count(len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)) * (self.size - 1))
+        return self.comm.bcast(obj, root=root)
+
+    # -- flat float32 buffers ---------------------------------------------
+    def broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None:
+        """Broadcast ``buf`` in place from ``root`` to every rank."""
+        self._rendezvous(root, timeout, "weights broadcast")
+        with self._bulk(timeout, "weights broadcast"):
+            self.comm.Bcast(buf, root=root)
+        if self.rank == root:
+            self._count(buf.nbytes * (self.size - 1))
+
+    def reduce_sum(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None:
+        """Sum every rank's ``buf`` into ``buf`` at ``root`` (whose own ``buf`` is added too)."""
+        self._rendezvous(root, timeout, "weights reduction")
+        with self._bulk(timeout, "weights reduction"):
+            if self.rank == root:
+                self.comm.Reduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM, root=root)
+            else:
+                self.comm.Reduce(buf, None, op=self._mpi.SUM, root=root)
+        if self.rank != root:
+            self._count(buf.nbytes)
+
+    def gather(self, buf: np.ndarray, out: np.ndarray | None = None, root: int = 0,
+               timeout: float | None = None) -> None:
+        """Every rank's ``buf`` into row ``rank`` of ``out`` (shape ``(size, *buf.shape)``) at ``root``."""
+        self._rendezvous(root, timeout, "weights gather")
+        with self._bulk(timeout, "weights gather"):
+            self.comm.Gather(buf, out if self.rank == root else None, root=root)
+        if self.rank != root:
+            self._count(buf.nbytes)
+
+    def send_array(self, buf: np.ndarray, dest: int, tag: int = 0,
+                   timeout: float | None = None) -> None:
+        """Send ``buf``; from ``announce_bytes`` on, once the receiver is ready for it."""
+        if buf.nbytes >= self.announce_bytes:
+            self._announce(dest, tag, timeout, "receiver for the weights")
+            with self._bulk(timeout, "weights send"):
+                self.comm.Send(buf, dest, tag)
+        else:
+            self._wait(self.comm.Isend(buf, dest, tag), "weights send")
+        self._count(buf.nbytes)
+
+    def recv_array(self, buf: np.ndarray, source: int = -1, tag: int = 0,
+                   timeout: float | None = None) -> Received:
+        """Receive into ``buf``; the message must have exactly ``buf.nbytes`` bytes."""
+        source = self._mpi.ANY_SOURCE if source < 0 else source
+        status = self._receive_status(source, tag, timeout, expected=buf.nbytes)
+        nbytes = status.Get_count(self._mpi.BYTE)
+        if nbytes != buf.nbytes:
+            raise RuntimeError(f"expected {buf.nbytes} bytes of weights from rank "
+                               f"{status.Get_source()}, received {nbytes}")
+        with self._bulk(timeout, "weights receive"):
+            self.comm.Recv(buf, status.Get_source(), tag)
+        return Received(buf, status.Get_source(), nbytes)
+
+    # -- data arrays of any size (scatter placement) ----------------------
+    def send_large_array(self, array: np.ndarray, dest: int, tag: int = 0,
+                         timeout: float | None = None) -> None:
+        """Send any numeric array: a small header, then byte chunks of at most ``max_message_bytes``.
+
+        From ``announce_bytes`` on the header is the announcement: the chunks go
+        once the receiver is ready. ``timeout`` bounds that wait (for a small
+        array, the wait for each chunk to be taken); TimeoutError after it.
+        """
+        array = np.ascontiguousarray(array)
+        announced = array.nbytes >= self.announce_bytes and not self._blocking(timeout)
+        self.send_object((array.shape, array.dtype.str, announced), dest, tag)
+        if announced:
+            self._wait_for_peer(dest, TAG_CLEAR, timeout, "receiver for the data")
+        flat = array.reshape(-1).view(np.uint8)
+        for start in range(0, flat.nbytes, self.max_message_bytes):
+            chunk = [flat[start:start + self.max_message_bytes], self._mpi.BYTE]
+            if announced:
+                with self._bulk(timeout, "data send"):
+                    self.comm.Send(chunk, dest, tag)
+            else:
+                self._wait(self.comm.Isend(chunk, dest, tag), "data send", timeout)
+            self._count(chunk[0].nbytes)
+
+    def recv_large_array(self, source: int, tag: int = 0) -> np.ndarray:
+        """Receive what :meth:`send_large_array` sent, chunk by chunk, whatever the sender's chunk size."""
+        shape, dtype, announced = self.recv_object(source, tag).payload
+        if announced:
+            self._send_nothing(source, TAG_CLEAR)
+        array = np.empty(shape, dtype=np.dtype(dtype))
+        flat = array.reshape(-1).view(np.uint8)
+        filled = 0
+        while filled < flat.nbytes:
+            status = self._probe(source, tag, None)
+            size = status.Get_count(self._mpi.BYTE)
+            self.comm.Recv([flat[filled:filled + size], self._mpi.BYTE], source, tag)
+            filled += size
+        return array
+
+    # -- set-up collectives -------------------------------------------------
+    def allgather(self, obj: Any) -> list[Any]:
+        return self.comm.allgather(obj)
+
+    def node_layout(self) -> tuple[int, list[int]]:
+        """This node's core count and the world ranks that share this node."""
+        local = self.comm.Split_type(self._mpi.COMM_TYPE_SHARED, key=self.rank)
+        try:
+            node_ranks = local.allgather(self.rank)
+        finally:
+            local.Free()
+        return os.cpu_count() or 1, sorted(node_ranks)
+
+    def barrier(self) -> None:
+        self._wait(self.comm.Ibarrier(), "barrier")
+
+    def abort(self, code: int = 1) -> None:
+        self.comm.Abort(code)
+
+
+def install_abort_on_error(transport: Transport) -> None:
+    """Make an uncaught exception on this rank end the whole job promptly.
+
+    The traceback goes to stderr under a header naming the rank and host, then
+    ``MPI_Abort`` takes every other rank down, so nothing is left waiting.
+    """
+
+    def hook(exc_type: type, exc: BaseException, tb: Any) -> None:
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
+        sys.stderr.write(f"mpi_trainer: {transport.describe()} failed:\n{text}")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        transport.abort(1)
+
+    sys.excepthook = hook

@@ -1,0 +1,122 @@
+"""Loading a config: defaults < TOML file < ``--set`` overrides, with unknown keys refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from pathlib import Path
+from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from mpi_trainer.config.schema import Config, _fail
+from mpi_trainer.errors import ConfigError
+
+
+def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
+    """Every dotted key the configuration accepts, e.g. ``train.epochs``."""
+    keys = []
+    for name, hint in typing.get_type_hints(cls).items():
+        if name == "prefix":
+            continue
+        dotted = f"{prefix}{name}"
+        if dataclasses.is_dataclass(hint):
+            keys.extend(all_keys(hint, dotted + "."))
+        else:
+            keys.append(dotted)
+    return keys
+
+
+def _unknown_key(dotted: str) -> ConfigError:
+    close = difflib.get_close_matches(dotted, all_keys(), n=1, cutoff=0.6)
+    hint = f" Did you mean `{close[0]}`?" if close else ""
+    return ConfigError(f"Unknown config key `{dotted}`.{hint} Known keys: {', '.join(all_keys())}")
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    if hint is bool:
+        ok = isinstance(value, bool)
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif hint is str:
+        ok = isinstance(value, str)
+    elif typing.get_origin(hint) is list:
+        (item,) = typing.get_args(hint)
+        ok = isinstance(value, list)
+        value = [_coerce(v, item, key) for v in value] if ok else value
+    else:
+        raise TypeError(f"unsupported config type {hint!r} for {key}")
+    if not ok:
+        _fail(key, value, f"must be of type {getattr(hint, '__name__', str(hint))}")
+    return value
+
+
+def _build(cls: type, table: Any, prefix: str) -> Any:
+    if not isinstance(table, dict):
+        _fail(prefix.rstrip("."), table, "must be a table of keys")
+    hints = {k: v for k, v in typing.get_type_hints(cls).items() if k != "prefix"}
+    for name in table:
+        if name not in hints:
+            raise _unknown_key(f"{prefix}{name}")
+    kwargs = {}
+    for name, value in table.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(hint, value, f"{prefix}{name}.")
+        else:
+            kwargs[name] = _coerce(value, hint, f"{prefix}{name}")
+    return cls(**kwargs)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse ``a.b=v``; ``v`` is read as a TOML value, else taken as a bare string."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"`--set` expects KEY=VALUE such as train.epochs=5. Received: {text!r}")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return key, value
+
+
+def _apply_override(table: dict[str, Any], key: str, value: Any) -> None:
+    *parents, leaf = key.split(".")
+    node = table
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise _unknown_key(key)
+        node = child
+    node[leaf] = value
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"Config file not found. Received: {str(path)!r}; expected an existing TOML file")
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"Cannot parse config file {str(path)!r}: {exc}") from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read ``path`` (TOML), apply ``KEY=VALUE`` overrides and validate."""
+    table = read_toml(path) if path is not None else {}
+    for text in overrides or []:
+        _apply_override(table, *parse_override(text))
+    return _build(Config, table, "")
+
+
+def config_from_dict(table: dict[str, Any]) -> Config:
+    return _build(Config, table, "")

@@ -1,0 +1,95 @@
+"""Rules that span config sections (each section checks its own keys in :mod:`.schema`).
+
+Each rule refuses a combination that would otherwise fail, or silently do
+nothing, part-way through a run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mpi_trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mpi_trainer.config.schema import Config
+
+
+def _staleness_rules(cfg: Config) -> None:
+    """What only synchronous rounds can do."""
+    ssp = cfg.aggregation.ssp
+    if ssp > 0 and cfg.train.max_steps > 0:
+        raise ConfigError("`train.max_steps` splits the last synchronous round into step budgets and needs "
+                          f"aggregation.ssp = 0. Received: train.max_steps={cfg.train.max_steps} with "
+                          f"aggregation.ssp={ssp}")
+    if ssp > 0 and cfg.train.nan_policy == "rollback":
+        raise ConfigError("`train.nan_policy` = 'rollback' re-runs a synchronous round and needs "
+                          f"aggregation.ssp = 0 (under SSP use 'stop'). Received: train.nan_policy='rollback' "
+                          f"with aggregation.ssp={ssp}")
+    if cfg.data.rebalance and ssp > 0:
+        raise ConfigError("`data.rebalance` re-cuts blocks between synchronous rounds and needs "
+                          f"aggregation.ssp = 0. Received: data.rebalance=True with aggregation.ssp={ssp}")
+    if cfg.data.rebalance and cfg.debug.async_engine:
+        raise ConfigError("`data.rebalance` re-cuts blocks between synchronous rounds, which the SSP engine "
+                          "does not run. Received: data.rebalance=True with debug.async_engine=True")
+
+
+def _damping_rule(cfg: Config) -> None:
+    ssp, method = cfg.aggregation.ssp, cfg.aggregation.method
+    if cfg.aggregation.staleness_damping and (ssp == 0 or cfg.aggregation.elects):
+        raise ConfigError("`aggregation.staleness_damping` scales merged SSP updates, so it needs "
+                          "aggregation.ssp > 0 and method 'average' or 'weighted'. Received: "
+                          f"aggregation.staleness_damping=True with aggregation.ssp={ssp} and "
+                          f"aggregation.method={method!r}")
+
+
+def _validation_rule(cfg: Config) -> None:
+    """What reads the validation split needs one."""
+    monitor = cfg.early_stopping.monitor
+    needs_validation = {
+        "aggregation.method": (cfg.aggregation.elects, "'best' elects on the validation split"),
+        "early_stopping.monitor": (monitor.startswith("val_"), f"{monitor!r} is measured on the validation split"),
+    }
+    for key, (needed, why) in needs_validation.items():
+        if needed and cfg.data.validation_size == 0:
+            raise ConfigError(f"`data.validation_size` must be > 0 because `{key}` = {why}. "
+                              f"Received: data.validation_size=0.0")
+
+
+def _lbfgs_conflicts(cfg: Config) -> dict[str, tuple[bool, object, str]]:
+    """Key -> (set?, value, why L-BFGS cannot honour it)."""
+    data, train, debug = cfg.data, cfg.train, cfg.debug
+    return {
+        "aggregation.ssp": (cfg.aggregation.ssp > 0, cfg.aggregation.ssp,
+                            "every evaluation needs the gradient of every block at the same point"),
+        "aggregation.method": (cfg.aggregation.method == "best", cfg.aggregation.method,
+                               "the gradient is the sum over all blocks, not one block's"),
+        "debug.async_engine": (debug.async_engine, debug.async_engine, "evaluations are synchronous"),
+        "data.increment.enabled": (data.increment.enabled, data.increment.enabled,
+                                   "the objective must not change between evaluations"),
+        "data.augmentation.enabled": (data.augmentation.enabled, data.augmentation.enabled,
+                                      "the objective must not change between evaluations"),
+        "data.rebalance": (data.rebalance, data.rebalance, "blocks are fixed for the whole run"),
+        "train.max_steps": (train.max_steps > 0, train.max_steps, "use lbfgs.max_evaluations"),
+        "train.overlap_eval": (train.overlap_eval, train.overlap_eval, "iterations cannot overlap"),
+        "train.nan_policy": (train.nan_policy == "rollback", train.nan_policy,
+                             "a non-finite loss stops the run with the best iterate"),
+        "debug.nan_rank": (debug.nan_rank > 0, debug.nan_rank, "it poisons trained weights, which L-BFGS has none of"),
+    }
+
+
+def _lbfgs_rule(cfg: Config) -> None:
+    """Full-batch L-BFGS minimises one fixed objective, synchronously; refuse what would change that."""
+    if not cfg.model.uses_lbfgs:
+        return
+    for key, (conflicts, value, why) in _lbfgs_conflicts(cfg).items():
+        if conflicts:
+            raise ConfigError(f"`{key}` is not available with model.optimizer='lbfgs' (full-batch L-BFGS): "
+                              f"{why}. Received: {key}={value!r} with model.optimizer='lbfgs'")
+
+
+RULES = (_staleness_rules, _damping_rule, _validation_rule, _lbfgs_rule)
+
+
+def check_config(cfg: Config) -> None:
+    for rule in RULES:
+        rule(cfg)

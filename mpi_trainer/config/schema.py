@@ -1,0 +1,365 @@
+"""The config schema: one dataclass per section, with its defaults.
+
+Every section is a dataclass that validates itself in ``__post_init__`` so a
+bad value fails before any rank starts training, with the dotted key, the
+value received and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import tomli_w
+
+from mpi_trainer.config.rules import check_config
+from mpi_trainer.errors import ConfigError
+
+BUILTIN_DATASETS = (
+    "digits",
+    "iris",
+    "wine",
+    "breast_cancer",
+    "mnist",
+    "fashion_mnist",
+    "cifar10",
+)
+DATA_SUFFIXES = (".npz", ".h5", ".hdf5", ".csv")
+AGGREGATION_METHODS = ("average", "weighted", "best")
+WIRE_DTYPES = ("float32", "float16", "bfloat16")
+PLACEMENTS = ("shared", "scatter")
+FLIP_MODES = ("none", "horizontal", "vertical", "horizontal_and_vertical")
+OUTPUT_ACTIVATIONS = ("softmax", "sigmoid")
+LOSSES = ("cross_entropy", "squared_error")
+NAN_POLICIES = ("stop", "rollback")
+MONITORS = ("test_accuracy", "test_loss", "val_accuracy", "val_loss")
+# ``model.optimizer`` value that selects full-batch distributed L-BFGS instead of a Keras optimizer.
+LBFGS = "lbfgs"
+DEVICES = ("auto", "cpu", "gpu")
+SCHEDULER_DEVICES = ("cpu", "gpu")
+
+
+def _fail(key: str, value: Any, expected: str) -> None:
+    raise ConfigError(f"`{key}` {expected}. Received: {key}={value!r}")
+
+
+class _Section:
+    prefix: ClassVar[str] = ""
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}.{name}"
+
+    def _require(self, ok: bool, name: str, expected: str) -> None:
+        if not ok:
+            _fail(self._key(name), getattr(self, name), expected)
+
+    def _positive(self, *names: str) -> None:
+        for name in names:
+            self._require(getattr(self, name) > 0, name, "must be > 0")
+
+    def _non_negative(self, *names: str) -> None:
+        for name in names:
+            self._require(getattr(self, name) >= 0, name, "must be >= 0")
+
+    def _fraction(self, name: str, low_open: bool = True) -> None:
+        value = getattr(self, name)
+        ok = (0 < value < 1) if low_open else (0 <= value < 1)
+        interval = "(0, 1)" if low_open else "[0, 1)"
+        self._require(ok, name, f"must lie in the open interval {interval}")
+
+    def _choice(self, name: str, choices: tuple[str, ...]) -> None:
+        self._require(getattr(self, name) in choices, name, f"must be one of {list(choices)}")
+
+
+@dataclass
+class IncrementConfig(_Section):
+    """Random data increment: each round a worker adds a seeded random draw to its fixed block."""
+
+    prefix: ClassVar[str] = "data.increment"
+    enabled: bool = False
+    load_factor: float = 0.05
+    absolute_factor: float = 0.8
+    min_gap: int = 0
+
+    def __post_init__(self) -> None:
+        self._require(0 < self.load_factor <= 1, "load_factor", "must lie in (0, 1]")
+        self._require(0 < self.absolute_factor <= 1, "absolute_factor", "must lie in (0, 1]")
+        self._non_negative("min_gap")
+
+
+@dataclass
+class AugmentationConfig(_Section):
+    """Real-time image augmentation on workers, during training only."""
+
+    prefix: ClassVar[str] = "data.augmentation"
+    enabled: bool = False
+    shift: float = 0.1
+    rotation: float = 0.0
+    zoom: float = 0.0
+    flip: str = "none"
+
+    def __post_init__(self) -> None:
+        for name in ("shift", "rotation", "zoom"):
+            self._fraction(name, low_open=False)
+        self._choice("flip", FLIP_MODES)
+
+
+@dataclass
+class DataConfig(_Section):
+    prefix: ClassVar[str] = "data"
+    source: str = "digits"
+    test_size: float = 0.2
+    validation_size: float = 0.1
+    placement: str = "shared"
+    label: str = ""
+    features: list[str] = field(default_factory=list)
+    datasets: list[str] = field(default_factory=list)
+    rebalance: bool = False
+    rebalance_smoothing: float = 0.5
+    increment: IncrementConfig = field(default_factory=IncrementConfig)
+    augmentation: AugmentationConfig = field(default_factory=AugmentationConfig)
+
+    def __post_init__(self) -> None:
+        self._fraction("test_size")
+        self._fraction("validation_size", low_open=False)
+        self._choice("placement", PLACEMENTS)
+        self._require(len(self.datasets) in (0, 2, 4), "datasets",
+                      "must list 4 array names (x_train, y_train, x_test, y_test) or 2 (x, y)")
+        self._require(0 < self.rebalance_smoothing <= 1, "rebalance_smoothing",
+                      "must lie in the interval (0, 1]")
+        if self.is_file:
+            path = Path(self.source).expanduser()
+            self._require(
+                path.suffix.lower() in DATA_SUFFIXES,
+                "source",
+                f"must be a built-in dataset {list(BUILTIN_DATASETS)} "
+                f"or a file ending in one of {list(DATA_SUFFIXES)}",
+            )
+            # Under scatter only rank 0 reads the file (it checks it exists when it opens it).
+            self._require(path.is_file() or self.placement == "scatter", "source",
+                          "names a data file that does not exist")
+        else:
+            self._choice("source", BUILTIN_DATASETS)
+        for name in ("label", "features"):
+            self._require(self.is_csv or not getattr(self, name), name, "applies to .csv sources only")
+
+    @property
+    def is_file(self) -> bool:
+        return "/" in self.source or Path(self.source).suffix != ""
+
+    @property
+    def is_csv(self) -> bool:
+        return self.is_file and Path(self.source).suffix.lower() == ".csv"
+
+
+@dataclass
+class ModelConfig(_Section):
+    prefix: ClassVar[str] = "model"
+    name: str = "mlp"
+    optimizer: str = "adam"
+    learning_rate: float = 1e-3
+    activation: str = "softmax"
+    loss: str = "cross_entropy"
+
+    def __post_init__(self) -> None:
+        self._positive("learning_rate")
+        self._choice("activation", OUTPUT_ACTIVATIONS)
+        self._choice("loss", LOSSES)
+        self._require(bool(self.name), "name", "must name a zoo model or `package.module:function`")
+        self._require(bool(self.optimizer), "optimizer", "must name a Keras optimizer or 'lbfgs'")
+
+    @property
+    def uses_lbfgs(self) -> bool:
+        """Full-batch L-BFGS (``optimizer = "lbfgs"``) instead of a Keras optimizer."""
+        return self.optimizer == LBFGS
+
+
+
+@dataclass
+class TrainConfig(_Section):
+    prefix: ClassVar[str] = "train"
+    epochs: int = 20
+    batch_size: int = 32
+    seed: int = 0
+    # Total optimizer steps (batches, summed over workers) after which the run stops; 0 = no limit.
+    max_steps: int = 0
+    nan_policy: str = "stop"
+    # Synchronous rounds: start round r+1 before evaluating round r, so the workers do not wait
+    # for the scheduler's evaluation. Early stopping then decides one round late (that round is
+    # discarded); rounds followed by a checkpoint are not overlapped.
+    overlap_eval: bool = False
+    # Workers: a GPU of their node when it has one (auto), or always the CPU, or a GPU or fail (gpu).
+    device: str = "auto"
+    # The scheduler aggregates in NumPy and evaluates; it takes a GPU only when asked to.
+    scheduler_device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        self._positive("epochs", "batch_size")
+        self._non_negative("seed", "max_steps")
+        self._choice("nan_policy", NAN_POLICIES)
+        self._choice("device", DEVICES)
+        self._choice("scheduler_device", SCHEDULER_DEVICES)
+
+
+@dataclass
+class AggregationConfig(_Section):
+    prefix: ClassVar[str] = "aggregation"
+    method: str = "average"
+    ssp: int = 0
+    staleness_damping: bool = False
+    # The dtype weights travel in; the global model and every sum stay float32.
+    wire_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        self._choice("method", AGGREGATION_METHODS)
+        self._non_negative("ssp")
+        self._choice("wire_dtype", WIRE_DTYPES)
+
+    @property
+    def elects(self) -> bool:
+        """Best-of: one worker's weights are elected (on the validation split) instead of averaged."""
+        return self.method == "best"
+
+
+@dataclass
+class EarlyStoppingConfig(_Section):
+    prefix: ClassVar[str] = "early_stopping"
+    patience: int = 0
+    min_delta: float = 0.0
+    monitor: str = "test_accuracy"
+
+    def __post_init__(self) -> None:
+        self._non_negative("patience", "min_delta")
+        self._choice("monitor", MONITORS)
+
+
+@dataclass
+class CheckpointConfig(_Section):
+    prefix: ClassVar[str] = "checkpoint"
+    every: int = 0
+
+    def __post_init__(self) -> None:
+        self._non_negative("every")
+
+
+@dataclass
+class CommConfig(_Section):
+    prefix: ClassVar[str] = "comm"
+    # Longest sleep between two polls of a pending MPI request, in seconds. Polling keeps a
+    # waiting rank off the CPU; 0 selects plain blocking MPI waits, which spin a core.
+    poll_interval: float = 0.005
+
+    def __post_init__(self) -> None:
+        self._non_negative("poll_interval")
+        self._require(self.poll_interval <= 1.0, "poll_interval", "must be <= 1 second")
+
+
+@dataclass
+class WatchdogConfig(_Section):
+    """Seconds without progress before a rank or the launcher gives up; 0 = wait forever."""
+
+    prefix: ClassVar[str] = "watchdog"
+    worker_timeout: float = 0.0
+    stall_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._non_negative("worker_timeout", "stall_seconds")
+
+
+
+@dataclass
+class LbfgsConfig(_Section):
+    """Full-batch L-BFGS (``model.optimizer = "lbfgs"``); ``train.epochs`` is the iteration limit.
+
+    ``history_size`` is the number of correction pairs L-BFGS keeps (SciPy's
+    ``maxcor``); ``gtol`` stops when the largest gradient component falls below
+    it, ``ftol`` when the relative loss decrease does; ``max_evaluations``
+    bounds the loss-and-gradient evaluations (each one MPI round trip).
+    ``batch_size`` is how many rows a worker pushes through the model at once
+    while it sums its block's gradient: it bounds memory, not the result.
+    """
+
+    prefix: ClassVar[str] = "lbfgs"
+    history_size: int = 10
+    gtol: float = 1e-5
+    ftol: float = 2.220446049250313e-09
+    max_evaluations: int = 15000
+    batch_size: int = 4096
+
+    def __post_init__(self) -> None:
+        self._positive("history_size", "max_evaluations", "batch_size")
+        self._non_negative("gtol", "ftol")
+
+
+@dataclass
+class LogConfig(_Section):
+    """Console verbosity, and what rank 0 writes to see a run (docs/observability.md).
+
+    ``plots`` runs the report (PNG plots and report.txt) at the end of ``train``;
+    ``tensorboard`` writes per-round scalars as TensorBoard event files;
+    ``timeline`` writes every rank's phases per round as a Chrome trace.
+    """
+
+    prefix: ClassVar[str] = "log"
+    verbosity: int = 1
+    plots: bool = True
+    tensorboard: bool = True
+    timeline: bool = False
+
+    def __post_init__(self) -> None:
+        self._require(self.verbosity in (0, 1, 2), "verbosity", "must be 0, 1 or 2")
+
+
+@dataclass
+class DebugConfig(_Section):
+    """Testing and benchmarking aids, off by default and outside the normal training path.
+
+    ``batch_delay`` makes every worker sleep that many seconds after each
+    training batch: simulated per-batch work, so that benchmarks on a small,
+    busy machine measure scheduling rather than CPU contention. Each rank in
+    ``slow_ranks`` then takes ``slow_factor`` times as long per batch (batch
+    plus delay) and plays a straggler. ``async_engine`` runs the bounded-staleness
+    engine even at ``aggregation.ssp = 0``, to check it against the synchronous one.
+    ``nan_rank`` (0 = off) poisons that worker's weights with NaN in round
+    ``nan_round``, to exercise the NaN guard.
+    """
+
+    prefix: ClassVar[str] = "debug"
+    slow_ranks: list[int] = field(default_factory=list)
+    slow_factor: float = 1.0
+    batch_delay: float = 0.0
+    async_engine: bool = False
+    nan_rank: int = 0
+    nan_round: int = 0
+
+    def __post_init__(self) -> None:
+        self._require(self.slow_factor >= 1, "slow_factor", "must be >= 1 (1 = normal speed)")
+        self._non_negative("batch_delay", "nan_rank", "nan_round")
+        self._require(all(rank >= 1 for rank in self.slow_ranks), "slow_ranks",
+                      "must list worker ranks (each >= 1; rank 0 is the scheduler)")
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    aggregation: AggregationConfig = field(default_factory=AggregationConfig)
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    lbfgs: LbfgsConfig = field(default_factory=LbfgsConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+
+    def __post_init__(self) -> None:
+        check_config(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(self.to_dict())

@@ -1,0 +1,48 @@
+"""Per-rank compute settings: how many threads a rank's Keras backend may use."""
+
+from __future__ import annotations
+
+import os
+
+from mpi_trainer.launch.devices import configured_backend
+
+
+def threads_for_rank(rank: int, node_cores: int, node_ranks: list[int],
+                     usable_cores: int | None = None) -> int:
+    """Cores of the node divided by the worker ranks on it; the scheduler is not counted.
+
+    The scheduler (rank 0) mostly waits, and evaluates while workers wait, so
+    it may use every core of its node. ``usable_cores`` caps the figure when
+    mpirun bound the rank to fewer cores than the node has.
+    """
+    workers_here = sum(1 for r in node_ranks if r != 0)
+    threads = node_cores if rank == 0 or workers_here == 0 else node_cores // workers_here
+    if usable_cores is not None:
+        threads = min(threads, usable_cores)
+    return max(1, threads)
+
+
+def usable_cores() -> int | None:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return None
+
+
+def configure_threads(threads: int) -> None:
+    """Size the backend's thread pools; call before the backend runs its first op."""
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    backend = configured_backend()
+    if backend == "jax":
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                   f" --xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'}"
+                                   f" intra_op_parallelism_threads={threads}").strip()
+    elif backend == "torch":
+        import torch
+
+        torch.set_num_threads(threads)
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(min(2, threads))

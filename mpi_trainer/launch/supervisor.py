@@ -1,0 +1,336 @@
+"""``mpi-trainer launch``: run the mpirun job, and restart it with ``--resume`` when it dies or stalls.
+
+Separation of concerns: the job (scheduler and workers) trains and checkpoints;
+the supervisor here only starts ``mpirun``, watches it from outside, and
+decides whether to start it again. It counts a death (a non-zero exit, which
+is what mpirun returns when any rank is killed or aborts) or a stall (no new
+row in ``rounds.csv`` within ``watchdog.stall_seconds``) as a failure; it ends
+the whole process tree of the failed attempt and starts the next one with
+``--resume``, at most ``--max-restarts`` times. A bad config (exit status 2)
+is not retried: it would fail the same way again. With
+``--drop-failed-hosts``, a host named in two failures leaves the machinefile
+and the job restarts with fewer workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mpi_trainer.config import Config
+from mpi_trainer.errors import EXIT_INPUT_ERROR, ConfigError
+from mpi_trainer.launch.mpirun import mpirun_command
+from mpi_trainer.persistence.run_files import ROUNDS_NAME, SUMMARY_NAME, write_json_atomic
+
+POLL_SECONDS = 0.5
+TERM_GRACE_SECONDS = 3.0
+HOST_FAILURES_TO_DROP = 2
+# Host names in failure messages: ours ("worker rank 2 on host X") and Open MPI's ("... on node X ...").
+_HOST_PATTERN = re.compile(r"\bon (?:host|node) ([A-Za-z0-9_.\-]+?)[.,;:]?(?:\s|$)")
+
+
+def add_launch_parser(commands: Any, add_config_args: Callable[[argparse.ArgumentParser], None]) -> None:
+    launch = commands.add_parser("launch", help="run the job under mpirun and restart it with --resume "
+                                               "when it dies or stalls")
+    add_config_args(launch)
+    launch.add_argument("-n", "--np", dest="ranks", type=int, required=True,
+                        help="ranks: 1 scheduler + workers")
+    launch.add_argument("--machinefile", help="Open MPI hostfile")
+    launch.add_argument("--max-restarts", type=int, default=3, help="restarts allowed (default 3)")
+    launch.add_argument("--run-dir", help="directory for the run's files (default runs/<config>-<time>)")
+    launch.add_argument("--mpirun-args", default="", help="extra mpirun options, one string, e.g. "
+                                                          "'--mca btl_tcp_if_include eth0'")
+    launch.add_argument("--drop-failed-hosts", action="store_true",
+                        help=f"leave out a host named in {HOST_FAILURES_TO_DROP} failures and restart "
+                             f"with fewer workers")
+
+
+@dataclass
+class Failure:
+    """Why an attempt ended badly, and whether trying again can help."""
+
+    cause: str
+    returncode: int
+    retry: bool = True
+    hosts: list[str] = field(default_factory=list)
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        return f"mpirun was killed by signal {signal.Signals(-returncode).name}"
+    return f"the job exited with status {returncode} (a rank failed, aborted or was killed)"
+
+
+def hosts_named(lines: Iterable[str]) -> list[str]:
+    """Hosts that failure messages in ``lines`` name, in first-seen order."""
+    found: list[str] = []
+    for line in lines:
+        for host in _HOST_PATTERN.findall(line):
+            if host not in found:
+                found.append(host)
+    return found
+
+
+def read_machinefile(path: Path) -> list[tuple[str, int]]:
+    """``(host, slots)`` per line of an Open MPI hostfile; a line without ``slots=`` counts one."""
+    entries = []
+    for line in Path(path).read_text().splitlines():
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        slots = next((int(w.split("=", 1)[1]) for w in words[1:] if w.startswith(("slots=", "slots:"))), 1)
+        entries.append((words[0], slots))
+    return entries
+
+
+def drop_host(entries: list[tuple[str, int]], host: str, ranks: int) -> tuple[list[tuple[str, int]], int]:
+    """The machinefile without ``host`` and the rank count reduced by its slots."""
+    kept = [(name, slots) for name, slots in entries if name != host]
+    removed = sum(slots for name, slots in entries if name == host)
+    return kept, ranks - removed
+
+
+class Supervisor:
+    """Starts attempts, watches them, restarts them; knows nothing of MPI beyond the command line."""
+
+    def __init__(self, command_for: Callable[[int], list[str]], progress_file: Path, stall_seconds: float,
+                 max_restarts: int, log_file: Path | None = None,
+                 on_failure: Callable[[Failure], bool] | None = None) -> None:
+        self.command_for = command_for
+        self.progress_file = progress_file
+        self.stall_seconds = stall_seconds
+        self.max_restarts = max_restarts
+        self.log_file = log_file
+        self.on_failure = on_failure or (lambda failure: True)
+        self.failures: list[Failure] = []
+
+    def log(self, text: str) -> None:
+        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} launch: {text}"
+        print(line, file=sys.stderr, flush=True)
+        if self.log_file is not None:
+            self.log_file.parent.mkdir(parents=True, exist_ok=True)
+            with self.log_file.open("a", encoding="utf-8") as handle:
+                handle.write(line + "\n")
+
+    def run(self) -> int:
+        """Attempts until one succeeds; returns 0 or the last failure's exit status."""
+        for attempt in range(self.max_restarts + 1):
+            command = self.command_for(attempt)
+            self.log(f"attempt {attempt + 1}/{self.max_restarts + 1}: {shlex.join(command)}")
+            failure = self.run_once(command)
+            if failure is None:
+                self.log(f"attempt {attempt + 1} completed")
+                return 0
+            self.failures.append(failure)
+            self.log(f"attempt {attempt + 1} failed: {failure.cause}")
+            if not failure.retry or not self.on_failure(failure):
+                return failure.returncode or 1
+            if attempt < self.max_restarts:
+                self.log(f"restarting with --resume (restart {attempt + 1} of {self.max_restarts}) "
+                         f"after: {failure.cause}")
+        self.log(f"giving up after {self.max_restarts} restarts")
+        return self.failures[-1].returncode or 1
+
+    def progress(self) -> tuple[int, int] | None:
+        try:
+            stat = self.progress_file.stat()
+        except FileNotFoundError:
+            return None
+        return stat.st_size, stat.st_mtime_ns
+
+    def run_once(self, command: list[str]) -> Failure | None:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        tail: collections.deque[str] = collections.deque(maxlen=400)
+        reader = threading.Thread(target=_relay, args=(proc.stdout, tail), daemon=True)
+        reader.start()
+        try:
+            failure = self.watch(proc)
+        finally:
+            if proc.poll() is None:
+                end_process_tree(proc)
+            reader.join(timeout=5)
+        if failure is not None:
+            failure.hosts = hosts_named(tail)
+        return failure
+
+    def watch(self, proc: subprocess.Popen) -> Failure | None:
+        last_seen, last_change = self.progress(), time.monotonic()
+        while True:
+            returncode = proc.poll()
+            if returncode is not None:
+                if returncode == 0:
+                    return None
+                return Failure(describe_exit(returncode), returncode, retry=returncode != EXIT_INPUT_ERROR)
+            seen = self.progress()
+            if seen != last_seen:
+                last_seen, last_change = seen, time.monotonic()
+            elif self.stall_seconds and time.monotonic() - last_change > self.stall_seconds:
+                end_process_tree(proc)
+                return Failure(f"stalled: no new round in {self.progress_file.name} for "
+                               f"{self.stall_seconds:g} s (watchdog.stall_seconds)", 1)
+            time.sleep(POLL_SECONDS)
+
+
+def _relay(stream: Any, tail: collections.deque) -> None:
+    """Pass the job's output through to the console, keeping the last lines for host names."""
+    for line in stream:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        tail.append(line)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc); empty elsewhere."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children[ppid].append(int(entry.name))
+    found, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def _signal_all(pids: Iterable[int], pgid: int, sig: int) -> None:
+    for target in [*pids]:
+        try:
+            os.kill(target, sig)
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def end_process_tree(proc: subprocess.Popen) -> None:
+    """SIGTERM mpirun, its process group and every descendant (ranks may run their own group), then SIGKILL.
+
+    A stopped rank ignores SIGTERM until continued, hence SIGCONT first and SIGKILL last.
+    """
+    pids = descendants(proc.pid)
+    for sig in (signal.SIGCONT, signal.SIGTERM):
+        _signal_all([proc.pid, *pids], proc.pid, sig)
+    try:
+        proc.wait(timeout=TERM_GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_all([proc.pid, *pids, *descendants(proc.pid)], proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+@dataclass
+class Placement:
+    """Where the next attempt runs: rank count and machinefile (changes when a host is dropped)."""
+
+    ranks: int
+    machinefile: str | None
+    host_failures: collections.Counter = field(default_factory=collections.Counter)
+
+
+def host_dropper(placement: Placement, run_dir: Path,
+                 log: Callable[[str], None]) -> Callable[[Failure], bool]:
+    """on_failure hook: count failures per host; drop one at the second, if workers remain."""
+
+    def on_failure(failure: Failure) -> bool:
+        if not placement.machinefile:
+            return True
+        entries = read_machinefile(Path(placement.machinefile))
+        for host in failure.hosts:
+            placement.host_failures[host] += 1
+            if placement.host_failures[host] < HOST_FAILURES_TO_DROP or host not in dict(entries):
+                continue
+            kept, ranks = drop_host(entries, host, placement.ranks)
+            if ranks < 2 or not kept:
+                log(f"host {host} failed {placement.host_failures[host]} times, but dropping it would leave "
+                    f"no worker; keeping it")
+                continue
+            path = run_dir / "machinefile.active"
+            path.write_text("".join(f"{name} slots={slots}\n" for name, slots in kept))
+            placement.machinefile, placement.ranks, entries = str(path), ranks, kept
+            log(f"host {host} failed {placement.host_failures[host]} times: dropped; restarting on "
+                f"{ranks} ranks with {path}")
+        return True
+
+    return on_failure
+
+
+def train_args(args: argparse.Namespace, run_dir: Path, resume: bool) -> list[str]:
+    sets = [part for text in args.overrides for part in ("--set", text)]
+    return ["train", args.config, *sets, "--run-dir", str(run_dir), *(["--resume"] if resume else [])]
+
+
+def check_args(args: argparse.Namespace) -> None:
+    if args.ranks < 2:
+        raise ConfigError(f"`-n` must be >= 2 (one scheduler and at least one worker). "
+                          f"Received: -n {args.ranks}")
+    if args.max_restarts < 0:
+        raise ConfigError(f"`--max-restarts` must be >= 0. Received: --max-restarts {args.max_restarts}")
+    if args.machinefile and not Path(args.machinefile).is_file():
+        raise ConfigError(f"`--machinefile` must name an existing file. Received: --machinefile "
+                          f"{args.machinefile!r}")
+
+
+def launch(args: argparse.Namespace, cfg: Config) -> int:
+    """Entry for ``mpi-trainer launch``; returns the exit status."""
+    from mpi_trainer.launch.job import default_run_dir
+
+    check_args(args)
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.config)
+    placement = Placement(args.ranks, args.machinefile)
+    extra = shlex.split(args.mpirun_args)
+
+    def command_for(attempt: int) -> list[str]:
+        return mpirun_command(placement.ranks, train_args(args, run_dir, attempt > 0), placement.machinefile,
+                              extra)
+
+    supervisor = Supervisor(command_for, run_dir / ROUNDS_NAME, cfg.watchdog.stall_seconds,
+                            args.max_restarts, run_dir / "launch.log")
+    if args.drop_failed_hosts:
+        supervisor.on_failure = host_dropper(placement, run_dir, supervisor.log)
+    if cfg.checkpoint.every == 0:
+        supervisor.log("checkpoint.every = 0: a restart resumes from the last finished run's checkpoint "
+                       "only, or starts over")
+    # The job runs in its own session, out of reach of the terminal's Ctrl-C: ending the
+    # launcher (SIGINT or SIGTERM) must end the job too, which run_once's cleanup does.
+    signal.signal(signal.SIGTERM, exit_on_signal)
+    try:
+        status = supervisor.run()
+    except KeyboardInterrupt:
+        supervisor.log("interrupted; the job was ended")
+        return 128 + signal.SIGINT
+    record_restarts(run_dir / SUMMARY_NAME, supervisor.failures)
+    return status
+
+
+def exit_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def record_restarts(summary_path: Path, failures: list[Failure]) -> None:
+    """Add each restart's cause to the job's summary.json (the supervisor writes it after the job ends)."""
+    if not summary_path.exists():
+        return
+    summary = json.loads(summary_path.read_text())
+    summary["restarts"] = [{"cause": f.cause, "returncode": f.returncode, "hosts": f.hosts} for f in failures]
+    write_json_atomic(summary_path, summary)

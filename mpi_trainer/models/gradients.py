@@ -1,0 +1,192 @@
+"""Loss sum and gradient sum of a Keras model over arrays, through the backend's own autodiff.
+
+Full-batch L-BFGS needs, on each worker, ``sum_i loss_i(w)`` and its gradient
+with respect to the model's trainable variables over the worker's whole block.
+:class:`BlockGradient` computes both in batches of ``batch_size`` rows, so
+memory stays bounded, and accumulates them in float64. The model runs with
+``training=False``: dropout is off and batch normalisation uses its stored
+statistics, so the objective is one deterministic function of the weights,
+which L-BFGS's line search requires. Regularisation losses (``model.losses``)
+count once per sample, so that dividing the sum by N adds them exactly once.
+
+Per backend: TensorFlow with ``tf.GradientTape`` in a ``tf.function``; JAX
+with ``model.stateless_call`` under ``jax.value_and_grad`` and ``jax.jit``;
+PyTorch with autograd. Other backends have no gradients and are refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from mpi_trainer.comm.codec import WeightCodec
+from mpi_trainer.errors import ConfigError
+
+SUPPORTED_BACKENDS = ("tensorflow", "jax", "torch")
+
+
+def check_backend() -> str:
+    """The Keras backend's name, if it can differentiate; a ConfigError otherwise."""
+    import keras
+
+    backend = keras.backend.backend()
+    if backend not in SUPPORTED_BACKENDS:
+        raise ConfigError(f"model.optimizer='lbfgs' needs gradients, which the {backend!r} Keras backend cannot "
+                          f"compute. Received: KERAS_BACKEND={backend!r}; expected one of {list(SUPPORTED_BACKENDS)}")
+    return backend
+
+
+def per_sample_loss(model: Any) -> Callable[[Any, Any], Any]:
+    """The compiled loss as a function returning one value per sample (no reduction)."""
+    import keras
+
+    from mpi_trainer.models import losses
+
+    loss = losses.resolve(model.loss)  # our one-hot losses by name
+    if isinstance(loss, str):
+        loss = keras.losses.get(loss)
+    elif isinstance(loss, dict) and "class_name" in loss:
+        loss = keras.losses.deserialize(loss)
+    if isinstance(loss, keras.losses.Loss):
+        return loss.call  # a Loss object's call() is its unreduced part
+    if not callable(loss):
+        raise ConfigError("model.optimizer='lbfgs' needs a model compiled with one loss function. "
+                          f"Received: loss={model.loss!r}")
+    return loss
+
+
+def _regularisation(ops: Any, terms: list[Any]) -> Any:
+    return ops.sum(ops.stack([ops.cast(term, "float32") for term in terms])) if terms else 0.0
+
+
+class TrainableVector:
+    """A model's trainable variables <-> one flat float64 vector (the L-BFGS parameters)."""
+
+    def __init__(self, model: Any) -> None:
+        self.variables = list(model.trainable_variables)
+        if not self.variables:
+            raise ConfigError(f"model.optimizer='lbfgs' needs trainable weights; model {model.name!r} has none")
+        self.codec = WeightCodec([tuple(v.shape) for v in self.variables])
+
+    @property
+    def size(self) -> int:
+        return self.codec.size
+
+    def read(self) -> np.ndarray:
+        out = np.empty(self.codec.size, dtype=np.float64)
+        return self.codec.flatten([np.asarray(v.numpy()) for v in self.variables], out=out)
+
+    def arrays(self, flat: np.ndarray) -> list[np.ndarray]:
+        """The variables' values in their own shapes and dtypes."""
+        return [array.astype(v.dtype) for array, v in zip(self.codec.unflatten(flat), self.variables)]
+
+    def assign(self, flat: np.ndarray) -> None:
+        for variable, array in zip(self.variables, self.arrays(flat)):
+            variable.assign(array)
+
+
+class _TensorFlowStep:
+    def __init__(self, model: Any, loss_fn: Callable, vector: TrainableVector) -> None:
+        import tensorflow as tf
+        from keras import ops
+
+        self.vector = vector
+
+        @tf.function(reduce_retracing=True)
+        def step(x: Any, y: Any) -> tuple[Any, list[Any]]:
+            with tf.GradientTape() as tape:
+                predictions = model(x, training=False)
+                total = tf.reduce_sum(loss_fn(y, predictions))
+                total += tf.cast(tf.shape(x)[0], total.dtype) * _regularisation(ops, model.losses)
+            return total, tape.gradient(total, vector.variables)
+
+        self.step = step
+
+    def load(self, flat: np.ndarray) -> None:
+        self.vector.assign(flat)
+
+    def __call__(self, x: np.ndarray, y: np.ndarray) -> tuple[float, list[Any]]:
+        import tensorflow as tf
+
+        total, grads = self.step(tf.convert_to_tensor(x), tf.convert_to_tensor(y))
+        return float(total), [None if g is None else g.numpy() for g in grads]
+
+
+class _JaxStep:
+    def __init__(self, model: Any, loss_fn: Callable, vector: TrainableVector) -> None:
+        import jax
+        import jax.numpy as jnp
+        from keras import ops
+
+        self.vector, self.jnp = vector, jnp
+        non_trainable = [v.value for v in model.non_trainable_variables]
+        self.values: list[Any] = []
+
+        def objective(trainable: list[Any], x: Any, y: Any) -> Any:
+            predictions, _, extra = model.stateless_call(trainable, non_trainable, x, training=False,
+                                                         return_losses=True)
+            return jnp.sum(loss_fn(y, predictions)) + x.shape[0] * _regularisation(ops, extra)
+
+        self.step = jax.jit(jax.value_and_grad(objective))
+
+    def load(self, flat: np.ndarray) -> None:
+        self.values = [self.jnp.asarray(array) for array in self.vector.arrays(flat)]
+
+    def __call__(self, x: np.ndarray, y: np.ndarray) -> tuple[float, list[Any]]:
+        total, grads = self.step(self.values, x, y)
+        return float(total), [np.asarray(g) for g in grads]
+
+
+class _TorchStep:
+    def __init__(self, model: Any, loss_fn: Callable, vector: TrainableVector) -> None:
+        from keras import ops
+
+        self.model, self.loss_fn, self.vector, self.ops = model, loss_fn, vector, ops
+
+    def load(self, flat: np.ndarray) -> None:
+        self.vector.assign(flat)
+
+    def __call__(self, x: np.ndarray, y: np.ndarray) -> tuple[float, list[Any]]:
+        import torch
+
+        parameters = [v.value for v in self.vector.variables]  # torch Parameters with requires_grad
+        with torch.enable_grad():
+            predictions = self.model(self.ops.convert_to_tensor(x), training=False)
+            total = torch.sum(self.loss_fn(self.ops.convert_to_tensor(y), predictions))
+            total = total + len(x) * _regularisation(self.ops, self.model.losses)
+            grads = torch.autograd.grad(total, parameters, allow_unused=True)
+        return float(total.detach().cpu()), [None if g is None else g.detach().cpu().numpy() for g in grads]
+
+
+_STEPS = {"tensorflow": _TensorFlowStep, "jax": _JaxStep, "torch": _TorchStep}
+
+
+class BlockGradient:
+    """``(params, x, y) -> (loss sum, gradient sum)`` for one model, in batches of ``batch_size`` rows."""
+
+    def __init__(self, model: Any, batch_size: int = 4096) -> None:
+        self.vector = TrainableVector(model)
+        self.batch_size = batch_size
+        self.step = _STEPS[check_backend()](model, per_sample_loss(model), self.vector)
+
+    @property
+    def size(self) -> int:
+        return self.vector.size
+
+    def __call__(self, params: np.ndarray, x: np.ndarray, y: np.ndarray,
+                 out: np.ndarray | None = None) -> tuple[float, np.ndarray]:
+        """Loss sum and gradient sum over ``(x, y)`` at ``params``; the gradient goes into ``out`` if given."""
+        out = np.zeros(self.size, dtype=np.float64) if out is None else out
+        out[:] = 0.0
+        parts = self.vector.codec.unflatten(out)
+        self.step.load(params)
+        total = 0.0
+        for start in range(0, len(x), self.batch_size):
+            loss, grads = self.step(x[start:start + self.batch_size], y[start:start + self.batch_size])
+            total += loss
+            for part, grad in zip(parts, grads):
+                if grad is not None:  # a variable the loss does not depend on keeps a zero gradient
+                    part += grad
+        return total, out

@@ -1,0 +1,150 @@
+"""Picking a run up again from its checkpoint (``train --resume``).
+
+The checkpoint holds everything the scheduler needs to carry on: the global and
+best weights, the round reached, early-stopping counters, optimizer steps so
+far, the learning-rate scale left by NaN rollbacks, cumulative wall time and
+traffic, and the config the run was made with. ``rounds.csv`` is cut back to
+the checkpoint's round, so rounds run again after a crash are logged once.
+The block plan is not restored but re-planned for the current worker count,
+which is what makes a restart with fewer (or more) workers work.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mpi_trainer.errors import ConfigError
+from mpi_trainer.logs import get_logger
+from mpi_trainer.persistence.checkpoint import load_checkpoint
+from mpi_trainer.persistence.optimizer_state import split_arrays
+from mpi_trainer.persistence.run_files import CHECKPOINT_NAME, ROUNDS_NAME, backup_path, write_atomic
+
+# A resumed worker seeds with train.seed + rank + RESUME_SEED_STRIDE * first round, so it
+# does not replay the shuffles of the run's first rounds.
+RESUME_SEED_STRIDE = 7919
+# Keys whose change makes the saved weights or the data split meaningless.
+COMPATIBILITY_KEYS = ("data.source", "data.test_size", "data.validation_size", "model.name", "train.seed")
+
+
+@dataclass
+class ResumeState:
+    """The scheduler's state at the checkpoint a run resumes from."""
+
+    next_round: int
+    weights: np.ndarray
+    best_weights: np.ndarray | None
+    best_value: float | None
+    best_round: int
+    wait: int
+    steps: int
+    lr_scale: float
+    wall_seconds: float
+    traffic_bytes: int
+    previous_workers: int
+    rollbacks: list[dict[str, Any]] = field(default_factory=list)
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    optimizer_states: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+def worker_seed(seed: int, rank: int, start_round: int) -> int:
+    return seed + rank + RESUME_SEED_STRIDE * start_round
+
+
+def flatten_keys(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            flat.update(flatten_keys(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def incompatible_keys(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The compatibility keys whose values differ between two config dicts."""
+    old, new = flatten_keys(saved), flatten_keys(current)
+    return [key for key in COMPATIBILITY_KEYS if old.get(key) != new.get(key)]
+
+
+def check_compatible(saved: dict[str, Any], current: dict[str, Any]) -> None:
+    differing = incompatible_keys(saved, current)
+    if differing:
+        old, new = flatten_keys(saved), flatten_keys(current)
+        details = ", ".join(f"{key}={new.get(key)!r} (checkpoint: {old.get(key)!r})" for key in differing)
+        raise ConfigError(f"Cannot resume: the config differs from the checkpoint's in {differing}. "
+                          f"Received: {details}; expected the values the run was started with")
+
+
+def _parse_cell(text: str) -> Any:
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return int(number) if number.is_integer() and "." not in text and "e" not in text else number
+
+
+def _complete(row: dict[str, Any]) -> bool:
+    """False for a row torn by a crash mid-write (missing cells, or a cut-off round number)."""
+    if None in row or any(value is None for value in row.values()):
+        return False
+    return str(row.get("round", "")).isdigit()
+
+
+def trim_rounds(path: Path, last_round: int) -> list[dict[str, Any]]:
+    """Keep the rows of rounds ``<= last_round`` in ``path`` (rewritten atomically); return them parsed."""
+    if not path.exists():
+        return []
+    with path.open(newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        fieldnames = list(reader.fieldnames or [])
+        rows = [row for row in reader if _complete(row) and int(row["round"]) <= last_round]
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=fieldnames)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(path, out.getvalue())
+    return [{key: _parse_cell(value) for key, value in row.items()} for row in rows]
+
+
+def discard_rounds(path: Path) -> None:
+    """A resume without a checkpoint starts over: the partial log goes."""
+    if path.exists():
+        get_logger().warning("no checkpoint to resume from; starting the run over")
+        path.unlink()
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
+def check_weight_count(state: ResumeState, weight_count: int, model_name: str) -> None:
+    if state.weights.size != weight_count:
+        raise ConfigError(f"Cannot resume: the checkpoint holds {state.weights.size} weights, the model "
+                          f"built from model.name={model_name!r} has {weight_count}")
+
+
+def load_resume_state(run_dir: Path, config: dict[str, Any]) -> ResumeState | None:
+    """Read the run's checkpoint, check it fits ``config`` and trim ``rounds.csv``; None if none exists."""
+    checkpoint = run_dir / CHECKPOINT_NAME
+    if not checkpoint.exists() and not backup_path(checkpoint).exists():
+        discard_rounds(run_dir / ROUNDS_NAME)
+        return None
+    arrays, meta = load_checkpoint(checkpoint)
+    check_compatible(meta["config"], config)
+    last_round = int(meta["round"])
+    return ResumeState(
+        next_round=last_round + 1, weights=arrays["weights"].astype(np.float32),
+        best_weights=arrays.get("best_weights"), best_value=_optional_float(meta.get("best_value")),
+        best_round=int(meta.get("best_round", -1)), wait=int(meta.get("wait", 0)),
+        steps=int(meta.get("steps", 0)), lr_scale=float(meta.get("lr_scale", 1.0)),
+        wall_seconds=float(meta.get("wall_seconds", 0.0)), traffic_bytes=int(meta.get("traffic_bytes", 0)),
+        previous_workers=len(meta.get("block_bounds", [])), rollbacks=list(meta.get("rollbacks", [])),
+        rounds=trim_rounds(run_dir / ROUNDS_NAME, last_round), optimizer_states=split_arrays(arrays))

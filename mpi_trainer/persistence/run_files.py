@@ -1,0 +1,126 @@
+"""The run directory: its file names, and writers that never leave a file half-written.
+
+Only rank 0 writes here. ``rounds.csv`` and ``updates.csv`` are appended one
+flushed, synced row at a time; everything else is replaced atomically
+(written beside, synced, renamed).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+ROUNDS_NAME = "rounds.csv"
+UPDATES_NAME = "updates.csv"
+SUMMARY_NAME = "summary.json"
+CONFIG_NAME = "config.toml"
+LOG_NAME = "train.log"
+CHECKPOINT_NAME = "checkpoint.h5"
+FINAL_WEIGHTS_NAME = "final.weights.h5"
+BACKUP_SUFFIX = ".bak"
+REPORT_NAME = "report.txt"
+TIMELINE_NAME = "timeline.json"
+TENSORBOARD_DIR = "tensorboard"
+
+ROUND_FIELDS = [
+    "round", "wall_seconds", "train_seconds_max", "train_seconds_min", "comm_seconds",
+    "aggregate_seconds", "eval_seconds", "bytes", "test_loss", "test_accuracy", "max_staleness",
+    "train_loss", "train_accuracy", "val_loss", "val_accuracy", "samples", "winner", "elapsed_seconds",
+    "idle_fraction", "block_sizes", "steps", "worker_train_seconds",
+]
+UPDATE_FIELDS = ["update", "round", "worker", "clock", "base_version", "version", "staleness",
+                 "versions_behind", "share", "samples", "train_seconds", "train_loss", "val_loss", "val_accuracy",
+                 "elapsed_seconds"]
+
+
+def backup_path(path: Path) -> Path:
+    """Where the previous good copy of ``path`` is kept while a new one is written."""
+    return path.with_name(path.name + BACKUP_SUFFIX)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so a reader sees the old or the new file, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+class RoundLog:
+    """``rounds.csv``: header fixed at the first row, one row per round, flushed and synced."""
+
+    def __init__(self, path: Path, fieldnames: list[str]) -> None:
+        self.path = path
+        self.fieldnames = fieldnames
+        is_new = not path.exists() or path.stat().st_size == 0
+        if not is_new:
+            self._adopt_columns()
+        self._handle = path.open("a", newline="", encoding="utf-8")
+        self._writer = csv.DictWriter(self._handle, fieldnames=self.fieldnames, extrasaction="raise")
+        if is_new:
+            self._writer.writeheader()
+            self._sync()
+
+    def _adopt_columns(self) -> None:
+        """A resumed run's file written with other columns: rewrite it (atomically) to match.
+
+        Columns that are new get empty cells in the earlier rows; columns only
+        the file has are kept, after ours, empty in new rows. Appending rows of
+        another width would leave a file that no CSV reader can take.
+        """
+        with self.path.open(newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            existing = list(reader.fieldnames or [])
+            if existing == self.fieldnames:
+                return
+            rows = list(reader)
+        self.fieldnames = self.fieldnames + [c for c in existing if c not in self.fieldnames]
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=self.fieldnames, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+        write_atomic(self.path, buffer.getvalue())
+
+    def _sync(self) -> None:
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+
+    def write(self, row: dict[str, Any]) -> None:
+        unknown = set(row) - set(self.fieldnames)
+        if unknown:
+            raise ValueError(f"rounds.csv has no columns {sorted(unknown)}; columns: {self.fieldnames}")
+        self._writer.writerow({k: _fmt(row.get(k, "")) for k in self.fieldnames})
+        self._sync()
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def _fmt(value: Any) -> Any:
+    if isinstance(value, float):
+        return f"{value:.10g}"
+    return value
+
+
+def read_rounds(path: Path) -> list[dict[str, str]]:
+    with Path(path).open(newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))

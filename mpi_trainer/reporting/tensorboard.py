@@ -1,0 +1,76 @@
+"""Per-round scalars as TensorBoard event files (log.tensorboard = true), written by rank 0.
+
+The writer is ``tensorboardX``: pure Python, so it works whatever the Keras
+backend (TensorFlow, JAX or PyTorch) and imports no TensorFlow. Every numeric
+column of rounds.csv becomes a scalar at step = round; the per-worker columns
+(``worker_train_seconds``, ``block_sizes``) become one scalar per worker rank.
+View with ``tensorboard --logdir RUN_DIR/tensorboard``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mpi_trainer.persistence.run_files import TENSORBOARD_DIR
+from mpi_trainer.reporting.progress import split_per_worker
+
+PER_WORKER = {"worker_train_seconds": "workers/train_seconds", "block_sizes": "workers/block_size"}
+SKIPPED = {"round"}  # the step itself
+
+
+def scalar_tag(column: str) -> str:
+    """Tags grouped the way a user looks for them: metrics, time, traffic, the rest."""
+    if column.startswith(("test_", "train_loss", "train_accuracy", "val_")):
+        return f"metrics/{column}"
+    if column.endswith("_seconds") or column == "idle_fraction":
+        return f"time/{column}"
+    if column == "bytes":
+        return "traffic/bytes"
+    return f"run/{column}"
+
+
+def round_scalars(row: Mapping[str, Any]) -> dict[str, float]:
+    """The tags and values of one round; empty and non-numeric cells are left out."""
+    scalars = {}
+    for column, value in row.items():
+        if column in SKIPPED:
+            continue
+        if column in PER_WORKER:
+            for index, number in enumerate(split_per_worker(value)):
+                scalars[f"{PER_WORKER[column]}/rank_{index + 1}"] = number
+            continue
+        number = _number(value)
+        if number is not None:
+            scalars[scalar_tag(column)] = number
+    return scalars
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None or value == "":
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+class TensorBoardRounds:
+    """``write_round(row)`` once per recorded round, ``close()`` at the end."""
+
+    def __init__(self, run_dir: Path) -> None:
+        from tensorboardX import SummaryWriter
+
+        self.writer = SummaryWriter(str(Path(run_dir) / TENSORBOARD_DIR), flush_secs=5)
+
+    def write_round(self, row: Mapping[str, Any]) -> None:
+        step = int(row["round"])
+        for tag, value in round_scalars(row).items():
+            self.writer.add_scalar(tag, value, step)
+        self.writer.flush()  # a round is seconds long: the events are on disk when TensorBoard looks
+
+    def close(self) -> None:
+        self.writer.close()

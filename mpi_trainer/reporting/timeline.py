@@ -1,0 +1,96 @@
+"""Every rank's phases per round as a Chrome trace (``timeline.json``, log.timeline = true).
+
+Open the file in chrome://tracing or https://ui.perfetto.dev: one row per rank
+(pid = rank), one box per phase (train, send, wait, aggregate, evaluate,
+checkpoint) with its round. Gaps in a rank's row are time it spent idle.
+Times are wall-clock (``time.time()``) microseconds, so ranks on one host line
+up exactly; across hosts they are as close as the hosts' clocks.
+
+Workers record their phases in a :class:`PhaseLog` and send them with their
+next report; rank 0 adds them, and its own, to a :class:`Timeline`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from mpi_trainer.logs import get_logger
+from mpi_trainer.persistence.run_files import write_atomic
+
+PHASES = ("train", "send", "wait", "aggregate", "evaluate", "checkpoint")
+
+# (phase, round, start, end); start and end in time.time() seconds.
+Phase = tuple[str, int, float, float]
+
+
+class PhaseLog:
+    """A rank's phases not yet handed on; a disabled log keeps nothing (log.timeline = false)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.pending: list[Phase] = []
+
+    def add(self, phase: str, round_index: int, start: float, end: float | None = None) -> None:
+        """A phase from ``start`` to ``end`` (default: now), both ``time.time()`` seconds."""
+        if self.enabled:
+            self.pending.append((phase, int(round_index), start, time.time() if end is None else end))
+
+    def take(self) -> list[Phase]:
+        taken, self.pending = self.pending, []
+        return taken
+
+
+class Timeline:
+    """Chrome trace "X" (complete) events, one per phase of one rank in one round."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.ranks: dict[int, str] = {}
+
+    def add(self, rank: int, phase: str, start: float, end: float, round_index: int) -> None:
+        if phase not in PHASES:
+            raise ValueError(f"Unknown timeline phase. Received: phase={phase!r}; expected one of {list(PHASES)}")
+        self.events.append({"name": phase, "cat": "round", "ph": "X", "pid": int(rank), "tid": 0,
+                            "ts": round(start * 1e6, 1), "dur": round(max(0.0, end - start) * 1e6, 1),
+                            "args": {"round": int(round_index)}})
+
+    def add_phases(self, rank: int, phases: list[Phase]) -> None:
+        for phase, round_index, start, end in phases:
+            self.add(rank, phase, start, end, round_index)
+
+    def name_rank(self, rank: int, label: str) -> None:
+        """The row title chrome://tracing shows for this rank."""
+        self.ranks[int(rank)] = label
+
+    def to_json(self) -> dict[str, Any]:
+        names = [{"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": label}}
+                 for rank, label in sorted(self.ranks.items())]
+        order = [{"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0, "args": {"sort_index": rank}}
+                 for rank in sorted(self.ranks)]
+        events = sorted(self.events, key=lambda e: (e["ts"], e["pid"]))
+        return {"traceEvents": names + order + events, "displayTimeUnit": "ms"}
+
+    def write(self, path: Path) -> None:
+        """Replace ``path`` atomically: a reader sees the previous or the new trace, whole."""
+        write_atomic(Path(path), json.dumps(self.to_json(), separators=(",", ":")) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> Timeline:
+        """The events of an earlier attempt (a resumed run goes on adding to them)."""
+        timeline = cls()
+        try:
+            trace = json.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return timeline
+        except (OSError, ValueError) as exc:
+            get_logger().warning("%s is unreadable (%s); the timeline starts afresh", path, exc)
+            return timeline
+        for event in trace.get("traceEvents", []):
+            if event.get("ph") == "X":
+                timeline.events.append(event)
+            elif event.get("name") == "process_name":
+                timeline.ranks[int(event["pid"])] = event["args"]["name"]
+        return timeline

@@ -1,0 +1,91 @@
+"""What both scheduler engines share: the global weights, the recorder, the watchdog, the run's frame.
+
+An engine subclass supplies :meth:`Engine.run_rounds` (when workers run and
+what they get, until a stop) and :meth:`Engine.final_states` (optimizer state
+for the last checkpoint). Everything after a round's updates are in goes to the
+:class:`~mpi_trainer.scheduler.recorder.RoundRecorder`; everything on the wire
+goes through the :class:`~mpi_trainer.comm.protocol.SchedulerLink`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mpi_trainer.comm.codec import WeightCodec
+from mpi_trainer.comm.protocol import JobPlan, SchedulerLink
+from mpi_trainer.comm.wire import WireFormat
+from mpi_trainer.config import Config
+from mpi_trainer.data.sources import Dataset
+from mpi_trainer.logs import get_logger
+from mpi_trainer.persistence.resume import ResumeState
+from mpi_trainer.scheduler.recorder import RoundRecorder, StopReason
+from mpi_trainer.scheduler.watchdog import Watchdog
+
+
+class Engine(ABC):
+    def __init__(self, link: SchedulerLink, cfg: Config, dataset: Dataset, model: Any, plan: JobPlan,
+                 run_dir: Path, hosts: list[str] | None = None, resume: ResumeState | None = None) -> None:
+        self.link, self.cfg, self.dataset, self.model, self.plan = link, cfg, dataset, model, plan
+        self.log = get_logger()
+        self.codec = WeightCodec.from_weights(model.get_weights())
+        self.weights = self.codec.flatten(model.get_weights())  # the global model
+        self.wire = WireFormat(cfg.aggregation.wire_dtype)  # what the weights travel as
+        transport = link.transport
+        hosts = hosts or [transport.host] * transport.size
+        self.watchdog = Watchdog(cfg.watchdog.worker_timeout, hosts)
+        self.recorder = RoundRecorder(cfg, dataset, model, self.codec, plan, run_dir, transport, hosts, resume)
+        self.observers = self.recorder.observers
+        if resume is not None:
+            self.weights = resume.weights
+        self.workers = link.workers
+
+    @property
+    def state(self) -> Any:
+        return self.recorder.state
+
+    def run(self) -> dict[str, Any]:
+        """Every round until a stop, then release the workers and write the end of the run."""
+        self.recorder.count_bytes(self.link.take_bytes())  # the set-up broadcast
+        self.log.info("%s", self.describe())
+        try:
+            self.state.stop_reason = self.run_rounds()
+            states = self.final_states()
+            self.link.stop()
+            self.recorder.count_bytes(self.link.take_bytes())
+            summary = self.recorder.finish(self.weights, states)
+            self.weights = self.recorder.kept_weights
+            return summary
+        finally:
+            self.close()
+
+    @property
+    def wire_bytes(self) -> int:
+        """Bytes of one copy of the weights on the wire."""
+        return self.codec.size * self.wire.itemsize
+
+    def record_placement(self, placement: list[dict[str, Any]]) -> None:
+        """Every rank's host, backend and device, for summary.json (the job learns them at set-up)."""
+        self.recorder.placement = placement
+
+    def describe(self) -> str:
+        return (f"{len(self.workers)} workers, {self.cfg.aggregation.method} aggregation, model "
+                f"{self.cfg.model.name} ({self.codec.size} parameters, {self.codec.nbytes / 2**20:.2f} MiB per copy)")
+
+    @abstractmethod
+    def run_rounds(self) -> StopReason:
+        """Rounds from the start (or resume) point until one says stop; returns why."""
+
+    def final_states(self) -> dict[int, np.ndarray]:
+        """Optimizer state for the final checkpoint (none by default)."""
+        return {}
+
+    def close(self) -> None:
+        self.recorder.close()
+
+    def timed_out(self, what: str, error: TimeoutError, ranks: list[int]) -> Exception:
+        """The watchdog's failure for a wait that timed out, naming who was missing (else ``ranks``)."""
+        return self.watchdog.failure(what, getattr(error, "missing", None) or ranks)

@@ -1,0 +1,318 @@
+"""The scheduler rank under full-batch L-BFGS (``model.optimizer = "lbfgs"``).
+
+Separation of concerns: SciPy's L-BFGS-B owns the search (directions, line
+search, curvature history); :func:`~mpi_trainer.algorithms.lbfgs.minimize`
+wraps it. This engine owns the parameter vector's round trips to the
+workers, evaluation on the test split after every iteration, early
+stopping, checkpoints and every file of the run directory. Workers own their
+blocks and compute loss and gradient sums there. One function evaluation is
+one broadcast of ``[flag, params]`` (float64) and one sum-reduction of
+``[loss_sum, samples, seconds per worker, gradient_sum]`` (float64): one MPI
+round trip. It speaks only through its :class:`~mpi_trainer.comm.protocol.SchedulerLink`.
+
+An *iteration* plays the part of a round: rounds.csv gets one row per
+accepted L-BFGS iterate, with the function evaluations it took.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mpi_trainer.algorithms.early_stopping import EarlyStopping
+from mpi_trainer.algorithms.lbfgs import Iterate, LbfgsSettings, Outcome, WireLayout, minimize
+from mpi_trainer.comm.codec import WeightCodec
+from mpi_trainer.comm.protocol import JobPlan, SchedulerLink
+from mpi_trainer.config import Config
+from mpi_trainer.data.sources import Dataset
+from mpi_trainer.errors import WorkerFailure
+from mpi_trainer.logs import get_logger
+from mpi_trainer.models import evaluate_model
+from mpi_trainer.models.gradients import TrainableVector
+from mpi_trainer.persistence.checkpoint import save_checkpoint
+from mpi_trainer.persistence.resume import ResumeState
+from mpi_trainer.persistence.run_files import (
+    CHECKPOINT_NAME,
+    FINAL_WEIGHTS_NAME,
+    ROUNDS_NAME,
+    SUMMARY_NAME,
+    RoundLog,
+    write_json_atomic,
+)
+from mpi_trainer.reporting.table import format_round_line, format_table
+
+LBFGS_FIELDS = [
+    "round", "wall_seconds", "train_seconds_max", "train_seconds_min", "comm_seconds",
+    "aggregate_seconds", "eval_seconds", "bytes", "test_loss", "test_accuracy", "max_staleness",
+    "train_loss", "val_loss", "val_accuracy", "function_evaluations", "gradient_norm", "samples",
+    "elapsed_seconds",
+]
+
+
+def settings_from(cfg: Config, iterations: int) -> LbfgsSettings:
+    options = cfg.lbfgs
+    return LbfgsSettings(iterations, options.history_size, options.gtol, options.ftol, options.max_evaluations)
+
+
+@dataclass
+class IterationClock:
+    """Time, worker seconds and bytes spent since the previous iteration was recorded."""
+
+    started: float
+    worker_seconds: np.ndarray
+    evaluate_seconds: float = 0.0
+    bytes: int = 0
+
+    @classmethod
+    def start(cls, workers: int) -> IterationClock:
+        return cls(time.perf_counter(), np.zeros(workers))
+
+    def add(self, seconds: float, worker_seconds: np.ndarray, nbytes: int) -> None:
+        self.evaluate_seconds += seconds
+        self.worker_seconds += worker_seconds
+        self.bytes += nbytes
+
+    def columns(self, ended: float) -> dict[str, Any]:
+        """Timing columns up to ``ended`` (before the test evaluation)."""
+        slowest = float(self.worker_seconds.max())
+        return {"train_seconds_max": slowest, "train_seconds_min": float(self.worker_seconds.min()),
+                # what the round trips took beyond the slowest worker's computing
+                "comm_seconds": max(0.0, self.evaluate_seconds - slowest),
+                # the scheduler's own L-BFGS work between evaluations
+                "aggregate_seconds": max(0.0, ended - self.started - self.evaluate_seconds),
+                "bytes": self.bytes}
+
+
+@dataclass
+class Progress:
+    """What the engine knows about the run so far (carried over a resume)."""
+
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    traffic_bytes: int = 0
+    wall_offset: float = 0.0
+    evaluations_before: int = 0
+    start_iteration: int = 0
+    stop_reason: str = "running"
+    message: str = ""
+
+
+class LbfgsScheduler:
+    def __init__(self, link: SchedulerLink, cfg: Config, dataset: Dataset, model: Any, plan: JobPlan,
+                 run_dir: Path, hosts: list[str] | None = None, resume: ResumeState | None = None) -> None:
+        self.link, self.cfg, self.dataset, self.model = link, cfg, dataset, model
+        self.transport = transport = link.transport  # read only: byte and wait counters
+        self.plan, self.run_dir = plan, run_dir
+        self.log = get_logger()
+        self.codec = WeightCodec.from_weights(model.get_weights())
+        self.vector = TrainableVector(model)
+        self.layout = WireLayout(self.vector.size, transport.workers)
+        self.request = self.layout.request()
+        self.early = EarlyStopping(cfg.early_stopping.monitor, cfg.early_stopping.patience,
+                                   cfg.early_stopping.min_delta)
+        self.progress = Progress()
+        self.started = time.perf_counter()
+        self.clock = IterationClock.start(transport.workers)
+        self.last_gradient: tuple[np.ndarray, np.ndarray] | None = None
+        self.placement: list[dict[str, Any]] = []
+        if resume is not None:
+            self.restore(resume)
+        self.round_log = RoundLog(run_dir / ROUNDS_NAME, LBFGS_FIELDS)
+
+    def restore(self, resume: ResumeState) -> None:
+        """Continue from a checkpoint's weights; SciPy's curvature history is not kept, so it starts afresh."""
+        self.model.set_weights(self.codec.unflatten(resume.weights))
+        self.early.best_value, self.early.best_round = resume.best_value, resume.best_round
+        self.early.wait, self.early.best_weights = resume.wait, resume.best_weights
+        self.progress = Progress(resume.rounds, resume.traffic_bytes, resume.wall_seconds, resume.steps,
+                                 resume.next_round)
+        self.log.info("resuming L-BFGS after iteration %d (%d function evaluations so far) with an empty "
+                      "curvature history", resume.next_round - 1, resume.steps)
+
+    @property
+    def workers(self) -> int:
+        return self.transport.workers
+
+    def record_placement(self, placement: list[dict[str, Any]]) -> None:
+        """Every rank's host, backend and device, for summary.json (the job learns them at set-up)."""
+        self.placement = placement
+
+    @property
+    def worker_timeout(self) -> float | None:
+        return self.cfg.watchdog.worker_timeout or None
+
+    def elapsed(self) -> float:
+        return self.progress.wall_offset + time.perf_counter() - self.started
+
+    # -- the run ----------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        self.log.info("full-batch L-BFGS: %d workers, model %s (%d trainable parameters), at most %d "
+                      "iterations and %d function evaluations", self.workers, self.cfg.model.name,
+                      self.vector.size, self.cfg.train.epochs, self.cfg.lbfgs.max_evaluations)
+        try:
+            self.collective(self.link.broadcast_weights, self.codec.flatten(self.model.get_weights()),
+                            "take the initial weights")
+            self.progress.traffic_bytes += self.transport.take_bytes()  # set-up and the initial weights
+            outcome = self.optimize()
+            self.release_workers()
+            return self.finish(outcome)
+        finally:
+            self.round_log.close()
+
+    def optimize(self) -> Outcome | None:
+        """L-BFGS for the iterations left; None when a resumed run has none left."""
+        remaining = self.cfg.train.epochs - self.progress.start_iteration
+        if remaining <= 0:
+            return None
+        self.clock = IterationClock.start(self.workers)
+        return minimize(self.evaluate, self.vector.read(), settings_from(self.cfg, remaining),
+                        self.on_iteration, self.progress.start_iteration)
+
+    def collective(self, verb: Any, buffer: np.ndarray, what: str) -> None:
+        try:
+            verb(buffer, timeout=self.worker_timeout)
+        except TimeoutError:
+            raise WorkerFailure(f"watchdog: the workers did not {what} within watchdog.worker_timeout="
+                                f"{self.worker_timeout:g} s; ending the job") from None
+
+    def evaluate(self, params: np.ndarray) -> tuple[float, np.ndarray]:
+        """One round trip: the mean loss and gradient over every block at ``params``."""
+        started = time.perf_counter()
+        self.layout.fill_request(self.request, params)
+        self.collective(self.link.broadcast_weights, self.request, "take the parameters")
+        contribution = self.layout.contribution()  # the scheduler adds zeros
+        self.collective(self.link.reduce_weights, contribution, "complete the gradient reduction")
+        sums = self.layout.unpack(contribution)
+        if sums.samples != self.plan.num_train:
+            raise RuntimeError(f"the workers summed over {sums.samples} samples; the blocks hold "
+                               f"{self.plan.num_train}")
+        # The broadcast is counted by the transport; each worker also sent one contribution.
+        sent = self.transport.take_bytes() + contribution.nbytes * self.workers
+        self.clock.add(time.perf_counter() - started, sums.seconds, sent)
+        loss, gradient = sums.mean()
+        self.last_gradient = (params.copy(), gradient)
+        return loss, gradient
+
+    def gradient_norm(self, params: np.ndarray) -> float:
+        """The largest gradient component at ``params`` (what ``lbfgs.gtol`` bounds), if it was evaluated there."""
+        if self.last_gradient is None or not np.array_equal(self.last_gradient[0], params):
+            return math.nan
+        return float(np.max(np.abs(self.last_gradient[1])))
+
+    def on_iteration(self, iterate: Iterate) -> bool:
+        """Record one accepted iterate; True ends the run (early stopping)."""
+        ended = time.perf_counter()
+        self.vector.assign(iterate.params)
+        evaluation, eval_seconds = self.evaluate_splits()
+        row = {"round": iterate.iteration, **self.clock.columns(ended), "eval_seconds": eval_seconds,
+               "wall_seconds": time.perf_counter() - self.clock.started, "max_staleness": 0,
+               "train_loss": iterate.loss, "val_loss": math.nan, "val_accuracy": math.nan,
+               "function_evaluations": self.progress.evaluations_before + iterate.evaluations,
+               "gradient_norm": self.gradient_norm(iterate.params), "samples": self.plan.num_train,
+               **evaluation}
+        self.record(row)
+        weights = self.codec.flatten(self.model.get_weights())
+        stop = self.early.update(iterate.iteration, row[self.cfg.early_stopping.monitor], weights)
+        every = self.cfg.checkpoint.every
+        if every > 0 and (iterate.iteration + 1) % every == 0:
+            self.checkpoint(iterate.iteration, weights)
+        self.clock = IterationClock.start(self.workers)
+        return stop
+
+    def evaluate_splits(self) -> tuple[dict[str, float], float]:
+        started = time.perf_counter()
+        batch = max(256, self.cfg.train.batch_size)
+        result = evaluate_model(self.model, self.dataset.x_test, self.dataset.y_test, batch)
+        out = {"test_loss": result["loss"], "test_accuracy": result["accuracy"]}
+        if self.cfg.early_stopping.monitor.startswith("val_") and len(self.dataset.x_val):
+            result = evaluate_model(self.model, self.dataset.x_val, self.dataset.y_val, batch)
+            out.update(val_loss=float(result["loss"]), val_accuracy=float(result["accuracy"]))
+        return out, time.perf_counter() - started
+
+    def record(self, row: dict[str, Any]) -> None:
+        self.progress.traffic_bytes += row["bytes"]
+        row["elapsed_seconds"] = self.elapsed()
+        self.progress.rounds.append(row)
+        self.round_log.write(row)
+        self.log.info("%s  train loss %.6g  %d evaluations", format_round_line(row, self.cfg.train.epochs),
+                      row["train_loss"], row["function_evaluations"])
+        write_json_atomic(self.run_dir / SUMMARY_NAME, self.summary())
+
+    # -- checkpoints and the end -------------------------------------------
+    @property
+    def evaluations(self) -> int:
+        rounds = self.progress.rounds
+        return int(rounds[-1]["function_evaluations"]) if rounds else self.progress.evaluations_before
+
+    def checkpoint(self, iteration: int, weights: np.ndarray) -> None:
+        """The same file as other runs, so ``train --resume`` continues from it (with a fresh history)."""
+        arrays = {"weights": weights}
+        if self.early.best_weights is not None:
+            arrays["best_weights"] = self.early.best_weights
+        meta = {"round": iteration, "rounds_completed": iteration + 1, "best_value": self.early.best_value,
+                "best_round": self.early.best_round, "wait": self.early.wait, "monitor": self.early.monitor,
+                "block_bounds": self.plan.block_bounds, "shuffle_seed": self.plan.shuffle_seed,
+                "traffic_bytes": self.progress.traffic_bytes, "config": self.cfg.to_dict(),
+                "steps": self.evaluations, "lr_scale": 1.0, "wall_seconds": self.elapsed(), "rollbacks": [],
+                "workers": self.workers, "optimizer": "lbfgs"}
+        save_checkpoint(self.run_dir / CHECKPOINT_NAME, arrays, meta)
+        self.log.debug("checkpoint written after iteration %d", iteration)
+
+    def release_workers(self) -> None:
+        self.layout.fill_request(self.request, None)
+        self.collective(self.link.broadcast_weights, self.request, "take the stop request")
+        self.progress.traffic_bytes += self.transport.take_bytes()
+
+    def final_round(self) -> dict[str, Any] | None:
+        """The iterate kept: the best one after an early or NaN stop, else the last."""
+        rounds = self.progress.rounds
+        if self.progress.stop_reason in ("early_stopping", "nan") and self.early.best_weights is not None:
+            self.model.set_weights(self.codec.unflatten(self.early.best_weights))
+            return next(r for r in rounds if int(r["round"]) == self.early.best_round)
+        return rounds[-1] if rounds else None
+
+    def finish(self, outcome: Outcome | None) -> dict[str, Any]:
+        self.progress.stop_reason = outcome.reason if outcome else "epochs"
+        self.progress.message = outcome.message if outcome else "no iterations left"
+        if self.progress.stop_reason in ("nan", "abnormal"):
+            self.log.warning("L-BFGS stopped: %s", self.progress.message)
+        final = self.final_round()
+        self.model.save_weights(self.run_dir / FINAL_WEIGHTS_NAME)
+        if self.progress.rounds:
+            self.checkpoint(int(self.progress.rounds[-1]["round"]), self.codec.flatten(self.model.get_weights()))
+            self.log.info("per-iteration results:\n%s", format_table(self.progress.rounds))
+        summary = self.summary(final)
+        write_json_atomic(self.run_dir / SUMMARY_NAME, summary)
+        accuracy = summary["final_test_accuracy"]
+        self.log.info("done: %s after %d iterations (%d function evaluations), final test accuracy %s, "
+                      "%.1f s, %.2f MB sent; run directory %s", summary["stop_reason"],
+                      summary["rounds_completed"], self.evaluations,
+                      "n/a" if accuracy is None else f"{accuracy:.4f}", summary["wall_seconds"],
+                      summary["traffic_bytes"] / 1e6, self.run_dir)
+        return summary
+
+    def summary(self, final: dict[str, Any] | None = None) -> dict[str, Any]:
+        rounds = self.progress.rounds
+        final = final or (rounds[-1] if rounds else {})
+        wait_wall = self.transport.wait_wall_seconds
+        return {
+            "rounds_completed": len(rounds), "final_round": final.get("round"),
+            "final_test_accuracy": final.get("test_accuracy"), "final_test_loss": final.get("test_loss"),
+            "final_train_loss": final.get("train_loss"),
+            "best_test_accuracy": max((r["test_accuracy"] for r in rounds), default=None),
+            "wall_seconds": self.elapsed(), "steps": self.evaluations, "function_evaluations": self.evaluations,
+            "learning_rate": None, "rollbacks": [],
+            "resumed_after_round": self.progress.start_iteration - 1 if self.progress.start_iteration else None,
+            "traffic_bytes": self.progress.traffic_bytes, "checkpoint_bytes": 0,
+            "model_bytes": self.codec.nbytes, "parameter_bytes": self.vector.size * 8,
+            "stop_reason": self.progress.stop_reason, "optimizer_message": self.progress.message,
+            "optimizer": "lbfgs", "workers": self.workers, "aggregation": self.cfg.aggregation.method,
+            "ssp": self.cfg.aggregation.ssp, "monitor": self.early.monitor, "best_round": self.early.best_round,
+            "scheduler_wait_seconds": wait_wall, "scheduler_wait_cpu_seconds": self.transport.wait_cpu_seconds,
+            "scheduler_wait_cpu_fraction": self.transport.wait_cpu_seconds / wait_wall if wait_wall else 0.0,
+            "dataset": self.dataset.describe(), "placement": self.placement,
+        }

@@ -1,0 +1,339 @@
+"""One round, written once: what happens after a round's updates are in, whichever engine ran it.
+
+Separation of concerns: an engine (:mod:`.synchronous` or :mod:`.stale`)
+decides when workers run and what they get, collects their reports and
+produces the round's aggregated (or elected) weights. The
+:class:`RoundRecorder` does everything after that: the NaN policy, the
+evaluation, the ``rounds.csv`` row and ``summary.json``, early stopping,
+checkpoints, and the end of the run (final weights, summary, table). It owns
+the run's counters (:class:`RunState`) and is the only writer of the run
+directory. It sends nothing: what it needs from workers (optimizer state for
+a checkpoint) it asks the engine for through a callable.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mpi_trainer.algorithms import nan_guard
+from mpi_trainer.algorithms.early_stopping import EarlyStopping
+from mpi_trainer.comm.codec import WeightCodec
+from mpi_trainer.comm.protocol import JobPlan, Report
+from mpi_trainer.config import Config
+from mpi_trainer.data.sources import Dataset
+from mpi_trainer.logs import get_logger
+from mpi_trainer.persistence.checkpoint import load_checkpoint, save_checkpoint
+from mpi_trainer.persistence.optimizer_state import ARRAY_PREFIX
+from mpi_trainer.persistence.resume import ResumeState, worker_seed
+from mpi_trainer.persistence.run_files import (
+    CHECKPOINT_NAME,
+    FINAL_WEIGHTS_NAME,
+    ROUND_FIELDS,
+    ROUNDS_NAME,
+    SUMMARY_NAME,
+    RoundLog,
+    backup_path,
+    write_json_atomic,
+)
+from mpi_trainer.reporting.observers import RunObservers
+from mpi_trainer.reporting.table import format_table
+from mpi_trainer.scheduler.evaluation import Evaluator
+
+
+class StopReason(str, Enum):
+    """Why a run ended (``summary.json`` ``stop_reason``)."""
+
+    RUNNING = "running"
+    EPOCHS = "epochs"
+    EARLY_STOPPING = "early_stopping"
+    NAN = "nan"
+    MAX_STEPS = "max_steps"
+
+    __str__ = str.__str__
+
+
+class Retry(Enum):
+    """A round's outcome that is not a stop: run the same round again (after a NaN rollback)."""
+
+    ROUND = "retry"
+
+
+# What closing a round decides: stop (why), run it again, or go on (None).
+Outcome = StopReason | Retry | None
+KEEPS_BEST = (StopReason.EARLY_STOPPING, StopReason.NAN)  # these stops keep the best round's weights
+
+
+@dataclass
+class RunState:
+    """What the scheduler knows about the run so far."""
+
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    traffic_bytes: int = 0
+    stop_reason: StopReason = StopReason.RUNNING
+    steps: int = 0
+    lr_scale: float = 1.0
+    wall_offset: float = 0.0
+    consecutive_rollbacks: int = 0
+    checkpoint_bytes: int = 0
+    rollbacks: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class ClosedRound:
+    """A round's results as an engine hands them over: reports in rank order, bytes, seconds."""
+
+    index: int
+    reports: list[Report]
+    bytes: int
+    aggregate_seconds: float
+    winner: int = -1
+    elected: Report | None = None  # best under SSP: the winning update (its worker may have sent two)
+    max_staleness: int = 0
+
+
+class RoundRecorder:
+    def __init__(self, cfg: Config, dataset: Dataset, model: Any, codec: WeightCodec, plan: JobPlan,
+                 run_dir: Path, transport_stats: Any, hosts: list[str], resume: ResumeState | None = None) -> None:
+        self.cfg, self.dataset, self.model, self.codec, self.plan = cfg, dataset, model, codec, plan
+        self.run_dir = run_dir
+        self.transport_stats = transport_stats  # read-only: the scheduler's wait counters
+        self.log = get_logger()
+        self.evaluator = Evaluator(cfg, dataset, model, codec)
+        self.early = EarlyStopping(cfg.early_stopping.monitor, cfg.early_stopping.patience,
+                                   cfg.early_stopping.min_delta)
+        self.state = RunState()
+        self.started = time.perf_counter()
+        self.start_round = 0
+        self.discarded_bytes = 0  # traffic of rounds rolled back, counted with the next recorded round
+        self.optimizer_states: Callable[[], dict[int, np.ndarray]] = dict  # the engine sets how to gather them
+        self.initial_weights = codec.flatten(model.get_weights())
+        self.kept_weights: np.ndarray | None = None  # the weights the run ends with, once finished
+        self.placement: list[dict[str, Any]] = []  # host, backend and device of every rank; the job sets it
+        if resume is not None:
+            self.restore(resume)
+        self.round_log = RoundLog(run_dir / ROUNDS_NAME, ROUND_FIELDS)
+        # progress, TensorBoard and the timeline: what rank 0 shows of each round besides rounds.csv
+        self.observers = RunObservers(cfg, run_dir, self.start_round, hosts)
+
+    def restore(self, resume: ResumeState) -> None:
+        """Carry on from a checkpoint: counters, early-stopping state, and the time and bytes spent so far."""
+        self.early.best_value, self.early.best_round = resume.best_value, resume.best_round
+        self.early.wait, self.early.best_weights = resume.wait, resume.best_weights
+        self.state = RunState(rounds=resume.rounds, traffic_bytes=resume.traffic_bytes, steps=resume.steps,
+                              lr_scale=resume.lr_scale, wall_offset=resume.wall_seconds,
+                              rollbacks=resume.rollbacks)
+        self.start_round = resume.next_round
+
+    @property
+    def workers(self) -> int:
+        return len(self.plan.block_bounds)
+
+    @property
+    def learning_rate(self) -> float:
+        return self.cfg.model.learning_rate * self.state.lr_scale
+
+    def elapsed(self) -> float:
+        """Wall seconds of the whole run, including the attempts before a resume."""
+        return self.state.wall_offset + time.perf_counter() - self.started
+
+    def steps_exhausted(self) -> bool:
+        return 0 < self.cfg.train.max_steps <= self.state.steps
+
+    def count_bytes(self, nbytes: int) -> None:
+        """Traffic outside any round's row (set-up, release, a discarded round): in the run's total only."""
+        self.state.traffic_bytes += nbytes
+
+    # -- the NaN policy -------------------------------------------------------
+    def non_finite_cause(self, reports: list[Report], weights: np.ndarray) -> str | None:
+        outcomes = [nan_guard.WorkerOutcome(r.rank, r.train_loss, r.weights_finite) for r in reports]
+        return nan_guard.non_finite_cause(outcomes, weights)
+
+    def on_non_finite(self, round_index: int, cause: str, before: np.ndarray,
+                      received: int) -> tuple[Outcome, np.ndarray]:
+        """Apply ``train.nan_policy``: (NAN, the weights before the round) or (RETRY, the weights to rerun from)."""
+        self.discarded_bytes += received
+        policy = self.cfg.train.nan_policy
+        if nan_guard.decide(policy, self.state.consecutive_rollbacks) == nan_guard.STOP:
+            self.log.error("round %d: %s; stopping (train.nan_policy=%r, %d rollbacks in a row), keeping "
+                           "the best weights", round_index, cause, policy, self.state.consecutive_rollbacks)
+            return StopReason.NAN, before
+        weights, checkpoint_round = self.last_good_weights()
+        old_rate = self.learning_rate
+        self.state.lr_scale /= 2
+        self.state.consecutive_rollbacks += 1
+        self.state.rollbacks.append({"round": round_index, "checkpoint_round": checkpoint_round,
+                                     "learning_rate": self.learning_rate, "cause": cause})
+        source = (f"the checkpoint of round {checkpoint_round}" if checkpoint_round >= 0
+                  else "the initial weights")
+        self.log.warning("round %d: %s; rolled back to %s, learning rate %g -> %g, optimizer state reset; "
+                         "running round %d again", round_index, cause, source, old_rate, self.learning_rate,
+                         round_index)
+        return Retry.ROUND, weights
+
+    def last_good_weights(self) -> tuple[np.ndarray, int]:
+        """The latest checkpoint's weights and round, or the initial weights (round -1) before one."""
+        path = self.run_dir / CHECKPOINT_NAME
+        if path.exists() or backup_path(path).exists():
+            arrays, meta = load_checkpoint(path)
+            return arrays["weights"].astype(np.float32), int(meta["round"])
+        return self.initial_weights.copy(), -1
+
+    # -- closing a round --------------------------------------------------------
+    def close_round(self, closed: ClosedRound, weights: np.ndarray,
+                    timing: Callable[[float], dict[str, Any]]) -> StopReason | None:
+        """Evaluate, record, check early stopping and checkpoint; returns a stop reason or None.
+
+        ``timing(ended)`` gives the engine's own columns (wall, communication,
+        idle time, block sizes) once the evaluation has ended at ``ended``.
+        """
+        self.state.consecutive_rollbacks = 0
+        evaluation, eval_seconds = self.evaluator.evaluate(weights)
+        self.observers.span("evaluate", closed.index, time.perf_counter() - eval_seconds)
+        row = self.round_row(closed, evaluation)
+        row.update(eval_seconds=eval_seconds, **timing(time.perf_counter()))
+        self.record(row)
+        stop = self.early.update(closed.index, row[self.cfg.early_stopping.monitor], weights)
+        self.maybe_checkpoint(closed.index, weights)
+        return StopReason.EARLY_STOPPING if stop else None
+
+    def round_row(self, closed: ClosedRound, evaluation: dict[str, float]) -> dict[str, Any]:
+        """One row of rounds.csv, but for the engine's timing columns."""
+        reports = closed.reports
+        train_times = [r.train_seconds for r in reports]
+        samples = sum(r.samples for r in reports)
+        row = {
+            "round": closed.index, "train_seconds_max": max(train_times), "train_seconds_min": min(train_times),
+            "aggregate_seconds": closed.aggregate_seconds, "bytes": closed.bytes + self.discarded_bytes,
+            "max_staleness": closed.max_staleness,
+            "train_loss": sum(r.train_loss * r.samples for r in reports) / samples,
+            "train_accuracy": sum(r.train_accuracy * r.samples for r in reports) / samples,
+            "val_loss": math.nan, "val_accuracy": math.nan, "samples": samples,
+            "winner": closed.winner if closed.winner >= 0 else "",
+            # one value per worker, by rank (under SSP the sum of its updates merged in the window)
+            "worker_train_seconds": ";".join(f"{sum(r.train_seconds for r in reports if r.rank == w):.4g}"
+                                             for w in range(1, self.workers + 1)),
+        }
+        self.discarded_bytes = 0
+        if closed.winner >= 0:
+            best = closed.elected or next(r for r in reports if r.rank == closed.winner)
+            row.update(val_loss=best.val_loss, val_accuracy=best.val_accuracy)
+        row.update(evaluation)
+        return row
+
+    def record(self, row: dict[str, Any]) -> None:
+        self.state.traffic_bytes += row["bytes"]
+        row["elapsed_seconds"] = self.elapsed()
+        row["steps"] = self.state.steps
+        self.state.rounds.append(row)
+        self.round_log.write(row)
+        self.observers.write_round(row)  # also the round's line in the log
+        write_json_atomic(self.run_dir / SUMMARY_NAME, self.summary())
+
+    # -- checkpoints ----------------------------------------------------------------
+    def checkpoint_due(self, round_index: int) -> bool:
+        every = self.cfg.checkpoint.every
+        return every > 0 and (round_index + 1) % every == 0
+
+    def maybe_checkpoint(self, round_index: int, weights: np.ndarray) -> None:
+        if self.checkpoint_due(round_index):
+            self.checkpoint(round_index, weights, self.optimizer_states())
+
+    def checkpoint(self, round_index: int, weights: np.ndarray, states: dict[int, np.ndarray]) -> None:
+        begun = time.perf_counter()
+        arrays = {"weights": weights}
+        if self.early.best_weights is not None:
+            arrays["best_weights"] = self.early.best_weights
+        arrays.update({f"{ARRAY_PREFIX}{rank}": vector for rank, vector in states.items()})
+        save_checkpoint(self.run_dir / CHECKPOINT_NAME, arrays, self.checkpoint_meta(round_index))
+        self.observers.span("checkpoint", round_index, begun)
+        self.log.debug("checkpoint written after round %d", round_index)
+
+    def checkpoint_meta(self, round_index: int) -> dict[str, Any]:
+        workers = range(1, self.workers + 1)
+        return {"round": round_index, "rounds_completed": round_index + 1,
+                "best_value": self.early.best_value, "best_round": self.early.best_round,
+                "wait": self.early.wait, "monitor": self.early.monitor,
+                "block_bounds": self.plan.block_bounds, "shuffle_seed": self.plan.shuffle_seed,
+                "traffic_bytes": self.state.traffic_bytes, "config": self.cfg.to_dict(),
+                "steps": self.state.steps, "lr_scale": self.state.lr_scale, "wall_seconds": self.elapsed(),
+                "rollbacks": self.state.rollbacks, "workers": self.workers,
+                "rng_seeds": {"train": self.cfg.train.seed, "shuffle": self.plan.shuffle_seed,
+                              "workers": [worker_seed(self.cfg.train.seed, w, self.start_round) for w in workers]}}
+
+    def needs_final_checkpoint(self) -> bool:
+        """False when the last round's checkpoint already holds what the end would write."""
+        if not self.state.rounds:
+            return False
+        last = int(self.state.rounds[-1]["round"])
+        written = self.checkpoint_due(last) and last >= self.start_round
+        return not written or self.state.stop_reason in KEEPS_BEST
+
+    # -- the end ----------------------------------------------------------------------
+    def final_weights(self, weights: np.ndarray) -> tuple[np.ndarray, dict[str, Any] | None]:
+        """The weights kept and their round: the best ones after an early or NaN stop, else the last."""
+        rounds = self.state.rounds
+        if self.state.stop_reason in KEEPS_BEST and self.early.best_weights is not None:
+            return self.early.best_weights, next(r for r in rounds if int(r["round"]) == self.early.best_round)
+        return weights, (rounds[-1] if rounds else None)
+
+    def finish(self, weights: np.ndarray, states: dict[int, np.ndarray]) -> dict[str, Any]:
+        """Final weights, final checkpoint, summary and the per-round table; returns the summary."""
+        kept, final = self.final_weights(weights)
+        self.kept_weights = kept
+        self.model.set_weights(self.codec.unflatten(kept))
+        self.model.save_weights(self.run_dir / FINAL_WEIGHTS_NAME)
+        if self.needs_final_checkpoint():
+            self.checkpoint(int(self.state.rounds[-1]["round"]), kept, states)
+        summary = self.summary(final)
+        write_json_atomic(self.run_dir / SUMMARY_NAME, summary)
+        if self.state.rounds:
+            self.log.info("per-round results:\n%s", format_table(self.state.rounds))
+        accuracy = summary["final_test_accuracy"]
+        self.log.info("done: %s after %d rounds, final test accuracy %s, %.1f s, %.2f MB sent; run "
+                      "directory %s", summary["stop_reason"], summary["rounds_completed"],
+                      "n/a" if accuracy is None else f"{accuracy:.4f}", summary["wall_seconds"],
+                      summary["traffic_bytes"] / 1e6, self.run_dir)
+        return summary
+
+    def summary(self, final: dict[str, Any] | None = None) -> dict[str, Any]:
+        rounds = self.state.rounds
+        final = final or (rounds[-1] if rounds else {})
+        wait_wall, wait_cpu = self.transport_stats.wait_wall_seconds, self.transport_stats.wait_cpu_seconds
+        return {
+            "rounds_completed": len(rounds),
+            "final_round": final.get("round"),
+            "final_test_accuracy": final.get("test_accuracy"),
+            "final_test_loss": final.get("test_loss"),
+            "best_test_accuracy": max((r["test_accuracy"] for r in rounds), default=None),
+            "wall_seconds": self.elapsed(),
+            "steps": self.state.steps,
+            "learning_rate": self.learning_rate,
+            "rollbacks": self.state.rollbacks,
+            "resumed_after_round": self.start_round - 1 if self.start_round else None,
+            "traffic_bytes": self.state.traffic_bytes,
+            "checkpoint_bytes": self.state.checkpoint_bytes,
+            "model_bytes": self.codec.nbytes,
+            "stop_reason": str(self.state.stop_reason),
+            "workers": self.workers,
+            "aggregation": self.cfg.aggregation.method,
+            "ssp": self.cfg.aggregation.ssp,
+            "monitor": self.early.monitor,
+            "best_round": self.early.best_round,
+            "scheduler_wait_seconds": wait_wall,
+            "scheduler_wait_cpu_seconds": wait_cpu,
+            "scheduler_wait_cpu_fraction": wait_cpu / wait_wall if wait_wall else 0.0,
+            "dataset": self.dataset.describe(),
+            "placement": self.placement,
+        }
+
+    def close(self) -> None:
+        self.round_log.close()
+        self.observers.close()

@@ -1,0 +1,245 @@
+"""The bounded-staleness (SSP) engine of the scheduler, used when ``aggregation.ssp > 0``.
+
+Separation of concerns: :class:`StaleEngine` decides when each worker gets
+work and how its update is merged; once a round's updates are in, the
+:class:`~mpi_trainer.scheduler.recorder.RoundRecorder` evaluates, records,
+checks early stopping and checkpoints, exactly as for a synchronous round. The
+staleness clock and the merge rules are pure functions in
+:mod:`mpi_trainer.algorithms.staleness`; the shares are
+:func:`~mpi_trainer.algorithms.aggregation.contribution_scale`'s, as in
+synchronous rounds.
+
+Exchange: every update travels point to point. The scheduler sends a worker an
+``UPDATE`` order and the current global weights; the worker trains once on its
+block and sends back its report and its weights. The scheduler takes whichever
+update arrives first (a non-blocking probe polled with sleeps, so it does not
+spin), merges it, and hands fresh work to every idle worker the staleness
+clock admits. A round closes every ``W`` merged updates: then the global model
+is evaluated, logged, checked for early stopping and checkpointed, exactly as a
+synchronous round, which it is at ``s = 0``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mpi_trainer.algorithms.aggregation import BestWindow
+from mpi_trainer.algorithms.staleness import (
+    StalenessClock,
+    UpdateRecord,
+    busy_seconds,
+    idle_fraction,
+    merge_delta,
+    merge_share,
+)
+from mpi_trainer.comm.protocol import JobPlan, Order, OrderKind, Report, SchedulerLink
+from mpi_trainer.config import Config
+from mpi_trainer.data.increment import round_samples
+from mpi_trainer.data.sources import Dataset
+from mpi_trainer.persistence.resume import ResumeState, trim_rounds
+from mpi_trainer.persistence.run_files import UPDATE_FIELDS, UPDATES_NAME, RoundLog
+from mpi_trainer.scheduler.engine import Engine
+from mpi_trainer.scheduler.recorder import ClosedRound, StopReason
+
+
+@dataclass
+class InFlight:
+    """An update handed to a worker and not yet merged."""
+
+    clock: int
+    base_version: int
+    base: np.ndarray
+    staleness: int
+    dispatched: float
+
+
+@dataclass
+class Window:
+    """The updates merged since the last round closed."""
+
+    started: float
+    reports: list[Report] = field(default_factory=list)
+    records: list[UpdateRecord] = field(default_factory=list)
+    busy: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
+    received_bytes: int = 0
+    merge_seconds: float = 0.0
+    comm_seconds: float = 0.0
+    winner: int = -1
+    leader: Report | None = None  # best: the leading update (its worker may have sent two in the window)
+
+
+class StaleEngine(Engine):
+    def __init__(self, link: SchedulerLink, cfg: Config, dataset: Dataset, model: Any, plan: JobPlan,
+                 run_dir: Path, hosts: list[str] | None = None, resume: ResumeState | None = None) -> None:
+        super().__init__(link, cfg, dataset, model, plan, run_dir, hosts, resume)
+        start = self.recorder.start_round
+        # Resumed: clocks go on from the checkpoint's next round (the round a worker's data draw
+        # follows), and update numbers from the updates kept for the rounds already recorded.
+        self.clock = StalenessClock(self.workers, cfg.aggregation.ssp, start=start)
+        kept = trim_rounds(run_dir / UPDATES_NAME, start - 1) if resume is not None else []
+        self.version = len(kept)
+        self.in_flight: dict[int, InFlight] = {}
+        self.dispatched = 0
+        self.update_budget = (cfg.train.epochs - start) * len(self.workers)
+        self.best = BestWindow()
+        self.window = Window(self.recorder.started)
+        self.update_log = RoundLog(run_dir / UPDATES_NAME, UPDATE_FIELDS)
+
+    def describe(self) -> str:
+        damping = " with staleness damping" if self.cfg.aggregation.staleness_damping else ""
+        return (f"{len(self.workers)} workers, {self.cfg.aggregation.method} aggregation, SSP staleness bound "
+                f"{self.cfg.aggregation.ssp}{damping}, model {self.cfg.model.name} ({self.codec.size} parameters)")
+
+    def close(self) -> None:
+        super().close()
+        self.update_log.close()
+
+    # -- the rounds -------------------------------------------------------------
+    def run_rounds(self) -> StopReason:
+        reason = self.run_windows()
+        self.drain()
+        return reason
+
+    def run_windows(self) -> StopReason:
+        """Merge updates as they arrive; every ``W`` of them close a round."""
+        self.dispatch_ready()
+        round_index = self.recorder.start_round
+        while round_index < self.cfg.train.epochs:
+            self.merge_next(round_index)
+            full = len(self.window.records) == len(self.workers)
+            if full and self.cfg.aggregation.elects:
+                self.elect()
+            self.dispatch_ready()  # before evaluating, so that workers do not wait on it
+            if full:
+                reason = self.close_round(round_index)
+                if reason:
+                    return reason
+                round_index += 1
+        return StopReason.EPOCHS
+
+    # -- handing out work ---------------------------------------------------
+    def dispatch_ready(self) -> None:
+        for worker in self.workers:
+            if worker not in self.in_flight and self.dispatched < self.update_budget \
+                    and self.clock.may_start(worker):
+                self.dispatch(worker)
+
+    def dispatch(self, worker: int) -> None:
+        clock = self.clock.clocks[worker]
+        self.link.send_order(worker, Order(OrderKind.UPDATE, clock=clock, version=self.version))
+        started = time.perf_counter()
+        sent = self.wire.encode(self.weights)
+        self.link.send_weights(worker, sent)
+        self.window.comm_seconds += time.perf_counter() - started
+        # The worker starts from the weights as they arrive: its delta is taken against the same.
+        self.in_flight[worker] = InFlight(clock, self.version, self.wire.decode(sent),
+                                          self.clock.lead(worker), time.perf_counter())
+        self.dispatched += 1
+
+    # -- taking updates in --------------------------------------------------
+    def receive_update(self) -> tuple[Report, np.ndarray, int]:
+        """The first update to arrive from any worker: its report, weights and bytes."""
+        try:
+            message = self.link.recv_report(self.watchdog.timeout)
+        except TimeoutError:
+            raise self.watchdog.failure("return an update", sorted(self.in_flight)) from None
+        started = time.perf_counter()
+        weights = self.link.recv_weights(message.source, self.wire.empty(self.codec.size))
+        self.window.comm_seconds += time.perf_counter() - started
+        return message.payload, self.wire.decode(weights.payload), message.nbytes + weights.nbytes
+
+    def merge_next(self, round_index: int) -> None:
+        report, local, nbytes = self.receive_update()
+        arrived = time.perf_counter()
+        flight = self.in_flight.pop(report.rank)
+        self.observers.worker_phases([report])
+        self.clock.finish(report.rank)
+        share = self.merge(report, local, flight)
+        self.version += 1
+        record = UpdateRecord(report.rank, flight.clock, flight.base_version, self.version, flight.staleness,
+                              self.version - 1 - flight.base_version, share, report.samples,
+                              report.train_seconds, round_index)
+        self.window.reports.append(report)
+        self.window.records.append(record)
+        self.window.busy.setdefault(report.rank, []).append((arrived - report.train_seconds, arrived))
+        self.window.received_bytes += nbytes
+        self.window.merge_seconds += time.perf_counter() - arrived
+        self.log_update(record, report)
+
+    def merge(self, report: Report, local: np.ndarray, flight: InFlight) -> float:
+        """Fold one update into the global model; returns the share it got (NaN for ``best``)."""
+        if self.cfg.aggregation.elects:
+            if self.best.offer(report.rank, report.val_accuracy, report.val_loss, local):
+                self.window.leader = report
+            return float("nan")
+        sizes = [end - start for start, end in self.plan.block_bounds]
+        round_total = round_samples(self.plan.num_train, sizes, flight.clock, self.cfg.data.increment)
+        share = merge_share(self.cfg.aggregation.method, report.samples, round_total, len(self.workers),
+                            flight.staleness, self.cfg.aggregation.staleness_damping)
+        merge_delta(self.weights, local, flight.base, share)
+        return share
+
+    def elect(self) -> None:
+        winner, weights = self.best.close()
+        self.weights = weights
+        self.window.winner = winner
+        scores = ", ".join(f"rank {r.rank} {r.val_accuracy:.4f}" for r in self.window.reports)
+        self.log.info("window election: %s -> rank %d", scores, winner)
+
+    def log_update(self, record: UpdateRecord, report: Report) -> None:
+        # val_* are the worker's own scores on the validation split, sent only for ``best`` (NaN otherwise).
+        row = {**asdict(record), "update": record.version - 1, "train_loss": report.train_loss,
+               "val_loss": report.val_loss, "val_accuracy": report.val_accuracy,
+               "elapsed_seconds": time.perf_counter() - self.recorder.started}
+        self.update_log.write(row)
+        self.log.debug("update %d from rank %d: clock %d, started from version %d, staleness %d, "
+                       "%d versions behind, share %.4g", record.version - 1, record.worker, record.clock,
+                       record.base_version, record.staleness, record.versions_behind, record.share)
+
+    # -- rounds -------------------------------------------------------------
+    def close_round(self, round_index: int) -> StopReason | None:
+        """The round made of the last ``W`` updates goes to the recorder; returns a stop reason or None."""
+        window = self.window
+        reports = sorted(window.reports, key=lambda r: (r.rank, r.round))
+        closed = ClosedRound(round_index, reports, self.link.take_bytes() + window.received_bytes,
+                             window.merge_seconds, window.winner, window.leader,
+                             max(record.staleness for record in window.records))
+        cause = self.recorder.non_finite_cause(reports, self.weights)
+        if cause:
+            return self.recorder.on_non_finite(round_index, cause, self.weights, closed.bytes)[0]
+        self.state.steps += sum(r.steps for r in reports)
+        stop = self.recorder.close_round(closed, self.weights, self.timing(window))
+        self.window = Window(time.perf_counter())
+        return stop
+
+    def timing(self, window: Window) -> Any:
+        def columns(ended: float) -> dict[str, Any]:
+            return {"wall_seconds": ended - window.started, "comm_seconds": window.comm_seconds,
+                    "idle_fraction": idle_fraction(ended - window.started, self.busy_in(window, ended)),
+                    "block_sizes": ";".join(str(end - start) for start, end in self.plan.block_bounds)}
+
+        return columns
+
+    def busy_in(self, window: Window, ended: float) -> dict[int, float]:
+        """Each worker's busy time in the window: merged updates, plus the one it is computing now."""
+        busy = {}
+        for worker in self.workers:
+            spans = list(window.busy.get(worker, []))
+            if worker in self.in_flight:
+                spans.append((self.in_flight[worker].dispatched, ended))
+            busy[worker] = busy_seconds(spans, window.started, ended)
+        return busy
+
+    # -- the end ------------------------------------------------------------
+    def drain(self) -> None:
+        """Take in (and drop) the updates still being computed, so that no worker is left sending."""
+        for _ in range(len(self.in_flight)):
+            report, _, nbytes = self.receive_update()
+            self.in_flight.pop(report.rank)
+            self.recorder.count_bytes(nbytes)
+        self.recorder.count_bytes(self.link.take_bytes())

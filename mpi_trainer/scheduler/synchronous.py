@@ -1,0 +1,283 @@
+"""The synchronous engine (``aggregation.ssp = 0``): every worker trains every round, on the same weights.
+
+Separation of concerns: this engine decides when workers run and what they
+get: each round's orders (block bounds after a re-cut, a step budget under
+``train.max_steps``, a new learning rate after a NaN rollback), the weights
+broadcast, and the collection (one sum-reduction for ``average`` /
+``weighted``, scores then the winner's weights for ``best``). It re-cuts
+blocks by throughput (``data.rebalance``), runs the next round during the
+evaluation (``train.overlap_eval``) and gathers optimizer state for
+checkpoints. What happens once a round's weights are in belongs to the
+:class:`~mpi_trainer.scheduler.recorder.RoundRecorder`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mpi_trainer.algorithms import aggregation
+from mpi_trainer.algorithms.rebalance import Rebalancer
+from mpi_trainer.algorithms.staleness import idle_fraction
+from mpi_trainer.algorithms.step_budget import step_budgets, steps_per_round
+from mpi_trainer.comm.protocol import JobPlan, Order, OrderKind, Report, SchedulerLink
+from mpi_trainer.config import Config
+from mpi_trainer.data.increment import log_data_shares
+from mpi_trainer.data.placement import ScatterLedger, moved_rows
+from mpi_trainer.data.sources import Dataset
+from mpi_trainer.persistence.optimizer_state import assign_states
+from mpi_trainer.persistence.resume import ResumeState
+from mpi_trainer.scheduler.engine import Engine
+from mpi_trainer.scheduler.recorder import ClosedRound, Outcome, Retry, StopReason
+
+
+class SynchronousEngine(Engine):
+    def __init__(self, link: SchedulerLink, cfg: Config, dataset: Dataset, model: Any, plan: JobPlan,
+                 run_dir: Path, hosts: list[str] | None = None, resume: ResumeState | None = None) -> None:
+        super().__init__(link, cfg, dataset, model, plan, run_dir, hosts, resume)
+        self.next_order = Order(OrderKind.ROUND)  # fields every worker's next order carries
+        self.pending_states: dict[int, np.ndarray] = {}
+        self.next_started: float | None = None  # set while the next round runs ahead (overlap_eval)
+        self.rebalancer = Rebalancer(plan.block_bounds, cfg.data.rebalance_smoothing) if cfg.data.rebalance else None
+        # Under scatter a re-cut moves rows: the ledger knows who holds what, ``moved`` what goes next.
+        self.ledger = (ScatterLedger(cfg, plan, self.workers)
+                       if cfg.data.rebalance and cfg.data.placement == "scatter" else None)
+        self.moved: dict[int, np.ndarray] = {}
+        self.recorder.optimizer_states = self.gather_optimizer_states
+        if resume is not None:
+            self.resume_from(resume)
+
+    def resume_from(self, resume: ResumeState) -> None:
+        self.pending_states = assign_states(resume.optimizer_states, self.workers)
+        if resume.lr_scale != 1.0:
+            self.next_order.learning_rate = self.recorder.learning_rate
+        self.log.info("resuming after round %d (%d steps so far); %d workers now, %d before%s",
+                      resume.next_round - 1, resume.steps, len(self.workers), resume.previous_workers,
+                      "" if resume.previous_workers == len(self.workers) else ": blocks re-planned")
+
+    # -- the rounds -------------------------------------------------------------
+    def run_rounds(self) -> StopReason:
+        round_index = self.recorder.start_round
+        while round_index < self.cfg.train.epochs:
+            if self.recorder.steps_exhausted():
+                return StopReason.MAX_STEPS
+            outcome = self.run_round(round_index)
+            if outcome is Retry.ROUND:
+                continue
+            round_index += 1
+            if outcome is not None:
+                return outcome
+        return StopReason.EPOCHS
+
+    def run_round(self, round_index: int) -> Outcome:
+        """One synchronous round; returns a stop reason, a retry after a NaN rollback, or None."""
+        started = self.next_started if self.next_started is not None else self.dispatch(round_index)
+        self.next_started = None
+        before = self.weights
+        closed = self.collect(started, round_index)
+        collected = time.perf_counter()
+        cause = self.recorder.non_finite_cause(closed.reports, self.weights)
+        if cause:
+            return self.on_non_finite(round_index, cause, before, closed.bytes)
+        self.state.steps += sum(r.steps for r in closed.reports)
+        log_data_shares(self.log, self.cfg.data.increment, round_index, closed.reports, self.plan.num_train)
+        closed.bytes += self.link.take_bytes()  # this round's bytes, before the next one starts
+        self.rebalance(round_index, closed.reports)
+        if self.overlaps(round_index):
+            # The workers train the next round while this one is evaluated and recorded.
+            self.next_started = self.dispatch(round_index + 1)
+        stop = self.recorder.close_round(closed, self.weights, self.timing(closed, started, collected))
+        if stop:
+            self.drain_next(round_index + 1)
+            return stop
+        return StopReason.MAX_STEPS if self.recorder.steps_exhausted() else None
+
+    def timing(self, closed: ClosedRound, started: float, collected: float) -> Any:
+        """The round's wall, communication and idle columns, once its evaluation ended."""
+
+        def columns(evaluated: float) -> dict[str, Any]:
+            ended = self.next_started if self.next_started is not None else evaluated
+            wall, train_max = ended - started, max(r.train_seconds for r in closed.reports)
+            return {"wall_seconds": wall,
+                    "comm_seconds": max(0.0, collected - started - train_max - closed.aggregate_seconds),
+                    "idle_fraction": idle_fraction(wall, {r.rank: r.train_seconds for r in closed.reports}),
+                    "block_sizes": ";".join(str(r.samples) for r in closed.reports)}
+
+        return columns
+
+    def on_non_finite(self, round_index: int, cause: str, before: np.ndarray, received: int) -> Outcome:
+        outcome, self.weights = self.recorder.on_non_finite(round_index, cause, before, received)
+        if outcome is Retry.ROUND:
+            self.next_order = replace(self.next_order, learning_rate=self.recorder.learning_rate,
+                                      reset_optimizer=True)
+        return outcome
+
+    def overlaps(self, round_index: int) -> bool:
+        """Whether the next round starts before this one is evaluated (train.overlap_eval).
+
+        Not before a checkpoint: gathering the workers' optimizer state needs them idle.
+        """
+        return (self.cfg.train.overlap_eval and round_index + 1 < self.cfg.train.epochs
+                and not self.recorder.checkpoint_due(round_index) and not self.recorder.steps_exhausted())
+
+    def drain_next(self, round_index: int) -> None:
+        """Early stop with the next round already running: take its results in and discard them."""
+        if self.next_started is None:
+            return
+        started, self.next_started = self.next_started, None
+        kept = self.weights
+        closed = self.collect(started, round_index)
+        self.weights = kept
+        self.recorder.count_bytes(self.link.take_bytes() + closed.bytes)
+        self.log.info("round %d was already under way when early stopping decided; its result is discarded",
+                      round_index)
+
+    # -- handing out a round ------------------------------------------------------
+    def round_orders(self, round_index: int) -> dict[int, Order]:
+        """Each worker's order, with a step budget when train.max_steps ends the run mid-round."""
+        budgets = None
+        if self.cfg.train.max_steps:
+            full = {worker: steps_per_round(end - start, self.cfg.train.batch_size)
+                    for worker, (start, end) in zip(self.workers, self.plan.block_bounds)}
+            budgets = step_budgets(self.cfg.train.max_steps - self.state.steps, full)
+        orders = {}
+        for worker in self.workers:
+            orders[worker] = replace(
+                self.next_order, round=round_index, optimizer_state=worker in self.pending_states,
+                max_steps=None if budgets is None else budgets[worker],
+                blocks=list(self.rebalancer.bounds) if self.rebalancer else None,
+                moved_rows=len(self.moved[worker]) if self.moved else None)
+        self.next_order = Order(OrderKind.ROUND)
+        return orders
+
+    def dispatch(self, round_index: int) -> float:
+        """Start a round on every worker (orders, moved rows, state, "ready", weights); returns when."""
+        started = time.perf_counter()
+        for worker, order in self.round_orders(round_index).items():
+            self.link.send_order(worker, order)
+            if self.moved:
+                self.send_moved(worker, round_index)
+        self.moved = {}
+        for worker, vector in self.pending_states.items():
+            self.link.send_state(worker, vector)
+        self.pending_states = {}
+        try:
+            self.link.await_ready(self.watchdog.deadline(started))
+        except TimeoutError as exc:
+            raise self.timed_out(f"start round {round_index}", exc, self.workers) from None
+        try:
+            self.link.broadcast_weights(self.wire.encode(self.weights), self.watchdog.timeout)
+        except TimeoutError as exc:
+            raise self.timed_out(f"take the weights of round {round_index}", exc, self.workers) from None
+        self.observers.span("send", round_index, started)
+        return started
+
+    def send_moved(self, worker: int, round_index: int) -> None:
+        """Scatter: the rows that changed owner go to their new worker before it reads its block."""
+        positions = self.moved[worker]
+        try:
+            nbytes = self.link.send_rows(worker, moved_rows(self.dataset, positions), self.watchdog.timeout)
+        except TimeoutError:
+            raise self.watchdog.failure(f"take its training rows for round {round_index}", [worker]) from None
+        if len(positions):
+            self.log.info("round %d: sent worker rank %d %d training rows that changed owner (%.2f MB)",
+                          round_index, worker, len(positions), nbytes / 1e6)
+
+    def rebalance(self, round_index: int, reports: list[Report]) -> None:
+        """Re-cut the blocks from this round's throughput; the next round's orders carry the new bounds."""
+        if self.rebalancer is None:
+            return
+        rates = {r.rank - 1: (r.samples, r.train_seconds) for r in reports}
+        if self.rebalancer.update(rates):
+            self.plan.block_bounds = list(self.rebalancer.bounds)
+            if self.ledger is not None:
+                self.moved = self.ledger.recut(self.plan, round_index + 1)
+            sizes = ", ".join(f"rank {w}: {end - start}" for w, (start, end)
+                              in zip(self.workers, self.rebalancer.bounds))
+            self.log.info("after round %d blocks re-cut by throughput (%s samples/s): %s", round_index,
+                          ", ".join(f"{rate:.0f}" for rate in self.rebalancer.throughput), sizes)
+
+    # -- collecting a round --------------------------------------------------------
+    def collect(self, started: float, round_index: int) -> ClosedRound:
+        reports, received = self.recv_reports(started, round_index)
+        self.observers.span("wait", round_index)
+        self.observers.worker_phases(reports)
+        closed = ClosedRound(round_index, reports, received, 0.0)
+        if self.cfg.aggregation.elects:
+            self.collect_best(closed)
+        else:
+            self.collect_reduced(closed)
+        return closed
+
+    def recv_reports(self, started: float, round_index: int) -> tuple[list[Report], int]:
+        reports, received = [], 0
+        for _ in self.workers:
+            try:
+                message = self.link.recv_report(self.watchdog.remaining(started))
+            except TimeoutError:
+                missing = sorted(set(self.workers) - {r.rank for r in reports})
+                raise self.watchdog.failure(f"report round {round_index}", missing) from None
+            reports.append(message.payload)
+            received += message.nbytes + message.payload.bytes_before_report
+        return sorted(reports, key=lambda r: r.rank), received
+
+    def collect_reduced(self, closed: ClosedRound) -> None:
+        """average / weighted: reports first (so the watchdog can name a missing rank), then one sum."""
+        try:
+            self.weights = self.sum_contributions()
+        except TimeoutError as exc:
+            raise self.timed_out("complete the weights reduction", exc, self.workers) from None
+        self.observers.span("aggregate", closed.index)
+        closed.bytes += self.wire_bytes * len(self.workers)  # every worker put one model into the sum
+
+    def sum_contributions(self) -> np.ndarray:
+        """The workers' scaled weights summed in float32: one MPI sum, or (16-bit wire) gathered rows."""
+        summed = self.codec.empty()
+        if not self.wire.compressed:
+            self.link.reduce_weights(summed, self.watchdog.timeout)
+            return summed
+        rows = np.zeros((len(self.workers) + 1, self.codec.size), dtype=self.wire.dtype)
+        self.link.gather_weights(rows, self.watchdog.timeout)
+        for row in rows[1:]:
+            summed += self.wire.decode(row)
+        return summed
+
+    def collect_best(self, closed: ClosedRound) -> None:
+        """best: scores travel first, then only the winner's weights."""
+        started = time.perf_counter()
+        winner = aggregation.elect({r.rank: (r.val_accuracy, r.val_loss) for r in closed.reports})
+        try:
+            message = self.link.request_weights(winner, self.wire.empty(self.codec.size), self.watchdog.timeout)
+        except TimeoutError:
+            raise self.watchdog.failure(f"send its weights for round {closed.index}", [winner]) from None
+        self.weights = self.wire.decode(message.payload)
+        self.observers.span("aggregate", closed.index, started)
+        closed.winner, closed.bytes = winner, closed.bytes + message.nbytes
+        closed.aggregate_seconds = time.perf_counter() - started
+        scores = ", ".join(f"rank {r.rank} {r.val_accuracy:.4f}" for r in closed.reports)
+        self.log.info("round %d election: %s -> rank %d", closed.index, scores, winner)
+
+    # -- optimizer state for checkpoints ---------------------------------------------
+    def final_states(self) -> dict[int, np.ndarray]:
+        return self.gather_optimizer_states() if self.recorder.needs_final_checkpoint() else {}
+
+    def gather_optimizer_states(self) -> dict[int, np.ndarray]:
+        """Each worker's optimizer vector, for the checkpoint; none after a NaN (it may hold NaN)."""
+        if self.state.stop_reason == StopReason.NAN:
+            return {}
+        states, received = {}, 0
+        for worker in self.workers:
+            try:
+                message = self.link.request_state(worker, self.watchdog.timeout)
+            except TimeoutError:
+                raise self.watchdog.failure("send its optimizer state", [worker]) from None
+            states[worker], received = message.payload, received + message.nbytes
+        # Checkpoint traffic is counted in the run's total, not in the round's row.
+        sent = self.link.take_bytes() + received
+        self.state.checkpoint_bytes += sent
+        self.recorder.count_bytes(sent)
+        return states

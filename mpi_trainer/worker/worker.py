@@ -1,0 +1,201 @@
+"""A training rank (ranks 1..N-1).
+
+Separation of concerns: the scheduler owns the global weights, the block plan,
+aggregation, evaluation, early stopping and every file in the run directory.
+A worker owns its local model, its optimizer state and its block of the
+training set. It waits for orders, trains one local epoch per round on its
+block and hands back its weights and metrics, in the shape the aggregation
+method wants (a scaled contribution to a reduction, or a scored candidate for
+election; under SSP, its weights point to point). With rebalancing the order
+names the block to train on, and under scatter the rows that changed owner
+follow it. It never decides when to stop and never writes files. It speaks
+only through its :class:`~mpi_trainer.comm.protocol.WorkerLink`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+from mpi_trainer.algorithms import aggregation
+from mpi_trainer.algorithms.step_budget import steps_per_round
+from mpi_trainer.comm.codec import WeightCodec
+from mpi_trainer.comm.protocol import JobPlan, Order, OrderKind, Report, WorkerLink
+from mpi_trainer.comm.wire import WireFormat
+from mpi_trainer.config import Config
+from mpi_trainer.data.feed import fit_arguments
+from mpi_trainer.data.placement import HeldRows, WorkerData, peak_rss_mib
+from mpi_trainer.data.sources import Dataset
+from mpi_trainer.logs import get_logger
+from mpi_trainer.models import evaluate_model, rebuild_model
+from mpi_trainer.persistence.optimizer_state import ensure_built, load_state_vector, state_vector
+from mpi_trainer.persistence.resume import worker_seed
+from mpi_trainer.reporting.progress import with_batch_progress
+from mpi_trainer.reporting.timeline import PhaseLog
+from mpi_trainer.worker.slowdown import make_slowdown
+
+
+class Worker:
+    def __init__(self, link: WorkerLink, plan: JobPlan, dataset: Dataset, cfg: Config,
+                 data: WorkerData | None = None) -> None:
+        self.link = link
+        self.cfg = cfg
+        self.rank = link.rank
+        self.log = get_logger()
+        self.model = rebuild_model(plan.model)
+        ensure_built(self.model)
+        self.codec = WeightCodec.from_weights(self.model.get_weights())
+        self.global_weights = self.codec.empty()
+        self.wire = WireFormat(cfg.aggregation.wire_dtype)
+        # where weights from the scheduler land: the float32 buffer itself, or a 16-bit one decoded into it
+        self.arriving = self.wire.empty(self.codec.size) if self.wire.compressed else self.global_weights
+        self.candidate: np.ndarray | None = None
+        self.dataset = dataset
+        # The block (and, with increment, each round's draw) comes from the data placement.
+        self.data = data if data is not None else WorkerData(dataset.train, plan, self.rank, cfg)
+        self.x, self.y = self.data.fixed_x, self.data.fixed_y
+        self.slowdown = make_slowdown(cfg.debug, self.rank)
+        self.shuffle_rng = np.random.default_rng(worker_seed(cfg.train.seed, self.rank, plan.start_round))
+        self.nan_injected = False
+        self.phases = PhaseLog(cfg.log.timeline)  # this rank's phases, handed on with its next report
+
+    def run(self) -> None:
+        """Serve orders until the scheduler says stop."""
+        handlers = {OrderKind.ROUND: self.run_round, OrderKind.UPDATE: self.run_update,
+                    OrderKind.SEND_WEIGHTS: self.send_candidate, OrderKind.SEND_OPTIMIZER: self.send_optimizer}
+        while True:
+            order = self.link.recv_order()
+            if order.kind == OrderKind.STOP:
+                self.log.debug("stop received; peak RSS %.1f MiB", peak_rss_mib())
+                return
+            if order.kind not in handlers:
+                raise RuntimeError(f"unknown order {order.kind!r} from the scheduler")
+            handlers[order.kind](order)
+
+    def send_candidate(self, order: Order) -> None:
+        self.link.send_weights(self.wire.encode(self.candidate))
+
+    def send_optimizer(self, order: Order) -> None:
+        self.link.send_state(state_vector(self.model.optimizer))
+
+    # -- a synchronous round -----------------------------------------------------
+    def run_round(self, order: Order) -> None:
+        self.follow_blocks(order)
+        self.apply_optimizer_changes(order)
+        self.link.take_bytes()
+        waited = time.time()
+        # "ready": lets the scheduler's watchdog name a rank that stopped before the broadcast.
+        self.link.send_ready(order.round)
+        self.link.recv_broadcast(self.arriving)
+        self.wire.decode(self.arriving, self.global_weights)
+        self.phases.add("wait", order.round, waited)
+        report, local = self.train_and_report(order.round, order.max_steps)
+        elects = self.cfg.aggregation.elects
+        if elects:
+            self.score(report)
+            self.candidate = local
+        report.bytes_before_report = self.link.take_bytes()
+        report.phases, sending = self.phases.take(), time.time()
+        # The report goes first, so a scheduler that times out knows which rank is missing.
+        self.link.send_report(report)
+        if not elects:
+            local *= np.float32(aggregation.contribution_scale(
+                self.cfg.aggregation.method, report.samples, self.data.round_total(order.round), self.link.workers))
+            self.link.contribute(self.wire.encode(local), gathered=self.wire.compressed)
+        self.phases.add("send", order.round, sending)
+        self.log.debug("round %d: loss %.4f acc %.4f in %.2f s on %d samples", order.round,
+                       report.train_loss, report.train_accuracy, report.train_seconds, report.samples)
+
+    def apply_optimizer_changes(self, order: Order) -> None:
+        """Optimizer changes the scheduler asks for before a round (NaN rollback, resume)."""
+        optimizer = self.model.optimizer
+        if order.optimizer_state:
+            load_state_vector(optimizer, self.link.recv_state())
+        if order.reset_optimizer:
+            # Moments computed from non-finite gradients would poison the next round.
+            for variable in optimizer.variables:
+                if "learning_rate" not in variable.path:
+                    variable.assign(np.zeros(variable.shape, dtype=variable.dtype))
+        if order.learning_rate is not None:
+            optimizer.learning_rate = order.learning_rate
+            self.log.debug("learning rate set to %g", order.learning_rate)
+
+    def follow_blocks(self, order: Order) -> None:
+        """Rebalancing: adopt the blocks the scheduler re-cut for this round.
+
+        Under scatter the rows that changed owner follow the order; otherwise only bounds travel.
+        """
+        if order.blocks is None:
+            return
+        if order.moved_rows is not None:
+            rows = self.link.recv_rows()
+            self.data.take_rows(HeldRows(rows.positions, rows.x, rows.y), order.blocks, order.round)
+        if self.data.set_blocks(order.blocks):
+            self.log.debug("round %d: block now [%d, %d)", order.round, *order.blocks[self.rank - 1])
+
+    # -- an SSP update --------------------------------------------------------------
+    def run_update(self, order: Order) -> None:
+        """SSP: receive the current global weights, train once, send the report and the weights back."""
+        self.link.take_bytes()
+        waited = time.time()
+        self.link.recv_weights(self.arriving)
+        self.wire.decode(self.arriving, self.global_weights)
+        self.phases.add("wait", order.clock, waited)
+        report, local = self.train_and_report(order.clock)
+        if self.cfg.aggregation.elects:
+            self.score(report)
+        report.phases, sending = self.phases.take(), time.time()
+        self.link.send_report(report)
+        self.link.send_weights(self.wire.encode(local))
+        self.phases.add("send", order.clock, sending)
+
+    # -- training and scoring -----------------------------------------------------------
+    def train_and_report(self, round_index: int, max_steps: int | None = None) -> tuple[Report, np.ndarray]:
+        """One local epoch from the global weights on this round's data; the report and the new weights."""
+        self.x, self.y = self.data.for_round(round_index)
+        metrics, train_seconds, steps = self.train_once(max_steps)
+        self.phases.add("train", round_index, time.time() - train_seconds)
+        local = self.codec.flatten(self.model.get_weights())
+        self.maybe_inject_nan(round_index, local)
+        loss = metrics.get("loss", 0.0 if not steps else math.nan)
+        report = Report(self.rank, round_index, len(self.x), loss, metrics.get("accuracy", math.nan),
+                        train_seconds, steps=steps, weights_finite=bool(np.all(np.isfinite(local))))
+        return report, local
+
+    def train_once(self, max_steps: int | None = None) -> tuple[dict[str, Any], float, int]:
+        """One local epoch on the block (or ``max_steps`` batches of it); metrics, seconds, steps."""
+        self.model.set_weights(self.codec.unflatten(self.global_weights))
+        batch = self.cfg.train.batch_size
+        x, y = self.x, self.y
+        if max_steps is not None:
+            if max_steps == 0:
+                return {}, 0.0, 0
+            rows = np.random.default_rng(self.cfg.train.seed + self.rank).permutation(len(x))[:max_steps * batch]
+            x, y = x[rows], y[rows]
+        started = time.perf_counter()
+        callbacks = [self.slowdown] if self.slowdown is not None else None
+        callbacks = with_batch_progress(callbacks, self.cfg.log.verbosity, steps_per_round(len(x), batch))
+        history = self.model.fit(**fit_arguments(x, y, batch, self.shuffle_rng), epochs=1, verbose=0,
+                                 callbacks=callbacks)
+        metrics = {k: float(v[-1]) for k, v in history.history.items()}
+        return metrics, time.perf_counter() - started, steps_per_round(len(x), batch)
+
+    def maybe_inject_nan(self, round_index: int, local: np.ndarray) -> None:
+        """Test hook (debug.nan_rank / debug.nan_round): poison this rank's weights once."""
+        debug = self.cfg.debug
+        if debug.nan_rank == self.rank and debug.nan_round == round_index and not self.nan_injected:
+            self.log.warning("debug: injecting NaN into the weights of round %d", round_index)
+            local[:] = np.nan
+            self.nan_injected = True
+
+    def score(self, report: Report) -> None:
+        """Best-of election: score this round's weights on the shared validation split."""
+        started = time.perf_counter()
+        result = evaluate_model(self.model, self.dataset.x_val, self.dataset.y_val,
+                                max(256, self.cfg.train.batch_size))
+        report.val_loss, report.val_accuracy = float(result["loss"]), float(result["accuracy"])
+        report.eval_seconds = time.perf_counter() - started
+        self.phases.add("evaluate", report.round, time.time() - report.eval_seconds)

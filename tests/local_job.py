@@ -1,0 +1,81 @@
+"""A whole job in one process: the scheduler engine and real workers on the naive local transport."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+
+from mpi_trainer.comm.local import LocalWorld
+from mpi_trainer.comm.protocol import JobPlan, Report, SchedulerLink, WorkerLink
+from mpi_trainer.config import config_from_dict
+from mpi_trainer.data.partition import block_bounds
+from mpi_trainer.data.placement import place_data
+from mpi_trainer.data.sources import load_dataset
+from mpi_trainer.models import build_model
+from mpi_trainer.persistence.run_files import read_rounds
+from mpi_trainer.scheduler import engine_class
+from mpi_trainer.worker import Worker
+
+
+class RecordingWorker(Worker):
+    """A real worker that keeps what it trained each round, for checking the aggregate by hand."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.trained: list[tuple[Report, np.ndarray]] = []
+
+    def train_and_report(self, round_index: int, max_steps: int | None = None) -> tuple[Report, np.ndarray]:
+        report, local = super().train_and_report(round_index, max_steps)
+        self.trained.append((report, local.copy()))
+        return report, local
+
+
+@dataclass
+class LocalJob:
+    run_dir: Path
+    engine: Any
+    workers: list[RecordingWorker]
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def rounds(self) -> list[dict[str, str]]:
+        return read_rounds(self.run_dir / "rounds.csv")
+
+    def trained(self, round_index: int) -> list[tuple[Report, np.ndarray]]:
+        """Every worker's report and weights of ``round_index`` (first update per worker under SSP)."""
+        return [next(t for t in w.trained if t[0].round == round_index) for w in self.workers]
+
+
+def place(world: LocalWorld, cfg: Any, dataset: Any, plan: JobPlan) -> dict[int, tuple[Any, Any]]:
+    """Each rank's training rows as set-up places them (shared file, or scattered by the scheduler)."""
+    transports = world.transports()
+    roles = {0: lambda: place_data(SchedulerLink(transports[0]), 0, cfg, dataset, plan)}
+    for rank in range(1, world.size):
+        mine = dataset if cfg.data.placement == "shared" else None
+        roles[rank] = lambda rank=rank, mine=mine: place_data(WorkerLink(transports[rank]), rank, cfg, mine, plan)
+    return world.run(roles)
+
+
+def run_local_job(run_dir: Path, workers: int = 2, **sections: Any) -> LocalJob:
+    """Train on the built-in digits (by default) with ``workers`` worker threads; returns the finished job."""
+    table = {"data": {"source": "digits"}, "train": {"epochs": 2, "batch_size": 64}, "log": {"verbosity": 0}}
+    for name, values in sections.items():
+        table[name] = {**table.get(name, {}), **values}
+    cfg = config_from_dict(table)
+    keras.utils.set_random_seed(cfg.train.seed)
+    dataset = load_dataset(cfg.data, cfg.train.seed)
+    model, spec = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+    plan = JobPlan(cfg.to_dict(), spec, block_bounds(dataset.num_train, workers), cfg.train.seed, dataset.num_train)
+    world = LocalWorld(workers + 1)
+    transports = world.transports()
+    placed = place(world, cfg, dataset, plan)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    engine = engine_class(cfg)(SchedulerLink(transports[0]), cfg, dataset, model, plan, run_dir)
+    # Built one after another (not in their threads) so that every run seeds its layers alike.
+    team = [RecordingWorker(WorkerLink(transports[rank]), plan, placed[rank][1], cfg, placed[rank][0])
+            for rank in range(1, workers + 1)]
+    results = world.run({0: engine.run, **{w.rank: w.run for w in team}})
+    return LocalJob(run_dir, engine, team, results[0])

@@ -1,0 +1,49 @@
+"""Real mpirun jobs off TensorFlow (JAX in CI; PyTorch where installed) and device placement on every rank."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from conftest import run_mpi
+
+
+def installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+BACKENDS = [
+    pytest.param("jax", marks=pytest.mark.skipif(not installed("jax"), reason="jax is not installed "
+                                                 "(pip install -e '.[jax]'; scripts/test.sh installs it)")),
+    pytest.param("torch", marks=pytest.mark.skipif(not installed("torch"), reason="torch is not installed: "
+                                                   "its PyPI wheel with CUDA libraries is several GB, too large "
+                                                   "for CI here; install torch to run this test")),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_job_trains_on_the_backend_and_logs_where_each_rank_ran(backend, tmp_path):
+    result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", "train.epochs=2", "--set", "checkpoint.every=1"],
+                     tmp_path / "run", extra_env={"KERAS_BACKEND": backend, "CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 0, result.output[-3000:]
+    summary = result.summary()
+    assert summary["rounds_completed"] == 2 and summary["final_test_accuracy"] > 0.5
+    placement = summary["placement"]
+    assert [(p["rank"], p["role"], p["backend"], p["device"]) for p in placement] == [
+        (0, "scheduler", backend, "cpu"), (1, "worker", backend, "cpu"), (2, "worker", backend, "cpu")]
+    log = (result.run_dir / "train.log").read_text()
+    for p in placement[1:]:
+        assert f"rank {p['rank']} on {p['host']}: {backend}, cpu" in log
+    scheduler = f"rank 0 (scheduler) on {placement[0]['host']}: {backend}, cpu"
+    assert f"{scheduler} (aggregates in NumPy, evaluates on cpu)" in log
+
+
+def test_asking_for_a_gpu_on_a_node_without_one_fails_on_every_rank_before_training(tmp_path):
+    # An empty CUDA_VISIBLE_DEVICES hides every GPU, whatever this machine has.
+    result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", "train.device='gpu'"], tmp_path / "run",
+                     extra_env={"CUDA_VISIBLE_DEVICES": ""}, timeout=120)
+    assert result.returncode != 0
+    lines = [line for line in result.output.splitlines() if "asks for a GPU but node" in line]
+    assert len(lines) == 3, result.output[-3000:]  # every rank says so
+    assert "looked at CUDA_VISIBLE_DEVICES=''" in lines[0] and "Received: train.device='gpu'" in lines[0]
+    assert not (tmp_path / "run" / "rounds.csv").exists()

@@ -1,0 +1,122 @@
+"""Real ``mpirun`` jobs that fail on purpose: a killed worker, a stopped worker, NaN weights, resumes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+from conftest import MPI_TIMEOUT, ROOT, MpiResult, run_mpi
+
+from mpi_trainer.launch.mpirun import rank_pid
+from mpi_trainer.persistence.run_files import read_rounds
+
+QUICK = ["configs/quickstart.toml", "--set", "checkpoint.every=2"]
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+def wait_for_rounds(run_dir: Path, count: int, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + MPI_TIMEOUT
+    while time.monotonic() < deadline and proc.poll() is None:
+        path = run_dir / "rounds.csv"
+        if path.exists() and len(read_rounds(path)) >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"job ended or stalled before {count} rounds: {proc.poll()}")
+
+
+def signal_rank(proc: subprocess.Popen, rank: int, sig: int) -> int:
+    pid = rank_pid(proc.pid, rank)
+    assert pid is not None, "rank process not found"
+    os.kill(pid, sig)
+    return pid
+
+
+def test_launch_resumes_after_a_worker_is_killed_and_matches_an_uninterrupted_run(tmp_path):
+    """(a) kill -9 of a worker under launch --max-restarts: every round once, accuracy within 1 pp."""
+    sets = [*QUICK, "--set", "train.epochs=15"]
+    run_dir = tmp_path / "launched"
+    command = [sys.executable, "-m", "mpi_trainer", "launch", "-n", "3", "--max-restarts", "2", *sets,
+               "--run-dir", str(run_dir)]
+    launcher = subprocess.Popen(command, cwd=ROOT, env=ENV, text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
+    wait_for_rounds(run_dir, 5, launcher)
+    signal_rank(launcher, 2, signal.SIGKILL)
+    output, _ = launcher.communicate(timeout=MPI_TIMEOUT)
+    assert launcher.returncode == 0, output
+    launched = MpiResult(0, output, run_dir)
+    assert [int(r["round"]) for r in launched.rounds()] == list(range(15))
+    summary = launched.summary()
+    assert summary["rounds_completed"] == 15
+    # Killed after round 4 or a little later: resumed from an odd round's checkpoint (every 2 rounds).
+    assert summary["resumed_after_round"] % 2 == 1 and 3 <= summary["resumed_after_round"] < 14
+    assert len(summary["restarts"]) == 1 and "exited with status" in summary["restarts"][0]["cause"]
+    assert "restarting with --resume" in (run_dir / "launch.log").read_text()
+    baseline = run_mpi(3, ["train", *sets], tmp_path / "uninterrupted")
+    assert baseline.returncode == 0, baseline.output
+    assert abs(summary["final_test_accuracy"] - baseline.summary()["final_test_accuracy"]) <= 0.01
+
+
+def test_stopped_worker_ends_the_job_naming_its_rank(tmp_path):
+    """(b) SIGSTOP of a worker: non-zero exit within worker_timeout + 30 s, naming the rank and host."""
+    run_dir, timeout = tmp_path / "stopped", 20  # covers the first round, which compiles, on a busy CI node
+    from mpi_trainer.launch.mpirun import mpirun_command
+
+    command = mpirun_command(3, ["train", *QUICK, "--set", "train.epochs=500", "--set",
+                                 f"watchdog.worker_timeout={timeout}", "--run-dir", str(run_dir)])
+    job = subprocess.Popen(command, cwd=ROOT, env=ENV, text=True, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT)
+    wait_for_rounds(run_dir, 3, job)
+    stopped = signal_rank(job, 2, signal.SIGSTOP)
+    started = time.monotonic()
+    output, _ = job.communicate(timeout=MPI_TIMEOUT)
+    assert job.returncode != 0
+    assert time.monotonic() - started < timeout + 30
+    # Stopped while training or between rounds, rank 2 alone is named; inside the few
+    # milliseconds of a collective, MPI cannot say who is missing and every worker is named.
+    assert "mpi_trainer: error: watchdog: " in output
+    named = output.split("watchdog: ", 1)[1].split(" did not")[0]
+    assert f"worker rank 2 on host {os.uname().nodename}" in named
+    assert f"within watchdog.worker_timeout={timeout} s" in output
+    assert not psutil.pid_exists(stopped) or psutil.Process(stopped).status() == psutil.STATUS_ZOMBIE
+
+
+def test_nan_policies_and_an_elastic_resume(tmp_path):
+    """(e) NaN in one worker's weights: stop keeps the best, rollback halves the learning rate;
+    (c) the rolled-back run resumes on fewer workers; a resume with another model is refused."""
+    nan = ["--set", "debug.nan_rank=1", "--set", "debug.nan_round=2", "--set", "checkpoint.every=1"]
+    stopped = run_mpi(3, ["train", *QUICK, *nan, "--set", "train.epochs=6"], tmp_path / "stop")
+    assert stopped.returncode == 0, stopped.output
+    summary = stopped.summary()
+    assert summary["stop_reason"] == "nan" and summary["rounds_completed"] == 2
+    assert summary["final_test_accuracy"] == summary["best_test_accuracy"]
+    assert "non-finite weights from worker rank(s) [1]; stopping" in stopped.output
+
+    rollback = ["--set", "train.nan_policy=rollback"]
+    rolled = run_mpi(3, ["train", *QUICK, *nan, *rollback, "--set", "train.epochs=8",
+                         "--set", "train.max_steps=190"], tmp_path / "rollback")
+    assert rolled.returncode == 0, rolled.output
+    summary = rolled.summary()
+    assert summary["stop_reason"] == "max_steps" and summary["steps"] == 190
+    assert [int(r["round"]) for r in rolled.rounds()] == [0, 1, 2, 3, 4]
+    assert summary["learning_rate"] == 0.0015 and summary["rollbacks"][0]["checkpoint_round"] == 1
+    assert "rolled back to the checkpoint of round 1, learning rate 0.003 -> 0.0015" in rolled.output
+
+    refused = run_mpi(2, ["train", *QUICK, "--set", "model.name=lenet", "--resume"], tmp_path / "rollback")
+    assert refused.returncode == 2
+    assert "model.name='lenet' (checkpoint: 'mlp')" in refused.output
+
+    resumed = run_mpi(2, ["train", *QUICK, *nan, *rollback, "--set", "train.epochs=7", "--resume"],
+                      tmp_path / "rollback")
+    assert resumed.returncode == 0, resumed.output
+    after = resumed.summary()
+    assert [int(r["round"]) for r in resumed.rounds()] == list(range(7))
+    assert after["workers"] == 1 and after["rounds_completed"] == 7 and after["resumed_after_round"] == 4
+    assert after["steps"] == 190 + 2 * 41
+    assert after["traffic_bytes"] > summary["traffic_bytes"]
+    assert after["wall_seconds"] > summary["wall_seconds"]
+    assert len(after["rollbacks"]) == 1 and after["learning_rate"] == 0.0015

@@ -1,0 +1,43 @@
+"""Full-batch L-BFGS under real mpirun: the logged losses are those of SciPy run directly on the whole data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import run_mpi
+from lbfgs_reference import digits_softmax_problem, scipy_losses, softmax_regression_objective
+
+from mpi_trainer.models.gradients import TrainableVector
+
+ITERATIONS = 5
+
+
+@pytest.fixture(scope="module")
+def reference_losses() -> list[float]:
+    x, y, classes, model = digits_softmax_problem(seed=0, validation_size=0.1)
+    return scipy_losses(softmax_regression_objective(x, y, classes), TrainableVector(model).read(), ITERATIONS)
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_lbfgs_losses_match_the_single_process_reference(ranks, reference_losses, tmp_path):
+    run_dir = tmp_path / f"lbfgs-{ranks}"
+    result = run_mpi(ranks, ["train", "configs/digits_lbfgs.toml", "--set", f"train.epochs={ITERATIONS}",
+                             "--set", "early_stopping.patience=0", "--set", "checkpoint.every=2"], run_dir)
+    assert result.returncode == 0, result.output
+    rows = result.rounds()
+    assert [int(r["round"]) for r in rows] == list(range(ITERATIONS))
+    np.testing.assert_allclose([float(r["train_loss"]) for r in rows], reference_losses, rtol=1e-5)
+    summary = result.summary()
+    assert summary["workers"] == ranks - 1 and summary["stop_reason"] == "epochs"
+    assert summary["function_evaluations"] == int(rows[-1]["function_evaluations"]) >= ITERATIONS + 1
+    assert summary["final_test_accuracy"] > 0.85
+    for name in ("config.toml", "train.log", "checkpoint.h5", "final.weights.h5"):
+        assert (run_dir / name).is_file(), name
+
+
+def test_lbfgs_refuses_ssp_on_every_rank(tmp_path):
+    result = run_mpi(3, ["train", "configs/digits_lbfgs.toml", "--set", "aggregation.ssp=1"], tmp_path / "run",
+                     timeout=60)
+    assert result.returncode != 0
+    assert result.output.count("`aggregation.ssp` is not available with model.optimizer='lbfgs'") == 3, \
+        result.output

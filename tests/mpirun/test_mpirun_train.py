@@ -1,0 +1,110 @@
+"""Real ``mpirun`` jobs on tiny data: one per aggregation method, plus failure paths."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import numpy as np
+import pytest
+from conftest import ROOT, run_mpi
+
+CONTROL_ALLOWANCE_PER_WORKER = 4096
+
+
+def _model_bytes(summary: dict) -> int:
+    return int(summary["model_bytes"])
+
+
+@pytest.mark.parametrize("method", ["average", "weighted", "best"])
+def test_each_method_trains_and_matches_traffic_minimum(method, tmp_path):
+    run_dir = tmp_path / method
+    result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", f"aggregation.method={method}",
+                         "--set", "train.epochs=4", "--set", "checkpoint.every=2"], run_dir)
+    assert result.returncode == 0, result.output
+    summary = result.summary()
+    rounds = result.rounds()
+    assert summary["rounds_completed"] == 4 == len(rounds)
+    assert [int(r["round"]) for r in rounds] == [0, 1, 2, 3]
+    assert summary["workers"] == 2 and summary["aggregation"] == method and summary["ssp"] == 0
+    assert summary["stop_reason"] == "epochs"
+    accuracies = [float(r["test_accuracy"]) for r in rounds]
+    assert accuracies[-1] > accuracies[0] and accuracies[-1] > 0.85
+    model, workers = _model_bytes(summary), 2
+    minimum = 2 * model * workers if method != "best" else model * (workers + 1)
+    for row in rounds:
+        sent = int(row["bytes"])
+        assert minimum <= sent <= minimum * 1.01 + CONTROL_ALLOWANCE_PER_WORKER * workers, row
+    for name in ("config.toml", "train.log", "checkpoint.h5", "final.weights.h5"):
+        assert (run_dir / name).is_file(), name
+    if method == "best":
+        assert all(r["winner"] in ("1", "2") for r in rounds)
+        assert "election" in (run_dir / "train.log").read_text()
+
+
+def test_a_float16_wire_halves_the_weight_bytes_over_real_mpi(tmp_path):
+    run_dir = tmp_path / "float16"
+    result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", "aggregation.wire_dtype=float16",
+                         "--set", "train.epochs=3", "--set", "checkpoint.every=0"], run_dir)
+    assert result.returncode == 0, result.output
+    model, workers = _model_bytes(result.summary()), 2
+    minimum = 2 * workers * model // 2  # one 16-bit copy down and one up per worker
+    for row in result.rounds():
+        assert minimum <= int(row["bytes"]) <= minimum * 1.01 + CONTROL_ALLOWANCE_PER_WORKER * workers, row
+    assert float(result.rounds()[-1]["test_accuracy"]) > 0.85
+
+
+def test_early_stopping_restores_the_best_round_and_frees_the_workers(tmp_path):
+    result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", "train.epochs=10",
+                         "--set", "early_stopping.patience=2", "--set", "early_stopping.min_delta=0.5"],
+                     tmp_path / "run")
+    assert result.returncode == 0, result.output
+    summary = result.summary()
+    assert summary["stop_reason"] == "early_stopping"
+    assert summary["rounds_completed"] == 3  # round 0 sets the best; two more without a 0.5 gain
+    assert summary["final_round"] == 0
+    assert summary["final_test_accuracy"] == pytest.approx(float(result.rounds()[0]["test_accuracy"]))
+
+
+def test_user_model_by_module_path(tmp_path, tiny_npz):
+    result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", f"data.source='{tiny_npz}'",
+                         "--set", "model.name=user_models:small_cnn", "--set", "train.epochs=2"],
+                     tmp_path / "run", extra_env={"PYTHONPATH": str(ROOT / "tests")})
+    assert result.returncode == 0, result.output
+    assert "input (8, 8, 1), 3 classes" in result.summary()["dataset"]
+
+
+def test_a_raising_worker_ends_the_whole_job_with_its_rank_and_traceback(tmp_path):
+    started = time.perf_counter()
+    result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", "model.name=user_models:fails_on_rank",
+                         "--set", "train.epochs=50"], tmp_path / "run", timeout=120,
+                     extra_env={"PYTHONPATH": str(ROOT / "tests"), "MPI_TRAINER_TEST_FAIL_RANK": "2"})
+    assert result.returncode != 0
+    assert re.search(r"mpi_trainer: rank 2 of 3 on \S+ failed:", result.output), result.output
+    assert "injected failure in a user layer" in result.output and "Traceback" in result.output
+    assert time.perf_counter() - started < 90
+    assert not (tmp_path / "run" / "summary.json").exists() or "epochs" not in \
+        (tmp_path / "run" / "summary.json").read_text()
+
+
+def test_bad_config_fails_on_every_rank_before_training(tmp_path):
+    result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", "train.batch_size=0"], tmp_path / "run",
+                     timeout=60)
+    assert result.returncode != 0
+    assert result.output.count("`train.batch_size` must be > 0. Received: train.batch_size=0") == 3
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_data_found_at_set_up_fails_on_every_rank(tmp_path):
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, images=np.zeros((4, 2)), labels=np.zeros(4))
+    result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", f"data.source='{bad}'"], tmp_path / "run",
+                     timeout=120)
+    assert result.returncode != 0
+    assert result.output.count("must hold arrays x_train, y_train, x_test, y_test or x, y") == 3
+
+
+def test_a_single_rank_is_told_it_needs_a_worker(tmp_path):
+    result = run_mpi(1, ["train", "configs/quickstart.toml"], tmp_path / "run", timeout=60)
+    assert result.returncode != 0
+    assert "needs at least one worker rank" in result.output and "Received: 1 rank" in result.output

@@ -1,0 +1,81 @@
+"""The program that test_mpirun_transport.py runs under ``mpirun -n 3``; rank 0 prints one JSON line.
+
+    python tests/mpirun/transport_job.py exact | late | timeout
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from mpi_trainer.comm.transport import Transport, TransportTimeout
+
+MB2 = 500_000  # float32 elements in 2 MB
+
+
+def exact(transport: Transport) -> dict:
+    """Every bulk verb at 2 MB, with values whose float32 sums are exact."""
+    rank, comm = transport.rank, transport.comm
+    pattern = (np.arange(MB2) % 1000).astype(np.float32)
+    summed = pattern * (rank + 1)
+    transport.reduce_sum(summed, timeout=30)
+    weights = pattern + 0.5 if rank == 0 else np.zeros(MB2, np.float32)
+    transport.broadcast(weights, timeout=30)
+    if rank == 2:
+        transport.send_array(pattern * 7, 0)
+    checks = {"broadcast": bool(np.array_equal(weights, pattern + 0.5))}
+    if rank == 0:
+        checks["reduce"] = bool(np.array_equal(summed, pattern * 6))  # 1 + 2 + 3
+        checks["send_array"] = bool(np.array_equal(transport.recv_array(np.empty(MB2, np.float32)).payload,
+                                                   pattern * 7))
+    checks["bytes"] = transport.take_bytes()
+    return {f"rank {r}": c for r, c in enumerate(comm.gather(checks, root=0) or [])}
+
+
+def measured(transport: Transport, call) -> dict:
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    call()
+    return {"wall": time.perf_counter() - wall0, "cpu": time.process_time() - cpu0}
+
+
+def late(transport: Transport) -> dict:
+    """Rank 2 comes 1 s late to a reduction and to a send; ranks 0 and 1 wait for it."""
+    rank, buf = transport.rank, np.ones(MB2, np.float32)
+    transport.comm.Barrier()
+    if rank == 2:
+        time.sleep(1.0)
+    result = {"reduce": measured(transport, lambda: transport.reduce_sum(buf))}
+    transport.comm.Barrier()
+    if rank == 2:
+        time.sleep(1.0)
+        transport.send_array(buf, 0)
+    elif rank == 0:
+        result["recv_array"] = measured(transport, lambda: transport.recv_array(buf, 2))
+    return {f"rank {r}": m for r, m in enumerate(transport.comm.gather(result, root=0) or [])}
+
+
+def timeout(transport: Transport) -> dict:
+    """Rank 2 never arrives: rank 0 (like the scheduler, the only rank with a watchdog) gives up after 1 s."""
+    if transport.rank == 2:
+        time.sleep(300)
+    try:
+        transport.reduce_sum(np.ones(MB2, np.float32), timeout=1.0 if transport.rank == 0 else None)
+    except TransportTimeout as exc:
+        print(json.dumps({"error": str(exc), "missing": exc.missing}), flush=True)
+        transport.abort(3)
+    return {"error": None}
+
+
+def main() -> None:
+    transport = Transport(MPI.COMM_WORLD)
+    result = {"exact": exact, "late": late, "timeout": timeout}[sys.argv[1]](transport)
+    if transport.rank == 0:
+        print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""The package's shape: imports go down the layers and never in a circle; functions stay short."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[3] / "mpi_trainer"
+# Lower layers never import higher ones; a layer may import its own modules and anything below.
+LAYERS = [
+    {"errors", "logs", "__init__"},
+    {"config"},
+    {"algorithms"},
+    {"comm"},
+    {"data", "models"},
+    {"persistence"},
+    {"reporting"},
+    {"scheduler", "worker"},
+    {"launch"},
+    {"cli", "__main__"},
+]
+MAX_FUNCTION_LINES = 40
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(module: str) -> int:
+    top = module.split(".")[1] if "." in module else "__init__"
+    return next(index for index, names in enumerate(LAYERS) if top in names)
+
+
+def runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node but those under ``if TYPE_CHECKING:`` (annotations only, never imported at run time)."""
+    skipped = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+               and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
+               for n in ast.walk(block)}
+    return [node for node in ast.walk(tree) if id(node) not in skipped]
+
+
+def imports(path: Path, modules: set[str]) -> set[str]:
+    """The package modules ``path`` imports (``from pkg import submodule`` counts as the submodule)."""
+    found = set()
+    for node in runtime_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mpi_trainer"):
+            found.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                         for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("mpi_trainer"))
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    paths = list(PACKAGE.rglob("*.py"))
+    modules = {module_name(path) for path in paths}
+    return {module_name(path): imports(path, modules) for path in paths}
+
+
+def test_every_top_level_name_has_a_layer():
+    for module in graph():
+        layer(module)  # raises StopIteration for a module outside the table
+
+
+def test_no_import_goes_up_a_layer():
+    upward = [(module, target) for module, targets in graph().items() for target in targets
+              if target != "mpi_trainer" and layer(target) > layer(module)]
+    assert not upward, upward
+
+
+def test_no_import_cycle_between_modules():
+    edges = graph()
+
+    def visit(module: str, trail: list[str]) -> None:
+        for target in sorted(edges.get(module, ())):
+            if target in trail:
+                raise AssertionError(" -> ".join([*trail[trail.index(target):], target]))
+            visit(target, [*trail, target])
+
+    for module in sorted(edges):
+        visit(module, [module])
+
+
+def test_no_function_grows_past_forty_lines():
+    long = [(module_name(path), node.name, node.end_lineno - node.lineno + 1)
+            for path in PACKAGE.rglob("*.py") for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, long

@@ -1,0 +1,50 @@
+"""Wire formats for weights: exact for float32, within the format's rounding for 16 bits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mpi_trainer.comm.wire import WireFormat
+
+
+def test_float32_passes_weights_through_unchanged():
+    weights = np.random.default_rng(0).normal(size=100).astype(np.float32)
+    wire = WireFormat("float32")
+    assert wire.encode(weights) is weights
+    np.testing.assert_array_equal(wire.decode(wire.encode(weights)), weights)
+
+
+@pytest.mark.parametrize(("name", "mantissa_bits"), [("float16", 10), ("bfloat16", 7)])
+def test_sixteen_bit_formats_halve_the_bytes_and_round_to_nearest(name, mantissa_bits):
+    weights = np.random.default_rng(1).normal(scale=0.1, size=10_000).astype(np.float32)
+    wire = WireFormat(name)
+    encoded = wire.encode(weights)
+    assert encoded.nbytes == weights.nbytes // 2 and wire.itemsize == 2
+    decoded = wire.decode(encoded)
+    normal = np.abs(weights) > 2.0**-14  # float16's smallest normal number: below it precision is absolute
+    relative = np.abs(decoded - weights)[normal] / np.abs(weights)[normal]
+    assert relative.max() <= 2.0 ** -(mantissa_bits + 1) * 1.0001  # half a unit in the last place
+    assert decoded.dtype == np.float32
+
+
+def test_bfloat16_rounds_ties_to_even_and_keeps_specials():
+    wire = WireFormat("bfloat16")
+    # 1 + 2**-8 lies halfway between 1 and 1 + 2**-7: ties go to the even pattern, 1.0
+    values = np.array([1 + 2**-8, 1 + 3 * 2**-8, np.inf, -np.inf, np.nan, 3e38], dtype=np.float32)
+    decoded = wire.decode(wire.encode(values))
+    assert decoded[0] == 1.0 and decoded[1] == 1 + 2**-6
+    assert np.isposinf(decoded[2]) and np.isneginf(decoded[3]) and np.isnan(decoded[4])
+    assert decoded[5] == pytest.approx(3e38, rel=2**-8)
+
+
+def test_decode_writes_into_the_float32_buffer_it_is_given():
+    wire = WireFormat("float16")
+    out = np.zeros(3, dtype=np.float32)
+    assert wire.decode(wire.encode(np.array([0.5, -2.0, 8.0], dtype=np.float32)), out) is out
+    assert out.tolist() == [0.5, -2.0, 8.0]
+
+
+def test_unknown_format_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match=r"one of \['float32', 'float16', 'bfloat16'\]. Received: 'int8'"):
+        WireFormat("int8")

@@ -1,0 +1,64 @@
+"""The [lbfgs] section and what full-batch L-BFGS refuses, before any rank starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mpi_trainer.config import ConfigError, config_from_dict, load_config
+from mpi_trainer.launch.job import check
+
+ROOT = Path(__file__).resolve().parents[3]
+LBFGS = {"model": {"name": "softmax_regression", "optimizer": "lbfgs"}}
+
+
+def lbfgs_config(**sections: dict) -> object:
+    return config_from_dict({**LBFGS, **sections})
+
+
+def test_defaults_follow_scipy():
+    cfg = lbfgs_config()
+    assert (cfg.lbfgs.history_size, cfg.lbfgs.gtol, cfg.lbfgs.max_evaluations) == (10, 1e-5, 15000)
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("history_size", 0, "must be > 0"), ("max_evaluations", 0, "must be > 0"), ("batch_size", -1, "must be > 0"),
+    ("gtol", -1.0, "must be >= 0"), ("ftol", -0.5, "must be >= 0"),
+])
+def test_bad_lbfgs_values_name_the_key(key, value, expected):
+    with pytest.raises(ConfigError, match=rf"`lbfgs.{key}` {expected}. Received: lbfgs.{key}={value}"):
+        lbfgs_config(lbfgs={key: value})
+
+
+@pytest.mark.parametrize("section, key, value", [
+    ("aggregation", "ssp", 1), ("aggregation", "method", "best"), ("data", "rebalance", True),
+    ("train", "max_steps", 5), ("train", "overlap_eval", True), ("train", "nan_policy", "rollback"),
+    ("debug", "async_engine", True),
+])
+def test_what_lbfgs_cannot_honour_is_refused(section, key, value):
+    with pytest.raises(ConfigError, match=rf"`{section}.{key}` is not available with model.optimizer='lbfgs'.*"
+                                          rf"Received: {section}.{key}={value!r} with model.optimizer='lbfgs'"):
+        lbfgs_config(**{section: {key: value}})
+
+
+@pytest.mark.parametrize("nested", ["increment", "augmentation"])
+def test_data_that_changes_between_evaluations_is_refused(nested):
+    with pytest.raises(ConfigError, match=rf"`data.{nested}.enabled` is not available.*objective must not change"):
+        lbfgs_config(data={nested: {"enabled": True}})
+
+
+def test_the_same_settings_pass_with_a_keras_optimizer():
+    cfg = config_from_dict({"aggregation": {"ssp": 1}, "model": {"optimizer": "adam"}})
+    assert cfg.aggregation.ssp == 1
+
+
+@pytest.mark.parametrize("name", ["digits_lbfgs.toml", "mnist_softmax_lbfgs.toml"])
+def test_shipped_configs_load(name):
+    cfg = load_config(str(ROOT / "configs" / name), [])
+    assert cfg.model.optimizer == "lbfgs" and cfg.model.name == "softmax_regression"
+
+
+def test_check_builds_the_model_and_its_gradient():
+    cfg = load_config(str(ROOT / "configs" / "digits_lbfgs.toml"), [])
+    assert "softmax_regression with 650 parameters" in check(cfg, workers=2)

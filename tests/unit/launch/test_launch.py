@@ -1,0 +1,124 @@
+"""The supervising launcher without MPI: restarts on death, stall detection, host dropping, arguments."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mpi_trainer.cli import main
+from mpi_trainer.launch.supervisor import (
+    Failure,
+    Placement,
+    Supervisor,
+    drop_host,
+    host_dropper,
+    hosts_named,
+    read_machinefile,
+)
+
+
+def _python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def test_dead_attempt_is_restarted_with_its_cause_logged(tmp_path):
+    progress, log = tmp_path / "rounds.csv", tmp_path / "launch.log"
+    attempts = []
+
+    def command_for(attempt: int) -> list[str]:
+        attempts.append(attempt)
+        return _python("import sys; sys.exit(1)" if attempt == 0 else "print('fine')")
+
+    supervisor = Supervisor(command_for, progress, stall_seconds=0, max_restarts=2, log_file=log)
+    assert supervisor.run() == 0
+    assert attempts == [0, 1]
+    assert [f.returncode for f in supervisor.failures] == [1]
+    text = log.read_text()
+    assert "restarting with --resume (restart 1 of 2) after: the job exited with status 1" in text
+    assert "attempt 2 completed" in text
+
+
+def test_stalled_attempt_is_killed_within_stall_seconds_and_restarts_run_out(tmp_path):
+    progress = tmp_path / "rounds.csv"
+    hang = _python(f"import time; open({str(progress)!r}, 'a').write('header'); time.sleep(120)")
+    supervisor = Supervisor(lambda attempt: hang, progress, stall_seconds=1.5, max_restarts=1,
+                            log_file=tmp_path / "launch.log")
+    started = time.monotonic()
+    assert supervisor.run() == 1
+    assert time.monotonic() - started < 2 * (1.5 + 5)  # two attempts, each ended soon after its stall
+    assert [f.cause for f in supervisor.failures] == [
+        "stalled: no new round in rounds.csv for 1.5 s (watchdog.stall_seconds)"] * 2
+    assert "giving up after 1 restarts" in (tmp_path / "launch.log").read_text()
+
+
+def test_bad_input_is_not_retried(tmp_path):
+    supervisor = Supervisor(lambda attempt: _python("import sys; sys.exit(2)"), tmp_path / "rounds.csv", 0, 3)
+    assert supervisor.run() == 2
+    assert len(supervisor.failures) == 1
+
+
+def test_failure_output_names_hosts():
+    lines = ["mpi_trainer: error: watchdog: worker rank 2 on host node-b did not report round 3 within",
+             "prterun noticed that process rank 1 with PID 4242 on node node-c exited on signal 9 (Killed).",
+             "worker rank 1 on host node-b again"]
+    assert hosts_named(lines) == ["node-b", "node-c"]
+
+
+def test_host_failing_twice_is_dropped_from_the_machinefile(tmp_path):
+    machinefile = tmp_path / "hosts"
+    machinefile.write_text("# lab\nnode-a slots=2\nnode-b slots=2\nnode-c\n")
+    assert read_machinefile(machinefile) == [("node-a", 2), ("node-b", 2), ("node-c", 1)]
+    assert drop_host(read_machinefile(machinefile), "node-b", 5) == ([("node-a", 2), ("node-c", 1)], 3)
+    placement, messages = Placement(5, str(machinefile)), []
+    on_failure = host_dropper(placement, tmp_path, messages.append)
+    on_failure(Failure("died", 1, hosts=["node-b"]))
+    assert placement.ranks == 5 and placement.machinefile == str(machinefile)
+    on_failure(Failure("died", 1, hosts=["node-b"]))
+    assert placement.ranks == 3
+    assert Path(placement.machinefile).read_text() == "node-a slots=2\nnode-c slots=1\n"
+    assert "host node-b failed 2 times: dropped" in messages[0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-n", "1"], "`-n` must be >= 2 (one scheduler and at least one worker). Received: -n 1"),
+    (["-n", "3", "--max-restarts", "-1"], "`--max-restarts` must be >= 0. Received: --max-restarts -1"),
+    (["-n", "3", "--machinefile", "/nonexistent/hosts"], "`--machinefile` must name an existing file"),
+])
+def test_launch_refuses_bad_arguments(args, message, capsys):
+    assert main(["launch", *args, "configs/quickstart.toml"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_terminating_the_launcher_ends_the_job(tmp_path):
+    """SIGTERM to the launcher must not leave the job (in its own session) running."""
+    import os
+    import signal
+    import subprocess
+
+    import psutil
+
+    script = tmp_path / "sleepy.py"
+    script.write_text("import time\ntime.sleep(120)\n")
+    code = (
+        "import sys, signal\n"
+        "from pathlib import Path\n"
+        "from mpi_trainer.launch.supervisor import Supervisor, exit_on_signal\n"
+        "signal.signal(signal.SIGTERM, exit_on_signal)\n"
+        f"command = [sys.executable, {str(script)!r}]\n"
+        f"Supervisor(lambda a: command, Path({str(tmp_path)!r}) / 'r.csv', 0, 0).run()\n"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 30
+    children: list = []
+    while time.monotonic() < deadline and not children:
+        children = psutil.Process(launcher.pid).children(recursive=True)
+        time.sleep(0.1)
+    assert children, "the job never started"
+    time.sleep(0.5)
+    os.kill(launcher.pid, signal.SIGTERM)
+    assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive

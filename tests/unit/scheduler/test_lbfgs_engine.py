@@ -1,0 +1,169 @@
+"""The L-BFGS engine on rank 0 with its workers in this process: records, early stopping, checkpoints, resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import keras
+import numpy as np
+import pytest
+from lbfgs_reference import scipy_losses, softmax_regression_objective
+
+from mpi_trainer.algorithms.lbfgs import EVALUATE
+from mpi_trainer.comm.protocol import JobPlan, SchedulerLink, WorkerLink
+from mpi_trainer.config import config_from_dict
+from mpi_trainer.data.partition import block_bounds
+from mpi_trainer.data.sources import load_dataset
+from mpi_trainer.errors import WorkerFailure
+from mpi_trainer.models import build_model
+from mpi_trainer.persistence.resume import load_resume_state
+from mpi_trainer.persistence.run_files import read_rounds
+from mpi_trainer.scheduler.lbfgs import LbfgsScheduler
+from mpi_trainer.worker.lbfgs import LbfgsWorker
+
+WORKERS = 2
+STANDARD_COLUMNS = ["round", "wall_seconds", "train_seconds_max", "train_seconds_min", "comm_seconds",
+                    "aggregate_seconds", "eval_seconds", "bytes", "test_loss", "test_accuracy", "max_staleness"]
+
+
+class RankView:
+    """What a worker asks of its transport outside the collectives."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank, self.size, self.workers = rank, size, size - 1
+
+
+class InProcessTransport:
+    """Rank 0's transport, with the workers' side of each collective run here."""
+
+    def __init__(self, workers: list[LbfgsWorker], stall: bool = False) -> None:
+        self.rank, self.size, self.host = 0, len(workers) + 1, "test"
+        self.workers = len(workers)
+        self.peers, self.stall = workers, stall
+        self.request: np.ndarray | None = None
+        self.bytes_sent = 0
+        self.wait_wall_seconds = self.wait_cpu_seconds = 0.0
+
+    def take_bytes(self) -> int:
+        sent, self.bytes_sent = self.bytes_sent, 0
+        return sent
+
+    def broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None:
+        if self.stall:
+            raise TimeoutError("no worker took the broadcast")
+        self.request = buf.copy()
+        self.bytes_sent += buf.nbytes * self.workers
+
+    def reduce_sum(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None:
+        assert self.request is not None and self.request[0] == EVALUATE
+        for worker in self.peers:
+            part = worker.layout.contribution()
+            worker.contribute(self.request[1:], part)
+            buf += part
+
+
+def make_engine(run_dir: Path, overrides: dict, resume: bool = False, stall: bool = False) -> LbfgsScheduler:
+    table = {"data": {"source": "digits", "validation_size": 0.0},
+             "model": {"name": "softmax_regression", "optimizer": "lbfgs"}, **overrides}
+    cfg = config_from_dict(table)
+    dataset = load_dataset(cfg.data, cfg.train.seed)
+    keras.utils.set_random_seed(cfg.train.seed)
+    model, spec = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+    bounds = block_bounds(dataset.num_train, WORKERS)
+    plan = JobPlan(cfg.to_dict(), spec, bounds, cfg.train.seed, dataset.num_train)
+    x, y = dataset.x_train, dataset.y_train
+    workers = [LbfgsWorker(WorkerLink(RankView(rank, WORKERS + 1)), plan, cfg, x[start:end], y[start:end])
+               for rank, (start, end) in enumerate(bounds, start=1)]
+    state = load_resume_state(run_dir, cfg.to_dict()) if resume else None
+    run_dir.mkdir(exist_ok=True)
+    return LbfgsScheduler(SchedulerLink(InProcessTransport(workers, stall)), cfg, dataset, model, plan, run_dir,
+                          resume=state)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("lbfgs") / "run"
+    engine = make_engine(run_dir, {"train": {"epochs": 4}, "checkpoint": {"every": 2}})
+    x0 = engine.vector.read()
+    summary = engine.run()
+    dataset = engine.dataset
+    reference = scipy_losses(softmax_regression_objective(dataset.x_train, dataset.y_train, dataset.num_classes),
+                             x0, 4)
+    return run_dir, summary, engine, reference
+
+
+def test_one_row_per_iteration_with_the_losses_scipy_finds(finished_run):
+    run_dir, summary, _, reference = finished_run
+    rows = read_rounds(run_dir / "rounds.csv")
+    assert [int(r["round"]) for r in rows] == [0, 1, 2, 3]
+    assert set(STANDARD_COLUMNS + ["function_evaluations", "train_loss"]) <= set(rows[0])
+    np.testing.assert_allclose([float(r["train_loss"]) for r in rows], reference, rtol=1e-5)
+    evaluations = [int(r["function_evaluations"]) for r in rows]
+    assert evaluations[0] >= 2 and evaluations == sorted(evaluations)
+    assert all(float(r["train_seconds_max"]) >= float(r["train_seconds_min"]) > 0 for r in rows)
+    assert float(rows[-1]["test_accuracy"]) > 0.8
+
+
+def test_bytes_are_one_broadcast_and_one_reduction_per_evaluation(finished_run):
+    run_dir, summary, engine, _ = finished_run
+    per_evaluation = WORKERS * 8 * ((1 + engine.vector.size) + (2 + WORKERS + engine.vector.size))
+    rows = read_rounds(run_dir / "rounds.csv")
+    evaluations = [0] + [int(r["function_evaluations"]) for r in rows]
+    for row, before, after in zip(rows, evaluations, evaluations[1:]):
+        assert int(row["bytes"]) == (after - before) * per_evaluation
+
+
+def test_summary_has_the_standard_keys_and_says_why_it_stopped(finished_run):
+    run_dir, summary, _, _ = finished_run
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    for key in ("rounds_completed", "final_test_accuracy", "best_test_accuracy", "wall_seconds", "traffic_bytes",
+                "stop_reason", "workers", "aggregation", "ssp"):
+        assert key in on_disk, key
+    assert on_disk["rounds_completed"] == 4 and on_disk["stop_reason"] == "epochs"
+    assert on_disk["optimizer"] == "lbfgs" and on_disk["workers"] == WORKERS
+    assert on_disk["function_evaluations"] == int(read_rounds(run_dir / "rounds.csv")[-1]["function_evaluations"])
+
+
+def test_checkpoint_and_final_weights_hold_the_last_iterate(finished_run):
+    run_dir, _, engine, _ = finished_run
+    with h5py.File(run_dir / "checkpoint.h5") as handle:
+        weights = handle["weights"][()]
+        meta = json.loads(handle.attrs["meta"])
+    assert meta["round"] == 3 and meta["optimizer"] == "lbfgs"
+    assert (run_dir / "checkpoint.h5.bak").exists()  # the one written after iteration 1
+    np.testing.assert_array_equal(weights, engine.codec.flatten(engine.model.get_weights()))
+    engine.model.load_weights(run_dir / "final.weights.h5")
+    np.testing.assert_array_equal(engine.codec.flatten(engine.model.get_weights()), weights)
+
+
+def test_resume_continues_the_numbering_and_the_evaluation_count(finished_run, tmp_path):
+    run_dir, summary, _, _ = finished_run
+    copy = tmp_path / "run"
+    copy.mkdir()
+    for name in ("rounds.csv", "checkpoint.h5", "checkpoint.h5.bak", "summary.json"):
+        (copy / name).write_bytes((run_dir / name).read_bytes())
+    resumed = make_engine(copy, {"train": {"epochs": 6}, "checkpoint": {"every": 2}}, resume=True).run()
+    rows = read_rounds(copy / "rounds.csv")
+    assert [int(r["round"]) for r in rows] == [0, 1, 2, 3, 4, 5]
+    assert int(rows[4]["function_evaluations"]) > summary["function_evaluations"]
+    assert float(rows[5]["train_loss"]) < float(rows[3]["train_loss"])
+    assert resumed["resumed_after_round"] == 3 and resumed["rounds_completed"] == 6
+
+
+def test_early_stopping_keeps_the_best_iterate(tmp_path):
+    engine = make_engine(tmp_path / "run", {"train": {"epochs": 10},
+                                             "early_stopping": {"patience": 1, "min_delta": 10.0,
+                                                                "monitor": "test_loss"}})
+    summary = engine.run()
+    assert summary["stop_reason"] == "early_stopping"
+    assert summary["rounds_completed"] == 2 and summary["final_round"] == 0
+    best = engine.early.best_weights
+    np.testing.assert_array_equal(engine.codec.flatten(engine.model.get_weights()), best)
+
+
+def test_workers_that_never_answer_end_the_job_with_a_watchdog_message(tmp_path):
+    engine = make_engine(tmp_path / "run", {"watchdog": {"worker_timeout": 1.0}}, stall=True)
+    with pytest.raises(WorkerFailure, match="did not take the initial weights within watchdog.worker_timeout=1 s"):
+        engine.run()

@@ -1,0 +1,123 @@
+"""The synchronous engine, the round recorder and real workers in one process (naive local transport)."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import numpy as np
+import pytest
+from local_job import run_local_job
+
+from mpi_trainer.algorithms import aggregation
+from mpi_trainer.comm.local import LocalWorld, RankAborted
+from mpi_trainer.data.increment import round_samples
+
+ONE_ROUND = {"train": {"epochs": 1}}
+
+
+def test_a_synchronous_round_averages_what_the_workers_trained(tmp_path):
+    job = run_local_job(tmp_path, workers=3, **ONE_ROUND)
+    trained = job.trained(0)
+    np.testing.assert_allclose(job.engine.weights, np.mean([local for _, local in trained], axis=0), atol=1e-6)
+    (row,) = job.rounds()
+    model_bytes = job.summary["model_bytes"]
+    # down: one broadcast copy per worker; up: one model-sized contribution per worker; plus small messages
+    assert 2 * 3 * model_bytes <= int(row["bytes"]) < 2 * 3 * model_bytes + 20_000
+    assert row["block_sizes"] == ";".join(str(r.samples) for r, _ in trained)
+    assert len(row["worker_train_seconds"].split(";")) == 3 and row["winner"] == ""
+    assert job.summary["stop_reason"] == "epochs" and 0.0 < float(row["test_accuracy"]) <= 1.0
+
+
+def test_weighted_shares_follow_each_rounds_samples_with_data_increment(tmp_path):
+    increment = {"enabled": True, "load_factor": 0.1, "absolute_factor": 0.8}
+    job = run_local_job(tmp_path, workers=2, aggregation={"method": "weighted"},
+                        data={"increment": increment}, train={"epochs": 2})
+    trained = job.trained(1)
+    total = sum(report.samples for report, _ in trained)
+    sizes = [end - start for start, end in job.engine.plan.block_bounds]
+    assert total == round_samples(job.engine.plan.num_train, sizes, 1, job.engine.cfg.data.increment) > sum(sizes)
+    expected = sum(report.samples / total * local for report, local in trained)
+    np.testing.assert_allclose(job.engine.weights, expected, atol=1e-6)
+
+
+def test_best_keeps_the_elected_workers_weights_exactly(tmp_path):
+    job = run_local_job(tmp_path, workers=3, aggregation={"method": "best"}, **ONE_ROUND)
+    trained = job.trained(0)
+    winner = aggregation.elect({r.rank: (r.val_accuracy, r.val_loss) for r, _ in trained})
+    np.testing.assert_array_equal(job.engine.weights, dict((r.rank, w) for r, w in trained)[winner])
+    (row,) = job.rounds()
+    assert row["winner"] == str(winner)
+
+
+@pytest.mark.parametrize("method", ["average", "weighted", "best"])
+@pytest.mark.parametrize("increment", [False, True])
+def test_the_ssp_engine_at_s0_gives_the_synchronous_engines_weights(tmp_path, method, increment):
+    sections = {"aggregation": {"method": method}, "train": {"epochs": 2},
+                "data": {"increment": {"enabled": increment, "load_factor": 0.1}}}
+    sync = run_local_job(tmp_path / "sync", **sections)
+    stale = run_local_job(tmp_path / "stale", debug={"async_engine": True}, **sections)
+    assert (tmp_path / "stale" / "updates.csv").is_file() and not (tmp_path / "sync" / "updates.csv").exists()
+    np.testing.assert_allclose(sync.engine.weights, stale.engine.weights, atol=1e-5)
+    for a, b in zip(sync.rounds(), stale.rounds(), strict=True):
+        assert float(a["test_accuracy"]) == pytest.approx(float(b["test_accuracy"]), abs=1e-6)
+        assert a["winner"] == b["winner"]
+
+
+def test_scatter_rebalancing_moves_the_rows_that_changed_owner_and_counts_their_bytes(tmp_path, caplog):
+    slow = {"batch_delay": 0.004, "slow_ranks": [2], "slow_factor": 4.0}
+    logger = logging.getLogger("mpi_trainer")
+    logger.addHandler(caplog.handler)  # the job's own logger may not propagate to the root
+    caplog.set_level(logging.INFO, logger="mpi_trainer")
+    job = run_local_job(tmp_path, workers=2, data={"placement": "scatter", "rebalance": True}, debug=slow,
+                        aggregation={"method": "weighted"}, train={"epochs": 3, "batch_size": 32})
+    rounds = job.rounds()
+    sizes = [[int(s) for s in r["block_sizes"].split(";")] for r in rounds]
+    assert sizes[-1][1] < sizes[-1][0], sizes  # the slowed rank 2 ends with the smaller block
+    logger.removeHandler(caplog.handler)
+    pattern = r"round (\d+): sent worker rank (\d+) (\d+) training rows that changed owner"
+    moved = [int(rows) for _, _, rows in set(re.findall(pattern, caplog.text))]  # once, however many handlers
+    assert sum(moved) == abs(sizes[-1][0] - sizes[0][0]) > 0
+    for worker in job.workers:  # every worker trained on exactly its final block
+        report, _ = worker.trained[-1]
+        assert report.samples == sizes[-1][worker.rank - 1]
+
+
+def test_a_failing_rank_wakes_every_other_rank_of_the_local_world():
+    world = LocalWorld(3)
+    first, second, third = world.transports()
+
+    def fail() -> None:
+        raise ValueError("rank 1 broke")
+
+    with pytest.raises(ValueError, match="rank 1 broke"):
+        world.run({0: lambda: first.recv_object(tag=5), 1: fail, 2: lambda: third.barrier()}, timeout=30)
+    with pytest.raises(RankAborted):
+        second.recv_object(tag=5)
+
+
+@pytest.mark.parametrize("wire_dtype", ["float16", "bfloat16"])
+def test_sixteen_bit_wire_halves_the_weight_bytes_and_keeps_the_accuracy(tmp_path, wire_dtype):
+    sections = {"train": {"epochs": 3}}
+    full = run_local_job(tmp_path / "float32", **sections)
+    half = run_local_job(tmp_path / wire_dtype, aggregation={"wire_dtype": wire_dtype}, **sections)
+    model_bytes, workers = full.summary["model_bytes"], 2
+    for a, b in zip(full.rounds()[1:], half.rounds()[1:], strict=True):  # round 0 also carries set-up
+        # down and up, one copy per worker each: the float32 run moves twice the 16-bit run's weight bytes
+        assert int(a["bytes"]) - int(b["bytes"]) == 2 * workers * model_bytes // 2
+    final_full, final_half = (float(job.rounds()[-1]["test_accuracy"]) for job in (full, half))
+    assert abs(final_full - final_half) <= 0.003, (final_full, final_half)
+
+
+def test_best_and_ssp_move_sixteen_bit_weights_too(tmp_path):
+    best = run_local_job(tmp_path / "best", aggregation={"method": "best", "wire_dtype": "float16"},
+                         train={"epochs": 1})
+    trained = dict((r.rank, w) for r, w in best.trained(0))
+    winner = int(best.rounds()[0]["winner"])
+    np.testing.assert_array_equal(best.engine.weights, trained[winner].astype(np.float16).astype(np.float32))
+    full = run_local_job(tmp_path / "ssp32", aggregation={"ssp": 1}, train={"epochs": 3})
+    half = run_local_job(tmp_path / "ssp16", aggregation={"ssp": 1, "wire_dtype": "float16"}, train={"epochs": 3})
+    accuracy = [float(job.rounds()[-1]["test_accuracy"]) for job in (full, half)]
+    assert abs(accuracy[0] - accuracy[1]) <= 0.01, accuracy
+    update_bytes = [job.summary["traffic_bytes"] for job in (full, half)]
+    assert update_bytes[1] < 0.55 * update_bytes[0]  # every update's weights travel both ways in 16 bits
