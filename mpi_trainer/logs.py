@@ -49,6 +49,18 @@ class _ConsoleFormatter(logging.Formatter):
         return "\r\x1b[K" + text if _console.bar_active else text
 
 
+class _StdoutHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stdout`` is now (a test harness may swap and close the one seen at set-up)."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        pass
+
+
 def setup_logging(rank: int, size: int, host: str, verbosity: int) -> logging.Logger:
     """Timestamped console log filtered by log.verbosity; workers speak at verbosity 2 only."""
     global _console
@@ -56,7 +68,7 @@ def setup_logging(rank: int, size: int, host: str, verbosity: int) -> logging.Lo
     logger = logging.getLogger(LOGGER_NAME)
     logger.handlers.clear()
     logger.propagate = False
-    handler = logging.StreamHandler(sys.stdout)
+    handler = _StdoutHandler()
     handler.setFormatter(_ConsoleFormatter(
         f"%(asctime)s [rank {rank}/{size} {host}] %(levelname)s %(message)s", "%H:%M:%S"))
     handler.addFilter(_ConsoleFilter())
