@@ -1,4 +1,7 @@
 """mpi_trainer: synchronous and stale-synchronous data-parallel Keras training under mpirun."""
 
 __version__ = "0.1.0"
-__all__ = ["__version__"]
+
+from mpi_trainer.api import FitResult, fit  # noqa: E402 - after __version__, which setup.cfg reads
+
+__all__ = ["FitResult", "__version__", "fit"]

@@ -54,6 +54,19 @@ def run_report(run_dir: str, plots: bool) -> int:
     return 0
 
 
+def train(config: str, overrides: list[str], run_dir: str | None, resume: bool) -> int:
+    """``train`` on every rank: :func:`mpi_trainer.fit` with the config file; a refused job exits 2."""
+    from mpi_trainer.api import fit
+    from mpi_trainer.errors import EXIT_INPUT_ERROR
+    from mpi_trainer.launch.job import AgreedInputError
+
+    try:
+        fit(config=config, overrides=overrides, run_dir=run_dir, resume=resume)
+    except AgreedInputError:
+        return EXIT_INPUT_ERROR  # every rank has printed the message
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from mpi_trainer.launch.job import quiet_backend, report_error
 
@@ -63,8 +76,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             return run_report(args.run_dir, args.plots)
         if args.command == "train":
-            from mpi_trainer.launch.job import train
-
             return train(args.config, args.overrides, args.run_dir, args.resume)
         if args.command == "preflight":
             from mpi_trainer.launch.preflight import preflight

@@ -50,5 +50,5 @@ def digits_softmax_problem(seed: int = 0, validation_size: float = 0.0) -> tuple
     dataset = load_dataset(DataConfig(source="digits", validation_size=validation_size), seed)
     keras.utils.set_random_seed(seed)
     model, _ = build_model(ModelConfig(name="softmax_regression", optimizer="lbfgs"), dataset.input_shape,
-                           dataset.num_classes)
-    return dataset.x_train, dataset.y_train, dataset.num_classes, model
+                           dataset.num_outputs)
+    return dataset.x_train, dataset.y_train, dataset.num_outputs, model

@@ -67,7 +67,7 @@ def run_local_job(run_dir: Path, workers: int = 2, **sections: Any) -> LocalJob:
     cfg = config_from_dict(table)
     keras.utils.set_random_seed(cfg.train.seed)
     dataset = load_dataset(cfg.data, cfg.train.seed)
-    model, spec = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+    model, spec = build_model(cfg.model, dataset.input_shape, dataset.num_outputs)
     plan = JobPlan(cfg.to_dict(), spec, block_bounds(dataset.num_train, workers), cfg.train.seed, dataset.num_train)
     world = LocalWorld(workers + 1)
     transports = world.transports()

@@ -9,6 +9,7 @@ the same rule applied in one place. Best-of election ranks candidates with
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -45,7 +46,10 @@ def combine(vectors: Sequence[np.ndarray], samples: Sequence[int], method: str) 
 
 def election_key(accuracy: float, loss: float, rank: int, arrival: int = 0) -> tuple[float, float, int, int]:
     """The one best-of rule, smallest first: highest validation accuracy, then lowest loss, then
-    lowest rank, then (a worker that sent two updates in one SSP window) the earlier one."""
+    lowest rank, then (a worker that sent two updates in one SSP window) the earlier one. A model
+    without an accuracy metric (regression) or a diverged one scores no accuracy, and its loss decides."""
+    accuracy = accuracy if math.isfinite(accuracy) else -math.inf
+    loss = loss if math.isfinite(loss) else math.inf
     return -accuracy, loss, rank, arrival
 
 

@@ -6,18 +6,31 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# Parts of a metric's name that mark it as an error to minimise (losses, distances, error rates);
+# any other metric (accuracy, AUC, precision, recall, R2, ...) is a score to maximise.
+_SMALLER_IS_BETTER = ("loss", "error", "crossentropy", "hinge", "divergence", "poisson", "logcosh")
+_ERROR_ABBREVIATIONS = ("mae", "mse", "mape", "msle", "rmse", "kld")
+
+
+def minimised(monitor: str) -> bool:
+    """Whether smaller values of ``monitor`` (``test_mae``, ``val_loss``, ``test_auc``...) are better."""
+    name = monitor.split("_", 1)[1] if monitor.startswith(("test_", "val_", "train_")) else monitor
+    return any(part in name for part in _SMALLER_IS_BETTER) or name in _ERROR_ABBREVIATIONS
+
 
 @dataclass
 class EarlyStopping:
     """Stop after ``patience`` rounds without an improvement larger than ``min_delta``.
 
     ``patience = 0`` never stops, but the best value and weights are still kept.
-    A metric whose name ends in ``loss`` is minimised, anything else maximised.
+    ``mode`` says whether smaller (``min``) or larger (``max``) is better;
+    ``auto`` reads it from the metric's name (:func:`minimised`).
     """
 
     monitor: str = "test_accuracy"
     patience: int = 0
     min_delta: float = 0.0
+    mode: str = "auto"
     best_value: float | None = None
     best_round: int = -1
     wait: int = 0
@@ -25,7 +38,7 @@ class EarlyStopping:
 
     @property
     def minimise(self) -> bool:
-        return self.monitor.endswith("loss")
+        return self.mode == "min" or (self.mode == "auto" and minimised(self.monitor))
 
     def improved(self, value: float) -> bool:
         if self.best_value is None:

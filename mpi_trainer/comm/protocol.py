@@ -59,6 +59,8 @@ class JobPlan:
     shuffle_seed: int
     num_train: int
     start_round: int = 0
+    # What evaluation reports, ``loss`` first (learned from the dry run before round 0).
+    metric_names: list[str] = field(default_factory=lambda: ["loss", "accuracy"])
 
 
 @dataclass
@@ -99,6 +101,9 @@ class Report:
     val_loss: float = float("nan")
     val_accuracy: float = float("nan")
     eval_seconds: float = 0.0
+    # every compiled metric (``loss`` too): of the local training, and of the validation scoring (best-of)
+    train_metrics: dict[str, float] = field(default_factory=dict)
+    val_metrics: dict[str, float] = field(default_factory=dict)
     bytes_before_report: int = 0
     steps: int = 0
     weights_finite: bool = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import typing
@@ -110,11 +111,17 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"Cannot parse config file {str(path)!r}: {exc}") from None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Read ``path`` (TOML), apply ``KEY=VALUE`` overrides and validate."""
-    table = read_toml(path) if path is not None else {}
-    for text in overrides or []:
-        _apply_override(table, *parse_override(text))
+def load_config(source: str | Path | dict[str, Any] | None = None,
+                overrides: list[Any] | dict[str, Any] | None = None) -> Config:
+    """Read ``source`` (a TOML path, or a dict of sections), apply overrides and validate.
+
+    ``overrides``: ``"KEY=VALUE"`` strings (as ``--set`` takes them), ``(key, value)`` pairs,
+    or a dict of dotted keys to values; later ones win.
+    """
+    table = copy.deepcopy(source) if isinstance(source, dict) else read_toml(source) if source is not None else {}
+    pairs = overrides.items() if isinstance(overrides, dict) else overrides or []
+    for item in pairs:
+        _apply_override(table, *(parse_override(item) if isinstance(item, str) else item))
     return _build(Config, table, "")
 
 

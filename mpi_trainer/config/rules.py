@@ -42,17 +42,9 @@ def _damping_rule(cfg: Config) -> None:
                           f"aggregation.method={method!r}")
 
 
-def _validation_rule(cfg: Config) -> None:
-    """What reads the validation split needs one."""
-    monitor = cfg.early_stopping.monitor
-    needs_validation = {
-        "aggregation.method": (cfg.aggregation.elects, "'best' elects on the validation split"),
-        "early_stopping.monitor": (monitor.startswith("val_"), f"{monitor!r} is measured on the validation split"),
-    }
-    for key, (needed, why) in needs_validation.items():
-        if needed and cfg.data.validation_size == 0:
-            raise ConfigError(f"`data.validation_size` must be > 0 because `{key}` = {why}. "
-                              f"Received: data.validation_size=0.0")
+def needs_validation(cfg: Config) -> bool:
+    """Best-of election and a ``val_*`` monitor read the validation split; nothing else needs one."""
+    return cfg.aggregation.elects or cfg.early_stopping.monitor.startswith("val_")
 
 
 def _lbfgs_conflicts(cfg: Config) -> dict[str, tuple[bool, object, str]]:
@@ -87,7 +79,7 @@ def _lbfgs_rule(cfg: Config) -> None:
                               f"{why}. Received: {key}={value!r} with model.optimizer='lbfgs'")
 
 
-RULES = (_staleness_rules, _damping_rule, _validation_rule, _lbfgs_rule)
+RULES = (_staleness_rules, _damping_rule, _lbfgs_rule)
 
 
 def check_config(cfg: Config) -> None:

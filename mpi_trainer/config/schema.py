@@ -8,13 +8,14 @@ value received and what was expected.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import tomli_w
 
-from mpi_trainer.config.rules import check_config
+from mpi_trainer.config.rules import check_config, needs_validation
 from mpi_trainer.errors import ConfigError
 
 BUILTIN_DATASETS = (
@@ -27,14 +28,18 @@ BUILTIN_DATASETS = (
     "cifar10",
 )
 DATA_SUFFIXES = (".npz", ".h5", ".hdf5", ".csv")
+# data.source of a job whose arrays were handed to mpi_trainer.fit (never read from a file).
+ARRAYS_SOURCE = "arrays"
 AGGREGATION_METHODS = ("average", "weighted", "best")
 WIRE_DTYPES = ("float32", "float16", "bfloat16")
 PLACEMENTS = ("shared", "scatter")
 FLIP_MODES = ("none", "horizontal", "vertical", "horizontal_and_vertical")
-OUTPUT_ACTIVATIONS = ("softmax", "sigmoid")
-LOSSES = ("cross_entropy", "squared_error")
+OUTPUT_ACTIVATIONS = ("softmax", "sigmoid", "linear")
 NAN_POLICIES = ("stop", "rollback")
-MONITORS = ("test_accuracy", "test_loss", "val_accuracy", "val_loss")
+MONITOR_PATTERN = re.compile(r"(test|val)_[A-Za-z0-9_]+")
+MONITOR_MODES = ("auto", "min", "max")
+# Held out for validation when best-of election or a val_* monitor needs it and data.validation_size is 0.
+DEFAULT_VALIDATION_SIZE = 0.1
 # ``model.optimizer`` value that selects full-batch distributed L-BFGS instead of a Keras optimizer.
 LBFGS = "lbfgs"
 DEVICES = ("auto", "cpu", "gpu")
@@ -111,7 +116,8 @@ class DataConfig(_Section):
     prefix: ClassVar[str] = "data"
     source: str = "digits"
     test_size: float = 0.2
-    validation_size: float = 0.1
+    # 0: no validation split unless best-of or a val_* monitor needs one (then DEFAULT_VALIDATION_SIZE)
+    validation_size: float = 0.0
     placement: str = "shared"
     label: str = ""
     features: list[str] = field(default_factory=list)
@@ -140,7 +146,7 @@ class DataConfig(_Section):
             # Under scatter only rank 0 reads the file (it checks it exists when it opens it).
             self._require(path.is_file() or self.placement == "scatter", "source",
                           "names a data file that does not exist")
-        else:
+        elif self.source != ARRAYS_SOURCE:
             self._choice("source", BUILTIN_DATASETS)
         for name in ("label", "features"):
             self._require(self.is_csv or not getattr(self, name), name, "applies to .csv sources only")
@@ -161,12 +167,18 @@ class ModelConfig(_Section):
     optimizer: str = "adam"
     learning_rate: float = 1e-3
     activation: str = "softmax"
+    # "cross_entropy" / "squared_error" (chosen for the labels, see models.implied_loss) or any Keras loss
+    # identifier; checked against Keras when the model is built, before training.
     loss: str = "cross_entropy"
+    # Keras metric identifiers; empty = accuracy for class labels and cross-entropy, none for regression.
+    metrics: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._positive("learning_rate")
         self._choice("activation", OUTPUT_ACTIVATIONS)
-        self._choice("loss", LOSSES)
+        self._require(bool(self.loss), "loss", "must name a loss: 'cross_entropy', 'squared_error' or a Keras loss")
+        self._require(all(isinstance(m, str) and m for m in self.metrics), "metrics",
+                      "must list Keras metric identifiers such as 'accuracy' or 'mae'")
         self._require(bool(self.name), "name", "must name a zoo model or `package.module:function`")
         self._require(bool(self.optimizer), "optimizer", "must name a Keras optimizer or 'lbfgs'")
 
@@ -229,10 +241,14 @@ class EarlyStoppingConfig(_Section):
     patience: int = 0
     min_delta: float = 0.0
     monitor: str = "test_accuracy"
+    # min: smaller is better; max: larger; auto: from the name (losses and errors min, scores max)
+    mode: str = "auto"
 
     def __post_init__(self) -> None:
         self._non_negative("patience", "min_delta")
-        self._choice("monitor", MONITORS)
+        self._require(MONITOR_PATTERN.fullmatch(self.monitor) is not None, "monitor",
+                      "must be test_<metric> or val_<metric>, e.g. 'test_accuracy', 'val_loss' or 'test_mae'")
+        self._choice("mode", MONITOR_MODES)
 
 
 @dataclass
@@ -357,6 +373,8 @@ class Config:
 
     def __post_init__(self) -> None:
         check_config(self)
+        if self.data.validation_size == 0 and needs_validation(self):
+            self.data.validation_size = DEFAULT_VALIDATION_SIZE
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -161,20 +161,22 @@ def scatter_rows(link: Any, cfg: Config, dataset: Dataset, plan: Any) -> None:
         arrays = [positions, x, y]
         if _sends_validation(cfg):
             arrays += [dataset.x_val, dataset.y_val]
-        link.send_split(rank, (dataset.name, dataset.input_shape, dataset.num_classes), arrays)
+        meta = (dataset.name, dataset.input_shape, dataset.num_outputs, dataset.classes, dataset.y_test[:0])
+        link.send_split(rank, meta, arrays)
         get_logger().info("scatter: sent worker rank %d %d training rows%s (%.2f MB)", rank, len(positions),
                           " and the validation split" if _sends_validation(cfg) else "",
                           sum(a.nbytes for a in arrays) / 1e6)
 
 
 def receive_rows(link: Any, cfg: Config) -> tuple[HeldRows, Dataset]:
-    (name, input_shape, num_classes), arrays = link.recv_split(5 if _sends_validation(cfg) else 3)
+    (name, input_shape, num_outputs, classes, no_labels), arrays = link.recv_split(
+        5 if _sends_validation(cfg) else 3)
     positions, x, y = arrays[:3]
     if _sends_validation(cfg):
         x_val, y_val = arrays[3:]
     else:
-        x_val, y_val = np.empty((0, *input_shape), np.float32), np.empty(0, np.int32)
-    return HeldRows(positions, x, y), validation_only(name, x_val, y_val, input_shape, num_classes)
+        x_val, y_val = np.empty((0, *input_shape), np.float32), no_labels
+    return HeldRows(positions, x, y), validation_only(name, x_val, y_val, input_shape, num_outputs, classes)
 
 
 class ScatterLedger:

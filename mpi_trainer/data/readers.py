@@ -187,14 +187,17 @@ def _csv_float(text: str, column: str, line: int) -> float:
 
 
 def csv_labels(values: list[str]) -> tuple[np.ndarray, list[str] | None]:
-    """Integer labels stay as they are; any other text is mapped to classes in sorted order."""
+    """Integers are class indices and other numbers are targets, both as they are; any other text
+    is mapped to classes in sorted order."""
     stripped = [v.strip() for v in values]
-    try:
-        return np.array([int(v) for v in stripped], dtype=np.int64), None
-    except ValueError:
-        names = sorted(set(stripped))
-        index = {name: i for i, name in enumerate(names)}
-        return np.array([index[v] for v in stripped], dtype=np.int64), names
+    for parse, dtype in ((int, np.int64), (float, np.float64)):
+        try:
+            return np.array([parse(v) for v in stripped], dtype=dtype), None
+        except ValueError:
+            pass
+    names = sorted(set(stripped))
+    index = {name: i for i, name in enumerate(names)}
+    return np.array([index[v] for v in stripped], dtype=np.int64), names
 
 
 def read_csv(path: Path, cfg: DataConfig) -> RawArrays:

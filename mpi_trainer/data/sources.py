@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from mpi_trainer.config import DataConfig
+from mpi_trainer.config.schema import ARRAYS_SOURCE
 from mpi_trainer.data.readers import TABULAR_BUILTINS, RawArrays, read_file, read_npz, read_rows, read_sklearn
 from mpi_trainer.errors import DataError
 
@@ -49,20 +50,26 @@ def _check_feature_dtype(x: Any, name: str) -> None:
         raise DataError(f"{name}: features must be numeric. Received dtype {x.dtype}")
 
 
-def _as_labels(y: np.ndarray, name: str) -> np.ndarray:
+def _as_labels(y: Any, name: str) -> np.ndarray:
+    """Labels as given: integer class indices (one per sample) become int32; any other numeric
+    target (floats, one-hot, multi-label, several columns) passes through as float32, shape kept."""
     y = np.asarray(y)
-    if y.ndim == 2 and y.shape[1] > 1:
-        y = y.argmax(axis=1)
-    y = y.reshape(len(y), -1)[:, 0] if y.ndim > 1 else y
-    if not np.issubdtype(y.dtype, np.integer):
-        if np.issubdtype(y.dtype, np.floating) and np.all(np.isfinite(y)) and np.all(y == np.round(y)):
-            y = y.astype(np.int64)
-        else:
-            raise DataError(f"{name}: labels must be integer class indices. Received dtype {y.dtype}"
-                            + (" with non-integer values" if np.issubdtype(y.dtype, np.floating) else ""))
-    if len(y) and y.min() < 0:
-        raise DataError(f"{name}: labels must be >= 0. Received a label {int(y.min())}")
-    return y.astype(np.int32)
+    if is_class_labels(y):
+        y = y.reshape(len(y))
+        if len(y) and y.min() < 0:
+            raise DataError(f"{name}: integer labels are class indices, so labels must be >= 0. "
+                            f"Received a label {int(y.min())}")
+        return y.astype(np.int32)
+    if not (np.issubdtype(y.dtype, np.number) or np.issubdtype(y.dtype, np.bool_)):
+        raise DataError(f"{name}: labels must be integer class indices or numeric targets. "
+                        f"Received dtype {y.dtype}")
+    return y.astype(np.float32)
+
+
+def is_class_labels(y: np.ndarray) -> bool:
+    """Integer (or boolean) labels, one per sample: class indices. Nothing else is taken for classes."""
+    integral = np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.bool_)
+    return integral and (y.ndim == 1 or (y.ndim == 2 and y.shape[1] == 1))
 
 
 def check_finite(x: np.ndarray, name: str, split: str) -> None:
@@ -113,7 +120,12 @@ class TrainRows:
 
 @dataclass
 class Dataset:
-    """Integer class labels and features, split three ways; training features are read on demand."""
+    """Features and labels split three ways; training features are read on demand.
+
+    ``classes``: the labels are integer class indices and ``num_outputs`` is the
+    number of classes; otherwise the labels are targets used as given and
+    ``num_outputs`` is their width (the last axis; 1 for one value per sample).
+    """
 
     name: str
     train: TrainRows
@@ -121,9 +133,10 @@ class Dataset:
     y_val: np.ndarray
     x_test: np.ndarray
     y_test: np.ndarray
-    num_classes: int
+    num_outputs: int
     input_shape: tuple[int, ...]
     class_names: list[str] | None = None
+    classes: bool = True
     _train_cache: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
     @property
@@ -150,7 +163,17 @@ class Dataset:
 
     def describe(self) -> str:
         return (f"{self.name}: {self.num_train} train / {len(self.y_val)} validation / "
-                f"{len(self.y_test)} test samples, input {self.input_shape}, {self.num_classes} classes")
+                f"{len(self.y_test)} test samples, input {self.input_shape}, {self.describe_targets()}")
+
+    def describe_targets(self) -> str:
+        if self.classes:
+            return f"{self.num_outputs} classes"
+        return f"targets of shape {self.label_shape} ({self.train.labels.dtype})"
+
+    @property
+    def label_shape(self) -> tuple[int, ...]:
+        """One sample's label shape: () for class indices and single values."""
+        return tuple(int(d) for d in self.train.labels.shape[1:])
 
 
 def keras_cache_dir() -> Path:
@@ -174,7 +197,13 @@ def _load_keras(name: str) -> RawArrays:
     return RawArrays(x_train, y_train, x_test, y_test)
 
 
-def read_source(cfg: DataConfig) -> RawArrays:
+def read_source(cfg: DataConfig, arrays: RawArrays | None = None) -> RawArrays:
+    if cfg.source == ARRAYS_SOURCE:
+        if arrays is None:
+            raise DataError(f"`data.source` = {ARRAYS_SOURCE!r} means the arrays passed to mpi_trainer.fit, and "
+                            f"none were passed. Received: data.source={cfg.source!r}; expected a built-in "
+                            f"dataset or a data file")
+        return RawArrays(arrays.x, arrays.y, arrays.x_test, arrays.y_test)  # a copy: validation rebinds fields
     if cfg.is_file:
         return read_file(cfg)
     if cfg.source in KERAS_BUILTINS:
@@ -210,8 +239,8 @@ def _standardise(raw: RawArrays, train_rows: np.ndarray) -> None:
         raw.x_test = (np.asarray(raw.x_test, dtype=np.float64) - mean) / std
 
 
-def _validate(raw: RawArrays, splits: SplitRows, name: str) -> int:
-    """Labels, lengths and empty splits; returns the number of classes."""
+def _validate(raw: RawArrays, splits: SplitRows, name: str) -> tuple[int, bool]:
+    """Labels, lengths and empty splits; returns (the number of outputs, whether labels are classes)."""
     _check_feature_dtype(raw.x, name)
     raw.y = _as_labels(raw.y, name)
     _check_lengths(raw.x, raw.y, name, "train" if raw.x_test is not None else "all")
@@ -219,31 +248,44 @@ def _validate(raw: RawArrays, splits: SplitRows, name: str) -> int:
     if raw.x_test is not None:
         raw.y_test = test_labels = _as_labels(raw.y_test, name)
         _check_lengths(raw.x_test, raw.y_test, name, "test")
-        if tuple(raw.x_test.shape[1:]) != tuple(raw.x.shape[1:]):
-            raise DataError(f"{name}: x_test rows have shape {tuple(raw.x_test.shape[1:])} but x_train "
-                            f"rows have shape {tuple(raw.x.shape[1:])}; they must match")
+        _check_same_rows(raw, name)
     for split in ("train", "test"):
         if len(getattr(splits, split)) == 0:
             raise DataError(f"{name}: the {split} split is empty; check data.test_size, "
                             f"data.validation_size and the number of samples")
+    if raw.y.dtype != np.int32:
+        return (int(raw.y.shape[-1]) if raw.y.ndim > 1 else 1), False
     train_classes = int(raw.y[splits.train].max()) + 1
     highest = int(test_labels[splits.test].max())
     if highest >= train_classes:
         raise DataError(f"{name}: test label {highest} is out of range: the training split has classes "
                         f"0..{train_classes - 1}; labels must be class indices seen in training")
-    return max(train_classes, 2)
+    return max(train_classes, 2), True
 
 
-def load_dataset(cfg: DataConfig, seed: int, read_val: bool = True, read_test: bool = True) -> Dataset:
-    """Open ``cfg.source``, split it, and read the validation and test features.
+def _check_same_rows(raw: RawArrays, name: str) -> None:
+    """Train and test rows must have the same feature shape and the same kind of label."""
+    if tuple(raw.x_test.shape[1:]) != tuple(raw.x.shape[1:]):
+        raise DataError(f"{name}: x_test rows have shape {tuple(raw.x_test.shape[1:])} but x_train "
+                        f"rows have shape {tuple(raw.x.shape[1:])}; they must match")
+    if raw.y_test.dtype != raw.y.dtype or raw.y_test.shape[1:] != raw.y.shape[1:]:
+        raise DataError(f"{name}: y_test holds labels of shape {raw.y_test.shape[1:]} and dtype "
+                        f"{raw.y_test.dtype} but y_train of shape {raw.y.shape[1:]} and dtype {raw.y.dtype}; "
+                        f"they must match")
+
+
+def load_dataset(cfg: DataConfig, seed: int, read_val: bool = True, read_test: bool = True,
+                 arrays: RawArrays | None = None) -> Dataset:
+    """Open ``cfg.source`` (or take ``arrays``, from :func:`mpi_trainer.fit`), split it, and read the
+    validation and test features.
 
     A worker passes ``read_test=False`` (it never evaluates on the test split)
     and ``read_val=False`` unless it scores candidates for best-of election.
     """
     name = Path(cfg.source).name if cfg.is_file else cfg.source
-    raw = read_source(cfg)
+    raw = read_source(cfg, arrays)
     splits = split_rows(raw, cfg, seed)
-    num_classes = _validate(raw, splits, name)
+    num_outputs, classes = _validate(raw, splits, name)
     if raw.tabular or cfg.source in TABULAR_BUILTINS:
         _standardise(raw, splits.train)
     x_test_source = raw.x if raw.x_test is None else raw.x_test
@@ -255,15 +297,19 @@ def load_dataset(cfg: DataConfig, seed: int, read_val: bool = True, read_test: b
     check_finite(x_val, name, "validation")
     check_finite(x_test, name, "test")
     train = TrainRows(name, raw.x, raw.y, splits.train, raw.keep_open)
-    return Dataset(name, train, x_val, raw.y[val_rows], x_test, y_test_source[test_rows], num_classes,
-                   feature_shape(raw.x), raw.class_names)
+    return Dataset(name, train, x_val, raw.y[val_rows], x_test, y_test_source[test_rows], num_outputs,
+                   feature_shape(raw.x), raw.class_names, classes)
 
 
 def validation_only(name: str, x_val: np.ndarray, y_val: np.ndarray, input_shape: tuple[int, ...],
-                    num_classes: int) -> Dataset:
-    """A worker's dataset under ``scatter``: no file access, only the validation rows it scores on."""
+                    num_outputs: int, classes: bool = True) -> Dataset:
+    """A worker's dataset under ``scatter``: no file access, only the validation rows it scores on.
+
+    ``y_val`` (empty when no validation rows travel) also tells the labels' shape and dtype.
+    """
     empty_x = np.empty((0, *input_shape), dtype=np.float32)
     no_rows = np.empty(0, dtype=np.int64)
-    train = TrainRows(name, empty_x, np.empty(0, dtype=np.int32), no_rows)
-    return Dataset(name, train, x_val, y_val, empty_x, np.empty(0, dtype=np.int32), num_classes,
-                   tuple(input_shape))
+    no_labels = y_val[:0]
+    train = TrainRows(name, empty_x, no_labels, no_rows)
+    return Dataset(name, train, x_val, y_val, empty_x, no_labels, num_outputs, tuple(input_shape),
+                   classes=classes)

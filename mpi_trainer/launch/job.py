@@ -12,11 +12,16 @@ import importlib.util
 import os
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from mpi_trainer.comm.transport import Transport, install_abort_on_error
 from mpi_trainer.config import Config, load_config
+from mpi_trainer.data.readers import RawArrays
 from mpi_trainer.errors import EXIT_INPUT_ERROR, EXIT_WORKER_FAILURE, ConfigError, InputError, WorkerFailure
 from mpi_trainer.launch.devices import (
     Placement,
@@ -38,7 +43,9 @@ def default_run_dir(config_path: str | None) -> Path:
     return Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def prepare_run_dir(run_dir: Path, cfg: Config, resume: bool = False) -> Path:
+def prepare_run_dir(run_dir: Path, resume: bool = False) -> Path:
+    """Create the run directory and start its log; the config is written once every rank has passed
+    its dry run, so a run refused before training leaves nothing in it but the log."""
     if not resume and (run_dir / ROUNDS_NAME).exists():
         raise ConfigError(f"Run directory already holds a run. Received: --run-dir {str(run_dir)!r}; "
                           f"expected a new or empty directory")
@@ -46,9 +53,18 @@ def prepare_run_dir(run_dir: Path, cfg: Config, resume: bool = False) -> Path:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"Cannot create the run directory {str(run_dir)!r}: {exc}") from None
-    write_atomic(run_dir / CONFIG_NAME, cfg.to_toml())
     add_log_file(run_dir / LOG_NAME)
     return run_dir
+
+
+@dataclass
+class JobInputs:
+    """What a Python caller hands the job besides the config (see :func:`mpi_trainer.fit`)."""
+
+    arrays: RawArrays | None = None  # the data as arrays, instead of data.source
+    builder: Any = None  # a model function or a built model, instead of model.name
+    callbacks: Sequence[Any] = ()  # Keras callbacks, run on rank 0 once per round
+    config_path: str | None = None  # names the default run directory
 
 
 def uses_lbfgs(cfg: Config) -> bool:
@@ -87,16 +103,11 @@ def resume_state(run_dir: str | None, cfg: Config) -> Any:
     return load_resume_state(Path(run_dir), cfg.to_dict())
 
 
-def setup(transport: Transport, cfg: Config, config_path: str | None, run_dir: str | None,
+def setup(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str | None,
           resume: bool = False) -> tuple:
     """Load data everywhere and build the model on rank 0; returns (dataset, model, plan, run_dir, state)."""
-    import keras
-
-    from mpi_trainer.comm.protocol import JobPlan
     from mpi_trainer.data.partition import block_bounds
-    from mpi_trainer.models import build_model
-    from mpi_trainer.models.gradients import BlockGradient, check_backend
-    from mpi_trainer.persistence.resume import check_weight_count
+    from mpi_trainer.models.gradients import check_backend
     from mpi_trainer.worker.slowdown import check_slow_ranks
 
     dataset = model = plan = path = state = None
@@ -105,25 +116,52 @@ def setup(transport: Transport, cfg: Config, config_path: str | None, run_dir: s
         check_slow_ranks(cfg.debug, transport.size)
         if uses_lbfgs(cfg):
             check_backend()  # every rank: each computes with its own backend
-        dataset = load_dataset_for_rank(transport.rank, cfg)
+        dataset = load_dataset_for_rank(transport.rank, cfg, inputs.arrays)
         if dataset is not None:
             bounds = block_bounds(dataset.num_train, transport.workers)  # every reader fails alike
         if transport.rank == 0:
-            keras.utils.set_random_seed(cfg.train.seed)
             state = resume_state(run_dir, cfg) if resume else None
-            model, spec = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
-            if uses_lbfgs(cfg):
-                BlockGradient(model)  # a loss it cannot differentiate fails here, on every rank
-            if state is not None:
-                check_weight_count(state, sum(int(w.size) for w in model.get_weights()), cfg.model.name)
-            # Blocks are always planned for the workers present now: a resume may have fewer or more.
-            plan = JobPlan(cfg.to_dict(), spec, bounds, cfg.train.seed, dataset.num_train,
-                           state.next_round if state else 0)
-            path = prepare_run_dir(Path(run_dir) if run_dir else default_run_dir(config_path), cfg, resume)
+            model, plan = plan_job(cfg, dataset, inputs, bounds, state)
+            path = prepare_run_dir(Path(run_dir) if run_dir else default_run_dir(inputs.config_path), resume)
     except (InputError, ValueError, OSError) as exc:
         error = str(exc)
     agree(transport, error)
     return dataset, model, plan, path, state
+
+
+def plan_job(cfg: Config, dataset: Any, inputs: JobInputs, bounds: list, state: Any) -> tuple[Any, Any]:
+    """Rank 0: build the model, dry-run it on the first training rows, and plan the job."""
+    import keras
+
+    from mpi_trainer.comm.protocol import JobPlan
+    from mpi_trainer.models import build_model
+    from mpi_trainer.models.dry_run import SAMPLES, dry_run
+    from mpi_trainer.models.gradients import BlockGradient
+    from mpi_trainer.persistence.resume import check_weight_count
+
+    keras.utils.set_random_seed(cfg.train.seed)
+    model, spec = build_model(cfg.model, dataset.input_shape, dataset.num_outputs, dataset.classes, inputs.builder)
+    if uses_lbfgs(cfg):
+        BlockGradient(model)  # a loss it cannot differentiate fails here, on every rank
+    metric_names = dry_run(model, *dataset.train.read(np.arange(min(SAMPLES, dataset.num_train))))
+    check_monitor(cfg, metric_names)
+    if state is not None:
+        check_weight_count(state, sum(int(w.size) for w in model.get_weights()), cfg.model.name)
+    # Blocks are always planned for the workers present now: a resume may have fewer or more.
+    plan = JobPlan(cfg.to_dict(), spec, bounds, cfg.train.seed, dataset.num_train,
+                   state.next_round if state else 0, metric_names)
+    return model, plan
+
+
+def check_monitor(cfg: Config, metric_names: list[str]) -> None:
+    """``early_stopping.monitor`` must name a metric the compiled model reports."""
+    monitor = cfg.early_stopping.monitor
+    split, name = monitor.split("_", 1)
+    if name not in metric_names:
+        available = [f"{split}_{metric}" for metric in metric_names]
+        raise ConfigError(f"`early_stopping.monitor` names a metric the model does not compute. Received: "
+                          f"early_stopping.monitor={monitor!r}; expected one of {available} (add the metric "
+                          f"to model.metrics)")
 
 
 def check(cfg: Config, workers: int | None = None) -> str:
@@ -136,11 +174,14 @@ def check(cfg: Config, workers: int | None = None) -> str:
     check_backend(configured_backend(), backend_installed)
     dataset = load_dataset(cfg.data, cfg.train.seed)
     check_image_input(cfg.data.augmentation, dataset.input_shape)
-    model, _ = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+    model, _ = build_model(cfg.model, dataset.input_shape, dataset.num_outputs, dataset.classes)
     if uses_lbfgs(cfg):
         from mpi_trainer.models.gradients import BlockGradient
 
         BlockGradient(model)
+    from mpi_trainer.models.dry_run import SAMPLES, dry_run
+
+    check_monitor(cfg, dry_run(model, *dataset.train.read(np.arange(min(SAMPLES, dataset.num_train)))))
     if workers is not None:
         try:
             block_bounds(len(dataset.x_train), workers)
@@ -149,7 +190,7 @@ def check(cfg: Config, workers: int | None = None) -> str:
     return f"{dataset.describe()}; model {cfg.model.name} with {model.count_params()} parameters"
 
 
-def load_dataset_for_rank(rank: int, cfg: Config) -> Any:
+def load_dataset_for_rank(rank: int, cfg: Config, arrays: RawArrays | None = None) -> Any:
     """The scheduler reads validation and test features; a worker only what it scores on.
 
     Under ``data.placement = "scatter"`` a worker reads nothing (its node may
@@ -162,7 +203,7 @@ def load_dataset_for_rank(rank: int, cfg: Config) -> Any:
     if rank != 0 and scatter:
         return None
     scores = rank == 0 or cfg.aggregation.elects
-    dataset = load_dataset(cfg.data, cfg.train.seed, read_val=scores, read_test=rank == 0)
+    dataset = load_dataset(cfg.data, cfg.train.seed, read_val=scores, read_test=rank == 0, arrays=arrays)
     check_image_input(cfg.data.augmentation, dataset.input_shape)
     if scatter:
         dataset.train.check_all()  # bad rows must fail here, not half-way through sending blocks
@@ -209,21 +250,29 @@ def log_placements(placements: list[Placement]) -> None:
         log.info("%s%s", placement.describe(), why)
 
 
-def run_scheduler(transport: Transport, cfg: Config, setup_result: tuple, placements: list[Placement]) -> None:
-    """Rank 0's part; a watchdog failure ends the whole job with a one-line message, not a traceback."""
+def run_scheduler(transport: Transport, cfg: Config, setup_result: tuple, placements: list[Placement],
+                  callbacks: Sequence[Any] = ()) -> Any:
+    """Rank 0's part; returns the engine and the run's summary. A watchdog failure ends the whole job
+    with a one-line message, not a traceback."""
     from mpi_trainer.comm.protocol import SchedulerLink
     from mpi_trainer.scheduler import engine_class
     from mpi_trainer.scheduler.lbfgs import LbfgsScheduler
 
     dataset, model, plan, path, state = setup_result
+    write_atomic(path / CONFIG_NAME, cfg.to_toml())
     log_placements(placements)
     log_plan(plan, dataset)
+    if plan.model.user_compiled:
+        get_logger().info("the model function compiled the model: its own optimizer, loss and metrics are used "
+                          "(model.optimizer, model.loss and model.metrics do not apply)")
     hosts = [placement.host for placement in placements]
     engine_type = LbfgsScheduler if uses_lbfgs(cfg) else engine_class(cfg)
     try:
         engine = engine_type(SchedulerLink(transport), cfg, dataset, model, plan, path, hosts, state)
         engine.record_placement([placement.as_dict() for placement in placements])
-        engine.run()
+        if callbacks:
+            engine.recorder.use_callbacks(callbacks)
+        summary = engine.run()
     except WorkerFailure as exc:
         get_logger().error("%s", exc)
         sys.stderr.write(f"mpi_trainer: error: {exc}\n")
@@ -232,6 +281,7 @@ def run_scheduler(transport: Transport, cfg: Config, setup_result: tuple, placem
     if cfg.log.plots:
         write_report(path)
     print(f"run directory: {path}", flush=True)
+    return engine, summary
 
 
 def write_report(run_dir: Path) -> None:
@@ -248,32 +298,19 @@ def write_report(run_dir: Path) -> None:
     log.info("report: %s and %d plots in %s", result.run_dir / REPORT_NAME, len(result.plots), run_dir)
 
 
-def load_config_everywhere(transport: Transport, config_path: str, overrides: list[str]) -> Config:
+def load_config_everywhere(transport: Transport, config: str | dict | None, overrides: list[Any]) -> Config:
     """Every rank reads the config; an error on any rank fails all of them, each with the message."""
     cfg, error = None, None
     try:
-        cfg = load_config(config_path, overrides)
+        cfg = load_config(config, overrides)
     except InputError as exc:
         error = str(exc)
     agree(transport, error)
     return cfg
 
 
-def train(config_path: str, overrides: list[str], run_dir: str | None, resume: bool = False) -> int:
-    """Entry for ``mpi_trainer train`` on every rank; returns the exit code."""
-    transport = Transport()
-    try:
-        return train_job(transport, config_path, overrides, run_dir, resume)
-    except AgreedInputError as exc:
-        report_error(exc)
-        # Every rank prints before any exits: mpirun ends the job when the first rank leaves.
-        transport.barrier()
-        return EXIT_INPUT_ERROR
-
-
-def train_job(transport: Transport, config_path: str, overrides: list[str], run_dir: str | None,
-              resume: bool) -> int:
-    cfg = load_config_everywhere(transport, config_path, overrides)
+def run_job(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str | None, resume: bool) -> Any:
+    """Every rank's whole job; returns (the scheduler's engine, the summary) on rank 0, None on workers."""
     transport.max_sleep = cfg.comm.poll_interval
     setup_logging(transport.rank, transport.size, transport.host, cfg.log.verbosity)
     check_world(transport)
@@ -284,26 +321,44 @@ def train_job(transport: Transport, config_path: str, overrides: list[str], run_
     configure_threads(threads)
     get_logger().debug("%d threads (%d cores, ranks on this node: %s)", threads, node_cores, node_ranks)
     placements = confirm_rank(transport, cfg, placement)
-    dataset, model, plan, path, state = setup(transport, cfg, config_path, run_dir, resume)
+    dataset, model, plan, path, state = setup(transport, cfg, inputs, run_dir, resume)
     plan = transport.bcast_object(plan)
     worker_data, dataset = place_training_data(transport, cfg, dataset, plan)
+    role = make_worker(transport, cfg, plan, dataset, worker_data)
     if transport.rank == 0:
-        run_scheduler(transport, cfg, (dataset, model, plan, path, state), placements)
-    elif uses_lbfgs(cfg):
-        from mpi_trainer.comm.protocol import WorkerLink
+        return run_scheduler(transport, cfg, (dataset, model, plan, path, state), placements, inputs.callbacks)
+    role.run()
+    return None
+
+
+def make_worker(transport: Transport, cfg: Config, plan: Any, dataset: Any, worker_data: Any) -> Any:
+    """A worker rank's role, dry-run on its first batch; every rank agrees that all of them passed."""
+    role, error = None, None
+    try:
+        if transport.rank != 0:
+            role = new_worker(transport, cfg, plan, dataset, worker_data)
+    except (InputError, ValueError) as exc:
+        error = str(exc)
+    agree(transport, error)
+    return role
+
+
+def new_worker(transport: Transport, cfg: Config, plan: Any, dataset: Any, worker_data: Any) -> Any:
+    import keras
+
+    from mpi_trainer.comm.protocol import WorkerLink
+    from mpi_trainer.persistence.resume import worker_seed
+
+    if uses_lbfgs(cfg):
         from mpi_trainer.worker.lbfgs import LbfgsWorker
 
-        LbfgsWorker(WorkerLink(transport), plan, cfg, worker_data.fixed_x, worker_data.fixed_y).run()
-    else:
-        import keras
+        return LbfgsWorker(WorkerLink(transport), plan, cfg, worker_data.fixed_x, worker_data.fixed_y)
+    from mpi_trainer.worker import Worker
 
-        from mpi_trainer.comm.protocol import WorkerLink
-        from mpi_trainer.persistence.resume import worker_seed
-        from mpi_trainer.worker import Worker
-
-        keras.utils.set_random_seed(worker_seed(cfg.train.seed, transport.rank, plan.start_round))
-        Worker(WorkerLink(transport), plan, dataset, cfg, worker_data).run()
-    return 0
+    keras.utils.set_random_seed(worker_seed(cfg.train.seed, transport.rank, plan.start_round))
+    worker = Worker(WorkerLink(transport), plan, dataset, cfg, worker_data)
+    worker.preflight()
+    return worker
 
 
 def backend_installed(module: str) -> bool:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import functools
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from mpi_trainer.config import ModelConfig
 from mpi_trainer.errors import ConfigError
@@ -20,13 +22,21 @@ from mpi_trainer.errors import ConfigError
 class ModelSpec:
     architecture: str
     optimizer: dict[str, Any] | None  # None under L-BFGS
-    loss: Any
+    loss: Any  # a Keras loss identifier, one of :mod:`.losses`' names, or a serialised loss
     user_module: str | None
+    metrics: list[Any] = field(default_factory=lambda: ["accuracy"])  # identifiers or serialised metrics
+    user_compiled: bool = False  # the model function compiled the model: its own optimizer, loss and metrics
 
 
-def _resolve_builder(cfg: ModelConfig) -> tuple[Any, str | None]:
+def _resolve_builder(cfg: ModelConfig, builder: Any = None) -> tuple[Any, str | None]:
+    """The function that builds the model, and the module workers import for its custom objects.
+
+    ``builder`` (from :func:`mpi_trainer.fit`) is a callable or a built model; else ``model.name``.
+    """
     from mpi_trainer.models.zoo import ZOO
 
+    if builder is not None:
+        return _given_builder(builder)
     name = cfg.name
     if name in ZOO:
         return functools.partial(ZOO[name], activation=cfg.activation), None
@@ -61,53 +71,126 @@ def make_optimizer(cfg: ModelConfig) -> Any:
     return optimizer
 
 
-def implied_loss(model: Any, cfg: ModelConfig | None = None) -> str:
-    """The loss for integer labels, given ``model.loss`` and ``model.activation``.
+def _given_builder(builder: Any) -> tuple[Any, str | None]:
+    import keras
 
-    One output unit -> binary cross-entropy; squared error and sigmoid outputs
-    compare against one-hot labels; otherwise sparse categorical cross-entropy.
+    if isinstance(builder, keras.Model):
+        return (lambda input_shape, num_outputs: builder), _module_of(builder)
+    if not callable(builder):
+        raise ConfigError(f"`model` must be a Keras model, a function (input_shape, num_outputs) -> model, "
+                          f"a zoo name or 'package.module:function'. Received: {type(builder).__name__}")
+    return builder, _module_of(builder)
+
+
+def _module_of(thing: Any) -> str | None:
+    """The module a worker imports so that the user's custom layers are registered (not ``__main__``:
+    workers run the same script, which registers them itself)."""
+    module = getattr(thing, "__module__", None) or type(thing).__module__
+    return None if module in ("__main__", "builtins") or module.startswith("keras") else module
+
+
+def implied_loss(model: Any, cfg: ModelConfig | None = None, classes: bool = True) -> str:
+    """The loss ``model.loss`` names for this model and these labels.
+
+    ``cross_entropy`` on integer class labels: binary cross-entropy for one
+    output unit, per-class binary cross-entropy for sigmoid outputs, sparse
+    categorical cross-entropy otherwise; on other targets (one-hot, multi-label,
+    0/1 values) binary or categorical cross-entropy as the output suggests.
+    ``squared_error``: against the one-hot label for classes, plain mean squared
+    error for other targets. Any other value is a Keras loss identifier, used as it is.
     """
     from mpi_trainer.models import losses
 
+    name = "cross_entropy" if cfg is None else cfg.loss
     units = model.outputs[0].shape[-1]
-    if cfg is not None and cfg.loss == "squared_error":
-        return losses.SQUARED_ERROR
-    if units == 1:
+    sigmoid = cfg is not None and cfg.activation == "sigmoid"
+    if name == "squared_error":
+        return losses.SQUARED_ERROR if classes else "mean_squared_error"
+    if name != "cross_entropy":
+        return name
+    if units == 1 or (sigmoid and not classes):
         return "binary_crossentropy"
-    if cfg is not None and cfg.activation == "sigmoid":
-        return losses.SIGMOID_CROSS_ENTROPY
-    return "sparse_categorical_crossentropy"
+    if classes:
+        return losses.SIGMOID_CROSS_ENTROPY if sigmoid else "sparse_categorical_crossentropy"
+    return "categorical_crossentropy"
 
 
-def _serialise_loss(loss: Any) -> Any:
+def configured_metrics(cfg: ModelConfig, classes: bool, loss: str) -> list[str]:
+    """``model.metrics``, or the task's default: accuracy for classes and cross-entropy, none for regression."""
+    if cfg.metrics:
+        return list(cfg.metrics)
+    return ["accuracy"] if classes or "crossentropy" in loss else []
+
+
+def check_compile_names(cfg: ModelConfig) -> None:
+    """``model.loss`` and ``model.metrics`` must be names Keras knows (checked before anything trains)."""
     import keras
 
-    return loss if isinstance(loss, (str, type(None))) else keras.losses.serialize(loss)
+    from mpi_trainer.models import losses
+
+    if cfg.loss not in losses.CONFIG_NAMES:
+        try:
+            keras.losses.get(cfg.loss)
+        except ValueError:
+            raise ConfigError(f"`model.loss` must be 'cross_entropy', 'squared_error' or a Keras loss identifier "
+                              f"such as 'mse' or 'categorical_crossentropy'. "
+                              f"Received: model.loss={cfg.loss!r}") from None
+    for metric in cfg.metrics:
+        if metric in ("accuracy", "acc", "crossentropy", "ce"):
+            continue
+        try:
+            keras.metrics.get(metric)
+        except ValueError:
+            raise ConfigError(f"`model.metrics` must list Keras metric identifiers such as 'accuracy', 'mae' or "
+                              f"'auc'. Received: model.metrics={cfg.metrics!r} ({metric!r} is unknown)") from None
 
 
-def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> tuple[Any, ModelSpec]:
-    """Build and compile the configured model on the scheduler; return it and its spec."""
+def _serialise(item: Any, kind: str) -> Any:
     import keras
 
-    builder, user_module = _resolve_builder(cfg)
+    if isinstance(item, (str, type(None), dict)):
+        return item
+    return getattr(keras, kind).serialize(item)
+
+
+def compile_settings(model: Any, cfg: ModelConfig, classes: bool) -> tuple[Any, Any, list[Any], bool]:
+    """(optimizer, loss, metrics, user-compiled?): the model's own compile when its function compiled
+    it, else the config's (``model.optimizer``, ``model.loss``, ``model.metrics``)."""
+    if getattr(model, "optimizer", None) is not None and getattr(model, "loss", None) is not None:
+        metrics = model.get_compile_config().get("metrics") or []
+        return model.optimizer, _serialise(model.loss, "losses"), list(metrics), True
+    check_compile_names(cfg)
+    loss = implied_loss(model, cfg, classes)
+    return make_optimizer(cfg), loss, configured_metrics(cfg, classes, loss), False
+
+
+def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_outputs: int, classes: bool = True,
+                builder: Any = None) -> tuple[Any, ModelSpec]:
+    """Build and compile the configured model on the scheduler; return it and its spec.
+
+    The model function is called as ``function(input_shape, num_outputs)``:
+    ``num_outputs`` is the number of classes for integer labels, the target width otherwise.
+    """
+    import keras
+
+    builder, user_module = _resolve_builder(cfg, builder)
+    what = f"{num_outputs} classes" if classes else f"targets of width {num_outputs}"
     try:
-        model = builder(tuple(input_shape), int(num_classes))
+        model = builder(tuple(input_shape), int(num_outputs))
     except ValueError as exc:
         raise ConfigError(f"`model.name` {cfg.name!r} cannot be built for input shape "
-                          f"{tuple(input_shape)} and {num_classes} classes: {exc}") from None
+                          f"{tuple(input_shape)} and {what}: {exc}") from None
     if not isinstance(model, keras.Model):
         raise ConfigError(f"`model.name` {cfg.name!r} must return a keras.Model. "
                           f"Received: {type(model).__name__}")
     check_input(model, cfg.name, input_shape)
-    check_output(model, cfg.name, num_classes)
-    if getattr(model, "optimizer", None) is not None and getattr(model, "loss", None) is not None:
-        optimizer, loss = model.optimizer, model.loss
-    else:
-        optimizer, loss = make_optimizer(cfg), implied_loss(model, cfg)
+    if classes:
+        check_output(model, cfg.name, num_outputs)
+    optimizer, loss, metrics, user_compiled = compile_settings(model, cfg, classes)
     if cfg.uses_lbfgs:
         optimizer = None  # L-BFGS moves the weights itself; a user model's own optimizer is not used
     spec = ModelSpec(model.to_json(), None if optimizer is None else keras.optimizers.serialize(optimizer),
-                     _serialise_loss(loss), user_module)
+                     loss, user_module, metrics, user_compiled)
     compile_model(model, spec)
     return model, spec
 
@@ -126,10 +209,14 @@ def check_input(model: Any, name: str, input_shape: tuple[int, ...]) -> None:
 
 
 def check_output(model: Any, name: str, num_classes: int) -> None:
+    """Integer class labels: a single output needs one unit per class (or one unit for two classes)."""
+    if len(model.outputs) != 1:
+        return
     units = model.outputs[0].shape[-1]
     if units not in (num_classes, 1) or (units == 1 and num_classes > 2):
-        raise ConfigError(f"`model.name` {name!r} outputs {units} units but the data has "
-                          f"{num_classes} classes; expected {num_classes} output units")
+        raise ConfigError(f"`model.name` {name!r} outputs {units} units but the data has {num_classes} classes "
+                          f"(integer labels are class indices); expected {num_classes} output units (targets "
+                          f"that are not class indices are given as floats, e.g. one-hot or regression values)")
 
 
 def compile_model(model: Any, spec: ModelSpec) -> None:
@@ -139,8 +226,9 @@ def compile_model(model: Any, spec: ModelSpec) -> None:
 
     # No optimizer (L-BFGS): the model is compiled only for its loss and evaluation.
     optimizer = None if spec.optimizer is None else keras.optimizers.deserialize(spec.optimizer)
-    model.compile(optimizer=optimizer, loss=losses.resolve(spec.loss),
-                  metrics=["accuracy"])
+    loss = keras.losses.deserialize(spec.loss) if isinstance(spec.loss, dict) else losses.resolve(spec.loss)
+    metrics = [keras.metrics.deserialize(m) if isinstance(m, dict) else m for m in spec.metrics]
+    model.compile(optimizer=optimizer, loss=loss, metrics=metrics)
 
 
 def rebuild_model(spec: ModelSpec) -> Any:
@@ -160,15 +248,28 @@ def evaluate_model(model: Any, x: Any, y: Any, batch_size: int) -> dict[str, flo
     ``model.evaluate`` sets up a data adapter, callbacks and a progress loop on
     every call, about 0.1 s, which the scheduler pays every round while the
     workers wait. ``test_on_batch`` runs the same compiled test step on one
-    batch; the batches' results, weighted by their sizes, are the sample means
-    ``evaluate`` reports.
+    batch (after resetting the metrics); the metrics' states of all batches are
+    summed, which is exact for every metric whose state is a sum (means, counts,
+    confusion counts such as AUC's), and the result is read from the sum.
     """
     if len(x) == 0:
         raise ValueError("cannot evaluate on an empty split")
-    totals: dict[str, float] = {}
+    total: list[np.ndarray] | None = None
     for start in range(0, len(x), batch_size):
-        stop = min(start + batch_size, len(x))
-        result = model.test_on_batch(x[start:stop], y[start:stop], return_dict=True)
-        for name, value in result.items():
-            totals[name] = totals.get(name, 0.0) + float(value) * (stop - start)
-    return {name: total / len(x) for name, total in totals.items()}
+        model.test_on_batch(x[start:start + batch_size], y[start:start + batch_size])
+        state = metric_state(model)
+        total = state if total is None else [a + b for a, b in zip(total, state)]
+    return metrics_from_state(model, total)
+
+
+def metric_state(model: Any) -> list[np.ndarray]:
+    """The compiled metrics' variables (the loss tracker's included), as NumPy arrays."""
+    return [np.asarray(variable.numpy()) for metric in model.metrics for variable in metric.variables]
+
+
+def metrics_from_state(model: Any, state: list[np.ndarray]) -> dict[str, float]:
+    """Load summed metric variables back into ``model`` and read every metric's result."""
+    variables = [variable for metric in model.metrics for variable in metric.variables]
+    for variable, value in zip(variables, state, strict=True):
+        variable.assign(value)
+    return {name: float(np.asarray(value)) for name, value in model.get_metrics_result().items()}

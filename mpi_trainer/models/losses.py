@@ -25,6 +25,8 @@ def one_hot_binary_crossentropy(y_true: keras.KerasTensor, y_pred: keras.KerasTe
     return keras.losses.binary_crossentropy(_one_hot(y_true, y_pred), y_pred)
 
 
+# The values of ``model.loss`` that are mpi_trainer's own names (anything else is a Keras identifier).
+CONFIG_NAMES = ("cross_entropy", "squared_error")
 SQUARED_ERROR = "one_hot_squared_error"
 SIGMOID_CROSS_ENTROPY = "one_hot_binary_crossentropy"
 BY_NAME = {SQUARED_ERROR: one_hot_squared_error, SIGMOID_CROSS_ENTROPY: one_hot_binary_crossentropy}

@@ -32,6 +32,15 @@ ROUND_FIELDS = [
     "train_loss", "train_accuracy", "val_loss", "val_accuracy", "samples", "winner", "elapsed_seconds",
     "idle_fraction", "block_sizes", "steps", "worker_train_seconds",
 ]
+BUILT_IN_METRICS = ("loss", "accuracy")  # their columns are always there (empty when not compiled)
+
+
+def round_fields(metric_names: list[str]) -> list[str]:
+    """rounds.csv's columns: the fixed ones, then ``test_/train_/val_<name>`` of every other metric."""
+    extra = [name for name in metric_names if name not in BUILT_IN_METRICS]
+    return ROUND_FIELDS + [f"{split}_{name}" for name in extra for split in ("test", "train", "val")]
+
+
 UPDATE_FIELDS = ["update", "round", "worker", "clock", "base_version", "version", "staleness",
                  "versions_behind", "share", "samples", "train_seconds", "train_loss", "val_loss", "val_accuracy",
                  "elapsed_seconds"]

@@ -47,11 +47,21 @@ class Engine(ABC):
     def state(self) -> Any:
         return self.recorder.state
 
+    @property
+    def rounds(self) -> list[dict[str, Any]]:
+        """The rows of rounds.csv so far."""
+        return self.recorder.state.rounds
+
+    @property
+    def run_dir(self) -> Path:
+        return self.recorder.run_dir
+
     def run(self) -> dict[str, Any]:
         """Every round until a stop, then release the workers and write the end of the run."""
         self.recorder.count_bytes(self.link.take_bytes())  # the set-up broadcast
         self.log.info("%s", self.describe())
         try:
+            self.recorder.begin()
             self.state.stop_reason = self.run_rounds()
             states = self.final_states()
             self.link.stop()

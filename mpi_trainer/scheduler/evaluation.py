@@ -19,15 +19,22 @@ class Evaluator:
         self.model = model
         self.codec = codec
         self.batch = max(256, cfg.train.batch_size)
-        self.scores_validation = cfg.early_stopping.monitor.startswith("val_") and len(dataset.x_val) > 0
+        # A validation split exists only when something asked for it (a val_* monitor, best-of, or
+        # data.validation_size); under best-of the elected worker's own scores fill the val_* columns.
+        monitors_validation = cfg.early_stopping.monitor.startswith("val_")
+        self.scores_validation = len(dataset.x_val) > 0 and (monitors_validation or not cfg.aggregation.elects)
 
     def evaluate(self, weights: np.ndarray) -> tuple[dict[str, float], float]:
-        """``test_*`` (and ``val_*`` when early stopping watches them) of ``weights``, and the seconds it took."""
+        """Every compiled metric of ``weights`` as ``test_<name>`` (and ``val_<name>`` when scored),
+        and the seconds it took."""
         started = time.perf_counter()
         self.model.set_weights(self.codec.unflatten(weights))
-        result = evaluate_model(self.model, self.dataset.x_test, self.dataset.y_test, self.batch)
-        out = {"test_loss": result["loss"], "test_accuracy": result["accuracy"]}
+        out = prefixed("test", evaluate_model(self.model, self.dataset.x_test, self.dataset.y_test, self.batch))
         if self.scores_validation:
-            result = evaluate_model(self.model, self.dataset.x_val, self.dataset.y_val, self.batch)
-            out.update(val_loss=float(result["loss"]), val_accuracy=float(result["accuracy"]))
+            out.update(prefixed("val", evaluate_model(self.model, self.dataset.x_val, self.dataset.y_val,
+                                                      self.batch)))
         return out, time.perf_counter() - started
+
+
+def prefixed(split: str, metrics: dict[str, float]) -> dict[str, float]:
+    return {f"{split}_{name}": value for name, value in metrics.items()}

@@ -227,11 +227,16 @@ class LbfgsScheduler:
         started = time.perf_counter()
         batch = max(256, self.cfg.train.batch_size)
         result = evaluate_model(self.model, self.dataset.x_test, self.dataset.y_test, batch)
-        out = {"test_loss": result["loss"], "test_accuracy": result["accuracy"]}
+        out = {"test_loss": result["loss"], "test_accuracy": result.get("accuracy", math.nan)}
         if self.cfg.early_stopping.monitor.startswith("val_") and len(self.dataset.x_val):
             result = evaluate_model(self.model, self.dataset.x_val, self.dataset.y_val, batch)
-            out.update(val_loss=float(result["loss"]), val_accuracy=float(result["accuracy"]))
+            out.update(val_loss=result["loss"], val_accuracy=result.get("accuracy", math.nan))
         return out, time.perf_counter() - started
+
+    @property
+    def rounds(self) -> list[dict[str, Any]]:
+        """The rows of rounds.csv so far (one per iteration)."""
+        return self.progress.rounds
 
     def record(self, row: dict[str, Any]) -> None:
         self.progress.traffic_bytes += row["bytes"]

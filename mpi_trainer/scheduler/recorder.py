@@ -36,15 +36,16 @@ from mpi_trainer.persistence.resume import ResumeState, worker_seed
 from mpi_trainer.persistence.run_files import (
     CHECKPOINT_NAME,
     FINAL_WEIGHTS_NAME,
-    ROUND_FIELDS,
     ROUNDS_NAME,
     SUMMARY_NAME,
     RoundLog,
     backup_path,
+    round_fields,
     write_json_atomic,
 )
 from mpi_trainer.reporting.observers import RunObservers
 from mpi_trainer.reporting.table import format_table
+from mpi_trainer.scheduler.callbacks import RoundCallbacks
 from mpi_trainer.scheduler.evaluation import Evaluator
 
 
@@ -56,6 +57,7 @@ class StopReason(str, Enum):
     EARLY_STOPPING = "early_stopping"
     NAN = "nan"
     MAX_STEPS = "max_steps"
+    CALLBACK = "callback"  # a Keras callback set model.stop_training
 
     __str__ = str.__str__
 
@@ -99,6 +101,17 @@ class ClosedRound:
     max_staleness: int = 0
 
 
+def train_metrics(reports: list[Report], names: list[str]) -> dict[str, float]:
+    """``train_<name>``: each metric of the workers' local training, weighted by their samples
+    (a report without the metric, e.g. from a worker that ran no step, is left out)."""
+    out = {}
+    for name in names:
+        pairs = [(r.train_metrics[name], r.samples) for r in reports if name in r.train_metrics]
+        total = sum(samples for _, samples in pairs)
+        out[f"train_{name}"] = sum(v * n for v, n in pairs) / total if total else math.nan
+    return out
+
+
 class RoundRecorder:
     def __init__(self, cfg: Config, dataset: Dataset, model: Any, codec: WeightCodec, plan: JobPlan,
                  run_dir: Path, transport_stats: Any, hosts: list[str], resume: ResumeState | None = None) -> None:
@@ -108,7 +121,8 @@ class RoundRecorder:
         self.log = get_logger()
         self.evaluator = Evaluator(cfg, dataset, model, codec)
         self.early = EarlyStopping(cfg.early_stopping.monitor, cfg.early_stopping.patience,
-                                   cfg.early_stopping.min_delta)
+                                   cfg.early_stopping.min_delta, cfg.early_stopping.mode)
+        self.metric_names = plan.metric_names
         self.state = RunState()
         self.started = time.perf_counter()
         self.start_round = 0
@@ -117,11 +131,20 @@ class RoundRecorder:
         self.initial_weights = codec.flatten(model.get_weights())
         self.kept_weights: np.ndarray | None = None  # the weights the run ends with, once finished
         self.placement: list[dict[str, Any]] = []  # host, backend and device of every rank; the job sets it
+        self.callbacks: RoundCallbacks | None = None  # Keras callbacks from mpi_trainer.fit
         if resume is not None:
             self.restore(resume)
-        self.round_log = RoundLog(run_dir / ROUNDS_NAME, ROUND_FIELDS)
+        self.round_log = RoundLog(run_dir / ROUNDS_NAME, round_fields(self.metric_names))
         # progress, TensorBoard and the timeline: what rank 0 shows of each round besides rounds.csv
         self.observers = RunObservers(cfg, run_dir, self.start_round, hosts)
+
+    def use_callbacks(self, callbacks: list[Any]) -> None:
+        self.callbacks = RoundCallbacks(callbacks, self.model, self.cfg.train.epochs)
+
+    def begin(self) -> None:
+        """Before the first round: the callbacks' ``on_train_begin``."""
+        if self.callbacks is not None:
+            self.callbacks.begin(self.start_round)
 
     def restore(self, resume: ResumeState) -> None:
         """Carry on from a checkpoint: counters, early-stopping state, and the time and bytes spent so far."""
@@ -202,29 +225,35 @@ class RoundRecorder:
         self.record(row)
         stop = self.early.update(closed.index, row[self.cfg.early_stopping.monitor], weights)
         self.maybe_checkpoint(closed.index, weights)
-        return StopReason.EARLY_STOPPING if stop else None
+        if stop:
+            return StopReason.EARLY_STOPPING
+        if self.callbacks is not None and self.callbacks.round_end(closed.index, row):
+            self.log.info("round %d: a callback set model.stop_training; stopping", closed.index)
+            return StopReason.CALLBACK
+        return None
 
     def round_row(self, closed: ClosedRound, evaluation: dict[str, float]) -> dict[str, Any]:
         """One row of rounds.csv, but for the engine's timing columns."""
         reports = closed.reports
         train_times = [r.train_seconds for r in reports]
         samples = sum(r.samples for r in reports)
-        row = {
+        row = {f"{split}_{name}": math.nan for name in self.metric_names for split in ("test", "val")}
+        row.update(train_metrics(reports, self.metric_names))
+        row.update({
             "round": closed.index, "train_seconds_max": max(train_times), "train_seconds_min": min(train_times),
             "aggregate_seconds": closed.aggregate_seconds, "bytes": closed.bytes + self.discarded_bytes,
-            "max_staleness": closed.max_staleness,
+            "max_staleness": closed.max_staleness, "samples": samples,
             "train_loss": sum(r.train_loss * r.samples for r in reports) / samples,
-            "train_accuracy": sum(r.train_accuracy * r.samples for r in reports) / samples,
-            "val_loss": math.nan, "val_accuracy": math.nan, "samples": samples,
             "winner": closed.winner if closed.winner >= 0 else "",
             # one value per worker, by rank (under SSP the sum of its updates merged in the window)
             "worker_train_seconds": ";".join(f"{sum(r.train_seconds for r in reports if r.rank == w):.4g}"
                                              for w in range(1, self.workers + 1)),
-        }
+        })
         self.discarded_bytes = 0
         if closed.winner >= 0:
             best = closed.elected or next(r for r in reports if r.rank == closed.winner)
             row.update(val_loss=best.val_loss, val_accuracy=best.val_accuracy)
+            row.update({f"val_{name}": value for name, value in best.val_metrics.items()})
         row.update(evaluation)
         return row
 
@@ -294,6 +323,8 @@ class RoundRecorder:
             self.checkpoint(int(self.state.rounds[-1]["round"]), kept, states)
         summary = self.summary(final)
         write_json_atomic(self.run_dir / SUMMARY_NAME, summary)
+        if self.callbacks is not None:
+            self.callbacks.end()  # after the files: a callback may change the model's weights (restore best)
         if self.state.rounds:
             self.log.info("per-round results:\n%s", format_table(self.state.rounds))
         accuracy = summary["final_test_accuracy"]
@@ -312,7 +343,11 @@ class RoundRecorder:
             "final_round": final.get("round"),
             "final_test_accuracy": final.get("test_accuracy"),
             "final_test_loss": final.get("test_loss"),
-            "best_test_accuracy": max((r["test_accuracy"] for r in rounds), default=None),
+            **{f"final_test_{name}": final.get(f"test_{name}") for name in self.metric_names},
+            "best_test_accuracy": max((r["test_accuracy"] for r in rounds if r["test_accuracy"] == r["test_accuracy"]),
+                                      default=None),
+            "metrics": self.metric_names,
+            "best_value": self.early.best_value,
             "wall_seconds": self.elapsed(),
             "steps": self.state.steps,
             "learning_rate": self.learning_rate,

@@ -31,6 +31,7 @@ from mpi_trainer.data.placement import HeldRows, WorkerData, peak_rss_mib
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.logs import get_logger
 from mpi_trainer.models import evaluate_model, rebuild_model
+from mpi_trainer.models.dry_run import dry_run, reset_optimizer
 from mpi_trainer.persistence.optimizer_state import ensure_built, load_state_vector, state_vector
 from mpi_trainer.persistence.resume import worker_seed
 from mpi_trainer.reporting.progress import with_batch_progress
@@ -75,6 +76,12 @@ class Worker:
                 raise RuntimeError(f"unknown order {order.kind!r} from the scheduler")
             handlers[order.kind](order)
 
+    def preflight(self) -> None:
+        """Before round 0: one step and one evaluation on this worker's first batch (fails every rank
+        with a clear message when the model, the labels and the loss do not fit together)."""
+        batch = self.cfg.train.batch_size
+        dry_run(self.model, self.x[:batch], self.y[:batch])
+
     def send_candidate(self, order: Order) -> None:
         self.link.send_weights(self.wire.encode(self.candidate))
 
@@ -115,10 +122,7 @@ class Worker:
         if order.optimizer_state:
             load_state_vector(optimizer, self.link.recv_state())
         if order.reset_optimizer:
-            # Moments computed from non-finite gradients would poison the next round.
-            for variable in optimizer.variables:
-                if "learning_rate" not in variable.path:
-                    variable.assign(np.zeros(variable.shape, dtype=variable.dtype))
+            reset_optimizer(optimizer)  # moments computed from non-finite gradients would poison the next round
         if order.learning_rate is not None:
             optimizer.learning_rate = order.learning_rate
             self.log.debug("learning rate set to %g", order.learning_rate)
@@ -162,7 +166,8 @@ class Worker:
         self.maybe_inject_nan(round_index, local)
         loss = metrics.get("loss", 0.0 if not steps else math.nan)
         report = Report(self.rank, round_index, len(self.x), loss, metrics.get("accuracy", math.nan),
-                        train_seconds, steps=steps, weights_finite=bool(np.all(np.isfinite(local))))
+                        train_seconds, steps=steps, weights_finite=bool(np.all(np.isfinite(local))),
+                        train_metrics=metrics)
         return report, local
 
     def train_once(self, max_steps: int | None = None) -> tuple[dict[str, Any], float, int]:
@@ -196,6 +201,7 @@ class Worker:
         started = time.perf_counter()
         result = evaluate_model(self.model, self.dataset.x_val, self.dataset.y_val,
                                 max(256, self.cfg.train.batch_size))
-        report.val_loss, report.val_accuracy = float(result["loss"]), float(result["accuracy"])
+        report.val_loss, report.val_accuracy = result["loss"], result.get("accuracy", math.nan)
+        report.val_metrics = result
         report.eval_seconds = time.perf_counter() - started
         self.phases.add("evaluate", report.round, time.time() - report.eval_seconds)

@@ -109,6 +109,8 @@ def test_section_given_a_scalar_is_rejected():
 
 
 @pytest.mark.parametrize("override", ["aggregation.method='best'", "early_stopping.monitor='val_loss'"])
-def test_features_that_need_a_validation_split_refuse_an_empty_one(override):
-    with pytest.raises(ConfigError, match=r"`data.validation_size` must be > 0 because"):
-        load_config(QUICKSTART, [override, "data.validation_size=0"])
+def test_a_validation_split_is_held_out_only_when_something_reads_it(override):
+    assert load_config(QUICKSTART, ["data.validation_size=0"]).data.validation_size == 0.0
+    assert load_config(QUICKSTART, [override, "data.validation_size=0"]).data.validation_size == 0.1
+    assert load_config(QUICKSTART, [override, "data.validation_size=0.3"]).data.validation_size == 0.3
+    assert load_config(QUICKSTART, ["data.validation_size=0.2"]).data.validation_size == 0.2

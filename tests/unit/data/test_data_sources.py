@@ -36,10 +36,10 @@ def _h5(path: Path, **arrays: np.ndarray) -> Path:
 def test_h5_keras_layout_matches_npz_of_the_same_arrays(tmp_path):
     x, y = _images()
     arrays = dict(x_train=x[:100], y_train=y[:100], x_test=x[100:], y_test=y[100:])
-    from_h5 = _load(f"data.source={_h5(tmp_path / 'd.h5', **arrays)}")
+    from_h5 = _load(f"data.source={_h5(tmp_path / 'd.h5', **arrays)}", "data.validation_size=0.1")
     np.savez(tmp_path / "d.npz", **arrays)
-    from_npz = _load(f"data.source={tmp_path / 'd.npz'}")
-    assert from_h5.input_shape == (6, 6, 1) and from_h5.num_classes == 3
+    from_npz = _load(f"data.source={tmp_path / 'd.npz'}", "data.validation_size=0.1")
+    assert from_h5.input_shape == (6, 6, 1) and from_h5.num_outputs == 3
     assert from_h5.num_train == 90 and len(from_h5.y_val) == 10 and len(from_h5.y_test) == 20
     np.testing.assert_array_equal(from_h5.x_train, from_npz.x_train)
     np.testing.assert_array_equal(from_h5.x_test, from_npz.x_test)
@@ -92,7 +92,7 @@ def _admissions(path: Path, rows: int = 60, label_text: bool = True) -> Path:
 def test_csv_label_column_string_labels_and_train_only_standardisation(tmp_path):
     path = _admissions(tmp_path / "admit.csv")
     data = _load(f"data.source={path}", "data.label=admitted")
-    assert data.class_names == ["no", "yes"] and data.num_classes == 2
+    assert data.class_names == ["no", "yes"] and data.num_outputs == 2
     assert data.label_mapping() == {"no": 0, "yes": 1}
     assert data.input_shape == (3,)
     np.testing.assert_allclose(data.x_train.mean(axis=0), 0, atol=1e-5)
@@ -130,8 +130,7 @@ def test_label_and_features_keys_apply_to_csv_only():
     ("nan", "contains NaN or inf values"),
     ("inf", "contains NaN or inf values"),
     ("negative", "labels must be >= 0. Received a label -1"),
-    ("fractional", "labels must be integer class indices. Received dtype float64 with non-integer"),
-    ("text", "labels must be integer class indices. Received dtype <U"),
+    ("text", "labels must be integer class indices or numeric targets. Received dtype <U"),
     ("short", "x_all and y_all differ in length. Received: 120 feature rows, 119 labels"),
 ])
 def test_bad_arrays_fail_with_a_clear_message(tmp_path, bad, message):
@@ -139,8 +138,7 @@ def test_bad_arrays_fail_with_a_clear_message(tmp_path, bad, message):
     x, y = x.astype(np.float64), y.astype(object)
     if bad in ("nan", "inf"):
         x[5, 0, 0] = np.nan if bad == "nan" else np.inf
-    y = {"negative": np.where(np.arange(120) == 3, -1, y), "fractional": y + 0.5,
-         "text": y.astype(str), "short": y[:-1]}.get(bad, y)
+    y = {"negative": np.where(np.arange(120) == 3, -1, y), "text": y.astype(str), "short": y[:-1]}.get(bad, y)
     np.savez(tmp_path / "bad.npz", x=x, y=np.asarray(y.tolist()))
     with pytest.raises(DataError, match=message.replace("(", r"\(").replace(".", r"\.")):
         data = _load(f"data.source={tmp_path / 'bad.npz'}", "data.test_size=0.5")

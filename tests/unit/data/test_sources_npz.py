@@ -13,7 +13,7 @@ from mpi_trainer.errors import DataError
 def test_keras_layout_scales_uint8_and_adds_a_channel(tiny_npz):
     data = load_dataset(DataConfig(source=str(tiny_npz), validation_size=0.1), seed=0)
     assert data.x_train.dtype == np.float32 and 0.0 <= data.x_train.min() and data.x_train.max() <= 1.0
-    assert data.input_shape == (8, 8, 1) and data.num_classes == 3
+    assert data.input_shape == (8, 8, 1) and data.num_outputs == 3
     assert len(data.x_test) == 60 and len(data.x_train) + len(data.x_val) == 300 and len(data.x_val) == 30
 
 
@@ -27,12 +27,18 @@ def test_xy_layout_is_split_by_test_size_reproducibly(tmp_path):
     np.testing.assert_array_equal(first.x_train, second.x_train)
 
 
-def test_one_hot_labels_become_class_indices(tmp_path):
+def test_one_hot_and_regression_targets_pass_through_as_given(tmp_path):
     path = tmp_path / "onehot.npz"
     y = np.eye(3, dtype=np.float32)[np.arange(30) % 3]
     np.savez(path, x=np.ones((30, 2), np.float32), y=y)
     data = load_dataset(DataConfig(source=str(path), test_size=0.2, validation_size=0.0), seed=0)
-    assert data.y_train.dtype == np.int32 and set(data.y_train) <= {0, 1, 2}
+    assert not data.classes and data.num_outputs == 3 and data.label_shape == (3,)
+    np.testing.assert_array_equal(data.y_train, y[data.train.rows])
+    # whole-number floats (e.g. a regression target in dollars) are values, not 151 classes
+    np.savez(path, x=np.ones((30, 2), np.float32), y=np.arange(30, dtype=np.float64) * 10)
+    data = load_dataset(DataConfig(source=str(path), test_size=0.2, validation_size=0.0), seed=0)
+    assert not data.classes and data.num_outputs == 1 and data.y_train.dtype == np.float32
+    np.testing.assert_array_equal(data.y_train, (np.arange(30) * 10.0)[data.train.rows])
 
 
 @pytest.mark.parametrize(
@@ -40,8 +46,8 @@ def test_one_hot_labels_become_class_indices(tmp_path):
     [
         ({"x": np.ones((10, 2)), "y": np.zeros(9)}, "differ in length. Received: 10 feature rows, 9 labels"),
         ({"x": np.full((10, 2), np.nan), "y": np.zeros(10)}, "contains NaN or inf"),
-        ({"x": np.ones((10, 2)), "y": np.full(10, 0.5)}, "labels must be integer class indices"),
-        ({"x": np.ones((10, 2)), "y": -np.ones(10)}, "labels must be >= 0"),
+        ({"x": np.ones((10, 2)), "y": np.full(10, "a")}, "labels must be integer class indices or numeric"),
+        ({"x": np.ones((10, 2)), "y": -np.ones(10, dtype=np.int64)}, "labels must be >= 0"),
         ({"pixels": np.ones(3)}, "must hold arrays x_train, y_train, x_test, y_test or x, y"),
     ],
 )
@@ -54,7 +60,7 @@ def test_bad_npz_contents_are_named(tmp_path, arrays, fragment):
 
 def test_digits_is_available_offline():
     data = load_dataset(DataConfig(source="digits"), seed=0)
-    assert data.input_shape == (8, 8, 1) and data.num_classes == 10
+    assert data.input_shape == (8, 8, 1) and data.num_outputs == 10
     assert len(data.x_train) + len(data.x_val) + len(data.x_test) == 1797
 
 

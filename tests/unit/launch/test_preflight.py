@@ -44,7 +44,7 @@ def test_check_data_reads_a_file_or_explains_why_not(tmp_path):
     np.savez(path, x=np.random.default_rng(0).random((50, 4)), y=np.arange(50) % 2)
     config = tmp_path / "c.toml"
     config.write_text(f'[data]\nsource = "{path}"\n')
-    assert check_data(1, str(config), []) == (True, f"{path}: 36 training rows")
+    assert check_data(1, str(config), []) == (True, f"{path}: 40 training rows")
     assert check_data(1, str(config), ["data.placement=scatter"])[1].endswith(
         "not read here (scatter: rank 0 sends the rows)")
     ok, message = check_data(1, str(config), [f"data.source='{tmp_path / 'gone.npz'}'"])

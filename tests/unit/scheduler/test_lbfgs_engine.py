@@ -70,7 +70,7 @@ def make_engine(run_dir: Path, overrides: dict, resume: bool = False, stall: boo
     cfg = config_from_dict(table)
     dataset = load_dataset(cfg.data, cfg.train.seed)
     keras.utils.set_random_seed(cfg.train.seed)
-    model, spec = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+    model, spec = build_model(cfg.model, dataset.input_shape, dataset.num_outputs)
     bounds = block_bounds(dataset.num_train, WORKERS)
     plan = JobPlan(cfg.to_dict(), spec, bounds, cfg.train.seed, dataset.num_train)
     x, y = dataset.x_train, dataset.y_train
@@ -89,7 +89,7 @@ def finished_run(tmp_path_factory):
     x0 = engine.vector.read()
     summary = engine.run()
     dataset = engine.dataset
-    reference = scipy_losses(softmax_regression_objective(dataset.x_train, dataset.y_train, dataset.num_classes),
+    reference = scipy_losses(softmax_regression_objective(dataset.x_train, dataset.y_train, dataset.num_outputs),
                              x0, 4)
     return run_dir, summary, engine, reference
 

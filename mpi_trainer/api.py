@@ -1,0 +1,163 @@
+"""``mpi_trainer.fit``: data-parallel training from a Python script.
+
+Every rank of ``mpirun -n N python train.py`` calls :func:`fit` with the same
+arguments (workers may pass ``None`` for the arrays). Rank 0 becomes the
+scheduler and gets a :class:`FitResult`; the other ranks train and get
+``None``. The command line's ``train`` is this same function with a TOML path.
+"""
+
+from __future__ import annotations
+
+import sys
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mpi_trainer.errors import ConfigError
+
+__all__ = ["FitResult", "fit"]
+
+
+@dataclass
+class FitResult:
+    """What :func:`fit` returns on the scheduler (rank 0).
+
+    ``history`` maps every numeric ``rounds.csv`` column (``test_loss``,
+    ``test_accuracy``, ``train_<metric>``, ``wall_seconds``, ``bytes``...) to its
+    per-round values, like ``keras.callbacks.History.history``. ``model`` holds
+    the final weights (the best ones when early stopping or a NaN stop restored them).
+    """
+
+    history: dict[str, list[float]]
+    model: Any
+    run_dir: Path
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def fit(model: Any = None, x: Any = None, y: Any = None, *, validation_data: tuple[Any, Any] | None = None,
+        config: str | Path | dict[str, Any] | None = None, overrides: Sequence[str] | dict[str, Any] | None = None,
+        epochs: int | None = None, batch_size: int | None = None, callbacks: Sequence[Any] = (),
+        run_dir: str | Path | None = None, resume: bool = False) -> FitResult | None:
+    """Train ``model`` data-parallel on every rank of the ``mpirun`` job; rank 0 returns the result.
+
+    Args:
+        model: a function ``(input_shape, num_outputs) -> keras.Model`` (compiled or not), a built
+            ``keras.Model``, a zoo name or ``"package.module:function"``; None: the config's ``model.name``.
+            ``num_outputs`` is the number of classes for integer labels, the target width otherwise.
+        x, y: the training data on the scheduler. Workers pass the same arrays (only block
+            indices then travel) or None (their blocks are then sent to them). Without arrays
+            the config's ``data.source`` is read.
+        validation_data: ``(x, y)`` scored after every round (the ``test_*`` columns); without it
+            ``data.test_size`` of ``x, y`` is held out for that.
+        config: a TOML path or a dict of sections; ``overrides``: ``"key=value"`` strings or a dict
+            of dotted keys; ``epochs`` (rounds) and ``batch_size`` are shortcuts for train.*.
+        callbacks: Keras callbacks run on the scheduler once per round (see
+            :mod:`mpi_trainer.scheduler.callbacks`); ``model.stop_training = True`` ends the job.
+        run_dir: where rank 0 writes the run (default ``runs/<config>-<time>``); ``resume``
+            continues the run there from its checkpoint.
+
+    Bad input raises :class:`mpi_trainer.errors.InputError` on every rank before training.
+    """
+    from mpi_trainer.comm.transport import Transport
+    from mpi_trainer.launch.job import AgreedInputError, quiet_backend, report_error
+
+    quiet_backend()
+    transport, hook = Transport(), sys.excepthook
+    try:
+        finished = _run(transport, model, (x, y, validation_data), config, overrides,
+                      {"train.epochs": epochs, "train.batch_size": batch_size}, callbacks, run_dir, resume)
+    except AgreedInputError as exc:
+        report_error(exc)
+        transport.barrier()  # every rank has printed before any leaves
+        sys.excepthook = hook  # a refused job ends by this exception on every rank, not by MPI_Abort
+        raise
+    return None if finished is None else _result(*finished)
+
+
+def _run(transport: Any, model: Any, data: tuple, config: Any, overrides: Any, shortcuts: dict[str, Any],
+         callbacks: Sequence[Any], run_dir: Any, resume: bool) -> Any:
+    from mpi_trainer.launch.job import JobInputs, agree, load_config_everywhere, run_job
+
+    arrays, data_overrides = _agree_on_arrays(transport, *data)
+    builder, model_overrides = _model_source(model)
+    given = [(k, v) for k, v in shortcuts.items() if v is not None]
+    pairs = _pairs(overrides) + given + data_overrides + model_overrides
+    cfg = load_config_everywhere(transport, str(config) if isinstance(config, Path) else config, pairs)
+    refused = transport.rank == 0 and callbacks and cfg.model.uses_lbfgs
+    agree(transport, "`callbacks` are not available with model.optimizer='lbfgs' (its iterations are not "
+                     "rounds). Received: callbacks with model.optimizer='lbfgs'" if refused else None)
+    inputs = JobInputs(arrays, builder, list(callbacks) if transport.rank == 0 else [],
+                       config if isinstance(config, (str, Path)) else None)
+    return run_job(transport, cfg, inputs, None if run_dir is None else str(run_dir), resume)
+
+
+def _pairs(overrides: Sequence[str] | dict[str, Any] | None) -> list[Any]:
+    if overrides is None:
+        return []
+    if isinstance(overrides, str):
+        raise ConfigError(f"`overrides` must be a list of 'key=value' strings or a dict. Received: {overrides!r}")
+    return list(overrides.items()) if isinstance(overrides, dict) else list(overrides)
+
+
+def _model_source(model: Any) -> tuple[Any, list[tuple[str, Any]]]:
+    """(the builder to call, config overrides naming the model)."""
+    if model is None:
+        return None, []
+    if isinstance(model, str):
+        return None, [("model.name", model)]
+    if not callable(model):
+        raise ConfigError(f"`model` must be a Keras model, a function (input_shape, num_outputs) -> model, "
+                          f"a zoo name or 'package.module:function'. Received: {type(model).__name__}")
+    name = getattr(model, "__qualname__", None) or getattr(model, "name", None) or type(model).__name__
+    return model, [("model.name", str(name))]
+
+
+def _agree_on_arrays(transport: Any, x: Any, y: Any, validation_data: Any) -> tuple[Any, list[tuple[str, Any]]]:
+    """The arrays this rank loads, and the data.* overrides every rank applies.
+
+    Rank 0's arrays are the data. A worker that passed the same ones reads its block from them;
+    if any worker passed none (or others), every worker gets its rows sent (``data.placement = scatter``).
+    """
+    from mpi_trainer.data.readers import RawArrays
+
+    arrays = None
+    if x is not None or y is not None:
+        if x is None or y is None:
+            raise ConfigError(f"`x` and `y` go together. Received: x={_kind(x)}, y={_kind(y)}")
+        test = validation_data if validation_data is not None else (None, None)
+        arrays = RawArrays(np.asarray(x), np.asarray(y), *(None if a is None else np.asarray(a) for a in test))
+    prints = transport.allgather(_fingerprint(arrays))
+    if prints[0] is None:
+        return None, []
+    shared = all(p == prints[0] for p in prints[1:])
+    return (arrays if shared or transport.rank == 0 else None), [
+        ("data.source", "arrays"), ("data.placement", "shared" if shared else "scatter")]
+
+
+def _kind(value: Any) -> str:
+    return "None" if value is None else f"{type(value).__name__} of shape {getattr(value, 'shape', '?')}"
+
+
+def _fingerprint(arrays: Any) -> tuple | None:
+    """Shapes, dtypes and a checksum of the labels: equal on ranks that were handed the same data."""
+    if arrays is None:
+        return None
+    parts = [arrays.x, arrays.y, arrays.x_test, arrays.y_test]
+    shapes = tuple(None if a is None else (a.shape, str(a.dtype)) for a in parts)
+    return shapes, zlib.crc32(np.ascontiguousarray(arrays.y).tobytes())
+
+
+def _result(engine: Any, summary: dict[str, Any]) -> FitResult:
+    rounds = engine.rounds
+    numeric = [key for key in (rounds[0] if rounds else {}) if _is_number(rounds[0][key])]
+    history = {key: [float(row[key]) for row in rounds] for key in numeric}
+    return FitResult(history, engine.model, Path(engine.run_dir), summary)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
+
