@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import keras
 import numpy as np
 
 from mpi_trainer.comm.local import LocalWorld
@@ -15,7 +14,7 @@ from mpi_trainer.config import config_from_dict
 from mpi_trainer.data.partition import block_bounds
 from mpi_trainer.data.placement import place_data
 from mpi_trainer.data.sources import load_dataset
-from mpi_trainer.models import build_model
+from mpi_trainer.launch.job import JobInputs, plan_job
 from mpi_trainer.persistence.run_files import read_rounds
 from mpi_trainer.scheduler import engine_class
 from mpi_trainer.worker import Worker
@@ -59,23 +58,30 @@ def place(world: LocalWorld, cfg: Any, dataset: Any, plan: JobPlan) -> dict[int,
     return world.run(roles)
 
 
-def run_local_job(run_dir: Path, workers: int = 2, **sections: Any) -> LocalJob:
-    """Train on the built-in digits (by default) with ``workers`` worker threads; returns the finished job."""
+def run_local_job(run_dir: Path, workers: int = 2, builder: Any = None, callbacks: Any = (),
+                  **sections: Any) -> LocalJob:
+    """Train on the built-in digits (by default) with ``workers`` worker threads; returns the finished job.
+
+    Set-up is the job's own (:func:`plan_job`: build, dry run, metric names); ``builder`` is a model
+    function or model as :func:`mpi_trainer.fit` takes it.
+    """
     table = {"data": {"source": "digits"}, "train": {"epochs": 2, "batch_size": 64}, "log": {"verbosity": 0}}
     for name, values in sections.items():
         table[name] = {**table.get(name, {}), **values}
     cfg = config_from_dict(table)
-    keras.utils.set_random_seed(cfg.train.seed)
     dataset = load_dataset(cfg.data, cfg.train.seed)
-    model, spec = build_model(cfg.model, dataset.input_shape, dataset.num_outputs)
-    plan = JobPlan(cfg.to_dict(), spec, block_bounds(dataset.num_train, workers), cfg.train.seed, dataset.num_train)
+    model, plan = plan_job(cfg, dataset, JobInputs(builder=builder), block_bounds(dataset.num_train, workers), None)
     world = LocalWorld(workers + 1)
     transports = world.transports()
     placed = place(world, cfg, dataset, plan)
     run_dir.mkdir(parents=True, exist_ok=True)
     engine = engine_class(cfg)(SchedulerLink(transports[0]), cfg, dataset, model, plan, run_dir)
+    if callbacks:
+        engine.recorder.use_callbacks(list(callbacks))
     # Built one after another (not in their threads) so that every run seeds its layers alike.
     team = [RecordingWorker(WorkerLink(transports[rank]), plan, placed[rank][1], cfg, placed[rank][0])
             for rank in range(1, workers + 1)]
+    for worker in team:
+        worker.preflight()
     results = world.run({0: engine.run, **{w.rank: w.run for w in team}})
     return LocalJob(run_dir, engine, team, results[0])

@@ -48,3 +48,18 @@ class FailOnRank(layers.Layer):
 def fails_on_rank(input_shape, num_classes):
     return keras.Sequential([keras.Input(input_shape), FailOnRank(), layers.Flatten(),
                              layers.Dense(num_classes, activation="softmax")])
+
+
+def compiled_one_hot(input_shape, num_outputs):
+    """Compiled by the user for one-hot labels, with an extra metric (AUC)."""
+    model = keras.Sequential([keras.Input(input_shape), layers.Flatten(), layers.Dense(32, activation="relu"),
+                              layers.Dense(num_outputs, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="categorical_crossentropy",
+                  metrics=["accuracy", keras.metrics.AUC(name="auc")])
+    return model
+
+
+def regressor(input_shape, num_outputs):
+    """Uncompiled, one linear output per target column: model.loss and model.metrics compile it."""
+    return keras.Sequential([keras.Input(input_shape), layers.Dense(32, activation="relu"),
+                             layers.Dense(num_outputs)])

@@ -38,6 +38,7 @@ OUTPUT_ACTIVATIONS = ("softmax", "sigmoid", "linear")
 NAN_POLICIES = ("stop", "rollback")
 MONITOR_PATTERN = re.compile(r"(test|val)_[A-Za-z0-9_]+")
 MONITOR_MODES = ("auto", "min", "max")
+DEFAULT_MONITOR = "test_accuracy"
 # Held out for validation when best-of election or a val_* monitor needs it and data.validation_size is 0.
 DEFAULT_VALIDATION_SIZE = 0.1
 # ``model.optimizer`` value that selects full-batch distributed L-BFGS instead of a Keras optimizer.
@@ -240,7 +241,7 @@ class EarlyStoppingConfig(_Section):
     prefix: ClassVar[str] = "early_stopping"
     patience: int = 0
     min_delta: float = 0.0
-    monitor: str = "test_accuracy"
+    monitor: str = DEFAULT_MONITOR
     # min: smaller is better; max: larger; auto: from the name (losses and errors min, scores max)
     mode: str = "auto"
 

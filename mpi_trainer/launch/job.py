@@ -21,6 +21,7 @@ import numpy as np
 
 from mpi_trainer.comm.transport import Transport, install_abort_on_error
 from mpi_trainer.config import Config, load_config
+from mpi_trainer.config.schema import DEFAULT_MONITOR
 from mpi_trainer.data.readers import RawArrays
 from mpi_trainer.errors import EXIT_INPUT_ERROR, EXIT_WORKER_FAILURE, ConfigError, InputError, WorkerFailure
 from mpi_trainer.launch.devices import (
@@ -157,6 +158,10 @@ def check_monitor(cfg: Config, metric_names: list[str]) -> None:
     """``early_stopping.monitor`` must name a metric the compiled model reports."""
     monitor = cfg.early_stopping.monitor
     split, name = monitor.split("_", 1)
+    if name not in metric_names and monitor == DEFAULT_MONITOR and not cfg.early_stopping.patience:
+        # the default monitor of a model without accuracy (regression): keep the best test loss instead
+        cfg.early_stopping.monitor = "test_loss"
+        return
     if name not in metric_names:
         available = [f"{split}_{metric}" for metric in metric_names]
         raise ConfigError(f"`early_stopping.monitor` names a metric the model does not compute. Received: "

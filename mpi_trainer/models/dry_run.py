@@ -41,6 +41,12 @@ def mismatch(model: Any, y: np.ndarray, exc: Exception) -> ModelDataMismatch:
         f"multi-label and regression targets must be floats; set `model.loss` to match the labels")
 
 
+def is_mismatch(exc: Exception) -> bool:
+    """Shape and dtype errors: Keras and JAX raise ValueError or TypeError, TensorFlow's kernels
+    InvalidArgumentError (PyTorch's RuntimeError cannot be told apart from a crash, so it stays one)."""
+    return isinstance(exc, (ValueError, TypeError)) or type(exc).__name__ == "InvalidArgumentError"
+
+
 def dry_run(model: Any, x: np.ndarray, y: np.ndarray) -> list[str]:
     """Train one step on ``(x, y)`` (one batch) and evaluate on it, then restore the model.
 
@@ -48,14 +54,16 @@ def dry_run(model: Any, x: np.ndarray, y: np.ndarray) -> list[str]:
     """
     weights = model.get_weights()
     try:
-        if model.optimizer is not None:
+        if getattr(model, "optimizer", None) is not None:
             model.train_on_batch(x, y)
         result = model.test_on_batch(x, y, return_dict=True)
-    except Exception as exc:  # Keras raises ValueError, TypeError or backend errors for a mismatch
+    except Exception as exc:
+        if not is_mismatch(exc):
+            raise  # a bug in user code is a crash, with its traceback, not bad input
         raise mismatch(model, y, exc) from None
     finally:
         model.set_weights(weights)
-        reset_optimizer(model.optimizer)
+        reset_optimizer(getattr(model, "optimizer", None))
     return ["loss", *sorted(name for name in result if name != "loss")]
 
 

@@ -34,6 +34,7 @@ from mpi_trainer.persistence.checkpoint import load_checkpoint, save_checkpoint
 from mpi_trainer.persistence.optimizer_state import ARRAY_PREFIX
 from mpi_trainer.persistence.resume import ResumeState, worker_seed
 from mpi_trainer.persistence.run_files import (
+    BUILT_IN_METRICS,
     CHECKPOINT_NAME,
     FINAL_WEIGHTS_NAME,
     ROUNDS_NAME,
@@ -237,7 +238,8 @@ class RoundRecorder:
         reports = closed.reports
         train_times = [r.train_seconds for r in reports]
         samples = sum(r.samples for r in reports)
-        row = {f"{split}_{name}": math.nan for name in self.metric_names for split in ("test", "val")}
+        names = dict.fromkeys([*BUILT_IN_METRICS, *self.metric_names])  # the fixed columns are always filled
+        row = {f"{split}_{name}": math.nan for name in names for split in ("test", "val", "train")}
         row.update(train_metrics(reports, self.metric_names))
         row.update({
             "round": closed.index, "train_seconds_max": max(train_times), "train_seconds_min": min(train_times),

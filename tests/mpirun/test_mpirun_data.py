@@ -8,7 +8,7 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-from conftest import run_mpi
+from conftest import ROOT, run_mpi
 
 from mpi_trainer.config import load_config
 from mpi_trainer.data.increment import extra_count
@@ -71,7 +71,8 @@ def test_scatter_sends_blocks_from_a_csv_and_counts_the_bytes(tmp_path):
 
 
 def test_nan_in_a_workers_block_fails_every_rank_before_training(tmp_path):
-    cfg = load_config(None, [f"data.source={_image_h5(tmp_path / 'clean.h5')}"])
+    # the same split as the job's (quickstart holds out a validation split)
+    cfg = load_config(ROOT / "configs/quickstart.toml", [f"data.source={_image_h5(tmp_path / 'clean.h5')}"])
     first_train_row = int(load_dataset(cfg.data, cfg.train.seed).train.rows[0])
     source = _image_h5(tmp_path / "dirty.h5", nan_row=first_train_row)
     result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", f"data.source={source}",

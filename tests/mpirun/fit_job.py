@@ -1,0 +1,73 @@
+"""The script test_mpirun_api.py runs under ``mpirun -n 3``: ``mpi_trainer.fit`` as a user calls it.
+
+    python tests/mpirun/fit_job.py RUN_DIR shared | scattered | mismatch
+
+Rank 0 prints one JSON line with what ``fit`` returned; workers print ``{"worker": rank, "result": null}``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import keras
+from mpi4py import MPI
+from sklearn.datasets import load_diabetes, load_digits
+
+import mpi_trainer
+
+
+class StopAfter(keras.callbacks.Callback):
+    """Stops the job after ``rounds`` rounds; records what it saw."""
+
+    def __init__(self, rounds: int) -> None:
+        super().__init__()
+        self.rounds, self.epochs = rounds, []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs.append(epoch)
+        self.model.stop_training = epoch + 1 >= self.rounds
+
+
+def classifier(input_shape, num_outputs):
+    return keras.Sequential([keras.Input(input_shape), keras.layers.Dense(32, activation="relu"),
+                             keras.layers.Dense(num_outputs, activation="softmax")])
+
+
+def regressor(input_shape, num_outputs):
+    return keras.Sequential([keras.Input(input_shape), keras.layers.Dense(32, activation="relu"),
+                             keras.layers.Dense(num_outputs)])
+
+
+def one_hot_model(input_shape, num_outputs):
+    model = classifier(input_shape, num_outputs)
+    model.compile("adam", "categorical_crossentropy")  # but the labels below are integers
+    return model
+
+
+def run(mode: str, run_dir: str, rank: int) -> dict | None:
+    common = {"run_dir": run_dir,
+              "overrides": {"log.plots": False, "log.tensorboard": False, "model.learning_rate": 0.01}}
+    if mode == "scattered":  # regression; the workers pass no arrays, so their rows are sent to them
+        x, y = load_diabetes(return_X_y=True)
+        x, y = ((x - x.mean(0)) / x.std(0), y / 100.0) if rank == 0 else (None, None)
+        result = mpi_trainer.fit(regressor, x, y, epochs=3, config={"model": {"loss": "mse", "metrics": ["mae"]}},
+                                 **common)
+        return None if result is None else {"history": result.history, "summary": result.summary}
+    x, y = load_digits(return_X_y=True)
+    if mode == "mismatch":
+        mpi_trainer.fit(one_hot_model, x / 16.0, y, epochs=3, **common)
+        return {"unreachable": True}
+    stop = StopAfter(2)
+    result = mpi_trainer.fit(classifier, x / 16.0, y, epochs=6, batch_size=32, callbacks=[stop], **common)
+    if result is None:
+        return None
+    probe = result.model.evaluate(x[:50] / 16.0, y[:50], verbose=0, return_dict=True)
+    return {"history": result.history, "summary": result.summary, "epochs_seen": stop.epochs,
+            "model_accuracy": probe["accuracy"], "run_dir": str(result.run_dir)}
+
+
+if __name__ == "__main__":
+    rank = MPI.COMM_WORLD.Get_rank()
+    out = run(sys.argv[2], sys.argv[1], rank)
+    print(json.dumps({"rank": rank, "result": out}), flush=True)

@@ -1,0 +1,61 @@
+"""``mpi_trainer.fit`` from a script under ``mpirun -n 3``: shared and scattered arrays, a stopping
+callback, and a model that does not fit its labels refused on every rank before training."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+from mpi_trainer.launch.mpirun import find_mpirun
+
+JOB = ROOT / "tests" / "mpirun" / "fit_job.py"
+
+
+def run_fit(run_dir, mode: str, timeout: float = 240) -> tuple[int, dict[int, dict], str]:
+    command = [find_mpirun(), "-n", "3", "--oversubscribe", "--bind-to", "none"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        command.append("--allow-run-as-root")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.run([*command, sys.executable, str(JOB), str(run_dir), mode], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"rank"')]
+    return proc.returncode, {line["rank"]: line["result"] for line in lines}, proc.stdout + proc.stderr
+
+
+def test_fit_with_shared_arrays_returns_history_and_model_and_a_callback_stops_every_rank(tmp_path):
+    code, results, output = run_fit(tmp_path / "run", "shared")
+    assert code == 0, output
+    assert results[1] is None and results[2] is None  # workers get None, and they did return
+    result = results[0]
+    assert result["epochs_seen"] == [0, 1] and result["summary"]["stop_reason"] == "callback"
+    history = result["history"]
+    assert len(history["test_accuracy"]) == 2 and history["round"] == [0.0, 1.0]
+    assert {"test_loss", "train_loss", "wall_seconds", "bytes"} <= set(history)
+    assert result["model_accuracy"] > 0.7  # the returned model holds the trained weights
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "scatter: sent" not in log  # both workers had the arrays: only block bounds travelled
+
+
+def test_fit_with_arrays_only_on_the_scheduler_scatters_them_and_trains_a_regression(tmp_path):
+    code, results, output = run_fit(tmp_path / "run", "scattered")
+    assert code == 0, output
+    result = results[0]
+    mae = result["history"]["test_mae"]
+    assert len(mae) == 3 and mae[-1] < mae[0], mae
+    assert result["summary"]["metrics"] == ["loss", "mae"]
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert log.count("scatter: sent worker rank") == 2
+
+
+def test_a_model_that_does_not_fit_its_labels_fails_every_rank_before_training(tmp_path):
+    code, results, output = run_fit(tmp_path / "run", "mismatch", timeout=120)
+    assert code != 0 and not results  # fit raised on every rank: nobody printed a result
+    fragment = ("do not fit together: model output shape (None, 10), labels of shape () per sample and dtype "
+                "int32, loss 'categorical_crossentropy'")
+    printed = [line for line in output.splitlines() if line.startswith("mpi_trainer: error:") and fragment in line]
+    assert len(printed) == 3, output  # one per rank, then each rank's InputError ends its script
+    assert not (tmp_path / "run").exists()  # the scheduler's dry run failed before it made the run directory
