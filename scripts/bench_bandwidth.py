@@ -68,12 +68,12 @@ def cluster(*args: str) -> str:
     return proc.stdout
 
 
-def measure(model: str, rate: str, data: Path, rounds: int, workdir: Path) -> Measured:
+def measure(model: str, rate: str, data: Path, rounds: int, workdir: Path, extra_sets: list[str]) -> Measured:
     cluster("up", "2", "--bandwidth", rate, "--subnet", SUBNET)  # re-shapes the hosts already up
     state = Path(tempfile.gettempdir()) / f"mpi_trainer-cluster-{PREFIX}"
     extra = (state / "mpirun_args").read_text().split()
     overrides = [f"data.source='{data}'", f"model.name={model}", f"train.epochs={rounds}",
-                 "data.validation_size=0", "checkpoint.every=0", "train.batch_size=32"]
+                 "data.validation_size=0", "checkpoint.every=0", "train.batch_size=32", *extra_sets]
     _, rows = run_job(2, "configs/quickstart.toml", overrides, workdir / f"{model}-{rate}", extra)
     later = rows[1:]
     median = lambda key: statistics.median(float(r[key]) for r in later)  # noqa: E731
@@ -134,6 +134,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=400, help="training samples (all on the one worker)")
     parser.add_argument("--epoch-samples", type=int, default=60000,
                         help="epoch size for the break-even (60,000: MNIST; 50,000: CIFAR-10)")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every job, e.g. aggregation.wire_dtype=float16")
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -141,7 +143,7 @@ def main() -> None:
             for model in args.models:
                 data = images(Path(tmp) / f"{model}.npz", MODELS[model], args.samples + args.samples // 9)
                 for rate in args.rates:
-                    results.append(measure(model, rate, data, args.rounds, Path(tmp)))
+                    results.append(measure(model, rate, data, args.rounds, Path(tmp), args.sets))
                     print(table(results[-1:]).splitlines()[-1], flush=True)
         finally:
             cluster("down")
