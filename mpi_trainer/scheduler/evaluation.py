@@ -1,7 +1,9 @@
-"""Scoring the global model on the scheduler: the test split every round, the validation split when monitored."""
+"""Scoring the global model on the scheduler: the test split every scored round (``evaluation.every``),
+the validation split when monitored."""
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -20,6 +22,13 @@ class Evaluator:
         self.codec = codec
         self.batch = max(256, cfg.train.batch_size)
         self.scores_validation = cfg.early_stopping.monitor.startswith("val_") and len(dataset.x_val) > 0
+
+    def skipped(self) -> dict[str, float]:
+        """The columns of a round that ``evaluation.every`` leaves unscored."""
+        out = {"test_loss": math.nan, "test_accuracy": math.nan}
+        if self.scores_validation:
+            out.update(val_loss=math.nan, val_accuracy=math.nan)
+        return out
 
     def evaluate(self, weights: np.ndarray) -> tuple[dict[str, float], float]:
         """``test_*`` (and ``val_*`` when early stopping watches them) of ``weights``, and the seconds it took."""

@@ -84,3 +84,33 @@ def test_k_step_updates_under_ssp_and_rounds_under_election(tmp_path, sections):
     assert all(report.steps == 2 for w in job.workers for report, _ in w.trained)
     assert sum(steps_per_round(job)) == job.summary["steps"] == 2 * sum(len(w.trained) for w in job.workers)
     assert 0.0 < float(job.rounds()[-1]["test_accuracy"]) <= 1.0
+
+
+def scored_rounds(job) -> list[int]:
+    return [int(row["round"]) for row in job.rounds() if row["test_accuracy"] not in ("", "nan")]
+
+
+def test_evaluation_every_scores_every_nth_round_the_last_and_checkpointed_ones(tmp_path):
+    job = run_local_job(tmp_path, workers=2, train={"epochs": 6, "batch_size": 64, "sync_every": 1},
+                        evaluation={"every": 4}, checkpoint={"every": 3})
+    rows = job.rounds()
+    assert scored_rounds(job) == [2, 3, 5]  # checkpoint after 2, every 4th round, the last
+    assert all(float(rows[i]["eval_seconds"]) == 0.0 for i in (0, 1, 4))
+    best = max(float(rows[i]["test_accuracy"]) for i in (2, 3, 5))
+    assert job.summary["best_test_accuracy"] == pytest.approx(best, abs=1e-9)  # the CSV rounds to 10 digits
+    assert job.summary["final_test_accuracy"] == pytest.approx(float(rows[5]["test_accuracy"]), abs=1e-9)
+
+
+def test_a_run_ended_by_max_steps_scores_its_last_round(tmp_path):
+    job = run_local_job(tmp_path, workers=2, train={"epochs": 50, "batch_size": 64, "sync_every": 1,
+                                                    "max_steps": 6}, evaluation={"every": 10})
+    assert len(job.rounds()) == 3 and scored_rounds(job) == [2]
+    assert job.summary["stop_reason"] == "max_steps" and job.summary["final_test_accuracy"] > 0
+
+
+def test_early_stopping_counts_scored_rounds_only(tmp_path):
+    # min_delta = 1 can never be beaten: the run stops at the second scored round after the first
+    job = run_local_job(tmp_path, workers=2, train={"epochs": 20, "batch_size": 64, "sync_every": 1},
+                        evaluation={"every": 3}, early_stopping={"patience": 2, "min_delta": 1.0})
+    assert scored_rounds(job) == [2, 5, 8] and len(job.rounds()) == 9
+    assert job.summary["stop_reason"] == "early_stopping" and job.summary["best_round"] == 2
