@@ -26,11 +26,18 @@ class RecordingWorker(Worker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.trained: list[tuple[Report, np.ndarray]] = []
+        self.step_rows_by_round: list[list[np.ndarray]] = []  # train.sync_every > 0: each step's block rows
 
     def train_and_report(self, round_index: int, max_steps: int | None = None) -> tuple[Report, np.ndarray]:
+        self.step_rows_by_round.append([])
         report, local = super().train_and_report(round_index, max_steps)
         self.trained.append((report, local.copy()))
         return report, local
+
+    def step_rows(self) -> np.ndarray:
+        rows = super().step_rows()
+        self.step_rows_by_round[-1].append(rows.copy())
+        return rows
 
 
 @dataclass

@@ -11,6 +11,7 @@ from mpi_trainer.config.schema import (
     DataConfig,
     DebugConfig,
     EarlyStoppingConfig,
+    EvaluationConfig,
     IncrementConfig,
     LbfgsConfig,
     LogConfig,
@@ -22,6 +23,7 @@ from mpi_trainer.errors import ConfigError
 
 __all__ = [
     "AggregationConfig", "AugmentationConfig", "CheckpointConfig", "CommConfig", "Config", "ConfigError",
-    "DataConfig", "DebugConfig", "EarlyStoppingConfig", "IncrementConfig", "LbfgsConfig", "LogConfig", "ModelConfig",
-    "TrainConfig", "WatchdogConfig", "all_keys", "config_from_dict", "load_config", "parse_override", "read_toml",
+    "DataConfig", "DebugConfig", "EarlyStoppingConfig", "EvaluationConfig", "IncrementConfig", "LbfgsConfig",
+    "LogConfig", "ModelConfig", "TrainConfig", "WatchdogConfig", "all_keys", "config_from_dict", "load_config",
+    "parse_override", "read_toml",
 ]

@@ -47,6 +47,24 @@ def needs_validation(cfg: Config) -> bool:
     return cfg.aggregation.elects or cfg.early_stopping.monitor.startswith("val_")
 
 
+def _sync_every_rules(cfg: Config) -> None:
+    """Rounds of k local steps: a worker's walk through its block spans rounds, and every worker
+    runs the same k steps whatever its block size."""
+    k = cfg.train.sync_every
+    if k == 0:
+        return
+    conflicts = {
+        "data.increment.enabled": (cfg.data.increment.enabled, "each round's random draw is made for one local "
+                                   "epoch, while with k steps per round the walk through the block spans rounds"),
+        "data.rebalance": (cfg.data.rebalance, "every worker runs the same k steps per round whatever its "
+                           "block size, so re-cut blocks would not even out the round times"),
+    }
+    for key, (conflicts_with, why) in conflicts.items():
+        if conflicts_with:
+            raise ConfigError(f"`{key}` cannot be combined with `train.sync_every` > 0: {why}. "
+                              f"Received: {key}=True with train.sync_every={k}")
+
+
 def _lbfgs_conflicts(cfg: Config) -> dict[str, tuple[bool, object, str]]:
     """Key -> (set?, value, why L-BFGS cannot honour it)."""
     data, train, debug = cfg.data, cfg.train, cfg.debug
@@ -62,6 +80,10 @@ def _lbfgs_conflicts(cfg: Config) -> dict[str, tuple[bool, object, str]]:
                                       "the objective must not change between evaluations"),
         "data.rebalance": (data.rebalance, data.rebalance, "blocks are fixed for the whole run"),
         "train.max_steps": (train.max_steps > 0, train.max_steps, "use lbfgs.max_evaluations"),
+        "train.sync_every": (train.sync_every > 0, train.sync_every,
+                             "every iteration takes the gradient of the whole data set, not local steps"),
+        "evaluation.every": (cfg.evaluation.every > 1, cfg.evaluation.every,
+                             "every iteration is evaluated (use train.epochs to bound them)"),
         "train.overlap_eval": (train.overlap_eval, train.overlap_eval, "iterations cannot overlap"),
         "train.nan_policy": (train.nan_policy == "rollback", train.nan_policy,
                              "a non-finite loss stops the run with the best iterate"),
@@ -79,7 +101,7 @@ def _lbfgs_rule(cfg: Config) -> None:
                               f"{why}. Received: {key}={value!r} with model.optimizer='lbfgs'")
 
 
-RULES = (_staleness_rules, _damping_rule, _lbfgs_rule)
+RULES = (_staleness_rules, _damping_rule, _sync_every_rules, _lbfgs_rule)
 
 
 def check_config(cfg: Config) -> None:

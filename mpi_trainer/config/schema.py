@@ -198,6 +198,9 @@ class TrainConfig(_Section):
     seed: int = 0
     # Total optimizer steps (batches, summed over workers) after which the run stops; 0 = no limit.
     max_steps: int = 0
+    # Local optimizer steps per round (0 = one local epoch per round). At k > 0 each worker walks
+    # its block in a shuffled order that carries on from round to round.
+    sync_every: int = 0
     nan_policy: str = "stop"
     # Synchronous rounds: start round r+1 before evaluating round r, so the workers do not wait
     # for the scheduler's evaluation. Early stopping then decides one round late (that round is
@@ -210,7 +213,7 @@ class TrainConfig(_Section):
 
     def __post_init__(self) -> None:
         self._positive("epochs", "batch_size")
-        self._non_negative("seed", "max_steps")
+        self._non_negative("seed", "max_steps", "sync_every")
         self._choice("nan_policy", NAN_POLICIES)
         self._choice("device", DEVICES)
         self._choice("scheduler_device", SCHEDULER_DEVICES)
@@ -250,6 +253,23 @@ class EarlyStoppingConfig(_Section):
         self._require(MONITOR_PATTERN.fullmatch(self.monitor) is not None, "monitor",
                       "must be test_<metric> or val_<metric>, e.g. 'test_accuracy', 'val_loss' or 'test_mae'")
         self._choice("mode", MONITOR_MODES)
+
+
+@dataclass
+class EvaluationConfig(_Section):
+    """How often the scheduler scores the global model on the test split.
+
+    At small ``train.sync_every`` a round is a few steps, and scoring every round
+    would cost more than the training; ``every = n`` scores every n-th round
+    (and always the last). Rounds in between have empty test columns, and
+    early stopping counts scored rounds only.
+    """
+
+    prefix: ClassVar[str] = "evaluation"
+    every: int = 1
+
+    def __post_init__(self) -> None:
+        self._positive("every")
 
 
 @dataclass
@@ -365,6 +385,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     comm: CommConfig = field(default_factory=CommConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)

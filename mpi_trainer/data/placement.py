@@ -135,6 +135,10 @@ class WorkerData:
         """Samples all workers train on in ``round_index`` (the weighted average's denominator)."""
         return round_samples(self.total, self.block_sizes, round_index, self.increment)
 
+    def batch(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of the fixed block (k-step rounds), augmented batch by batch rather than the block per round."""
+        return augment(self.fixed_x[rows], self.augmenter), self.fixed_y[rows]
+
     def for_round(self, round_index: int) -> tuple[np.ndarray, np.ndarray]:
         extra = draw_extra(self.total, self.fixed, round_index, self.rank, self.seed, self.increment)
         x, y = self.fixed_x, self.fixed_y

@@ -83,16 +83,23 @@ def _mark_stops(ax, data: RunData, values: np.ndarray, best: int | None) -> None
                    label=f"early stop after round {data.rounds[-1]}")
 
 
+def _scored(data: RunData, column: str, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """Rounds and values of ``column`` where it was measured, so that the rounds ``evaluation.every``
+    leaves unscored (NaN) do not cut the line into invisible pieces."""
+    values = scale * _series(data, column)
+    kept = ~np.isnan(values)
+    return np.asarray(data.rounds)[kept], values[kept]
+
+
 def plot_accuracy_loss(data: RunData):
     plt = _pyplot()
     fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=FIGSIZE, dpi=DPI)
     best = best_round(data)
     for split in ("test", "val", "train"):
         if data.has(f"{split}_accuracy"):
-            acc_ax.plot(data.rounds, 100 * _series(data, f"{split}_accuracy"), "o-", markersize=3,
-                        label=f"{split} accuracy")
+            acc_ax.plot(*_scored(data, f"{split}_accuracy", 100), "o-", markersize=3, label=f"{split} accuracy")
         if data.has(f"{split}_loss"):
-            loss_ax.plot(data.rounds, _series(data, f"{split}_loss"), "o-", markersize=3, label=f"{split} loss")
+            loss_ax.plot(*_scored(data, f"{split}_loss"), "o-", markersize=3, label=f"{split} loss")
     _mark_stops(acc_ax, data, 100 * _series(data, "test_accuracy"), best)
     _mark_stops(loss_ax, data, _series(data, "test_loss"), best)
     _style(acc_ax, "accuracy (%)", "Accuracy per round")

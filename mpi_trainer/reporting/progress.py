@@ -72,9 +72,10 @@ class RoundProgress:
             self.log.info("  %s", text, extra={"verbosity": 1})
         self.shown = int(row["round"]) + 1 - self.start_round
         if self.bar is not None:
-            self.bar.update(self.shown, values=[("acc", float(row["test_accuracy"])),
-                                                ("loss", float(row["test_loss"])),
-                                                ("MB", float(row["bytes"]) / 1e6)])
+            values = [("acc", float(row["test_accuracy"])), ("loss", float(row["test_loss"])),
+                      ("MB", float(row["bytes"]) / 1e6)]
+            # a round that evaluation.every leaves unscored would turn the bar's averages into NaN
+            self.bar.update(self.shown, values=[(name, v) for name, v in values if not math.isnan(v)])
 
     def eta(self, row: Mapping[str, Any]) -> str:
         """Seconds left at this attempt's mean pace per round."""

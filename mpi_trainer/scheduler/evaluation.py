@@ -1,4 +1,5 @@
-"""Scoring the global model on the scheduler: the test split every round, the validation split when monitored."""
+"""Scoring the global model on the scheduler: the test split every scored round (``evaluation.every``),
+the validation split when monitored."""
 
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ class Evaluator:
         # data.validation_size); under best-of the elected worker's own scores fill the val_* columns.
         monitors_validation = cfg.early_stopping.monitor.startswith("val_")
         self.scores_validation = len(dataset.x_val) > 0 and (monitors_validation or not cfg.aggregation.elects)
+
+    def skipped(self) -> dict[str, float]:
+        """The columns of a round that ``evaluation.every`` leaves unscored: none (the recorder fills
+        every metric column with NaN before it adds what was measured)."""
+        return {}
 
     def evaluate(self, weights: np.ndarray) -> tuple[dict[str, float], float]:
         """Every compiled metric of ``weights`` as ``test_<name>`` (and ``val_<name>`` when scored),

@@ -219,12 +219,15 @@ class RoundRecorder:
         idle time, block sizes) once the evaluation has ended at ``ended``.
         """
         self.state.consecutive_rollbacks = 0
-        evaluation, eval_seconds = self.evaluator.evaluate(weights)
-        self.observers.span("evaluate", closed.index, time.perf_counter() - eval_seconds)
+        scored = self.evaluation_due(closed.index)
+        evaluation, eval_seconds = self.evaluator.evaluate(weights) if scored else (self.evaluator.skipped(), 0.0)
+        if scored:
+            self.observers.span("evaluate", closed.index, time.perf_counter() - eval_seconds)
         row = self.round_row(closed, evaluation)
         row.update(eval_seconds=eval_seconds, **timing(time.perf_counter()))
         self.record(row)
-        stop = self.early.update(closed.index, row[self.cfg.early_stopping.monitor], weights)
+        # early stopping counts scored rounds only: an unscored round has nothing to compare
+        stop = scored and self.early.update(closed.index, row[self.cfg.early_stopping.monitor], weights)
         self.maybe_checkpoint(closed.index, weights)
         if stop:
             return StopReason.EARLY_STOPPING
@@ -232,6 +235,12 @@ class RoundRecorder:
             self.log.info("round %d: a callback set model.stop_training; stopping", closed.index)
             return StopReason.CALLBACK
         return None
+
+    def evaluation_due(self, round_index: int) -> bool:
+        """Whether this round is scored: every ``evaluation.every``-th, the last, and any checkpointed one."""
+        every = self.cfg.evaluation.every
+        last = round_index + 1 >= self.cfg.train.epochs or self.steps_exhausted()
+        return (round_index + 1) % every == 0 or last or self.checkpoint_due(round_index)
 
     def round_row(self, closed: ClosedRound, evaluation: dict[str, float]) -> dict[str, Any]:
         """One row of rounds.csv, but for the engine's timing columns."""
@@ -346,8 +355,8 @@ class RoundRecorder:
             "final_test_accuracy": final.get("test_accuracy"),
             "final_test_loss": final.get("test_loss"),
             **{f"final_test_{name}": final.get(f"test_{name}") for name in self.metric_names},
-            "best_test_accuracy": max((r["test_accuracy"] for r in rounds if r["test_accuracy"] == r["test_accuracy"]),
-                                      default=None),
+            "best_test_accuracy": max((r["test_accuracy"] for r in rounds
+                                       if _scored(r) and r["test_accuracy"] == r["test_accuracy"]), default=None),
             "metrics": self.metric_names,
             "best_value": self.early.best_value,
             "wall_seconds": self.elapsed(),
@@ -374,3 +383,9 @@ class RoundRecorder:
     def close(self) -> None:
         self.round_log.close()
         self.observers.close()
+
+
+def _scored(row: dict[str, Any]) -> bool:
+    """Whether the round was evaluated (``evaluation.every`` leaves the others' test columns NaN; the
+    loss is there whenever it was, even for a model without accuracy)."""
+    return not math.isnan(float(row["test_loss"]))

@@ -141,9 +141,7 @@ class SynchronousEngine(Engine):
         """Each worker's order, with a step budget when train.max_steps ends the run mid-round."""
         budgets = None
         if self.cfg.train.max_steps:
-            full = {worker: steps_per_round(end - start, self.cfg.train.batch_size)
-                    for worker, (start, end) in zip(self.workers, self.plan.block_bounds)}
-            budgets = step_budgets(self.cfg.train.max_steps - self.state.steps, full)
+            budgets = step_budgets(self.cfg.train.max_steps - self.state.steps, self.full_round_steps())
         orders = {}
         for worker in self.workers:
             orders[worker] = replace(
@@ -153,6 +151,12 @@ class SynchronousEngine(Engine):
                 moved_rows=len(self.moved[worker]) if self.moved else None)
         self.next_order = Order(OrderKind.ROUND)
         return orders
+
+    def full_round_steps(self) -> dict[int, int]:
+        """Each worker's steps in a whole round: ``train.sync_every``, or one local epoch of its block."""
+        k, batch = self.cfg.train.sync_every, self.cfg.train.batch_size
+        return {worker: k or steps_per_round(end - start, batch)
+                for worker, (start, end) in zip(self.workers, self.plan.block_bounds)}
 
     def dispatch(self, round_index: int) -> float:
         """Start a round on every worker (orders, moved rows, state, "ready", weights); returns when."""

@@ -4,7 +4,8 @@ Separation of concerns: the scheduler owns the global weights, the block plan,
 aggregation, evaluation, early stopping and every file in the run directory.
 A worker owns its local model, its optimizer state and its block of the
 training set. It waits for orders, trains one local epoch per round on its
-block and hands back its weights and metrics, in the shape the aggregation
+block (or, at ``train.sync_every = k``, k steps of a shuffled walk through the
+block that carries on from round to round) and hands back its weights and metrics, in the shape the aggregation
 method wants (a scaled contribution to a reduction, or a scored candidate for
 election; under SSP, its weights point to point). With rebalancing the order
 names the block to train on, and under scatter the rows that changed owner
@@ -29,6 +30,7 @@ from mpi_trainer.config import Config
 from mpi_trainer.data.feed import fit_arguments
 from mpi_trainer.data.placement import HeldRows, WorkerData, peak_rss_mib
 from mpi_trainer.data.sources import Dataset
+from mpi_trainer.data.walk import BlockWalk
 from mpi_trainer.logs import get_logger
 from mpi_trainer.models import evaluate_model, rebuild_model
 from mpi_trainer.models.dry_run import dry_run, reset_optimizer
@@ -50,6 +52,7 @@ class Worker:
         ensure_built(self.model)
         self.codec = WeightCodec.from_weights(self.model.get_weights())
         self.global_weights = self.codec.empty()
+        self.local = self.codec.empty()  # the trained weights, flattened into the same buffer every round
         self.wire = WireFormat(cfg.aggregation.wire_dtype)
         # where weights from the scheduler land: the float32 buffer itself, or a 16-bit one decoded into it
         self.arriving = self.wire.empty(self.codec.size) if self.wire.compressed else self.global_weights
@@ -60,6 +63,7 @@ class Worker:
         self.x, self.y = self.data.fixed_x, self.data.fixed_y
         self.slowdown = make_slowdown(cfg.debug, self.rank)
         self.shuffle_rng = np.random.default_rng(worker_seed(cfg.train.seed, self.rank, plan.start_round))
+        self.walk = BlockWalk(self.shuffle_rng)  # k-step rounds; a resumed run starts a fresh walk
         self.nan_injected = False
         self.phases = PhaseLog(cfg.log.timeline)  # this rank's phases, handed on with its next report
 
@@ -158,15 +162,20 @@ class Worker:
 
     # -- training and scoring -----------------------------------------------------------
     def train_and_report(self, round_index: int, max_steps: int | None = None) -> tuple[Report, np.ndarray]:
-        """One local epoch from the global weights on this round's data; the report and the new weights."""
-        self.x, self.y = self.data.for_round(round_index)
-        metrics, train_seconds, steps = self.train_once(max_steps)
+        """This round's training from the global weights (one local epoch, or k steps); report and new weights."""
+        stepping = self.cfg.train.sync_every > 0
+        if stepping:
+            # k-step rounds walk the fixed block (the config refuses data increment), augmenting per batch
+            self.x, self.y = self.data.fixed_x, self.data.fixed_y
+        else:
+            self.x, self.y = self.data.for_round(round_index)
+        metrics, train_seconds, steps = self.train_steps(max_steps) if stepping else self.train_once(max_steps)
         self.phases.add("train", round_index, time.time() - train_seconds)
-        local = self.codec.flatten(self.model.get_weights())
+        local = self.codec.flatten(self.model.get_weights(), out=self.local)
         self.maybe_inject_nan(round_index, local)
         loss = metrics.get("loss", 0.0 if not steps else math.nan)
         report = Report(self.rank, round_index, len(self.x), loss, metrics.get("accuracy", math.nan),
-                        train_seconds, steps=steps, weights_finite=bool(np.all(np.isfinite(local))),
+                        train_seconds, steps=steps, weights_finite=bool(np.isfinite(local).all()),
                         train_metrics=metrics)
         return report, local
 
@@ -187,6 +196,39 @@ class Worker:
                                  callbacks=callbacks)
         metrics = {k: float(v[-1]) for k, v in history.history.items()}
         return metrics, time.perf_counter() - started, steps_per_round(len(x), batch)
+
+    def train_steps(self, max_steps: int | None = None) -> tuple[dict[str, Any], float, int]:
+        """``train.sync_every`` steps (fewer under a ``max_steps`` budget); metrics, seconds, steps.
+
+        ``train_on_batch`` runs the model's compiled train function on one batch: no
+        input pipeline is built per round, and the optimizer state carries over.
+        """
+        self.model.set_weights(self.codec.unflatten(self.global_weights))
+        steps = self.cfg.train.sync_every if max_steps is None else min(max_steps, self.cfg.train.sync_every)
+        totals: dict[str, float] = {}
+        seen = 0
+        started = time.perf_counter()
+        for _ in range(steps):
+            rows = self.step_rows()
+            x, y = self.data.batch(rows)
+            for key, value in self.train_step(x, y).items():
+                totals[key] = totals.get(key, 0.0) + float(value) * len(rows)
+            seen += len(rows)
+        # the round's metrics are sample-weighted means over its steps, as fit's are over an epoch
+        metrics = {key: total / seen for key, total in totals.items()}
+        return metrics, time.perf_counter() - started, steps
+
+    def step_rows(self) -> np.ndarray:
+        """Indices into the block of the next step's batch."""
+        return self.walk.next_rows(len(self.x), self.cfg.train.batch_size)
+
+    def train_step(self, x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+        if self.slowdown is None:
+            return self.model.train_on_batch(x, y, return_dict=True)
+        self.slowdown.on_train_batch_begin(0)
+        logs = self.model.train_on_batch(x, y, return_dict=True)
+        self.slowdown.on_train_batch_end(0)
+        return logs
 
     def maybe_inject_nan(self, round_index: int, local: np.ndarray) -> None:
         """Test hook (debug.nan_rank / debug.nan_round): poison this rank's weights once."""

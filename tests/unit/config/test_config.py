@@ -31,7 +31,8 @@ def test_every_contract_key_exists():
     keys = set(all_keys())
     for key in ("data.source", "data.test_size", "model.name", "model.optimizer", "model.learning_rate",
                 "train.epochs", "train.batch_size", "aggregation.method", "aggregation.ssp",
-                "early_stopping.patience", "early_stopping.min_delta", "checkpoint.every", "train.device"):
+                "early_stopping.patience", "early_stopping.min_delta", "checkpoint.every", "train.device",
+                "train.sync_every"):
         assert key in keys
 
 

@@ -1,0 +1,59 @@
+"""``train.sync_every`` and ``evaluation.every``: bad values and combinations fail before any rank starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpi_trainer.config import load_config
+from mpi_trainer.errors import ConfigError
+
+QUICKSTART = "configs/quickstart.toml"
+
+
+def test_sync_every_defaults_to_one_local_epoch_and_scoring_every_round():
+    cfg = load_config(QUICKSTART)
+    assert cfg.train.sync_every == 0 and cfg.evaluation.every == 1
+    assert load_config(QUICKSTART, ["train.sync_every=5", "evaluation.every=10"]).train.sync_every == 5
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.sync_every=-1", "`train.sync_every` must be >= 0. Received: train.sync_every=-1"),
+        ("train.sync_every=1.5", "`train.sync_every` must be of type int. Received: train.sync_every=1.5"),
+        ("evaluation.every=0", "`evaluation.every` must be > 0. Received: evaluation.every=0"),
+    ],
+)
+def test_bad_values_name_key_value_and_expectation(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(QUICKSTART, [override])
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("data.increment.enabled=true", "data.increment.enabled"),
+        ("data.rebalance=true", "data.rebalance"),
+    ],
+)
+def test_what_k_step_rounds_cannot_honour_is_refused(override, key):
+    with pytest.raises(ConfigError) as info:
+        load_config(QUICKSTART, ["train.sync_every=4", override])
+    text = str(info.value)
+    assert text.startswith(f"`{key}` cannot be combined with `train.sync_every` > 0")
+    assert text.endswith(f"Received: {key}=True with train.sync_every=4")
+
+
+@pytest.mark.parametrize("override", ["train.sync_every=2", "evaluation.every=3"])
+def test_lbfgs_refuses_local_steps_and_sparse_evaluation(override):
+    with pytest.raises(ConfigError, match=r"is not available with model.optimizer='lbfgs'") as info:
+        load_config(QUICKSTART, ["model.optimizer='lbfgs'", "model.name='softmax_regression'", override])
+    assert str(info.value).endswith(f"Received: {override} with model.optimizer='lbfgs'")
+
+
+@pytest.mark.parametrize("override", ["aggregation.ssp=1", "train.max_steps=10", "aggregation.method='best'",
+                                      "train.nan_policy='rollback'", "data.augmentation.enabled=true"])
+def test_k_step_rounds_work_with_ssp_step_budgets_election_rollback_and_augmentation(override):
+    cfg = load_config(QUICKSTART, ["train.sync_every=3", override])
+    assert cfg.train.sync_every == 3
