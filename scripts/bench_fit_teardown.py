@@ -48,7 +48,7 @@ def main() -> int:
 
     cfg = load_config("configs/quickstart.toml", [])
     dataset = load_dataset(cfg.data, 0)
-    model, _ = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+    model, _ = build_model(cfg.model, dataset.input_shape, dataset.num_outputs)
     x, y = dataset.train.read(np.arange(args.rows))
     slowdown, last = make_slowdown(DebugConfig(batch_delay=args.batch_delay), 1), LastCallback()
     rng = np.random.default_rng(0)

@@ -34,7 +34,7 @@ from mpi_trainer.models import build_model
 epochs, batch = int(sys.argv[2]), int(sys.argv[3])
 data = load_dataset(DataConfig(source=sys.argv[1], validation_size=0.0), seed=0)
 keras.utils.set_random_seed(0)
-model, _ = build_model(ModelConfig(name="resnet20"), data.input_shape, data.num_classes)
+model, _ = build_model(ModelConfig(name="resnet20"), data.input_shape, data.num_outputs)
 ends = []
 timer = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: ends.append(time.perf_counter()))
 model.fit(data.x_train, data.y_train, batch_size=batch, epochs=epochs, verbose=0, callbacks=[timer])

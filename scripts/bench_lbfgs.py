@@ -36,7 +36,7 @@ from mpi_trainer.models import build_model
 from mpi_trainer.models.gradients import BlockGradient
 data = load_dataset(DataConfig(source=sys.argv[1], validation_size=0.0), seed=0)
 keras.utils.set_random_seed(0)
-model, _ = build_model(ModelConfig(name="softmax_regression", optimizer="lbfgs"), data.input_shape, data.num_classes)
+model, _ = build_model(ModelConfig(name="softmax_regression", optimizer="lbfgs"), data.input_shape, data.num_outputs)
 gradient = BlockGradient(model, batch_size=int(sys.argv[3]))
 x, y, n = data.x_train, data.y_train, data.num_train
 spent = []

@@ -31,7 +31,7 @@ from mpi_trainer.models import build_model
 epochs, batch = int(sys.argv[2]), int(sys.argv[3])
 data = load_dataset(DataConfig(source=sys.argv[1], validation_size=0.0), seed=0)
 keras.utils.set_random_seed(0)
-model, _ = build_model(ModelConfig(name="lenet"), data.input_shape, data.num_classes)
+model, _ = build_model(ModelConfig(name="lenet"), data.input_shape, data.num_outputs)
 started = time.perf_counter()
 history = model.fit(data.x_train, data.y_train, batch_size=batch, epochs=epochs, verbose=0,
                     validation_data=(data.x_test, data.y_test), validation_batch_size=max(256, batch))

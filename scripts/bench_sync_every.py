@@ -43,7 +43,7 @@ from mpi_trainer.models import build_model
 steps, batch, warmup = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 data = load_dataset(DataConfig(source=sys.argv[1], validation_size=0.0), seed=0)
 keras.utils.set_random_seed(0)
-model, _ = build_model(ModelConfig(name="lenet"), data.input_shape, data.num_classes)
+model, _ = build_model(ModelConfig(name="lenet"), data.input_shape, data.num_outputs)
 rng = np.random.default_rng(0)
 x, y = data.x_train, data.y_train
 for step in range(warmup + steps):
