@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from mpi_trainer.errors import ConfigError
+from mpi_trainer.errors import ConfigError, InputError
 
 __all__ = ["FitResult", "fit"]
 
@@ -82,11 +82,19 @@ def _run(transport: Any, model: Any, data: tuple, config: Any, overrides: Any, s
          callbacks: Sequence[Any], run_dir: Any, resume: bool) -> Any:
     from mpi_trainer.launch.job import JobInputs, agree, load_config_everywhere, run_job
 
-    arrays, data_overrides = _agree_on_arrays(transport, *data)
-    builder, model_overrides = _model_source(model)
-    given = [(k, v) for k, v in shortcuts.items() if v is not None]
-    pairs = _pairs(overrides) + given + data_overrides + model_overrides
-    cfg = load_config_everywhere(transport, str(config) if isinstance(config, Path) else config, pairs)
+    arrays = builder = None
+    pairs, error = [], None
+    try:  # a bad argument on one rank must fail every rank, not leave them waiting for it
+        arrays = _as_arrays(*data)
+        builder, model_overrides = _model_source(model)
+        given = [(k, v) for k, v in shortcuts.items() if v is not None]
+        pairs = _pairs(overrides) + given + model_overrides
+    except InputError as exc:
+        error = str(exc)
+    agree(transport, error)
+    arrays, data_overrides = _agree_on_arrays(transport, arrays)
+    cfg = load_config_everywhere(transport, str(config) if isinstance(config, Path) else config,
+                                 pairs + data_overrides)
     refused = transport.rank == 0 and callbacks and cfg.model.uses_lbfgs
     agree(transport, "`callbacks` are not available with model.optimizer='lbfgs' (its iterations are not "
                      "rounds). Received: callbacks with model.optimizer='lbfgs'" if refused else None)
@@ -116,20 +124,26 @@ def _model_source(model: Any) -> tuple[Any, list[tuple[str, Any]]]:
     return model, [("model.name", str(name))]
 
 
-def _agree_on_arrays(transport: Any, x: Any, y: Any, validation_data: Any) -> tuple[Any, list[tuple[str, Any]]]:
+def _as_arrays(x: Any, y: Any, validation_data: Any) -> Any:
+    """This rank's ``x, y`` (and ``validation_data``) as the reader's arrays, or None."""
+    from mpi_trainer.data.readers import RawArrays
+
+    if x is None and y is None:
+        return None
+    if x is None or y is None:
+        raise ConfigError(f"`x` and `y` go together. Received: x={_kind(x)}, y={_kind(y)}")
+    test = validation_data if validation_data is not None else (None, None)
+    if len(test) != 2:
+        raise ConfigError(f"`validation_data` must be a pair (x, y). Received: {len(test)} items")
+    return RawArrays(np.asarray(x), np.asarray(y), *(None if a is None else np.asarray(a) for a in test))
+
+
+def _agree_on_arrays(transport: Any, arrays: Any) -> tuple[Any, list[tuple[str, Any]]]:
     """The arrays this rank loads, and the data.* overrides every rank applies.
 
     Rank 0's arrays are the data. A worker that passed the same ones reads its block from them;
     if any worker passed none (or others), every worker gets its rows sent (``data.placement = scatter``).
     """
-    from mpi_trainer.data.readers import RawArrays
-
-    arrays = None
-    if x is not None or y is not None:
-        if x is None or y is None:
-            raise ConfigError(f"`x` and `y` go together. Received: x={_kind(x)}, y={_kind(y)}")
-        test = validation_data if validation_data is not None else (None, None)
-        arrays = RawArrays(np.asarray(x), np.asarray(y), *(None if a is None else np.asarray(a) for a in test))
     prints = transport.allgather(_fingerprint(arrays))
     if prints[0] is None:
         return None, []

@@ -1,6 +1,6 @@
 """The script test_mpirun_api.py runs under ``mpirun -n 3``: ``mpi_trainer.fit`` as a user calls it.
 
-    python tests/mpirun/fit_job.py RUN_DIR shared | scattered | mismatch
+    python tests/mpirun/fit_job.py RUN_DIR shared | scattered | mismatch | half_arguments
 
 Rank 0 prints one JSON line with what ``fit`` returned; workers print ``{"worker": rank, "result": null}``.
 """
@@ -57,6 +57,9 @@ def run(mode: str, run_dir: str, rank: int) -> dict | None:
     x, y = load_digits(return_X_y=True)
     if mode == "mismatch":
         mpi_trainer.fit(one_hot_model, x / 16.0, y, epochs=3, **common)
+        return {"unreachable": True}
+    if mode == "half_arguments":  # rank 2 alone passes x without y
+        mpi_trainer.fit(classifier, x / 16.0, None if rank == 2 else y, epochs=3, **common)
         return {"unreachable": True}
     stop = StopAfter(2)
     result = mpi_trainer.fit(classifier, x / 16.0, y, epochs=6, batch_size=32, callbacks=[stop], **common)

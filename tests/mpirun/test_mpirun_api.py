@@ -59,3 +59,11 @@ def test_a_model_that_does_not_fit_its_labels_fails_every_rank_before_training(t
     printed = [line for line in output.splitlines() if line.startswith("mpi_trainer: error:") and fragment in line]
     assert len(printed) == 3, output  # one per rank, then each rank's InputError ends its script
     assert not (tmp_path / "run").exists()  # the scheduler's dry run failed before it made the run directory
+
+
+def test_a_bad_argument_on_one_worker_fails_every_rank_instead_of_leaving_them_waiting(tmp_path):
+    code, results, output = run_fit(tmp_path / "run", "half_arguments", timeout=120)
+    assert code != 0 and not results
+    printed = [line for line in output.splitlines() if line.startswith("mpi_trainer: error: `x` and `y` go "
+                                                                        "together. Received: x=ndarray")]
+    assert len(printed) == 3 and sum("(reported by rank 2)" in line for line in printed) == 2, output
