@@ -161,3 +161,13 @@ def test_arrays_need_the_api():
     x, y = _digits()
     data = load_dataset(cfg.data, 0, arrays=RawArrays(x, y))
     assert data.num_train + len(data.y_test) == len(y) and data.classes and not math.isnan(data.x_train[0, 0])
+
+
+def test_a_monitor_the_model_does_not_compute_is_refused_before_training(tmp_path):
+    from mpi_trainer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"`early_stopping.monitor` names a metric the model does not compute. "
+                                          r"Received: early_stopping.monitor='test_auc'; expected one of "
+                                          r"\['test_loss', 'test_accuracy'\]"):
+        run_local_job(tmp_path / "run", early_stopping={"monitor": "test_auc"})
+    assert not (tmp_path / "run").exists()
