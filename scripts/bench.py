@@ -152,11 +152,12 @@ def run_mwms(data: Path, epochs: int) -> list[dict]:
     return rows[0]
 
 
-def run_trainer(data: Path, workers: int, epochs: int, scratch: Path) -> tuple[list[dict], dict]:
-    overrides = [f"data.source={data}", "data.validation_size=0.0", "model.name=lenet", "model.optimizer=adadelta",
+def run_trainer(data: Path, workers: int, epochs: int, scratch: Path, threads: int = 0) -> tuple[list[dict], dict]:
+    overrides = [f"train.threads={threads}",
+                 f"data.source={data}", "data.validation_size=0.0", "model.name=lenet", "model.optimizer=adadelta",
                  "model.learning_rate=1.0", f"train.epochs={epochs}", f"train.batch_size={BATCH}",
                  "checkpoint.every=0", "log.verbosity=0"]
-    summary, rounds = run_job(workers + 1, "configs/mnist_lenet.toml", overrides, scratch / f"w{workers}")
+    summary, rounds = run_job(workers + 1, "configs/mnist_lenet.toml", overrides, scratch / f"w{workers}t{threads}")
     rows = [{"epoch": int(r["round"]), "train_seconds": float(r["train_seconds_max"]), "samples": int(r["samples"]),
              "elapsed": float(r["elapsed_seconds"]), "test_accuracy": float(r["test_accuracy"]),
              "bytes": int(r["bytes"]), "worker_seconds": [float(s) for s in r["worker_train_seconds"].split(";")]}
@@ -196,10 +197,10 @@ def report(results: dict[str, list[dict]], summaries: dict[int, dict], target: f
         out.append(f"\nmpi_trainer {workers} worker(s): {mean_bytes:,.0f} bytes per round against a minimum of "
                    f"{minimum:,} ({mean_bytes / minimum:.3f}x); scheduler CPU while waiting "
                    f"{summary['scheduler_wait_cpu_fraction']:.1%} of a core")
-    if "mpi_trainer 1 worker(s)" in results and "mpi_trainer 2 worker(s)" in results:
-        alone = throughput(results["mpi_trainer 1 worker(s)"])
+    if "mpi_trainer 1 worker(s), 1 thread" in results and "mpi_trainer 2 worker(s)" in results:
+        alone = throughput(results["mpi_trainer 1 worker(s), 1 thread"])
         out.append(f"2-worker efficiency: {throughput(results['mpi_trainer 2 worker(s)']) / (2 * alone):.2f} "
-                   f"(throughput over twice one worker's)")
+                   f"(throughput over twice that of one worker alone with the 1 thread each of the two has)")
     return "\n".join(out)
 
 
@@ -226,6 +227,8 @@ def main() -> None:
     for workers in (1, 2):
         results[f"mpi_trainer {workers} worker(s)"], summaries[workers] = run_trainer(data, workers, args.epochs,
                                                                                       scratch)
+    # the efficiency's baseline: one worker alone at the threads each of two workers gets (1 on 2 cores)
+    results["mpi_trainer 1 worker(s), 1 thread"], _ = run_trainer(data, 1, args.epochs, scratch, threads=1)
     if not args.skip_mwms:
         results["MultiWorkerMirroredStrategy, 2 processes"] = run_mwms(data, args.epochs)
     print(f"data: {data}\n" + report(results, summaries, args.target))

@@ -206,6 +206,8 @@ class TrainConfig(_Section):
     # for the scheduler's evaluation. Early stopping then decides one round late (that round is
     # discarded); rounds followed by a checkpoint are not overlapped.
     overlap_eval: bool = False
+    # Each worker's backend threads; 0 = the node's cores divided by the workers on it.
+    threads: int = 0
     # Workers: a GPU of their node when it has one (auto), or always the CPU, or a GPU or fail (gpu).
     device: str = "auto"
     # The scheduler aggregates in NumPy and evaluates; it takes a GPU only when asked to.
@@ -213,7 +215,7 @@ class TrainConfig(_Section):
 
     def __post_init__(self) -> None:
         self._positive("epochs", "batch_size")
-        self._non_negative("seed", "max_steps", "sync_every")
+        self._non_negative("seed", "max_steps", "threads", "sync_every")
         self._choice("nan_policy", NAN_POLICIES)
         self._choice("device", DEVICES)
         self._choice("scheduler_device", SCHEDULER_DEVICES)

@@ -322,7 +322,7 @@ def run_job(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str |
     install_abort_on_error(transport)
     node_cores, node_ranks = transport.node_layout()
     placement = place_rank(transport, cfg, node_ranks)  # before anything imports the backend
-    threads = threads_for_rank(transport.rank, node_cores, node_ranks, usable_cores())
+    threads = threads_for_rank(transport.rank, node_cores, node_ranks, usable_cores(), cfg.train.threads)
     configure_threads(threads)
     get_logger().debug("%d threads (%d cores, ranks on this node: %s)", threads, node_cores, node_ranks)
     placements = confirm_rank(transport, cfg, placement)

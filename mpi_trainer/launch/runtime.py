@@ -8,13 +8,17 @@ from mpi_trainer.launch.devices import configured_backend
 
 
 def threads_for_rank(rank: int, node_cores: int, node_ranks: list[int],
-                     usable_cores: int | None = None) -> int:
+                     usable_cores: int | None = None, configured: int = 0) -> int:
     """Cores of the node divided by the worker ranks on it; the scheduler is not counted.
 
     The scheduler (rank 0) mostly waits, and evaluates while workers wait, so
     it may use every core of its node. ``usable_cores`` caps the figure when
-    mpirun bound the rank to fewer cores than the node has.
+    mpirun bound the rank to fewer cores than the node has. ``configured``
+    (``train.threads``, 0 = work it out) fixes a worker's threads, e.g. on a node
+    shared with other jobs.
     """
+    if configured and rank != 0:
+        return configured
     workers_here = sum(1 for r in node_ranks if r != 0)
     threads = node_cores if rank == 0 or workers_here == 0 else node_cores // workers_here
     if usable_cores is not None:

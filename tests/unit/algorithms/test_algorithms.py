@@ -113,3 +113,8 @@ def test_codec_round_trip_is_exact_and_views_share_memory():
 )
 def test_threads_per_worker(rank, cores, node_ranks, usable, expected):
     assert threads_for_rank(rank, cores, node_ranks, usable) == expected
+
+
+def test_train_threads_fixes_a_workers_threads_but_not_the_schedulers():
+    assert threads_for_rank(1, 16, [0, 1, 2], None, configured=3) == 3
+    assert threads_for_rank(0, 16, [0, 1, 2], None, configured=3) == 16
