@@ -65,6 +65,36 @@ def _sync_every_rules(cfg: Config) -> None:
                               f"Received: {key}=True with train.sync_every={k}")
 
 
+def _warmup_conflicts(cfg: Config) -> dict[str, tuple[bool, object, str]]:
+    """Key -> (set?, value, why a synchronisation warm-up cannot honour it)."""
+    data = cfg.data
+    return {
+        "aggregation.ssp": (cfg.aggregation.ssp > 0, cfg.aggregation.ssp,
+                            "the schedule counts synchronous rounds, while SSP updates run on each worker's clock"),
+        "debug.async_engine": (cfg.debug.async_engine, cfg.debug.async_engine,
+                               "the schedule counts synchronous rounds, which the SSP engine does not run"),
+        "data.increment.enabled": (data.increment.enabled, data.increment.enabled,
+                                   "the warm-up walks each worker's fixed block across rounds"),
+        "data.rebalance": (data.rebalance, data.rebalance,
+                           "every worker runs the same steps per warm-up round whatever its block size"),
+    }
+
+
+def _warmup_rules(cfg: Config) -> None:
+    """Post-local SGD's warm-up (``train.sync_warmup_epochs``): refuse what it would break or ignore."""
+    train = cfg.train
+    if train.sync_warmup_epochs == 0:
+        if train.sync_warmup_every != 1:
+            raise ConfigError("`train.sync_warmup_every` sets the steps per round of a warm-up, and there is "
+                              "none: set train.sync_warmup_epochs > 0 as well. Received: "
+                              f"train.sync_warmup_every={train.sync_warmup_every} with train.sync_warmup_epochs=0")
+        return
+    for key, (conflicts, value, why) in _warmup_conflicts(cfg).items():
+        if conflicts:
+            raise ConfigError(f"`{key}` cannot be combined with `train.sync_warmup_epochs` > 0: {why}. "
+                              f"Received: {key}={value!r} with train.sync_warmup_epochs={train.sync_warmup_epochs}")
+
+
 def _lbfgs_conflicts(cfg: Config) -> dict[str, tuple[bool, object, str]]:
     """Key -> (set?, value, why L-BFGS cannot honour it)."""
     data, train, debug = cfg.data, cfg.train, cfg.debug
@@ -82,6 +112,8 @@ def _lbfgs_conflicts(cfg: Config) -> dict[str, tuple[bool, object, str]]:
         "train.max_steps": (train.max_steps > 0, train.max_steps, "use lbfgs.max_evaluations"),
         "train.sync_every": (train.sync_every > 0, train.sync_every,
                              "every iteration takes the gradient of the whole data set, not local steps"),
+        "train.sync_warmup_epochs": (train.sync_warmup_epochs > 0, train.sync_warmup_epochs,
+                                     "every iteration takes the gradient of the whole data set, not local steps"),
         "evaluation.every": (cfg.evaluation.every > 1, cfg.evaluation.every,
                              "every iteration is evaluated (use train.epochs to bound them)"),
         "train.overlap_eval": (train.overlap_eval, train.overlap_eval, "iterations cannot overlap"),
@@ -101,7 +133,7 @@ def _lbfgs_rule(cfg: Config) -> None:
                               f"{why}. Received: {key}={value!r} with model.optimizer='lbfgs'")
 
 
-RULES = (_staleness_rules, _damping_rule, _sync_every_rules, _lbfgs_rule)
+RULES = (_staleness_rules, _damping_rule, _sync_every_rules, _warmup_rules, _lbfgs_rule)
 
 
 def check_config(cfg: Config) -> None:

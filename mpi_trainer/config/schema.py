@@ -201,6 +201,10 @@ class TrainConfig(_Section):
     # Local optimizer steps per round (0 = one local epoch per round). At k > 0 each worker walks
     # its block in a shuffled order that carries on from round to round.
     sync_every: int = 0
+    # Post-local SGD: for the first ``sync_warmup_epochs`` local epochs (0 = no warm-up) every round is
+    # ``sync_warmup_every`` steps; ``sync_every`` applies after. Rounds stay synchronisations.
+    sync_warmup_epochs: int = 0
+    sync_warmup_every: int = 1
     nan_policy: str = "stop"
     # Synchronous rounds: start round r+1 before evaluating round r, so the workers do not wait
     # for the scheduler's evaluation. Early stopping then decides one round late (that round is
@@ -215,7 +219,8 @@ class TrainConfig(_Section):
 
     def __post_init__(self) -> None:
         self._positive("epochs", "batch_size")
-        self._non_negative("seed", "max_steps", "threads", "sync_every")
+        self._non_negative("seed", "max_steps", "threads", "sync_every", "sync_warmup_epochs")
+        self._positive("sync_warmup_every")
         self._choice("nan_policy", NAN_POLICIES)
         self._choice("device", DEVICES)
         self._choice("scheduler_device", SCHEDULER_DEVICES)

@@ -25,6 +25,7 @@ import numpy as np
 
 from mpi_trainer.algorithms import nan_guard
 from mpi_trainer.algorithms.early_stopping import EarlyStopping
+from mpi_trainer.algorithms.sync_schedule import schedule_for
 from mpi_trainer.comm.codec import WeightCodec
 from mpi_trainer.comm.protocol import JobPlan, Report
 from mpi_trainer.config import Config
@@ -124,6 +125,7 @@ class RoundRecorder:
         self.early = EarlyStopping(cfg.early_stopping.monitor, cfg.early_stopping.patience,
                                    cfg.early_stopping.min_delta, cfg.early_stopping.mode)
         self.metric_names = plan.metric_names
+        self.schedule = schedule_for(cfg.train, plan.block_bounds)  # each round's local steps (post-local SGD)
         self.state = RunState()
         self.started = time.perf_counter()
         self.start_round = 0
@@ -237,10 +239,19 @@ class RoundRecorder:
         return None
 
     def evaluation_due(self, round_index: int) -> bool:
-        """Whether this round is scored: every ``evaluation.every``-th, the last, and any checkpointed one."""
+        """Whether this round is scored: every ``evaluation.every``-th, the last, and any checkpointed one.
+
+        During a sync warm-up a round is a step or a few, so there ``evaluation.every``
+        counts local epochs (the warm-up round that completes one) instead of rounds.
+        """
         every = self.cfg.evaluation.every
         last = round_index + 1 >= self.cfg.train.epochs or self.steps_exhausted()
-        return (round_index + 1) % every == 0 or last or self.checkpoint_due(round_index)
+        if self.schedule.in_warmup(round_index):
+            epochs = (round_index + 1) // self.schedule.rounds_per_warmup_epoch
+            due = self.schedule.closes_warmup_epoch(round_index) and epochs % every == 0
+        else:
+            due = (round_index - self.schedule.warmup_rounds + 1) % every == 0
+        return due or last or self.checkpoint_due(round_index)
 
     def round_row(self, closed: ClosedRound, evaluation: dict[str, float]) -> dict[str, Any]:
         """One row of rounds.csv, but for the engine's timing columns."""
@@ -252,6 +263,7 @@ class RoundRecorder:
         row.update(train_metrics(reports, self.metric_names))
         row.update({
             "round": closed.index, "train_seconds_max": max(train_times), "train_seconds_min": min(train_times),
+            "sync_every": self.schedule.steps(closed.index),
             "aggregate_seconds": closed.aggregate_seconds, "bytes": closed.bytes + self.discarded_bytes,
             "max_staleness": closed.max_staleness, "samples": samples,
             "train_loss": sum(r.train_loss * r.samples for r in reports) / samples,

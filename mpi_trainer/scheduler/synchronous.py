@@ -59,6 +59,17 @@ class SynchronousEngine(Engine):
                       resume.next_round - 1, resume.steps, len(self.workers), resume.previous_workers,
                       "" if resume.previous_workers == len(self.workers) else ": blocks re-planned")
 
+    def describe(self) -> str:
+        """The engine's line, with the sync schedule's phases when there is a warm-up."""
+        schedule = self.recorder.schedule
+        if not schedule.warmup_rounds:
+            return super().describe()
+        if self.cfg.train.epochs <= schedule.warmup_rounds:
+            self.log.warning("train.epochs=%d rounds end inside the sync warm-up of %d rounds; it takes "
+                             "train.epochs > %d to train past it", self.cfg.train.epochs, schedule.warmup_rounds,
+                             schedule.warmup_rounds)
+        return f"{super().describe()}; sync schedule: {schedule.describe()}"
+
     # -- the rounds -------------------------------------------------------------
     def run_rounds(self) -> StopReason:
         round_index = self.recorder.start_round
@@ -141,7 +152,7 @@ class SynchronousEngine(Engine):
         """Each worker's order, with a step budget when train.max_steps ends the run mid-round."""
         budgets = None
         if self.cfg.train.max_steps:
-            budgets = step_budgets(self.cfg.train.max_steps - self.state.steps, self.full_round_steps())
+            budgets = step_budgets(self.cfg.train.max_steps - self.state.steps, self.full_round_steps(round_index))
         orders = {}
         for worker in self.workers:
             orders[worker] = replace(
@@ -152,9 +163,9 @@ class SynchronousEngine(Engine):
         self.next_order = Order(OrderKind.ROUND)
         return orders
 
-    def full_round_steps(self) -> dict[int, int]:
-        """Each worker's steps in a whole round: ``train.sync_every``, or one local epoch of its block."""
-        k, batch = self.cfg.train.sync_every, self.cfg.train.batch_size
+    def full_round_steps(self, round_index: int) -> dict[int, int]:
+        """Each worker's steps in a whole round: the sync schedule's k, or one local epoch of its block."""
+        k, batch = self.recorder.schedule.steps(round_index), self.cfg.train.batch_size
         return {worker: k or steps_per_round(end - start, batch)
                 for worker, (start, end) in zip(self.workers, self.plan.block_bounds)}
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from mpi_trainer.algorithms import aggregation
 from mpi_trainer.algorithms.step_budget import steps_per_round
+from mpi_trainer.algorithms.sync_schedule import schedule_for
 from mpi_trainer.comm.codec import WeightCodec
 from mpi_trainer.comm.protocol import JobPlan, Order, OrderKind, Report, WorkerLink
 from mpi_trainer.comm.wire import WireFormat
@@ -64,6 +65,7 @@ class Worker:
         self.slowdown = make_slowdown(cfg.debug, self.rank)
         self.shuffle_rng = np.random.default_rng(worker_seed(cfg.train.seed, self.rank, plan.start_round))
         self.walk = BlockWalk(self.shuffle_rng)  # k-step rounds; a resumed run starts a fresh walk
+        self.schedule = schedule_for(cfg.train, plan.block_bounds)  # steps per round, as the scheduler has it
         self.nan_injected = False
         self.phases = PhaseLog(cfg.log.timeline)  # this rank's phases, handed on with its next report
 
@@ -163,13 +165,13 @@ class Worker:
     # -- training and scoring -----------------------------------------------------------
     def train_and_report(self, round_index: int, max_steps: int | None = None) -> tuple[Report, np.ndarray]:
         """This round's training from the global weights (one local epoch, or k steps); report and new weights."""
-        stepping = self.cfg.train.sync_every > 0
-        if stepping:
+        k = self.schedule.steps(round_index)
+        if k:
             # k-step rounds walk the fixed block (the config refuses data increment), augmenting per batch
             self.x, self.y = self.data.fixed_x, self.data.fixed_y
         else:
             self.x, self.y = self.data.for_round(round_index)
-        metrics, train_seconds, steps = self.train_steps(max_steps) if stepping else self.train_once(max_steps)
+        metrics, train_seconds, steps = self.train_steps(k, max_steps) if k else self.train_once(max_steps)
         self.phases.add("train", round_index, time.time() - train_seconds)
         local = self.codec.flatten(self.model.get_weights(), out=self.local)
         self.maybe_inject_nan(round_index, local)
@@ -197,14 +199,15 @@ class Worker:
         metrics = {k: float(v[-1]) for k, v in history.history.items()}
         return metrics, time.perf_counter() - started, steps_per_round(len(x), batch)
 
-    def train_steps(self, max_steps: int | None = None) -> tuple[dict[str, Any], float, int]:
-        """``train.sync_every`` steps (fewer under a ``max_steps`` budget); metrics, seconds, steps.
+    def train_steps(self, k: int, max_steps: int | None = None) -> tuple[dict[str, Any], float, int]:
+        """``k`` steps, the round's share of the sync schedule (fewer under a ``max_steps`` budget);
+        metrics, seconds, steps.
 
         ``train_on_batch`` runs the model's compiled train function on one batch: no
         input pipeline is built per round, and the optimizer state carries over.
         """
         self.model.set_weights(self.codec.unflatten(self.global_weights))
-        steps = self.cfg.train.sync_every if max_steps is None else min(max_steps, self.cfg.train.sync_every)
+        steps = k if max_steps is None else min(max_steps, k)
         totals: dict[str, float] = {}
         seen = 0
         started = time.perf_counter()
