@@ -104,7 +104,7 @@ def tf_keras_lenet(tf_keras: object) -> object:
     ])
 
 
-def mwms(data: Path, epochs: int) -> None:
+def mwms(data: Path, epochs: int, optimizer: str = "adadelta", learning_rate: float = 1.0) -> None:
     import tensorflow as tf
     import tf_keras
 
@@ -113,7 +113,8 @@ def mwms(data: Path, epochs: int) -> None:
     workers = strategy.num_replicas_in_sync
     with strategy.scope():
         model = tf_keras_lenet(tf_keras)
-        model.compile(tf_keras.optimizers.Adadelta(1.0), "sparse_categorical_crossentropy", ["accuracy"])
+        chosen = {"adadelta": tf_keras.optimizers.Adadelta, "sgd": tf_keras.optimizers.SGD}[optimizer]
+        model.compile(chosen(learning_rate), "sparse_categorical_crossentropy", ["accuracy"])
     # The global batch is BATCH per worker, as each mpi_trainer worker takes BATCH per step.
     train = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0).batch(BATCH * workers).prefetch(1)
     chief = json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0
@@ -141,10 +142,11 @@ def epochs_of(proc: subprocess.Popen) -> list[dict]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
-def run_mwms(data: Path, epochs: int) -> list[dict]:
+def run_mwms(data: Path, epochs: int, optimizer: str = "adadelta", learning_rate: float = 1.0) -> list[dict]:
     ports = [23456, 23457]
     cluster = {"worker": [f"localhost:{p}" for p in ports]}
-    procs = [child(["--mwms", str(data), "--epochs", str(epochs)],
+    procs = [child(["--mwms", str(data), "--epochs", str(epochs), "--optimizer", optimizer,
+                    "--learning-rate", str(learning_rate)],
                    {"TF_USE_LEGACY_KERAS": "1",
                     "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})})
              for i in range(2)]
@@ -212,12 +214,14 @@ def main() -> None:
     parser.add_argument("--skip-mwms", action="store_true", help="leave out MultiWorkerMirroredStrategy")
     parser.add_argument("--plain", choices=["arrays", "tfdata"], help=argparse.SUPPRESS)
     parser.add_argument("--mwms", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--optimizer", default="adadelta", help=argparse.SUPPRESS)
+    parser.add_argument("--learning-rate", type=float, default=1.0, help=argparse.SUPPRESS)
     parser.add_argument("source", nargs="?", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain:
         return plain(args.source, args.plain, args.epochs)
     if args.mwms:
-        return mwms(args.mwms, args.epochs)
+        return mwms(args.mwms, args.epochs, args.optimizer, args.learning_rate)
     scratch = Path(tempfile.mkdtemp(prefix="mpi_trainer_bench_"))
     data = args.data or digits_28(scratch / "digits28.npz")
     results: dict[str, list[dict]] = {}

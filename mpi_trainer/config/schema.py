@@ -367,7 +367,9 @@ class DebugConfig(_Section):
     plus delay) and plays a straggler. ``async_engine`` runs the bounded-staleness
     engine even at ``aggregation.ssp = 0``, to check it against the synchronous one.
     ``nan_rank`` (0 = off) poisons that worker's weights with NaN in round
-    ``nan_round``, to exercise the NaN guard.
+    ``nan_round``, to exercise the NaN guard. ``reset_optimizer`` zeroes every
+    worker's optimizer state at the start of each synchronous round instead of
+    carrying it across averagings, to measure what carrying it is worth.
     """
 
     prefix: ClassVar[str] = "debug"
@@ -377,6 +379,7 @@ class DebugConfig(_Section):
     async_engine: bool = False
     nan_rank: int = 0
     nan_round: int = 0
+    reset_optimizer: bool = False
 
     def __post_init__(self) -> None:
         self._require(self.slow_factor >= 1, "slow_factor", "must be >= 1 (1 = normal speed)")

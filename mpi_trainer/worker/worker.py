@@ -127,7 +127,7 @@ class Worker:
         optimizer = self.model.optimizer
         if order.optimizer_state:
             load_state_vector(optimizer, self.link.recv_state())
-        if order.reset_optimizer:
+        if order.reset_optimizer or self.cfg.debug.reset_optimizer:
             reset_optimizer(optimizer)  # moments computed from non-finite gradients would poison the next round
         if order.learning_rate is not None:
             optimizer.learning_rate = order.learning_rate
