@@ -57,3 +57,59 @@ def test_lbfgs_refuses_local_steps_and_sparse_evaluation(override):
 def test_k_step_rounds_work_with_ssp_step_budgets_election_rollback_and_augmentation(override):
     cfg = load_config(QUICKSTART, ["train.sync_every=3", override])
     assert cfg.train.sync_every == 3
+
+
+# -- post-local SGD's warm-up (train.sync_warmup_epochs / train.sync_warmup_every) ---------------
+def test_the_warm_up_is_off_by_default_and_takes_epochs_and_steps():
+    cfg = load_config(QUICKSTART)
+    assert (cfg.train.sync_warmup_epochs, cfg.train.sync_warmup_every) == (0, 1)
+    cfg = load_config(QUICKSTART, ["train.sync_warmup_epochs=2", "train.sync_warmup_every=4"])
+    assert (cfg.train.sync_warmup_epochs, cfg.train.sync_warmup_every) == (2, 4)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["train.sync_warmup_epochs=-1"],
+         "`train.sync_warmup_epochs` must be >= 0. Received: train.sync_warmup_epochs=-1"),
+        (["train.sync_warmup_epochs=1", "train.sync_warmup_every=0"],
+         "`train.sync_warmup_every` must be > 0. Received: train.sync_warmup_every=0"),
+        (["train.sync_warmup_every=3"],
+         "`train.sync_warmup_every` sets the steps per round of a warm-up, and there is none: set "
+         "train.sync_warmup_epochs > 0 as well. Received: train.sync_warmup_every=3 with train.sync_warmup_epochs=0"),
+    ],
+)
+def test_bad_warm_up_values_name_key_value_and_expectation(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(QUICKSTART, overrides)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "override, received",
+    [
+        ("aggregation.ssp=1", "aggregation.ssp=1"),
+        ("debug.async_engine=true", "debug.async_engine=True"),
+        ("data.increment.enabled=true", "data.increment.enabled=True"),
+        ("data.rebalance=true", "data.rebalance=True"),
+    ],
+)
+def test_what_the_warm_up_cannot_honour_is_refused(override, received):
+    with pytest.raises(ConfigError) as info:
+        load_config(QUICKSTART, ["train.sync_warmup_epochs=1", override])
+    text = str(info.value)
+    assert text.startswith(f"`{received.split('=')[0]}` cannot be combined with `train.sync_warmup_epochs` > 0")
+    assert text.endswith(f"Received: {received} with train.sync_warmup_epochs=1")
+
+
+def test_lbfgs_refuses_a_warm_up():
+    with pytest.raises(ConfigError, match=r"is not available with model.optimizer='lbfgs'") as info:
+        load_config(QUICKSTART, ["model.optimizer='lbfgs'", "model.name='softmax_regression'",
+                                 "train.sync_warmup_epochs=1"])
+    assert str(info.value).endswith("Received: train.sync_warmup_epochs=1 with model.optimizer='lbfgs'")
+
+
+@pytest.mark.parametrize("override", ["train.max_steps=10", "aggregation.method='best'", "evaluation.every=2",
+                                      "train.overlap_eval=true", "checkpoint.every=3", "train.sync_every=4"])
+def test_the_warm_up_works_with_budgets_election_sparse_scoring_overlap_and_checkpoints(override):
+    assert load_config(QUICKSTART, ["train.sync_warmup_epochs=1", override]).train.sync_warmup_epochs == 1

@@ -1,0 +1,54 @@
+"""Post-local SGD (``train.sync_warmup_epochs``): warm-up rounds of a few steps, then ``train.sync_every``,
+in one process with real workers (local transport)."""
+
+from __future__ import annotations
+
+import numpy as np
+from local_job import run_local_job
+from test_sync_every import EXACT, replay_synchronous_sgd, scored_rounds, steps_per_round
+
+# digits: 1,437 training rows, blocks of 719 and 718; at batch 256 a local epoch is 3 steps,
+# so a warm-up epoch at one step per round is 3 rounds.
+WARMUP = {"batch_size": 256, "sync_warmup_epochs": 1}
+
+
+def test_warm_up_rounds_run_one_step_over_an_epoch_of_the_block_then_k_steps(tmp_path):
+    job = run_local_job(tmp_path, workers=2, train={**WARMUP, "epochs": 5, "sync_every": 2})
+    assert steps_per_round(job) == [2, 2, 2, 4, 4]
+    assert [int(row["sync_every"]) for row in job.rounds()] == [1, 1, 1, 2, 2]
+    for worker in job.workers:
+        assert [len(steps) for steps in worker.step_rows_by_round] == [1, 1, 1, 2, 2]
+        warm_up = np.concatenate([steps[0] for steps in worker.step_rows_by_round[:3]])
+        assert sorted(warm_up) == list(range(len(worker.data.fixed_x)))  # the warm-up walked one epoch
+
+
+def test_after_the_warm_up_a_round_is_one_local_epoch(tmp_path):
+    job = run_local_job(tmp_path, workers=2, train={**WARMUP, "epochs": 5})
+    assert steps_per_round(job) == [2, 2, 2, 6, 6]
+    assert [int(row["sync_every"]) for row in job.rounds()] == [1, 1, 1, 0, 0]
+    for worker in job.workers:
+        assert [r.steps for r, _ in worker.trained] == [1, 1, 1, 3, 3]
+        assert [len(steps) for steps in worker.step_rows_by_round] == [1, 1, 1, 0, 0]  # fit, not the walk
+
+
+def test_warm_up_rounds_are_synchronous_sgd_on_the_concatenated_batches(tmp_path):
+    job = run_local_job(tmp_path, workers=2, train={"epochs": 4, "batch_size": 32, "sync_warmup_epochs": 1,
+                                                    "sync_every": 5}, **EXACT)
+    assert job.engine.recorder.schedule.warmup_rounds > 4  # every round of this run is a warm-up round
+    assert [int(row["sync_every"]) for row in job.rounds()] == [1, 1, 1, 1]
+    expected = replay_synchronous_sgd(job)
+    assert not np.allclose(expected, job.engine.recorder.initial_weights, atol=1e-3)
+    np.testing.assert_allclose(job.engine.weights, expected, atol=1e-5)
+
+
+def test_max_steps_deals_out_the_first_round_after_the_warm_up(tmp_path):
+    job = run_local_job(tmp_path, workers=2, train={**WARMUP, "epochs": 9, "sync_every": 2, "max_steps": 9})
+    assert steps_per_round(job) == [2, 2, 2, 3] and job.summary["stop_reason"] == "max_steps"
+    assert [[r.steps for r, _ in w.trained] for w in job.workers] == [[1, 1, 1, 2], [1, 1, 1, 1]]
+
+
+def test_evaluation_every_counts_local_epochs_in_the_warm_up_and_rounds_after(tmp_path):
+    job = run_local_job(tmp_path, workers=2, train={**WARMUP, "sync_warmup_epochs": 2, "epochs": 10},
+                        evaluation={"every": 2})
+    # warm-up: rounds 0-5, epochs end at rounds 2 and 5 (the 2nd is scored); then rounds 6-9: 7, 9
+    assert scored_rounds(job) == [5, 7, 9]
