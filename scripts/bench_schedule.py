@@ -52,6 +52,7 @@ def warmup_rounds(num_train: int, warmup_epochs: int, warmup_every: int) -> int:
 def variants(num_train: int, epochs: int) -> dict[str, list[str]]:
     """Name -> overrides, each for ``epochs`` passes over the training set."""
     per_epoch = warmup_rounds(num_train, 1, 1)
+    quarters = per_epoch // 4  # rounds of 4 steps per local epoch (the bench's blocks: 12 steps)
 
     def warmup(n: int, k: int) -> list[str]:
         rounds = warmup_rounds(num_train, n, k)
@@ -62,6 +63,9 @@ def variants(num_train: int, epochs: int) -> dict[str, list[str]]:
         "warm-up 1 epoch, every step": warmup(1, 1),
         "warm-up 1 epoch, every 2 steps": warmup(1, 2),
         "warm-up 2 epochs, every step": warmup(2, 1),
+        "warm-up 1 epoch, every step, then every 4 steps": [
+            *warmup(1, 1)[:2], "train.sync_every=4", f"train.epochs={per_epoch + (epochs - 1) * quarters}",
+            f"evaluation.every={quarters}"],
         "warm-up 1 epoch, every step, optimizer reset": [*warmup(1, 1), "debug.reset_optimizer=true"],
         "every step throughout": ["train.sync_every=1", f"train.epochs={per_epoch * epochs}",
                                   f"evaluation.every={per_epoch}"],
@@ -74,8 +78,9 @@ def trainer_rows(data: Path, name: str, overrides: list[str], scratch: Path, num
     _, rounds = run_job(WORKERS + 1, "configs/mnist_lenet.toml",
                         [f"data.source={data}", *COMMON, *ADADELTA, *overrides], run_dir)
     scored = [r for r in rounds if not math.isnan(float(r["test_accuracy"]))]
+    epoch_steps = sum(math.ceil((end - start) / bench.BATCH) for start, end in block_bounds(num_train, WORKERS))
     return [{"elapsed": float(r["elapsed_seconds"]), "test_accuracy": float(r["test_accuracy"]),
-             "epochs": int(r["steps"]) * bench.BATCH / num_train, "rounds": int(r["round"]) + 1} for r in scored]
+             "epochs": int(r["steps"]) / epoch_steps, "rounds": int(r["round"]) + 1} for r in scored]
 
 
 def plain_rows(data: Path, feed: str, epochs: int) -> list[dict]:
