@@ -50,6 +50,7 @@ class SynchronousEngine(Engine):
         self.recorder.optimizer_states = self.gather_optimizer_states
         if resume is not None:
             self.resume_from(resume)
+        self.warn_inside_warmup()
 
     def resume_from(self, resume: ResumeState) -> None:
         self.pending_states = assign_states(resume.optimizer_states, self.workers)
@@ -64,11 +65,15 @@ class SynchronousEngine(Engine):
         schedule = self.recorder.schedule
         if not schedule.warmup_rounds:
             return super().describe()
-        if self.cfg.train.epochs <= schedule.warmup_rounds:
-            self.log.warning("train.epochs=%d rounds end inside the sync warm-up of %d rounds; it takes "
-                             "train.epochs > %d to train past it", self.cfg.train.epochs, schedule.warmup_rounds,
-                             schedule.warmup_rounds)
         return f"{super().describe()}; sync schedule: {schedule.describe()}"
+
+    def warn_inside_warmup(self) -> None:
+        """``train.epochs`` counts rounds, and a warm-up's rounds are a step each: say when it never ends."""
+        warmup, epochs = self.recorder.schedule.warmup_rounds, self.cfg.train.epochs
+        if 0 < epochs <= warmup:
+            self.log.warning("train.epochs=%d rounds end inside the sync warm-up of %d rounds "
+                             "(train.sync_warmup_epochs=%d); train.epochs > %d trains past it", epochs, warmup,
+                             self.cfg.train.sync_warmup_epochs, warmup)
 
     # -- the rounds -------------------------------------------------------------
     def run_rounds(self) -> StopReason:

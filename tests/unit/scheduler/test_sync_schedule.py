@@ -3,9 +3,13 @@ in one process with real workers (local transport)."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 from local_job import run_local_job
 from test_sync_every import EXACT, replay_synchronous_sgd, scored_rounds, steps_per_round
+
+from mpi_trainer.logs import get_logger
 
 # digits: 1,437 training rows, blocks of 719 and 718; at batch 256 a local epoch is 3 steps,
 # so a warm-up epoch at one step per round is 3 rounds.
@@ -52,3 +56,16 @@ def test_evaluation_every_counts_local_epochs_in_the_warm_up_and_rounds_after(tm
                         evaluation={"every": 2})
     # warm-up: rounds 0-5, epochs end at rounds 2 and 5 (the 2nd is scored); then rounds 6-9: 7, 9
     assert scored_rounds(job) == [5, 7, 9]
+
+
+def test_a_run_that_ends_inside_the_warm_up_is_warned_about_and_the_log_names_the_phases(tmp_path, caplog):
+    logger = get_logger()
+    logger.addHandler(caplog.handler)  # the job's own logger may not propagate to the root
+    caplog.set_level(logging.INFO, logger="mpi_trainer")
+    try:
+        run_local_job(tmp_path, workers=2, train={**WARMUP, "sync_warmup_epochs": 2, "epochs": 2})
+    finally:
+        logger.removeHandler(caplog.handler)
+    text = caplog.text
+    assert "train.epochs=2 rounds end inside the sync warm-up of 6 rounds" in text
+    assert "sync schedule: rounds 0-5 are the warm-up, 1 local step(s) each (3 rounds per local epoch)" in text
