@@ -101,7 +101,27 @@ def _lbfgs_rule(cfg: Config) -> None:
                               f"{why}. Received: {key}={value!r} with model.optimizer='lbfgs'")
 
 
-RULES = (_staleness_rules, _damping_rule, _sync_every_rules, _lbfgs_rule)
+def _evaluation_rule(cfg: Config) -> None:
+    """Workers score the global model between synchronous rounds, when they would otherwise wait."""
+    if cfg.evaluation.where != "workers":
+        return
+    conflicts = {
+        "aggregation.ssp": (cfg.aggregation.ssp > 0, cfg.aggregation.ssp, "0",
+                            "under SSP the workers never wait for the scheduler, so it scores alone"),
+        "debug.async_engine": (cfg.debug.async_engine, cfg.debug.async_engine, "False",
+                               "the SSP engine's workers never wait for the scheduler"),
+        "train.overlap_eval": (cfg.train.overlap_eval, cfg.train.overlap_eval, "False",
+                               "the workers are already training the next round while a round is scored"),
+        "model.optimizer": (cfg.model.uses_lbfgs, cfg.model.optimizer, "anything but 'lbfgs'",
+                            "L-BFGS scores its iterates on the scheduler"),
+    }
+    for key, (conflicts_with, value, expected, why) in conflicts.items():
+        if conflicts_with:
+            raise ConfigError(f"`evaluation.where` = 'workers' cannot be combined with {key}={value!r}: {why}. "
+                              f"Expected {key} = {expected}, or evaluation.where = 'scheduler'")
+
+
+RULES = (_staleness_rules, _damping_rule, _sync_every_rules, _lbfgs_rule, _evaluation_rule)
 
 
 def check_config(cfg: Config) -> None:

@@ -32,6 +32,7 @@ from mpi_trainer.data.sources import Dataset
 from mpi_trainer.persistence.optimizer_state import assign_states
 from mpi_trainer.persistence.resume import ResumeState
 from mpi_trainer.scheduler.engine import Engine
+from mpi_trainer.scheduler.evaluation import WorkerEvaluator
 from mpi_trainer.scheduler.recorder import ClosedRound, Outcome, Retry, StopReason
 
 
@@ -48,6 +49,8 @@ class SynchronousEngine(Engine):
                        if cfg.data.rebalance and cfg.data.placement == "scatter" else None)
         self.moved: dict[int, np.ndarray] = {}
         self.recorder.optimizer_states = self.gather_optimizer_states
+        if cfg.evaluation.where == "workers":
+            self.recorder.evaluator = WorkerEvaluator(cfg, dataset, model, self.codec, link, self.watchdog)
         if resume is not None:
             self.resume_from(resume)
 
@@ -142,11 +145,11 @@ class SynchronousEngine(Engine):
         budgets = None
         if self.cfg.train.max_steps:
             budgets = step_budgets(self.cfg.train.max_steps - self.state.steps, self.full_round_steps())
-        orders = {}
+        orders, held = {}, self.recorder.evaluator.holds(self.weights)
         for worker in self.workers:
             orders[worker] = replace(
                 self.next_order, round=round_index, optimizer_state=worker in self.pending_states,
-                max_steps=None if budgets is None else budgets[worker],
+                max_steps=None if budgets is None else budgets[worker], held_weights=held,
                 blocks=list(self.rebalancer.bounds) if self.rebalancer else None,
                 moved_rows=len(self.moved[worker]) if self.moved else None)
         self.next_order = Order(OrderKind.ROUND)
@@ -173,12 +176,16 @@ class SynchronousEngine(Engine):
             self.link.await_ready(self.watchdog.deadline(started))
         except TimeoutError as exc:
             raise self.timed_out(f"start round {round_index}", exc, self.workers) from None
+        if not self.recorder.evaluator.holds(self.weights):  # else the workers scored them and kept them
+            self.send_weights(round_index)
+        self.observers.span("send", round_index, started)
+        return started
+
+    def send_weights(self, round_index: int) -> None:
         try:
             self.link.broadcast_weights(self.wire.encode(self.weights), self.watchdog.timeout)
         except TimeoutError as exc:
             raise self.timed_out(f"take the weights of round {round_index}", exc, self.workers) from None
-        self.observers.span("send", round_index, started)
-        return started
 
     def send_moved(self, worker: int, round_index: int) -> None:
         """Scatter: the rows that changed owner go to their new worker before it reads its block."""

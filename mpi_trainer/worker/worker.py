@@ -32,7 +32,7 @@ from mpi_trainer.data.placement import HeldRows, WorkerData, peak_rss_mib
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.data.walk import BlockWalk
 from mpi_trainer.logs import get_logger
-from mpi_trainer.models import evaluate_model, rebuild_model
+from mpi_trainer.models import evaluate_model, flat_metric_state, rebuild_model, summed_metric_state
 from mpi_trainer.models.dry_run import dry_run, reset_optimizer
 from mpi_trainer.persistence.optimizer_state import ensure_built, load_state_vector, state_vector
 from mpi_trainer.persistence.resume import worker_seed
@@ -70,7 +70,8 @@ class Worker:
     def run(self) -> None:
         """Serve orders until the scheduler says stop."""
         handlers = {OrderKind.ROUND: self.run_round, OrderKind.UPDATE: self.run_update,
-                    OrderKind.SEND_WEIGHTS: self.send_candidate, OrderKind.SEND_OPTIMIZER: self.send_optimizer}
+                    OrderKind.SEND_WEIGHTS: self.send_candidate, OrderKind.SEND_OPTIMIZER: self.send_optimizer,
+                    OrderKind.EVALUATE: self.evaluate}
         while True:
             order = self.link.recv_order()
             if order.kind == OrderKind.STOP:
@@ -100,8 +101,9 @@ class Worker:
         waited = time.time()
         # "ready": lets the scheduler's watchdog name a rank that stopped before the broadcast.
         self.link.send_ready(order.round)
-        self.link.recv_broadcast(self.arriving)
-        self.wire.decode(self.arriving, self.global_weights)
+        if not order.held_weights:  # else the weights of the last EVALUATE are this round's
+            self.link.recv_broadcast(self.arriving)
+            self.wire.decode(self.arriving, self.global_weights)
         self.phases.add("wait", order.round, waited)
         report, local = self.train_and_report(order.round, order.max_steps)
         elects = self.cfg.aggregation.elects
@@ -119,6 +121,21 @@ class Worker:
         self.phases.add("send", order.round, sending)
         self.log.debug("round %d: loss %.4f acc %.4f in %.2f s on %d samples", order.round,
                        report.train_loss, report.train_accuracy, report.train_seconds, report.samples)
+
+    # -- scoring a shard of the global model (evaluation.where = "workers") ----------------
+    def evaluate(self, order: Order) -> None:
+        """Take the global weights (float32, whatever the wire format), score this worker's shard of the
+        test split (and of the validation split) and add the metrics' summed state to the scheduler's."""
+        started = time.time()
+        self.link.send_ready(order.round)
+        self.link.recv_broadcast(self.global_weights)
+        self.model.set_weights(self.codec.unflatten(self.global_weights))
+        shard, batch = self.data.evaluation, max(256, self.cfg.train.batch_size)
+        state = summed_metric_state(self.model, shard.x_test, shard.y_test, batch)
+        if order.score_validation:
+            state += summed_metric_state(self.model, shard.x_val, shard.y_val, batch)
+        self.link.contribute_metric_state(flat_metric_state(state))
+        self.phases.add("evaluate", order.round, started)
 
     def apply_optimizer_changes(self, order: Order) -> None:
         """Optimizer changes the scheduler asks for before a round (NaN rollback, resume)."""
