@@ -3,6 +3,8 @@ metric state gives the scheduler exactly what one process scoring the whole spli
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from local_job import run_local_job
@@ -86,3 +88,21 @@ def test_a_worker_with_no_rows_to_score_adds_zeros_of_every_metric():
     empty = flat_metric_state(summed_metric_state(model, x[:0], one_hot[:0], 32))
     assert empty.shape == whole.shape and not empty.any()
     assert metrics_from_flat(model, whole + empty) == metrics_from_flat(model, whole)
+
+
+def test_a_worker_that_does_not_score_is_named_by_the_watchdog(tmp_path, monkeypatch):
+    from mpi_trainer.errors import WorkerFailure
+    from mpi_trainer.worker import Worker
+
+    scoring = Worker.evaluate
+
+    def stalled(self, order):
+        if self.rank == 2:
+            time.sleep(6)
+        scoring(self, order)
+
+    monkeypatch.setattr(Worker, "evaluate", stalled)
+    with pytest.raises(WorkerFailure, match=r"worker rank 2 on host \S+ did not score round 0 within "
+                                            r"watchdog.worker_timeout=3 s"):
+        run_local_job(tmp_path / "run", train={"epochs": 2}, evaluation={"where": "workers"},
+                      watchdog={"worker_timeout": 3.0})
