@@ -17,6 +17,11 @@ spin), merges it, and hands fresh work to every idle worker the staleness
 clock admits. A round closes every ``W`` merged updates: then the global model
 is evaluated, logged, checked for early stopping and checkpointed, exactly as a
 synchronous round, which it is at ``s = 0``.
+
+With ``data.rebalance`` every merged update's measured speed goes to the same
+:class:`~mpi_trainer.algorithms.rebalance.Rebalancer` as between synchronous
+rounds; a re-cut reaches each worker with its next ``UPDATE`` order (and,
+under scatter, the rows it lacks follow that order).
 """
 
 from __future__ import annotations
