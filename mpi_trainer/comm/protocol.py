@@ -18,7 +18,8 @@ Under ``evaluation.where = "workers"`` a scored round ends with
 -> reduce_metric_state; the next ROUND order then says ``held_weights`` and
 its broadcast is left out (the workers hold the weights they just scored).
 
-An SSP update: ``send_order(UPDATE)`` and ``send_weights`` to one worker; its
+An SSP update: ``send_order(UPDATE)``, [``send_rows`` after a re-cut under
+scatter] and ``send_weights`` to one worker; its
 ``recv_report`` and ``recv_weights`` come back when it is done. At the end of
 a run: ``send_order(SEND_OPTIMIZER)`` / ``recv_state`` for the checkpoint, then
 ``send_order(STOP)``. Reports always travel before weights, so a scheduler
@@ -75,13 +76,14 @@ class Order:
 
     ``round``: the synchronous round (ROUND). ``clock``/``version``: the SSP
     update's clock (the round its data follows) and the global version it
-    starts from (UPDATE). With ROUND: ``blocks`` (every worker's ``[start, end)``
-    after a re-cut), ``moved_rows`` (under scatter, that many rows follow the
-    order), ``learning_rate``, ``reset_optimizer`` (after a NaN rollback),
-    ``optimizer_state`` (a resumed state follows the order), ``max_steps`` (the
-    last, partial round under ``train.max_steps``), ``held_weights`` (no broadcast:
-    the round starts from the weights of the last EVALUATE). With EVALUATE:
-    ``round`` and ``score_validation`` (add the validation shard's state).
+    starts from (UPDATE). With ROUND, and with UPDATE after a re-cut: ``blocks``
+    (every worker's ``[start, end)``), ``moved_rows`` (under scatter, that many
+    rows follow the order). With ROUND: ``learning_rate``, ``reset_optimizer``
+    (after a NaN rollback), ``optimizer_state`` (a resumed state follows the
+    order), ``max_steps`` (the last, partial round under ``train.max_steps``),
+    ``held_weights`` (no broadcast: the round starts from the weights of the
+    last EVALUATE). With EVALUATE: ``round`` and ``score_validation`` (add the
+    validation shard's state).
     """
 
     kind: OrderKind
@@ -119,6 +121,9 @@ class Report:
     weights_finite: bool = True
     # (phase, round, start, end) in time.time() seconds since the last report, for log.timeline
     phases: list[tuple[str, int, float, float]] = field(default_factory=list)
+    # samples per second over the round's steady training steps (rebalancing reads it); None: none timed
+    step_rate: float | None = None
+    timed_steps: int = 0
 
 
 @dataclass

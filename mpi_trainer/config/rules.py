@@ -25,12 +25,6 @@ def _staleness_rules(cfg: Config) -> None:
         raise ConfigError("`train.nan_policy` = 'rollback' re-runs a synchronous round and needs "
                           f"aggregation.ssp = 0 (under SSP use 'stop'). Received: train.nan_policy='rollback' "
                           f"with aggregation.ssp={ssp}")
-    if cfg.data.rebalance and ssp > 0:
-        raise ConfigError("`data.rebalance` re-cuts blocks between synchronous rounds and needs "
-                          f"aggregation.ssp = 0. Received: data.rebalance=True with aggregation.ssp={ssp}")
-    if cfg.data.rebalance and cfg.debug.async_engine:
-        raise ConfigError("`data.rebalance` re-cuts blocks between synchronous rounds, which the SSP engine "
-                          "does not run. Received: data.rebalance=True with debug.async_engine=True")
 
 
 def _damping_rule(cfg: Config) -> None:

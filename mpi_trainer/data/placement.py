@@ -226,11 +226,16 @@ class ScatterLedger:
 
     def recut(self, plan: Any, start_round: int) -> dict[int, np.ndarray]:
         """The positions each worker must receive to train on ``plan``'s blocks from ``start_round`` on."""
-        moved = {}
-        for rank, held in self.held.items():
-            needed = rows_needed(plan, rank, self.cfg, start_round)
-            moved[rank] = np.setdiff1d(needed, held, assume_unique=True)
-            self.held[rank] = needed
+        return {rank: self.hand_over(plan, rank, start_round) for rank in list(self.held)}
+
+    def hand_over(self, plan: Any, rank: int, start_round: int) -> np.ndarray:
+        """The positions worker ``rank`` must receive to train on ``plan``'s blocks from ``start_round`` on.
+
+        Under SSP each worker takes a re-cut with its own next update, at its own clock.
+        """
+        needed = rows_needed(plan, rank, self.cfg, start_round)
+        moved = np.setdiff1d(needed, self.held[rank], assume_unique=True)
+        self.held[rank] = needed
         return moved
 
 

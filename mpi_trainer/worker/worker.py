@@ -39,6 +39,7 @@ from mpi_trainer.persistence.resume import worker_seed
 from mpi_trainer.reporting.progress import with_batch_progress
 from mpi_trainer.reporting.timeline import PhaseLog
 from mpi_trainer.worker.slowdown import make_slowdown
+from mpi_trainer.worker.step_timer import StepTimer
 
 
 class Worker:
@@ -62,6 +63,7 @@ class Worker:
         self.data = data if data is not None else WorkerData(dataset.train, plan, self.rank, cfg)
         self.x, self.y = self.data.fixed_x, self.data.fixed_y
         self.slowdown = make_slowdown(cfg.debug, self.rank)
+        self.step_timer = StepTimer(cfg.train.batch_size)  # the speed that rebalancing cuts blocks by
         self.shuffle_rng = np.random.default_rng(worker_seed(cfg.train.seed, self.rank, plan.start_round))
         self.walk = BlockWalk(self.shuffle_rng)  # k-step rounds; a resumed run starts a fresh walk
         self.nan_injected = False
@@ -155,15 +157,17 @@ class Worker:
         """
         if order.blocks is None:
             return
+        when = order.round if order.kind == OrderKind.ROUND else order.clock  # an SSP update's data follows its clock
         if order.moved_rows is not None:
             rows = self.link.recv_rows()
-            self.data.take_rows(HeldRows(rows.positions, rows.x, rows.y), order.blocks, order.round)
+            self.data.take_rows(HeldRows(rows.positions, rows.x, rows.y), order.blocks, when)
         if self.data.set_blocks(order.blocks):
-            self.log.debug("round %d: block now [%d, %d)", order.round, *order.blocks[self.rank - 1])
+            self.log.debug("round %d: block now [%d, %d)", when, *order.blocks[self.rank - 1])
 
     # -- an SSP update --------------------------------------------------------------
     def run_update(self, order: Order) -> None:
         """SSP: receive the current global weights, train once, send the report and the weights back."""
+        self.follow_blocks(order)
         self.link.take_bytes()
         waited = time.time()
         self.link.recv_weights(self.arriving)
@@ -194,6 +198,8 @@ class Worker:
         report = Report(self.rank, round_index, len(self.x), loss, metrics.get("accuracy", math.nan),
                         train_seconds, steps=steps, weights_finite=bool(np.isfinite(local).all()),
                         train_metrics=metrics)
+        if not stepping and steps:  # k-step rounds are not timed: rebalancing is refused with them
+            report.step_rate, report.timed_steps = self.step_timer.finish_round()
         return report, local
 
     def train_once(self, max_steps: int | None = None) -> tuple[dict[str, Any], float, int]:
@@ -209,6 +215,8 @@ class Worker:
         started = time.perf_counter()
         callbacks = [self.slowdown] if self.slowdown is not None else None
         callbacks = with_batch_progress(callbacks, self.cfg.log.verbosity, steps_per_round(len(x), batch))
+        self.step_timer.start_round(len(x))
+        callbacks = [*(callbacks or []), self.step_timer.callback()]  # last: it times the slowdown's pause too
         history = self.model.fit(**fit_arguments(x, y, batch, self.shuffle_rng), epochs=1, verbose=0,
                                  callbacks=callbacks)
         metrics = {k: float(v[-1]) for k, v in history.history.items()}
