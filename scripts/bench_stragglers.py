@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Straggler benchmark: one worker slowed down, BSP vs SSP (s = 1, 2) vs rebalancing.
+"""Straggler benchmark: one worker slowed down, BSP vs SSP (s = 1, 2) vs rebalancing (BSP and SSP s = 2).
 
-Runs the same job four times one after the other on this machine, with
+Runs the same job six times one after the other on this machine, with
 worker ``--slow-rank`` trained ``--factor`` times slower (``debug.slow_ranks``
 / ``debug.slow_factor``). BSP runs ``--epochs`` rounds and sets the target:
 its final test accuracy minus ``--tolerance`` (0.5 percentage points). The
@@ -9,7 +9,9 @@ other runs get up to twice the rounds and are ended as soon as they reach the
 target. For each run it prints the wall time to reach the target (in total,
 and counted after round 0, which is dominated by one-time graph tracing),
 those times as ratios of BSP's, the mean straggler idle fraction of rounds
->= 2 and the largest staleness seen. ``--write FILE`` puts the table and the command in FILE
+>= 2, the largest staleness seen and the last round's blocks. Rebalancing
+re-cuts from the workers' per-step speed (``Report.step_rate``), so blocks
+change from round 1 on. ``--write FILE`` puts the table and the command in FILE
 under ``## Stragglers``, in a subsection named after the command: an earlier run of the same
 command is replaced, the rest of the section is kept.
 
@@ -20,6 +22,11 @@ work, ``debug.batch_delay``), so that on a small, busy machine the figures
 measure scheduling rather than CPU contention; ``--batch-delay 0 --model lenet``
 measures real compute. ``--hog`` replaces the sleep-based slowdown by a real one: a busy-looping
 process pinned with ``taskset`` to ``--hog-core``, with the ranks bound to cores.
+
+Data: ``--source`` is a built-in name or a file; ``digits28`` writes scikit-learn's digits
+upsampled to 28x28 (1,437 training images, as ``scripts/bench.py`` does) for LeNet when no MNIST
+file is at hand, and ``--train-rows N`` keeps the first N training rows of a Keras-layout
+``.npz`` (e.g. 5,000 of MNIST's).
 """
 
 from __future__ import annotations
@@ -73,6 +80,9 @@ class Outcome:
     def max_staleness(self) -> int:
         return max(int(r["max_staleness"]) for r in self.rows)
 
+    def last_blocks(self) -> str:
+        return self.rows[-1]["block_sizes"]
+
 
 def variants() -> list[Variant]:
     return [
@@ -82,6 +92,7 @@ def variants() -> list[Variant]:
         Variant("BSP + rebalance", ["aggregation.ssp=0", "data.rebalance=true"]),
         Variant("BSP + rebalance + overlap_eval",
                 ["aggregation.ssp=0", "data.rebalance=true", "train.overlap_eval=true"]),
+        Variant("SSP s=2 + rebalance", ["aggregation.ssp=2", "data.rebalance=true"]),
     ]
 
 
@@ -89,7 +100,10 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="configs/quickstart.toml")
     parser.add_argument("--model", default="mlp")
-    parser.add_argument("--source", default="digits")
+    parser.add_argument("--source", default="digits",
+                        help="a built-in name, a data file, or digits28 (digits upsampled to 28x28, for lenet)")
+    parser.add_argument("--train-rows", type=int, default=0,
+                        help="keep the first N training rows of a Keras-layout .npz source (0 = all)")
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--test-size", type=float, default=0.2)
     parser.add_argument("--batch-delay", type=float, default=None,
@@ -204,12 +218,13 @@ def table(outcomes: list[Outcome], target: float) -> str:
     total_ref = outcomes[0].time_to(target)
     warm_ref = outcomes[0].time_to(target, after_warm_up=True)
     lines = ["| run | rounds run | last acc | s to target | ratio | s to target after round 0 | ratio "
-             "| idle fraction | max staleness |", "|---|---|---|---|---|---|---|---|---|"]
+             "| idle fraction | max staleness | last blocks |", "|---|---|---|---|---|---|---|---|---|---|"]
     for outcome in outcomes:
         total, warm = outcome.time_to(target), outcome.time_to(target, after_warm_up=True)
         lines.append(f"| {outcome.label} | {len(outcome.rows)} | {outcome.accuracies()[-1]:.4f} | "
                      f"{seconds(total)} | {ratio(total, total_ref)} | {seconds(warm)} | "
-                     f"{ratio(warm, warm_ref)} | {outcome.idle_fraction():.3f} | {outcome.max_staleness()} |")
+                     f"{ratio(warm, warm_ref)} | {outcome.idle_fraction():.3f} | {outcome.max_staleness()} | "
+                     f"`{outcome.last_blocks()}` |")
     return "\n".join(lines)
 
 
@@ -235,14 +250,33 @@ def write_section(path: Path, heading: str, body: str) -> None:
     path.write_text(head + SECTION + section.rstrip("\n") + "\n" + ("\n" + tail if tail else ""))
 
 
+def prepare_source(args: argparse.Namespace, folder: Path) -> None:
+    """Write the data file that ``--source digits28`` or ``--train-rows`` asks for; point ``args.source`` at it."""
+    import numpy as np
+
+    if args.source == "digits28":
+        sys.path.insert(0, str(ROOT / "scripts"))
+        from bench import digits_28
+
+        args.source = str(digits_28(folder / "digits28.npz"))
+    if args.train_rows:
+        with np.load(args.source) as data:
+            arrays = {key: data[key] for key in ("x_train", "y_train", "x_test", "y_test")}
+        arrays["x_train"], arrays["y_train"] = arrays["x_train"][:args.train_rows], arrays["y_train"][:args.train_rows]
+        args.source = str(folder / f"train{args.train_rows}.npz")
+        np.savez(args.source, **arrays)
+
+
 def main() -> int:
     args = parse_args()
+    shown_source = args.source + (f" (first {args.train_rows} training rows)" if args.train_rows else "")
     hog = None
     if args.hog:
         hog = start_hog(args.hog_core)
     try:
         with tempfile.TemporaryDirectory(prefix="bench_stragglers_") as tmp:
             base = Path(args.keep) if args.keep else Path(tmp)
+            prepare_source(args, Path(tmp))
             bsp, *others = variants()
             outcomes = [run_variant(args, bsp, base / "run0")]
             target = outcomes[0].accuracies()[-1] - args.tolerance
@@ -256,12 +290,12 @@ def main() -> int:
     work = (f"{args.batch_delay * 1000:g} ms of simulated work per batch (debug.batch_delay) on every worker"
             if args.batch_delay > 0 else "real compute only")
     heading = (f"{args.workers} workers, rank {args.slow_rank} slowed by {slowdown}; {args.model} on "
-               f"{args.source}, batch size {args.batch_size}, learning rate {args.learning_rate:g}, {work}, "
+               f"{shown_source}, batch size {args.batch_size}, learning rate {args.learning_rate:g}, {work}, "
                f"{args.method} aggregation; "
                f"BSP runs {args.epochs} rounds, the others up "
                f"to {2 * args.epochs}, ended once they reach the target = BSP final accuracy - "
                f"{args.tolerance * 100:g} pp = {target:.4f}; idle fraction = mean over rounds >= 2 "
-               f"(round 0 traces graphs, rebalancing first acts in round 2)")
+               f"(round 0 traces graphs; rebalancing re-cuts from round 0's step rates, so blocks change from round 1)")
     result = table(outcomes, target)
     print(heading)
     print(result)

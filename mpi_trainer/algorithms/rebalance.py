@@ -1,8 +1,11 @@
-"""Dynamic block rebalancing: re-cut worker blocks in proportion to measured throughput.
+"""Dynamic block rebalancing: re-cut worker blocks in proportion to measured speed.
 
-Pure Python, driven by the scheduler between synchronous rounds. Each round a
-worker's throughput is its block size over its train time. Two filters keep
-noise from moving the blocks:
+Pure Python, driven by the scheduler: between synchronous rounds, or under SSP
+after every merged update. A worker's speed is, when its report carries one,
+the rate of its steady training steps (samples per second, measured by the
+worker without its first steps' tracing: :mod:`mpi_trainer.worker.step_timer`);
+otherwise its block size over its train time. Two filters keep noise from
+moving the blocks:
 
 * the median of the worker's last ``WINDOW`` measurements, so that one round
   in which a worker stalled (another job took its core, the OS swapped) is
@@ -12,9 +15,11 @@ noise from moving the blocks:
 
 Blocks are only re-cut when some block would change by more than ``DEADBAND``
 of its size, so that they settle instead of shifting by a few samples every
-round. A worker's first round is not measured: it includes one-time set-up
-(graph tracing) that says nothing about its speed. The blocks always stay
-contiguous, non-empty and cover the training set exactly once.
+round. A step rate timed over at least ``MIN_TIMED_STEPS`` steps counts from
+the worker's first round, so the blocks can change from round 1 on. Without
+one, a worker's first round is not measured: its train time includes one-time
+set-up (graph tracing) that says nothing about its speed. The blocks always
+stay contiguous, non-empty and cover the training set exactly once.
 """
 
 from __future__ import annotations
@@ -22,9 +27,22 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 DEADBAND = 0.02
 WINDOW = 3
+MIN_TIMED_STEPS = 5
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One training call of one worker: its samples and seconds, and its step rate when it timed steps."""
+
+    samples: int
+    seconds: float
+    step_rate: float | None = None
+    timed_steps: int = 0
 
 
 def proportional_sizes(total: int, weights: Sequence[float]) -> list[int]:
@@ -51,6 +69,11 @@ def bounds_from_sizes(sizes: Sequence[int]) -> list[tuple[int, int]]:
     return bounds
 
 
+def measured(report: Any) -> Measurement:
+    """What a worker's report (:class:`~mpi_trainer.comm.protocol.Report`) says about its speed."""
+    return Measurement(report.samples, report.train_seconds, report.step_rate, report.timed_steps)
+
+
 class Rebalancer:
     """Smoothed per-worker throughput and the block plan it implies."""
 
@@ -67,17 +90,28 @@ class Rebalancer:
     def total(self) -> int:
         return self.bounds[-1][1] - self.bounds[0][0]
 
-    def observe(self, index: int, samples: int, train_seconds: float) -> None:
-        """Fold one round's measurement for block ``index`` into its smoothed throughput."""
-        if not self.warmed_up[index]:
-            self.warmed_up[index] = True
+    def observe(self, index: int, measurement: Measurement) -> None:
+        """Fold one measurement for block ``index`` into its smoothed throughput."""
+        rate = self.rate_of(index, measurement)
+        if rate is None:
             return
-        if samples <= 0 or train_seconds <= 0:
-            return
-        self.recent[index].append(samples / train_seconds)
+        self.recent[index].append(rate)
         rate = statistics.median(self.recent[index])
         old = self.throughput[index]
         self.throughput[index] = rate if old is None else self.smoothing * rate + (1 - self.smoothing) * old
+
+    def rate_of(self, index: int, measurement: Measurement) -> float | None:
+        """Samples per second: the step rate when timed over enough steps, else the whole call's.
+
+        A step rate leaves tracing out, so it counts from the first round; the
+        whole call's rate does not, so a worker's first one is skipped.
+        """
+        warmed_up, self.warmed_up[index] = self.warmed_up[index], True
+        if measurement.step_rate is not None and measurement.timed_steps >= MIN_TIMED_STEPS:
+            return measurement.step_rate if measurement.step_rate > 0 else None
+        if not warmed_up or measurement.samples <= 0 or measurement.seconds <= 0:
+            return None
+        return measurement.samples / measurement.seconds
 
     def propose(self) -> list[tuple[int, int]]:
         """The next round's bounds; unchanged until every worker has been measured."""
@@ -89,10 +123,18 @@ class Rebalancer:
             return list(self.bounds)
         return bounds_from_sizes(sizes)
 
-    def update(self, measurements: Mapping[int, tuple[int, float]]) -> bool:
-        """Observe ``{block index: (samples, train_seconds)}``; returns True when the blocks changed."""
-        for index, (samples, seconds) in sorted(measurements.items()):
-            self.observe(index, samples, seconds)
+    def describe(self, workers: Sequence[int]) -> str:
+        """For the log: the smoothed rates and the block sizes, e.g. ``(1200, 600 samples/s): rank 1: 862, ...``."""
+        rates = ", ".join(f"{rate:.0f}" for rate in self.throughput if rate is not None)
+        sizes = ", ".join(f"rank {w}: {end - start}" for w, (start, end) in zip(workers, self.bounds))
+        return f"({rates} samples/s): {sizes}"
+
+    def update(self, measurements: Mapping[int, Measurement | tuple[int, float]]) -> bool:
+        """Observe ``{block index: measurement}`` (or ``(samples, seconds)``); True when the blocks changed."""
+        for index, measurement in sorted(measurements.items()):
+            if not isinstance(measurement, Measurement):
+                measurement = Measurement(*measurement)
+            self.observe(index, measurement)
         proposed = self.propose()
         changed = proposed != self.bounds
         self.bounds = proposed

@@ -13,7 +13,13 @@ A synchronous round, as the scheduler sees it::
     -> broadcast_weights -> recv_report (every worker)
     -> reduce_weights (average, weighted) | request_weights(winner) (best)
 
-An SSP update: ``send_order(UPDATE)`` and ``send_weights`` to one worker; its
+Under ``evaluation.where = "workers"`` a scored round ends with
+``send_order(EVALUATE)`` to every worker -> await_ready -> broadcast_weights
+-> reduce_metric_state; the next ROUND order then says ``held_weights`` and
+its broadcast is left out (the workers hold the weights they just scored).
+
+An SSP update: ``send_order(UPDATE)``, [``send_rows`` after a re-cut under
+scatter] and ``send_weights`` to one worker; its
 ``recv_report`` and ``recv_weights`` come back when it is done. At the end of
 a run: ``send_order(SEND_OPTIMIZER)`` / ``recv_state`` for the checkpoint, then
 ``send_order(STOP)``. Reports always travel before weights, so a scheduler
@@ -44,6 +50,7 @@ class OrderKind(str, Enum):
     UPDATE = "update"  # SSP: take the weights point to point, train once, send report and weights back
     SEND_WEIGHTS = "send_weights"  # best-of: the elected worker sends its candidate
     SEND_OPTIMIZER = "send_optimizer"  # the checkpoint wants the worker's optimizer state
+    EVALUATE = "evaluate"  # evaluation.where = "workers": take the broadcast, score a shard, add its metric state
     STOP = "stop"
 
     __str__ = str.__str__
@@ -69,11 +76,14 @@ class Order:
 
     ``round``: the synchronous round (ROUND). ``clock``/``version``: the SSP
     update's clock (the round its data follows) and the global version it
-    starts from (UPDATE). With ROUND: ``blocks`` (every worker's ``[start, end)``
-    after a re-cut), ``moved_rows`` (under scatter, that many rows follow the
-    order), ``learning_rate``, ``reset_optimizer`` (after a NaN rollback),
-    ``optimizer_state`` (a resumed state follows the order), ``max_steps`` (the
-    last, partial round under ``train.max_steps``).
+    starts from (UPDATE). With ROUND, and with UPDATE after a re-cut: ``blocks``
+    (every worker's ``[start, end)``), ``moved_rows`` (under scatter, that many
+    rows follow the order). With ROUND: ``learning_rate``, ``reset_optimizer``
+    (after a NaN rollback), ``optimizer_state`` (a resumed state follows the
+    order), ``max_steps`` (the last, partial round under ``train.max_steps``),
+    ``held_weights`` (no broadcast: the round starts from the weights of the
+    last EVALUATE). With EVALUATE: ``round`` and ``score_validation`` (add the
+    validation shard's state).
     """
 
     kind: OrderKind
@@ -86,6 +96,8 @@ class Order:
     reset_optimizer: bool = False
     optimizer_state: bool = False
     max_steps: int | None = None
+    held_weights: bool = False
+    score_validation: bool = False
 
 
 @dataclass
@@ -109,6 +121,9 @@ class Report:
     weights_finite: bool = True
     # (phase, round, start, end) in time.time() seconds since the last report, for log.timeline
     phases: list[tuple[str, int, float, float]] = field(default_factory=list)
+    # samples per second over the round's steady training steps (rebalancing reads it); None: none timed
+    step_rate: float | None = None
+    timed_steps: int = 0
 
 
 @dataclass
@@ -161,6 +176,10 @@ class SchedulerLink:
 
     def reduce_weights(self, out: np.ndarray, timeout: float | None) -> None:
         """The sum of the workers' scaled weights, into ``out`` (zeros on entry)."""
+        self.transport.reduce_sum(out, timeout=timeout)
+
+    def reduce_metric_state(self, out: np.ndarray, timeout: float | None) -> None:
+        """The sum of the workers' metric states (float64, zeros on entry), after an EVALUATE."""
         self.transport.reduce_sum(out, timeout=timeout)
 
     def gather_weights(self, rows: np.ndarray, timeout: float | None) -> None:
@@ -250,6 +269,10 @@ class WorkerLink:
             self.transport.gather(scaled)
         else:
             self.transport.reduce_sum(scaled)
+
+    def contribute_metric_state(self, state: np.ndarray) -> None:
+        """This worker's metric state (float64) into the scheduler's sum."""
+        self.transport.reduce_sum(state)
 
     def send_weights(self, weights: np.ndarray) -> None:
         self.transport.send_array(weights, 0, _TAG_WEIGHTS)

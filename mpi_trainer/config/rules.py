@@ -25,12 +25,6 @@ def _staleness_rules(cfg: Config) -> None:
         raise ConfigError("`train.nan_policy` = 'rollback' re-runs a synchronous round and needs "
                           f"aggregation.ssp = 0 (under SSP use 'stop'). Received: train.nan_policy='rollback' "
                           f"with aggregation.ssp={ssp}")
-    if cfg.data.rebalance and ssp > 0:
-        raise ConfigError("`data.rebalance` re-cuts blocks between synchronous rounds and needs "
-                          f"aggregation.ssp = 0. Received: data.rebalance=True with aggregation.ssp={ssp}")
-    if cfg.data.rebalance and cfg.debug.async_engine:
-        raise ConfigError("`data.rebalance` re-cuts blocks between synchronous rounds, which the SSP engine "
-                          "does not run. Received: data.rebalance=True with debug.async_engine=True")
 
 
 def _damping_rule(cfg: Config) -> None:
@@ -133,7 +127,27 @@ def _lbfgs_rule(cfg: Config) -> None:
                               f"{why}. Received: {key}={value!r} with model.optimizer='lbfgs'")
 
 
-RULES = (_staleness_rules, _damping_rule, _sync_every_rules, _warmup_rules, _lbfgs_rule)
+def _evaluation_rule(cfg: Config) -> None:
+    """Workers score the global model between synchronous rounds, when they would otherwise wait."""
+    if cfg.evaluation.where != "workers":
+        return
+    conflicts = {
+        "aggregation.ssp": (cfg.aggregation.ssp > 0, cfg.aggregation.ssp, "0",
+                            "under SSP the workers never wait for the scheduler, so it scores alone"),
+        "debug.async_engine": (cfg.debug.async_engine, cfg.debug.async_engine, "False",
+                               "the SSP engine's workers never wait for the scheduler"),
+        "train.overlap_eval": (cfg.train.overlap_eval, cfg.train.overlap_eval, "False",
+                               "the workers are already training the next round while a round is scored"),
+        "model.optimizer": (cfg.model.uses_lbfgs, cfg.model.optimizer, "anything but 'lbfgs'",
+                            "L-BFGS scores its iterates on the scheduler"),
+    }
+    for key, (conflicts_with, value, expected, why) in conflicts.items():
+        if conflicts_with:
+            raise ConfigError(f"`evaluation.where` = 'workers' cannot be combined with {key}={value!r}: {why}. "
+                              f"Expected {key} = {expected}, or evaluation.where = 'scheduler'")
+
+
+RULES = (_staleness_rules, _damping_rule, _sync_every_rules, _warmup_rules, _lbfgs_rule, _evaluation_rule)
 
 
 def check_config(cfg: Config) -> None:

@@ -38,6 +38,7 @@ OUTPUT_ACTIVATIONS = ("softmax", "sigmoid", "linear")
 NAN_POLICIES = ("stop", "rollback")
 MONITOR_PATTERN = re.compile(r"(test|val)_[A-Za-z0-9_]+")
 MONITOR_MODES = ("auto", "min", "max")
+EVALUATION_PLACES = ("scheduler", "workers")
 DEFAULT_MONITOR = "test_accuracy"
 # Held out for validation when best-of election or a val_* monitor needs it and data.validation_size is 0.
 DEFAULT_VALIDATION_SIZE = 0.1
@@ -264,7 +265,7 @@ class EarlyStoppingConfig(_Section):
 
 @dataclass
 class EvaluationConfig(_Section):
-    """How often the scheduler scores the global model on the test split.
+    """How often the global model is scored on the test split, and by whom.
 
     At small ``train.sync_every`` a round is a few steps, and scoring every round
     would cost more than the training; ``every = n`` scores every n-th round
@@ -274,9 +275,13 @@ class EvaluationConfig(_Section):
 
     prefix: ClassVar[str] = "evaluation"
     every: int = 1
+    # "workers": each worker scores its shard of the test (and validation) split and the metric
+    # states are summed, so the scheduler does not score alone while the workers wait.
+    where: str = "scheduler"
 
     def __post_init__(self) -> None:
         self._positive("every")
+        self._choice("where", EVALUATION_PLACES)
 
 
 @dataclass

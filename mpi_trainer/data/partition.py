@@ -21,6 +21,11 @@ def block_bounds(num_samples: int, workers: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def shard(rows: int, index: int, count: int) -> slice:
+    """Part ``index`` of ``count`` contiguous, near-equal parts of ``rows`` rows (empty when rows < count)."""
+    return slice(rows * index // count, rows * (index + 1) // count)
+
+
 def shuffled_order(num_samples: int, seed: int) -> np.ndarray:
     """The one shuffle of the training set; every rank derives the same one from the seed."""
     return np.random.default_rng(seed).permutation(num_samples)

@@ -26,7 +26,7 @@ import numpy as np
 from mpi_trainer.config import Config
 from mpi_trainer.data.augmentation import augment, build_augmenter
 from mpi_trainer.data.increment import draw_extra, positions_needed, round_samples, share_line
-from mpi_trainer.data.partition import shuffled_order
+from mpi_trainer.data.partition import shard, shuffled_order
 from mpi_trainer.data.sources import Dataset, validation_only
 from mpi_trainer.logs import get_logger
 
@@ -58,6 +58,27 @@ class HeldRows:
         pooled = HeldRows(positions[order], np.concatenate([self.x[mine], arrived.x])[order],
                           np.concatenate([self.y[mine], arrived.y])[order])
         return HeldRows(np.asarray(keep), *pooled.read(keep))
+
+
+@dataclass
+class EvalShard:
+    """The rows a worker scores under ``evaluation.where = "workers"``: its parts of the test and
+    validation splits (part ``rank - 1`` of ``workers``; possibly empty)."""
+
+    x_test: np.ndarray
+    y_test: np.ndarray
+    x_val: np.ndarray
+    y_val: np.ndarray
+
+
+def evaluation_arrays(dataset: Dataset, rank: int, workers: int) -> list[np.ndarray]:
+    """Worker ``rank``'s part of the test split and of the validation split, as cut from a full dataset."""
+    test, val = shard(len(dataset.y_test), rank - 1, workers), shard(len(dataset.y_val), rank - 1, workers)
+    return [dataset.x_test[test], dataset.y_test[test], dataset.x_val[val], dataset.y_val[val]]
+
+
+def _scores_on_workers(cfg: Config) -> bool:
+    return cfg.evaluation.where == "workers"
 
 
 def block_positions(num_train: int, shuffle_seed: int, bounds: tuple[int, int]) -> np.ndarray:
@@ -107,6 +128,7 @@ class WorkerData:
         self.fixed = fixed_positions(plan, rank)
         self.fixed_x, self.fixed_y = source.read(self.fixed)
         self.augmenter = build_augmenter(cfg.data.augmentation, cfg.train.seed + rank)
+        self.evaluation: EvalShard | None = None  # set by place_data under evaluation.where = "workers"
         get_logger().debug("worker rank %d: block of %d rows in memory (%.1f MiB), peak RSS %.1f MiB",
                            rank, len(self.fixed), self.fixed_x.nbytes / 2**20, peak_rss_mib())
 
@@ -165,22 +187,28 @@ def scatter_rows(link: Any, cfg: Config, dataset: Dataset, plan: Any) -> None:
         arrays = [positions, x, y]
         if _sends_validation(cfg):
             arrays += [dataset.x_val, dataset.y_val]
+        if _scores_on_workers(cfg):
+            arrays += evaluation_arrays(dataset, rank, len(link.workers))
         meta = (dataset.name, dataset.input_shape, dataset.num_outputs, dataset.classes, dataset.y_test[:0])
         link.send_split(rank, meta, arrays)
         get_logger().info("scatter: sent worker rank %d %d training rows%s (%.2f MB)", rank, len(positions),
-                          " and the validation split" if _sends_validation(cfg) else "",
+                          (" and the validation split" if _sends_validation(cfg) else "")
+                          + (" and its evaluation shard" if _scores_on_workers(cfg) else ""),
                           sum(a.nbytes for a in arrays) / 1e6)
 
 
-def receive_rows(link: Any, cfg: Config) -> tuple[HeldRows, Dataset]:
-    (name, input_shape, num_outputs, classes, no_labels), arrays = link.recv_split(
-        5 if _sends_validation(cfg) else 3)
+def receive_rows(link: Any, cfg: Config) -> tuple[HeldRows, Dataset, EvalShard | None]:
+    """A worker's side of ``scatter``: its rows, a validation-only dataset, and its evaluation shard."""
+    count = 3 + 2 * _sends_validation(cfg) + 4 * _scores_on_workers(cfg)
+    (name, input_shape, num_outputs, classes, no_labels), arrays = link.recv_split(count)
     positions, x, y = arrays[:3]
     if _sends_validation(cfg):
-        x_val, y_val = arrays[3:]
+        x_val, y_val = arrays[3:5]
     else:
         x_val, y_val = np.empty((0, *input_shape), np.float32), no_labels
-    return HeldRows(positions, x, y), validation_only(name, x_val, y_val, input_shape, num_outputs, classes)
+    evaluation = EvalShard(*arrays[-4:]) if _scores_on_workers(cfg) else None
+    dataset = validation_only(name, x_val, y_val, input_shape, num_outputs, classes)
+    return HeldRows(positions, x, y), dataset, evaluation
 
 
 class ScatterLedger:
@@ -198,11 +226,16 @@ class ScatterLedger:
 
     def recut(self, plan: Any, start_round: int) -> dict[int, np.ndarray]:
         """The positions each worker must receive to train on ``plan``'s blocks from ``start_round`` on."""
-        moved = {}
-        for rank, held in self.held.items():
-            needed = rows_needed(plan, rank, self.cfg, start_round)
-            moved[rank] = np.setdiff1d(needed, held, assume_unique=True)
-            self.held[rank] = needed
+        return {rank: self.hand_over(plan, rank, start_round) for rank in list(self.held)}
+
+    def hand_over(self, plan: Any, rank: int, start_round: int) -> np.ndarray:
+        """The positions worker ``rank`` must receive to train on ``plan``'s blocks from ``start_round`` on.
+
+        Under SSP each worker takes a re-cut with its own next update, at its own clock.
+        """
+        needed = rows_needed(plan, rank, self.cfg, start_round)
+        moved = np.setdiff1d(needed, self.held[rank], assume_unique=True)
+        self.held[rank] = needed
         return moved
 
 
@@ -226,6 +259,25 @@ def place_data(link: Any, rank: int, cfg: Config, dataset: Dataset | None,
             scatter_rows(link, cfg, dataset, plan)
         return None, dataset
     if scatter:
-        held, dataset = receive_rows(link, cfg)
-        return WorkerData(held, plan, rank, cfg), dataset
-    return WorkerData(dataset.train, plan, rank, cfg), dataset
+        held, dataset, evaluation = receive_rows(link, cfg)
+        data = WorkerData(held, plan, rank, cfg)
+    else:
+        data = WorkerData(dataset.train, plan, rank, cfg)
+        evaluation = own_shard(dataset, rank, link.workers) if _scores_on_workers(cfg) else None
+    data.evaluation = evaluation
+    return data, dataset
+
+
+def own_shard(dataset: Dataset, rank: int, workers: int) -> EvalShard:
+    """Shared placement: the worker's parts of the splits it read.
+
+    A job's worker read only its part of the test split (``load_dataset_for_rank``)
+    and the validation split whole (best-of scores candidates on it).
+    """
+    if dataset.test_part is None:
+        return EvalShard(*evaluation_arrays(dataset, rank, workers))
+    if dataset.test_part != (rank - 1, workers):
+        raise ValueError(f"worker rank {rank} holds part {dataset.test_part} of the test split, "
+                         f"expected part {(rank - 1, workers)}")
+    val = shard(len(dataset.y_val), rank - 1, workers)
+    return EvalShard(dataset.x_test, dataset.y_test, dataset.x_val[val], dataset.y_val[val])

@@ -20,6 +20,7 @@ import numpy as np
 from mpi_trainer.config import DataConfig
 from mpi_trainer.config.schema import ARRAYS_SOURCE
 from mpi_trainer.data.readers import TABULAR_BUILTINS, RawArrays, read_file, read_npz, read_rows, read_sklearn
+from mpi_trainer.data.partition import shard
 from mpi_trainer.errors import DataError
 
 KERAS_BUILTINS = {
@@ -137,6 +138,8 @@ class Dataset:
     input_shape: tuple[int, ...]
     class_names: list[str] | None = None
     classes: bool = True
+    # (index, count): the test arrays hold only part ``index`` of ``count`` of the test split
+    test_part: tuple[int, int] | None = None
     _train_cache: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
     @property
@@ -274,13 +277,21 @@ def _check_same_rows(raw: RawArrays, name: str) -> None:
                         f"they must match")
 
 
-def load_dataset(cfg: DataConfig, seed: int, read_val: bool = True, read_test: bool = True,
+def _chosen(rows: np.ndarray, read: bool | tuple[int, int]) -> np.ndarray:
+    """All of a split's rows, none, or part ``index`` of ``count`` (``read = (index, count)``)."""
+    if isinstance(read, tuple):
+        return rows[shard(len(rows), *read)]
+    return rows if read else rows[:0]
+
+
+def load_dataset(cfg: DataConfig, seed: int, read_val: bool = True, read_test: bool | tuple[int, int] = True,
                  arrays: RawArrays | None = None) -> Dataset:
     """Open ``cfg.source`` (or take ``arrays``, from :func:`mpi_trainer.fit`), split it, and read the
     validation and test features.
 
-    A worker passes ``read_test=False`` (it never evaluates on the test split)
-    and ``read_val=False`` unless it scores candidates for best-of election.
+    A worker passes ``read_test=False`` (it never evaluates on the test split), or under
+    ``evaluation.where = "workers"`` the part of the test split it scores, ``(worker index, workers)``, and
+    ``read_val=False`` unless it scores candidates for best-of election or validation shards.
     """
     name = Path(cfg.source).name if cfg.is_file else cfg.source
     raw = read_source(cfg, arrays)
@@ -291,14 +302,15 @@ def load_dataset(cfg: DataConfig, seed: int, read_val: bool = True, read_test: b
     x_test_source = raw.x if raw.x_test is None else raw.x_test
     y_test_source = raw.y if raw.x_test is None else raw.y_test
     val_rows = splits.val if read_val else splits.val[:0]
-    test_rows = splits.test if read_test else splits.test[:0]
+    test_rows = _chosen(splits.test, read_test)
     x_val = _as_features(read_rows(raw.x, val_rows))
     x_test = _as_features(read_rows(x_test_source, test_rows))
     check_finite(x_val, name, "validation")
     check_finite(x_test, name, "test")
     train = TrainRows(name, raw.x, raw.y, splits.train, raw.keep_open)
     return Dataset(name, train, x_val, raw.y[val_rows], x_test, y_test_source[test_rows], num_outputs,
-                   feature_shape(raw.x), raw.class_names, classes)
+                   feature_shape(raw.x), raw.class_names, classes,
+                   test_part=read_test if isinstance(read_test, tuple) else None)
 
 
 def validation_only(name: str, x_val: np.ndarray, y_val: np.ndarray, input_shape: tuple[int, ...],

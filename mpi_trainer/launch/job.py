@@ -117,7 +117,7 @@ def setup(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str | N
         check_slow_ranks(cfg.debug, transport.size)
         if uses_lbfgs(cfg):
             check_backend()  # every rank: each computes with its own backend
-        dataset = load_dataset_for_rank(transport.rank, cfg, inputs.arrays)
+        dataset = load_dataset_for_rank(transport.rank, cfg, inputs.arrays, transport.workers)
         if dataset is not None:
             bounds = block_bounds(dataset.num_train, transport.workers)  # every reader fails alike
         if transport.rank == 0:
@@ -195,7 +195,7 @@ def check(cfg: Config, workers: int | None = None) -> str:
     return f"{dataset.describe()}; model {cfg.model.name} with {model.count_params()} parameters"
 
 
-def load_dataset_for_rank(rank: int, cfg: Config, arrays: RawArrays | None = None) -> Any:
+def load_dataset_for_rank(rank: int, cfg: Config, arrays: RawArrays | None = None, workers: int = 1) -> Any:
     """The scheduler reads validation and test features; a worker only what it scores on.
 
     Under ``data.placement = "scatter"`` a worker reads nothing (its node may
@@ -207,8 +207,11 @@ def load_dataset_for_rank(rank: int, cfg: Config, arrays: RawArrays | None = Non
     scatter = cfg.data.placement == "scatter"
     if rank != 0 and scatter:
         return None
-    scores = rank == 0 or cfg.aggregation.elects
-    dataset = load_dataset(cfg.data, cfg.train.seed, read_val=scores, read_test=rank == 0, arrays=arrays)
+    on_workers = cfg.evaluation.where == "workers"
+    scores = rank == 0 or cfg.aggregation.elects or on_workers
+    # under evaluation.where = "workers" a worker reads only its part of the test split
+    read_test = True if rank == 0 else (rank - 1, workers) if on_workers else False
+    dataset = load_dataset(cfg.data, cfg.train.seed, read_val=scores, read_test=read_test, arrays=arrays)
     check_image_input(cfg.data.augmentation, dataset.input_shape)
     if scatter:
         dataset.train.check_all()  # bad rows must fail here, not half-way through sending blocks

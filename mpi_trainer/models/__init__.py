@@ -254,17 +254,45 @@ def evaluate_model(model: Any, x: Any, y: Any, batch_size: int) -> dict[str, flo
     """
     if len(x) == 0:
         raise ValueError("cannot evaluate on an empty split")
+    return metrics_from_state(model, summed_metric_state(model, x, y, batch_size))
+
+
+def summed_metric_state(model: Any, x: Any, y: Any, batch_size: int) -> list[np.ndarray]:
+    """The compiled metrics' state summed over the batches of ``(x, y)``; zeros when it has no rows.
+
+    States of disjoint shards add up to the state of their union, which is how
+    workers that each score a shard of a split give the exact result together.
+    """
     total: list[np.ndarray] | None = None
     for start in range(0, len(x), batch_size):
         model.test_on_batch(x[start:start + batch_size], y[start:start + batch_size])
-        state = metric_state(model)
+        state = metric_state(model)  # of this batch alone: test_on_batch resets the metrics first
         total = state if total is None else [a + b for a, b in zip(total, state)]
-    return metrics_from_state(model, total)
+    if total is None:  # no rows; a model that has scored before has built all its metrics
+        model.reset_metrics()
+        total = [np.zeros_like(state) for state in metric_state(model)]
+    return total
 
 
 def metric_state(model: Any) -> list[np.ndarray]:
     """The compiled metrics' variables (the loss tracker's included), as NumPy arrays."""
     return [np.asarray(variable.numpy()) for metric in model.metrics for variable in metric.variables]
+
+
+def flat_metric_state(state: list[np.ndarray]) -> np.ndarray:
+    """Metric state as one float64 vector, for a sum-reduction over MPI."""
+    return np.concatenate([np.ravel(part).astype(np.float64) for part in state])
+
+
+def metrics_from_flat(model: Any, vector: np.ndarray) -> dict[str, float]:
+    """Every metric of ``model`` read from a summed :func:`flat_metric_state` vector."""
+    shapes = [np.shape(part) for part in metric_state(model)]
+    ends = np.cumsum([int(np.prod(shape)) for shape in shapes])
+    if not ends.size or ends[-1] != vector.size:
+        raise ValueError(f"metric state of {vector.size} values does not fit this model's metrics "
+                         f"({int(ends[-1]) if ends.size else 0} values)")
+    parts = np.split(vector, ends[:-1])
+    return metrics_from_state(model, [part.reshape(shape) for part, shape in zip(parts, shapes)])
 
 
 def metrics_from_state(model: Any, state: list[np.ndarray]) -> dict[str, float]:

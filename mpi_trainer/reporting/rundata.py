@@ -2,8 +2,8 @@
 
 Works on a run still in progress or cut short: rounds.csv is flushed row by
 row, so at worst its last line is torn, and that line is left out.
-summary.json is replaced atomically each round; it may be missing only before
-the first round ends.
+summary.json is replaced atomically after a round, at most once a second, and at
+the end; it may be missing only before the first round ends.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -12,9 +13,17 @@ def _num(row: Mapping[str, Any], key: str) -> float:
 
 def format_round_line(row: Mapping[str, Any], epochs: int) -> str:
     """The one concise line rank 0 prints per round."""
-    return (f"round {int(row['round']) + 1}/{epochs}  acc {_num(row, 'test_accuracy'):.4f}  "
-            f"loss {_num(row, 'test_loss'):.4f}  {_num(row, 'wall_seconds'):.2f} s  "
+    return (f"round {int(row['round']) + 1}/{epochs}  {_scores(row)}  {_num(row, 'wall_seconds'):.2f} s  "
             f"{_num(row, 'bytes') / 1e6:.2f} MB")
+
+
+def _scores(row: Mapping[str, Any]) -> str:
+    """Test accuracy and loss; only the loss for a model without accuracy; nothing for a round that
+    ``evaluation.every`` left unscored."""
+    accuracy, loss = _num(row, "test_accuracy"), _num(row, "test_loss")
+    if math.isnan(loss):
+        return "not scored"
+    return ("" if math.isnan(accuracy) else f"acc {accuracy:.4f}  ") + f"loss {loss:.4f}"
 
 
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:

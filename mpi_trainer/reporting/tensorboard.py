@@ -10,12 +10,15 @@ View with ``tensorboard --logdir RUN_DIR/tensorboard``.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from mpi_trainer.persistence.run_files import TENSORBOARD_DIR
 from mpi_trainer.reporting.progress import split_per_worker
+
+FLUSH_EVERY_SECONDS = 1.0
 
 PER_WORKER = {"worker_train_seconds": "workers/train_seconds", "block_sizes": "workers/block_size"}
 SKIPPED = {"round"}  # the step itself
@@ -65,12 +68,17 @@ class TensorBoardRounds:
         from tensorboardX import SummaryWriter
 
         self.writer = SummaryWriter(str(Path(run_dir) / TENSORBOARD_DIR), flush_secs=5)
+        self.flushed = -math.inf
 
     def write_round(self, row: Mapping[str, Any]) -> None:
         step = int(row["round"])
         for tag, value in round_scalars(row).items():
             self.writer.add_scalar(tag, value, step)
-        self.writer.flush()  # a round is seconds long: the events are on disk when TensorBoard looks
+        # on disk within a second, when TensorBoard looks; a flush per round would cost a few ms
+        # of every step at train.sync_every = 1
+        if time.monotonic() - self.flushed >= FLUSH_EVERY_SECONDS:
+            self.writer.flush()
+            self.flushed = time.monotonic()
 
     def close(self) -> None:
         self.writer.close()

@@ -19,6 +19,7 @@ from mpi_trainer.comm.codec import WeightCodec
 from mpi_trainer.comm.protocol import JobPlan, SchedulerLink
 from mpi_trainer.comm.wire import WireFormat
 from mpi_trainer.config import Config
+from mpi_trainer.data.placement import moved_rows
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.resume import ResumeState
@@ -95,6 +96,16 @@ class Engine(ABC):
 
     def close(self) -> None:
         self.recorder.close()
+
+    def hand_over_rows(self, worker: int, positions: np.ndarray, round_index: int) -> None:
+        """Scatter: the rows that changed owner go to their new worker before it reads its block."""
+        try:
+            nbytes = self.link.send_rows(worker, moved_rows(self.dataset, positions), self.watchdog.timeout)
+        except TimeoutError:
+            raise self.watchdog.failure(f"take its training rows for round {round_index}", [worker]) from None
+        if len(positions):
+            self.log.info("round %d: sent worker rank %d %d training rows that changed owner (%.2f MB)",
+                          round_index, worker, len(positions), nbytes / 1e6)
 
     def timed_out(self, what: str, error: TimeoutError, ranks: list[int]) -> Exception:
         """The watchdog's failure for a wait that timed out, naming who was missing (else ``ranks``)."""

@@ -1,5 +1,6 @@
-"""Scoring the global model on the scheduler: the test split every scored round (``evaluation.every``),
-the validation split when monitored."""
+"""Scoring the global model: the test split every scored round (``evaluation.every``), the validation
+split when monitored; on the scheduler, or (``evaluation.where = "workers"``) by the workers, each on
+its shard, with the metrics' summed state reduced to the scheduler."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ from typing import Any
 import numpy as np
 
 from mpi_trainer.comm.codec import WeightCodec
+from mpi_trainer.comm.protocol import Order, OrderKind, SchedulerLink
 from mpi_trainer.config import Config
 from mpi_trainer.data.sources import Dataset
-from mpi_trainer.models import evaluate_model
+from mpi_trainer.logs import get_logger
+from mpi_trainer.models import evaluate_model, metric_state, metrics_from_flat
+from mpi_trainer.scheduler.watchdog import Watchdog
 
 
 class Evaluator:
@@ -30,7 +34,11 @@ class Evaluator:
         every metric column with NaN before it adds what was measured)."""
         return {}
 
-    def evaluate(self, weights: np.ndarray) -> tuple[dict[str, float], float]:
+    def holds(self, weights: np.ndarray) -> bool:
+        """Whether the workers already hold ``weights`` (only after they scored them)."""
+        return False
+
+    def evaluate(self, weights: np.ndarray, round_index: int = -1) -> tuple[dict[str, float], float]:
         """Every compiled metric of ``weights`` as ``test_<name>`` (and ``val_<name>`` when scored),
         and the seconds it took."""
         started = time.perf_counter()
@@ -39,6 +47,50 @@ class Evaluator:
         if self.scores_validation:
             out.update(prefixed("val", evaluate_model(self.model, self.dataset.x_val, self.dataset.y_val,
                                                       self.batch)))
+        return out, time.perf_counter() - started
+
+
+class WorkerEvaluator(Evaluator):
+    """``evaluation.where = "workers"``: every worker scores its shard of the global weights.
+
+    Between synchronous rounds the workers would wait while the scheduler scores
+    alone; instead the weights are broadcast (in float32: the scores are the
+    global model's, whatever the wire format), each worker sums its metrics'
+    state over its shard, and one float64 sum-reduction gives the exact state of
+    the whole split. The workers keep the weights, so the next round starts
+    without another broadcast (:meth:`holds`).
+    """
+
+    def __init__(self, cfg: Config, dataset: Dataset, model: Any, codec: WeightCodec, link: SchedulerLink,
+                 watchdog: Watchdog) -> None:
+        super().__init__(cfg, dataset, model, codec)
+        self.link, self.watchdog = link, watchdog
+        self.state_size = sum(int(np.size(part)) for part in metric_state(model))
+        self.held: np.ndarray | None = None
+        get_logger().info("evaluation.where = workers: each of %d workers scores its part of the %d test%s rows",
+                          len(link.workers), len(dataset.y_test),
+                          f" and {len(dataset.y_val)} validation" if self.scores_validation else "")
+
+    def holds(self, weights: np.ndarray) -> bool:
+        return weights is self.held
+
+    def evaluate(self, weights: np.ndarray, round_index: int = -1) -> tuple[dict[str, float], float]:
+        started = time.perf_counter()
+        order = Order(OrderKind.EVALUATE, round=round_index, score_validation=self.scores_validation)
+        for worker in self.link.workers:
+            self.link.send_order(worker, order)
+        summed = np.zeros(self.state_size * (2 if self.scores_validation else 1), dtype=np.float64)
+        what = f"score round {round_index}"
+        try:
+            self.link.await_ready(self.watchdog.deadline(started))
+            self.link.broadcast_weights(weights, self.watchdog.timeout)
+            self.link.reduce_metric_state(summed, self.watchdog.timeout)
+        except TimeoutError as exc:
+            raise self.watchdog.failure(what, getattr(exc, "missing", None) or self.link.workers) from None
+        self.held = weights
+        out = prefixed("test", metrics_from_flat(self.model, summed[:self.state_size]))
+        if self.scores_validation:
+            out.update(prefixed("val", metrics_from_flat(self.model, summed[self.state_size:])))
         return out, time.perf_counter() - started
 
 

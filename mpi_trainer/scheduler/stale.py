@@ -17,6 +17,11 @@ spin), merges it, and hands fresh work to every idle worker the staleness
 clock admits. A round closes every ``W`` merged updates: then the global model
 is evaluated, logged, checked for early stopping and checkpointed, exactly as a
 synchronous round, which it is at ``s = 0``.
+
+With ``data.rebalance`` every merged update's measured speed goes to the same
+:class:`~mpi_trainer.algorithms.rebalance.Rebalancer` as between synchronous
+rounds; a re-cut reaches each worker with its next ``UPDATE`` order (and,
+under scatter, the rows it lacks follow that order).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from mpi_trainer.algorithms.aggregation import BestWindow
+from mpi_trainer.algorithms.rebalance import Rebalancer, measured
 from mpi_trainer.algorithms.staleness import (
     StalenessClock,
     UpdateRecord,
@@ -40,6 +46,7 @@ from mpi_trainer.algorithms.staleness import (
 from mpi_trainer.comm.protocol import JobPlan, Order, OrderKind, Report, SchedulerLink
 from mpi_trainer.config import Config
 from mpi_trainer.data.increment import round_samples
+from mpi_trainer.data.placement import ScatterLedger
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.persistence.resume import ResumeState, trim_rounds
 from mpi_trainer.persistence.run_files import UPDATE_FIELDS, UPDATES_NAME, RoundLog
@@ -56,6 +63,7 @@ class InFlight:
     base: np.ndarray
     staleness: int
     dispatched: float
+    sizes: list[int]  # every block's size when it was dispatched (the weighted share's denominator)
 
 
 @dataclass
@@ -89,6 +97,11 @@ class StaleEngine(Engine):
         self.best = BestWindow()
         self.window = Window(self.recorder.started)
         self.update_log = RoundLog(run_dir / UPDATES_NAME, UPDATE_FIELDS)
+        self.rebalancer = Rebalancer(plan.block_bounds, cfg.data.rebalance_smoothing) if cfg.data.rebalance else None
+        # Under scatter a re-cut moves rows: the ledger knows who holds what.
+        self.ledger = (ScatterLedger(cfg, plan, self.workers)
+                       if cfg.data.rebalance and cfg.data.placement == "scatter" else None)
+        self.told = {worker: list(plan.block_bounds) for worker in self.workers}  # the blocks each one trains on
 
     def describe(self) -> str:
         damping = " with staleness damping" if self.cfg.aggregation.staleness_damping else ""
@@ -131,15 +144,35 @@ class StaleEngine(Engine):
 
     def dispatch(self, worker: int) -> None:
         clock = self.clock.clocks[worker]
-        self.link.send_order(worker, Order(OrderKind.UPDATE, clock=clock, version=self.version))
+        order, moved = self.update_order(worker, clock)
+        self.link.send_order(worker, order)
         started = time.perf_counter()
+        if moved is not None:
+            self.hand_over_rows(worker, moved, clock)
         sent = self.wire.encode(self.weights)
         self.link.send_weights(worker, sent)
         self.window.comm_seconds += time.perf_counter() - started
         # The worker starts from the weights as they arrive: its delta is taken against the same.
-        self.in_flight[worker] = InFlight(clock, self.version, self.wire.decode(sent),
-                                          self.clock.lead(worker), time.perf_counter())
+        self.in_flight[worker] = InFlight(clock, self.version, self.wire.decode(sent), self.clock.lead(worker),
+                                          time.perf_counter(), [end - start for start, end in self.plan.block_bounds])
         self.dispatched += 1
+
+    def update_order(self, worker: int, clock: int) -> tuple[Order, np.ndarray | None]:
+        """The worker's UPDATE order and, under scatter after a re-cut, the rows that follow it.
+
+        A re-cut reaches each worker with its next update (the one it is computing
+        keeps its old block), so between a re-cut and the slower worker's next
+        update two blocks can overlap or leave rows out for that one update.
+        """
+        order = Order(OrderKind.UPDATE, clock=clock, version=self.version)
+        if self.told[worker] == self.plan.block_bounds:
+            return order, None
+        order.blocks = self.told[worker] = list(self.plan.block_bounds)
+        if self.ledger is None:
+            return order, None
+        moved = self.ledger.hand_over(self.plan, worker, clock)
+        order.moved_rows = len(moved)
+        return order, moved
 
     # -- taking updates in --------------------------------------------------
     def receive_update(self) -> tuple[Report, np.ndarray, int]:
@@ -161,6 +194,7 @@ class StaleEngine(Engine):
         self.clock.finish(report.rank)
         share = self.merge(report, local, flight)
         self.version += 1
+        self.rebalance(report)
         record = UpdateRecord(report.rank, flight.clock, flight.base_version, self.version, flight.staleness,
                               self.version - 1 - flight.base_version, share, report.samples,
                               report.train_seconds, round_index)
@@ -177,12 +211,19 @@ class StaleEngine(Engine):
             if self.best.offer(report.rank, report.val_accuracy, report.val_loss, local):
                 self.window.leader = report
             return float("nan")
-        sizes = [end - start for start, end in self.plan.block_bounds]
-        round_total = round_samples(self.plan.num_train, sizes, flight.clock, self.cfg.data.increment)
+        round_total = round_samples(self.plan.num_train, flight.sizes, flight.clock, self.cfg.data.increment)
         share = merge_share(self.cfg.aggregation.method, report.samples, round_total, len(self.workers),
                             flight.staleness, self.cfg.aggregation.staleness_damping)
         merge_delta(self.weights, local, flight.base, share)
         return share
+
+    def rebalance(self, report: Report) -> None:
+        """Re-cut the blocks from this update's measured speed; each worker takes them with its next order."""
+        if self.rebalancer is None or not self.rebalancer.update({report.rank - 1: measured(report)}):
+            return
+        self.plan.block_bounds = list(self.rebalancer.bounds)
+        self.log.info("after update %d blocks re-cut by throughput %s", self.version - 1,
+                      self.rebalancer.describe(self.workers))
 
     def elect(self) -> None:
         winner, weights = self.best.close()

@@ -21,17 +21,18 @@ from typing import Any
 import numpy as np
 
 from mpi_trainer.algorithms import aggregation
-from mpi_trainer.algorithms.rebalance import Rebalancer
+from mpi_trainer.algorithms.rebalance import Rebalancer, measured
 from mpi_trainer.algorithms.staleness import idle_fraction
 from mpi_trainer.algorithms.step_budget import step_budgets, steps_per_round
 from mpi_trainer.comm.protocol import JobPlan, Order, OrderKind, Report, SchedulerLink
 from mpi_trainer.config import Config
 from mpi_trainer.data.increment import log_data_shares
-from mpi_trainer.data.placement import ScatterLedger, moved_rows
+from mpi_trainer.data.placement import ScatterLedger
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.persistence.optimizer_state import assign_states
 from mpi_trainer.persistence.resume import ResumeState
 from mpi_trainer.scheduler.engine import Engine
+from mpi_trainer.scheduler.evaluation import WorkerEvaluator
 from mpi_trainer.scheduler.recorder import ClosedRound, Outcome, Retry, StopReason
 
 
@@ -48,6 +49,8 @@ class SynchronousEngine(Engine):
                        if cfg.data.rebalance and cfg.data.placement == "scatter" else None)
         self.moved: dict[int, np.ndarray] = {}
         self.recorder.optimizer_states = self.gather_optimizer_states
+        if cfg.evaluation.where == "workers":
+            self.recorder.evaluator = WorkerEvaluator(cfg, dataset, model, self.codec, link, self.watchdog)
         if resume is not None:
             self.resume_from(resume)
         self.warn_inside_warmup()
@@ -158,11 +161,11 @@ class SynchronousEngine(Engine):
         budgets = None
         if self.cfg.train.max_steps:
             budgets = step_budgets(self.cfg.train.max_steps - self.state.steps, self.full_round_steps(round_index))
-        orders = {}
+        orders, held = {}, self.recorder.evaluator.holds(self.weights)
         for worker in self.workers:
             orders[worker] = replace(
                 self.next_order, round=round_index, optimizer_state=worker in self.pending_states,
-                max_steps=None if budgets is None else budgets[worker],
+                max_steps=None if budgets is None else budgets[worker], held_weights=held,
                 blocks=list(self.rebalancer.bounds) if self.rebalancer else None,
                 moved_rows=len(self.moved[worker]) if self.moved else None)
         self.next_order = Order(OrderKind.ROUND)
@@ -189,37 +192,32 @@ class SynchronousEngine(Engine):
             self.link.await_ready(self.watchdog.deadline(started))
         except TimeoutError as exc:
             raise self.timed_out(f"start round {round_index}", exc, self.workers) from None
+        if not self.recorder.evaluator.holds(self.weights):  # else the workers scored them and kept them
+            self.send_weights(round_index)
+        self.observers.span("send", round_index, started)
+        return started
+
+    def send_weights(self, round_index: int) -> None:
         try:
             self.link.broadcast_weights(self.wire.encode(self.weights), self.watchdog.timeout)
         except TimeoutError as exc:
             raise self.timed_out(f"take the weights of round {round_index}", exc, self.workers) from None
-        self.observers.span("send", round_index, started)
-        return started
 
     def send_moved(self, worker: int, round_index: int) -> None:
         """Scatter: the rows that changed owner go to their new worker before it reads its block."""
-        positions = self.moved[worker]
-        try:
-            nbytes = self.link.send_rows(worker, moved_rows(self.dataset, positions), self.watchdog.timeout)
-        except TimeoutError:
-            raise self.watchdog.failure(f"take its training rows for round {round_index}", [worker]) from None
-        if len(positions):
-            self.log.info("round %d: sent worker rank %d %d training rows that changed owner (%.2f MB)",
-                          round_index, worker, len(positions), nbytes / 1e6)
+        self.hand_over_rows(worker, self.moved[worker], round_index)
 
     def rebalance(self, round_index: int, reports: list[Report]) -> None:
         """Re-cut the blocks from this round's throughput; the next round's orders carry the new bounds."""
         if self.rebalancer is None:
             return
-        rates = {r.rank - 1: (r.samples, r.train_seconds) for r in reports}
+        rates = {r.rank - 1: measured(r) for r in reports}
         if self.rebalancer.update(rates):
             self.plan.block_bounds = list(self.rebalancer.bounds)
             if self.ledger is not None:
                 self.moved = self.ledger.recut(self.plan, round_index + 1)
-            sizes = ", ".join(f"rank {w}: {end - start}" for w, (start, end)
-                              in zip(self.workers, self.rebalancer.bounds))
-            self.log.info("after round %d blocks re-cut by throughput (%s samples/s): %s", round_index,
-                          ", ".join(f"{rate:.0f}" for rate in self.rebalancer.throughput), sizes)
+            self.log.info("after round %d blocks re-cut by throughput %s", round_index,
+                          self.rebalancer.describe(self.workers))
 
     # -- collecting a round --------------------------------------------------------
     def collect(self, started: float, round_index: int) -> ClosedRound:

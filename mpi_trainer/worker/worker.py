@@ -33,13 +33,14 @@ from mpi_trainer.data.placement import HeldRows, WorkerData, peak_rss_mib
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.data.walk import BlockWalk
 from mpi_trainer.logs import get_logger
-from mpi_trainer.models import evaluate_model, rebuild_model
+from mpi_trainer.models import evaluate_model, flat_metric_state, rebuild_model, summed_metric_state
 from mpi_trainer.models.dry_run import dry_run, reset_optimizer
 from mpi_trainer.persistence.optimizer_state import ensure_built, load_state_vector, state_vector
 from mpi_trainer.persistence.resume import worker_seed
 from mpi_trainer.reporting.progress import with_batch_progress
 from mpi_trainer.reporting.timeline import PhaseLog
 from mpi_trainer.worker.slowdown import make_slowdown
+from mpi_trainer.worker.step_timer import StepTimer
 
 
 class Worker:
@@ -63,6 +64,7 @@ class Worker:
         self.data = data if data is not None else WorkerData(dataset.train, plan, self.rank, cfg)
         self.x, self.y = self.data.fixed_x, self.data.fixed_y
         self.slowdown = make_slowdown(cfg.debug, self.rank)
+        self.step_timer = StepTimer(cfg.train.batch_size)  # the speed that rebalancing cuts blocks by
         self.shuffle_rng = np.random.default_rng(worker_seed(cfg.train.seed, self.rank, plan.start_round))
         self.walk = BlockWalk(self.shuffle_rng)  # k-step rounds; a resumed run starts a fresh walk
         self.schedule = schedule_for(cfg.train, plan.block_bounds)  # steps per round, as the scheduler has it
@@ -72,7 +74,8 @@ class Worker:
     def run(self) -> None:
         """Serve orders until the scheduler says stop."""
         handlers = {OrderKind.ROUND: self.run_round, OrderKind.UPDATE: self.run_update,
-                    OrderKind.SEND_WEIGHTS: self.send_candidate, OrderKind.SEND_OPTIMIZER: self.send_optimizer}
+                    OrderKind.SEND_WEIGHTS: self.send_candidate, OrderKind.SEND_OPTIMIZER: self.send_optimizer,
+                    OrderKind.EVALUATE: self.evaluate}
         while True:
             order = self.link.recv_order()
             if order.kind == OrderKind.STOP:
@@ -102,8 +105,9 @@ class Worker:
         waited = time.time()
         # "ready": lets the scheduler's watchdog name a rank that stopped before the broadcast.
         self.link.send_ready(order.round)
-        self.link.recv_broadcast(self.arriving)
-        self.wire.decode(self.arriving, self.global_weights)
+        if not order.held_weights:  # else the weights of the last EVALUATE are this round's
+            self.link.recv_broadcast(self.arriving)
+            self.wire.decode(self.arriving, self.global_weights)
         self.phases.add("wait", order.round, waited)
         report, local = self.train_and_report(order.round, order.max_steps)
         elects = self.cfg.aggregation.elects
@@ -121,6 +125,21 @@ class Worker:
         self.phases.add("send", order.round, sending)
         self.log.debug("round %d: loss %.4f acc %.4f in %.2f s on %d samples", order.round,
                        report.train_loss, report.train_accuracy, report.train_seconds, report.samples)
+
+    # -- scoring a shard of the global model (evaluation.where = "workers") ----------------
+    def evaluate(self, order: Order) -> None:
+        """Take the global weights (float32, whatever the wire format), score this worker's shard of the
+        test split (and of the validation split) and add the metrics' summed state to the scheduler's."""
+        started = time.time()
+        self.link.send_ready(order.round)
+        self.link.recv_broadcast(self.global_weights)
+        self.model.set_weights(self.codec.unflatten(self.global_weights))
+        shard, batch = self.data.evaluation, max(256, self.cfg.train.batch_size)
+        state = summed_metric_state(self.model, shard.x_test, shard.y_test, batch)
+        if order.score_validation:
+            state += summed_metric_state(self.model, shard.x_val, shard.y_val, batch)
+        self.link.contribute_metric_state(flat_metric_state(state))
+        self.phases.add("evaluate", order.round, started)
 
     def apply_optimizer_changes(self, order: Order) -> None:
         """Optimizer changes the scheduler asks for before a round (NaN rollback, resume)."""
@@ -140,15 +159,17 @@ class Worker:
         """
         if order.blocks is None:
             return
+        when = order.round if order.kind == OrderKind.ROUND else order.clock  # an SSP update's data follows its clock
         if order.moved_rows is not None:
             rows = self.link.recv_rows()
-            self.data.take_rows(HeldRows(rows.positions, rows.x, rows.y), order.blocks, order.round)
+            self.data.take_rows(HeldRows(rows.positions, rows.x, rows.y), order.blocks, when)
         if self.data.set_blocks(order.blocks):
-            self.log.debug("round %d: block now [%d, %d)", order.round, *order.blocks[self.rank - 1])
+            self.log.debug("round %d: block now [%d, %d)", when, *order.blocks[self.rank - 1])
 
     # -- an SSP update --------------------------------------------------------------
     def run_update(self, order: Order) -> None:
         """SSP: receive the current global weights, train once, send the report and the weights back."""
+        self.follow_blocks(order)
         self.link.take_bytes()
         waited = time.time()
         self.link.recv_weights(self.arriving)
@@ -179,6 +200,8 @@ class Worker:
         report = Report(self.rank, round_index, len(self.x), loss, metrics.get("accuracy", math.nan),
                         train_seconds, steps=steps, weights_finite=bool(np.isfinite(local).all()),
                         train_metrics=metrics)
+        if not k and steps:  # k-step rounds are not timed: rebalancing is refused with them
+            report.step_rate, report.timed_steps = self.step_timer.finish_round()
         return report, local
 
     def train_once(self, max_steps: int | None = None) -> tuple[dict[str, Any], float, int]:
@@ -194,6 +217,8 @@ class Worker:
         started = time.perf_counter()
         callbacks = [self.slowdown] if self.slowdown is not None else None
         callbacks = with_batch_progress(callbacks, self.cfg.log.verbosity, steps_per_round(len(x), batch))
+        self.step_timer.start_round(len(x))
+        callbacks = [*(callbacks or []), self.step_timer.callback()]  # last: it times the slowdown's pause too
         history = self.model.fit(**fit_arguments(x, y, batch, self.shuffle_rng), epochs=1, verbose=0,
                                  callbacks=callbacks)
         metrics = {k: float(v[-1]) for k, v in history.history.items()}

@@ -34,7 +34,8 @@ def test_shared_h5_with_random_increment_and_augmentation(tmp_path):
     overrides = [f"data.source={source}", "data.placement=shared", "model.name=mlp", "train.epochs=3",
                  "aggregation.method=weighted", "data.increment.enabled=true",
                  "data.increment.load_factor=0.1", "data.increment.absolute_factor=0.7",
-                 "data.augmentation.enabled=true", "data.augmentation.shift=0.1", "log.verbosity=2"]
+                 "data.augmentation.enabled=true", "data.augmentation.shift=0.1", "log.verbosity=2",
+                 "evaluation.where=workers"]
     result = run_mpi(3, ["train", "configs/quickstart.toml", *[a for o in overrides for a in ("--set", o)]],
                      tmp_path / "run")
     assert result.returncode == 0, result.output
@@ -49,18 +50,20 @@ def test_shared_h5_with_random_increment_and_augmentation(tmp_path):
     assert log.count("random data increment: samples per worker") == 3
     assert "fixed block 130 + random draw 26" in result.output  # worker rank 1, round 0 (debug)
     assert "block of 130 rows in memory" in result.output and "peak RSS" in result.output
+    assert "each of 2 workers scores its part of the 72 test and 29 validation rows" in log
     assert float(rows[-1]["test_accuracy"]) > 0.8
 
 
 def test_scatter_sends_blocks_from_a_csv_and_counts_the_bytes(tmp_path):
     # best-of election: workers score on the validation split, which scatter sends them too
     result = run_mpi(3, ["train", "configs/csv_example.toml", "--set", "data.placement=scatter",
-                         "--set", "aggregation.method=best", "--set", "train.epochs=3"], tmp_path / "run")
+                         "--set", "aggregation.method=best", "--set", "train.epochs=3",
+                         "--set", "evaluation.where=workers"], tmp_path / "run")
     assert result.returncode == 0, result.output
     log = (tmp_path / "run" / "train.log").read_text()
     assert "string labels mapped to classes: {'no': 0, 'yes': 1}" in log
     assert "scatter: sent worker rank 1" in log and "scatter: sent worker rank 2" in log
-    assert "and the validation split" in log and "election" in log
+    assert "and the validation split and its evaluation shard" in log and "election" in log
     summary = result.summary()
     num_train, num_val = map(int, re.search(r": (\d+) train / (\d+) validation", summary["dataset"]).groups())
     # per training row an int64 position, 3 float32 features, an int32 label; per validation row the last two

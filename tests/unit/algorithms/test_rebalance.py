@@ -8,7 +8,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from mpi_trainer.algorithms.rebalance import Rebalancer, bounds_from_sizes, proportional_sizes
+from mpi_trainer.algorithms.rebalance import (
+    MIN_TIMED_STEPS,
+    Measurement,
+    Rebalancer,
+    bounds_from_sizes,
+    proportional_sizes,
+)
 from mpi_trainer.config import DebugConfig, load_config
 from mpi_trainer.data.partition import block_bounds, shuffled_order
 from mpi_trainer.data.placement import HeldRows, ScatterLedger, WorkerData, fixed_positions, rows_needed
@@ -37,6 +43,38 @@ def test_a_half_speed_worker_gets_a_third_after_the_warm_up_round():
     assert rebalancer.update({0: (600, 1.0), 1: (600, 2.0)})
     assert rebalancer.bounds == [(0, 800), (800, 1200)]
     assert covers_once(rebalancer.bounds, 1200)
+
+
+def test_measured_step_rates_recut_the_blocks_after_the_first_round():
+    # Round 0's train seconds are mostly tracing (9 s and 30 s); the steady steps say 2:1.
+    rebalancer = Rebalancer([(0, 600), (600, 1200)], smoothing=0.5)
+    assert rebalancer.update({0: Measurement(600, 9.0, step_rate=1000.0, timed_steps=15),
+                              1: Measurement(600, 30.0, step_rate=500.0, timed_steps=15)})
+    assert rebalancer.bounds == [(0, 800), (800, 1200)]  # the first measurement is taken whole
+    assert covers_once(rebalancer.bounds, 1200)
+    # Near-equal rates stay inside the deadband: the blocks do not move by a few samples.
+    rebalancer = Rebalancer([(0, 600), (600, 1200)], smoothing=0.5)
+    assert not rebalancer.update({0: Measurement(600, 1.0, 1000.0, 15), 1: Measurement(600, 1.0, 1015.0, 15)})
+
+
+def test_a_step_rate_from_too_few_steps_waits_for_a_second_round_of_round_throughput():
+    rebalancer = Rebalancer([(0, 600), (600, 1200)], smoothing=1.0)
+    few = MIN_TIMED_STEPS - 1
+    assert not rebalancer.update({0: Measurement(600, 9.0, 1000.0, few), 1: Measurement(600, 30.0, 500.0, few)})
+    assert rebalancer.update({0: Measurement(600, 1.0, 9999.0, few), 1: Measurement(600, 3.0, 1.0, few)})
+    assert rebalancer.bounds == [(0, 900), (900, 1200)]  # 600/1 against 600/3 samples/s: 3:1
+
+
+def test_step_rates_reach_the_split_a_per_round_overhead_hides_from_round_throughput():
+    # Both workers equally fast (1000 samples/s) plus 1 s of per-round overhead each: the whole
+    # call's rate makes the smaller block look slower, so a re-cut goes only part of the way.
+    rebalancer = Rebalancer([(0, 800), (800, 1200)], smoothing=1.0)
+    rebalancer.update({0: (800, 1.8), 1: (400, 1.4)})  # warm-up of the whole-call path
+    assert rebalancer.update({0: (800, 1.8), 1: (400, 1.4)})
+    assert rebalancer.bounds[1][1] - rebalancer.bounds[1][0] < 500
+    measured = Rebalancer([(0, 800), (800, 1200)], smoothing=1.0)
+    assert measured.update({0: Measurement(800, 1.8, 1000.0, 20), 1: Measurement(400, 1.4, 1000.0, 10)})
+    assert measured.bounds == [(0, 600), (600, 1200)]  # equal speeds: equal blocks
 
 
 def test_one_stalled_round_is_ignored_and_a_lasting_slowdown_is_followed():
@@ -96,10 +134,11 @@ def test_bad_straggler_keys_name_key_value_and_expectation(override, message):
     assert str(info.value) == message
 
 
-def test_rebalancing_with_ssp_is_refused_before_training():
-    with pytest.raises(ConfigError, match=r"needs aggregation.ssp = 0. Received: data.rebalance=True "
-                                          r"with aggregation.ssp=2"):
-        load_config(None, ["data.rebalance=true", "aggregation.ssp=2"])
+@pytest.mark.parametrize("engine", [["aggregation.ssp=2"], ["debug.async_engine=true"]])
+@pytest.mark.parametrize("placement", ["shared", "scatter"])
+def test_rebalancing_is_accepted_on_the_ssp_engine(engine, placement):
+    cfg = load_config(None, ["data.rebalance=true", f"data.placement='{placement}'", *engine])
+    assert cfg.data.rebalance
 
 
 def test_slow_ranks_must_exist_in_the_job():
@@ -167,11 +206,6 @@ def test_a_worker_rereads_its_rows_when_its_block_is_recut():
 def test_synchronous_only_features_are_refused_under_ssp(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, ["aggregation.ssp=1", override])
-
-
-def test_rebalancing_on_the_ssp_engine_is_refused_even_at_s0():
-    with pytest.raises(ConfigError, match="Received: data.rebalance=True with debug.async_engine=True"):
-        load_config(None, ["data.rebalance=true", "debug.async_engine=true"])
 
 
 @pytest.mark.parametrize("overrides, received", [

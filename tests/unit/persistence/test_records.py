@@ -67,6 +67,10 @@ def test_round_line_and_table():
     rows = [{"round": 0, "test_accuracy": 0.9, "test_loss": 0.3, "wall_seconds": 1.5, "bytes": 2_000_000},
             {"round": 1, "test_accuracy": 0.95, "test_loss": 0.2, "wall_seconds": 0.5, "bytes": 1_000_000}]
     assert format_round_line(rows[1], 10) == "round 2/10  acc 0.9500  loss 0.2000  0.50 s  1.00 MB"
+    unscored = {**rows[1], "test_accuracy": "nan", "test_loss": "nan"}
+    assert format_round_line(unscored, 10) == "round 2/10  not scored  0.50 s  1.00 MB"
+    regression = {**rows[1], "test_accuracy": "nan"}
+    assert format_round_line(regression, 10) == "round 2/10  loss 0.2000  0.50 s  1.00 MB"
     table = format_table(rows)
     assert "total" in table and "2.00" in table and "3.000" in table
 
