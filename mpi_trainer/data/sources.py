@@ -19,8 +19,8 @@ import numpy as np
 
 from mpi_trainer.config import DataConfig
 from mpi_trainer.config.schema import ARRAYS_SOURCE
-from mpi_trainer.data.readers import TABULAR_BUILTINS, RawArrays, read_file, read_npz, read_rows, read_sklearn
 from mpi_trainer.data.partition import shard
+from mpi_trainer.data.readers import TABULAR_BUILTINS, RawArrays, read_file, read_npz, read_rows, read_sklearn
 from mpi_trainer.errors import DataError
 
 KERAS_BUILTINS = {

@@ -224,7 +224,8 @@ class RoundRecorder:
         """
         self.state.consecutive_rollbacks = 0
         scored = self.evaluation_due(closed.index)
-        evaluation, eval_seconds = self.evaluator.evaluate(weights, closed.index) if scored else (self.evaluator.skipped(), 0.0)
+        evaluation, eval_seconds = (self.evaluator.evaluate(weights, closed.index) if scored
+                                    else (self.evaluator.skipped(), 0.0))
         if scored:
             self.observers.span("evaluate", closed.index, time.perf_counter() - eval_seconds)
         row = self.round_row(closed, evaluation)
