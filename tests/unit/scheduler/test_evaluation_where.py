@@ -106,3 +106,22 @@ def test_a_worker_that_does_not_score_is_named_by_the_watchdog(tmp_path, monkeyp
                                             r"watchdog.worker_timeout=3 s"):
         run_local_job(tmp_path / "run", train={"epochs": 2}, evaluation={"where": "workers"},
                       watchdog={"worker_timeout": 3.0})
+
+
+def test_a_worker_holding_another_part_of_the_test_split_is_refused():
+    from mpi_trainer.data.placement import own_shard
+
+    dataset = load_dataset_for_rank(1, load_config(None, ["data.source=digits", "evaluation.where=workers"]),
+                                    workers=3)
+    with pytest.raises(ValueError, match=r"worker rank 2 holds part \(0, 3\) of the test split, expected part "
+                                         r"\(1, 3\)"):
+        own_shard(dataset, 2, 3)
+
+
+def test_a_metric_state_of_the_wrong_size_is_refused():
+    from mpi_trainer.models import metrics_from_flat
+
+    model = __import__("user_models").compiled_one_hot((64,), 10)
+    model.evaluate(np.zeros((4, 64)), np.eye(10)[[0, 1, 2, 3]], verbose=0)
+    with pytest.raises(ValueError, match=r"metric state of 3 values does not fit this model's metrics \(\d+ values\)"):
+        metrics_from_flat(model, np.zeros(3))
