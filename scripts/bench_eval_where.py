@@ -6,9 +6,10 @@ Runs the same LeNet job (2 workers, ``mpirun -n 3``) with ``evaluation.where = "
 and evaluation time (rounds after the first, which compiles), the bytes per round and the wall time
 to ``--target`` test accuracy, with the workers' figures as ratios of the scheduler's.
 
-Data: the ``--data`` Keras-layout ``.npz`` (e.g. MNIST), else scikit-learn's digits upsampled to 28x28.
+Data: ``--data mnist5k`` (5,000 real MNIST digits), a Keras-layout ``.npz``, else scikit-learn's
+digits upsampled to 28x28.
 
-    .venv/bin/python scripts/bench_eval_where.py [--data mnist.npz] [--epochs 6] [--repeats 2]
+    .venv/bin/python scripts/bench_eval_where.py [--data mnist5k | mnist.npz] [--epochs 6] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from bench import BATCH, digits_28
+from bench import BATCH, bench_data
 from benchlib import run_job
 
 MODES = ("scheduler", "workers")
@@ -43,13 +44,13 @@ def time_to(run: dict, target: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path)
+    parser.add_argument("--data", help="mnist5k, or a Keras-layout .npz (default: digits upsampled to 28x28)")
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--target", type=float, default=0.95)
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="mpi_trainer_eval_where_"))
-    data = args.data or digits_28(scratch / "digits28.npz")
+    data = bench_data(args.data, scratch)
     runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
     for repeat in range(args.repeats):
         for mode in MODES:  # alternating, so that a slow spell of the machine hits both

