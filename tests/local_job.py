@@ -65,12 +65,11 @@ def place(world: LocalWorld, cfg: Any, dataset: Any, plan: JobPlan) -> dict[int,
     return world.run(roles)
 
 
-def run_local_job(run_dir: Path, workers: int = 2, builder: Any = None, callbacks: Any = (),
-                  **sections: Any) -> LocalJob:
-    """Train on the built-in digits (by default) with ``workers`` worker threads; returns the finished job.
+def build_local_job(run_dir: Path, workers: int = 2, builder: Any = None, **sections: Any) -> tuple[Any, list, Any]:
+    """The scheduler's engine, the workers (dry-run, not calibrated) and their local world, not yet running.
 
-    Set-up is the job's own (:func:`plan_job`: build, dry run, metric names); ``builder`` is a model
-    function or model as :func:`mpi_trainer.fit` takes it.
+    Trains on the built-in digits (by default); set-up is the job's own (:func:`plan_job`: build,
+    dry run, metric names); ``builder`` is a model function or model as :func:`mpi_trainer.fit` takes it.
     """
     table = {"data": {"source": "digits"}, "train": {"epochs": 2, "batch_size": 64}, "log": {"verbosity": 0}}
     for name, values in sections.items():
@@ -83,12 +82,21 @@ def run_local_job(run_dir: Path, workers: int = 2, builder: Any = None, callback
     placed = place(world, cfg, dataset, plan)
     run_dir.mkdir(parents=True, exist_ok=True)
     engine = engine_class(cfg)(SchedulerLink(transports[0]), cfg, dataset, model, plan, run_dir)
-    if callbacks:
-        engine.recorder.use_callbacks(list(callbacks))
     # Built one after another (not in their threads) so that every run seeds its layers alike.
     team = [RecordingWorker(WorkerLink(transports[rank]), plan, placed[rank][1], cfg, placed[rank][0])
             for rank in range(1, workers + 1)]
     for worker in team:
         worker.preflight()
+    return engine, team, world
+
+
+def run_local_job(run_dir: Path, workers: int = 2, builder: Any = None, callbacks: Any = (),
+                  **sections: Any) -> LocalJob:
+    """Train with ``workers`` worker threads (see :func:`build_local_job`); returns the finished job."""
+    engine, team, world = build_local_job(run_dir, workers, builder, **sections)
+    if callbacks:
+        engine.recorder.use_callbacks(list(callbacks))
+    # data.rebalance: round 0's blocks are cut from each worker's timed steps, as run_job does
+    engine.seed_speeds({worker.rank: speed for worker in team if (speed := worker.calibrate()) is not None})
     results = world.run({0: engine.run, **{w.rank: w.run for w in team}})
     return LocalJob(run_dir, engine, team, results[0])

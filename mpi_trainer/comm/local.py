@@ -146,7 +146,9 @@ class LocalTransport(RankAccounting):
         self._post(dest, tag, data, len(data))
         return len(data)
 
-    def recv_object(self, source: int = _ANY, tag: int = 0, timeout: float | None = None) -> Received:
+    def recv_object(self, source: int = _ANY, tag: int = 0, timeout: float | None = None,
+                    due: float | None = None) -> Received:
+        """``due`` is the MPI transport's polling hint; waits here wake on a condition, not by polling."""
         message = self._take(source, tag, timeout)
         return Received(pickle.loads(message.payload), message.source, message.nbytes)
 

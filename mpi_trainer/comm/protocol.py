@@ -170,9 +170,10 @@ class SchedulerLink:
     def broadcast_weights(self, weights: np.ndarray, timeout: float | None) -> None:
         self.transport.broadcast(weights, timeout=timeout)
 
-    def recv_report(self, timeout: float | None) -> Received:
-        """The next report from any worker (payload: :class:`Report`)."""
-        return self.transport.recv_object(tag=_TAG_REPORT, timeout=timeout)
+    def recv_report(self, timeout: float | None, due: float | None = None) -> Received:
+        """The next report from any worker (payload: :class:`Report`); ``due``: when it is expected
+        (``time.perf_counter()``), so that the wait polls finely then instead of sleeping through it."""
+        return self.transport.recv_object(tag=_TAG_REPORT, timeout=timeout, due=due)
 
     def reduce_weights(self, out: np.ndarray, timeout: float | None) -> None:
         """The sum of the workers' scaled weights, into ``out`` (zeros on entry)."""

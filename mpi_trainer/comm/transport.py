@@ -75,6 +75,15 @@ _FIRST_SLEEP = 2e-5
 _SLEEP_FRACTION = 0.1
 DEFAULT_MAX_SLEEP = 0.005
 
+# Waits for a message whose arrival time is known (a worker's report at k steps per round,
+# expected when the last round's came): from shortly before it is due until a little after, the
+# wait polls every ``_DUE_SLEEP`` instead of following the back-off, whose sleeps have grown to
+# ``max_sleep`` by then and would notice the message up to that late. The window is a
+# fraction of the wait, capped in seconds, so a long round spends at most ~12 ms polling finely.
+_DUE_LEAD_FRACTION, _DUE_LEAD = 0.05, 2e-3
+_DUE_GRACE_FRACTION, _DUE_GRACE = 0.25, 1e-2
+_DUE_SLEEP = 5e-5
+
 _NOTHING = np.empty(0, np.uint8)  # the payload of the readiness messages
 
 
@@ -92,6 +101,20 @@ def poll_sleep(waited: float, max_sleep: float) -> float:
     if waited < _SPIN_SECONDS:
         return 0.0
     return min(max(_FIRST_SLEEP, waited * _SLEEP_FRACTION), max(max_sleep, _FIRST_SLEEP))
+
+
+def due_sleep(pause: float, now: float, started: float, due: float) -> float:
+    """``pause`` (the back-off's next sleep) shortened around ``due``, when a message is expected.
+
+    Before the fine window opens, no sleep runs past its opening; inside it, sleeps are
+    ``_DUE_SLEEP``; after it closes (the message is late), the back-off goes on unchanged.
+    """
+    span = max(due - started, 0.0)
+    opens = due - min(_DUE_LEAD_FRACTION * span, _DUE_LEAD)
+    closes = due + min(_DUE_GRACE_FRACTION * span, _DUE_GRACE)
+    if now < opens:
+        return min(pause, opens - now)
+    return min(pause, _DUE_SLEEP) if now < closes else pause
 
 
 class TransportTimeout(TimeoutError):
@@ -192,16 +215,23 @@ class Transport(RankAccounting):
         return self.max_sleep <= 0 and timeout is None
 
     def _poll(self, ready: Callable[[], bool], timeout: float | None, what: str,
-              missing: Callable[[], list[int]] = list) -> None:
-        """Call ``ready()`` with growing sleeps until it is true; TransportTimeout after ``timeout``."""
+              missing: Callable[[], list[int]] = list, due: float | None = None) -> None:
+        """Call ``ready()`` with growing sleeps until it is true; TransportTimeout after ``timeout``.
+
+        ``due`` (a ``time.perf_counter()`` time): when the awaited message is expected; see
+        :func:`due_sleep`.
+        """
         with self._timed():
             started = time.perf_counter()
             while not ready():
-                waited = time.perf_counter() - started
+                now = time.perf_counter()
+                waited = now - started
                 if timeout is not None and waited > timeout:
                     raise self._timeout(what, timeout, missing())
                 pause = poll_sleep(waited, self.max_sleep)
-                if pause:
+                if due is not None:
+                    pause = due_sleep(pause, now, started, due)
+                if pause > 0:
                     time.sleep(pause)
 
     def _timeout(self, what: str, timeout: float, missing: list[int]) -> TransportTimeout:
@@ -235,7 +265,7 @@ class Transport(RankAccounting):
             request.Wait()
             raise
 
-    def _probe(self, source: int, tag: int, timeout: float | None) -> Any:
+    def _probe(self, source: int, tag: int, timeout: float | None, due: float | None = None) -> Any:
         status = self._mpi.Status()
         what = f"message (tag {tag}) from {'any rank' if source < 0 else f'rank {source}'}"
         if self._blocking(timeout):
@@ -243,7 +273,7 @@ class Transport(RankAccounting):
                 self.comm.Probe(source, tag, status)
         else:
             self._poll(lambda: self.comm.Iprobe(source, tag, status), timeout, what,
-                       lambda: [] if source < 0 else [source])
+                       lambda: [] if source < 0 else [source], due)
         return status
 
     # -- readiness ----------------------------------------------------------
@@ -303,9 +333,10 @@ class Transport(RankAccounting):
         self._send_nothing(sender, TAG_CLEAR)
         return self._probe(sender, tag, timeout)
 
-    def _receive_status(self, source: int, tag: int, timeout: float | None, expected: int = -1) -> Any:
+    def _receive_status(self, source: int, tag: int, timeout: float | None, expected: int = -1,
+                        due: float | None = None) -> Any:
         """The status of the next payload on ``tag``, after accepting an announcement if one comes first."""
-        status = self._probe(source, tag, timeout)
+        status = self._probe(source, tag, timeout, due)
         if status.Get_count(self._mpi.BYTE) == 0 and expected != 0:
             status = self._accept(status, tag, timeout)
         return status
@@ -323,9 +354,11 @@ class Transport(RankAccounting):
         self._count(len(data))
         return len(data)
 
-    def recv_object(self, source: int = -1, tag: int = 0, timeout: float | None = None) -> Received:
+    def recv_object(self, source: int = -1, tag: int = 0, timeout: float | None = None,
+                    due: float | None = None) -> Received:
+        """The next object on ``tag``; ``due``: when it is expected (``time.perf_counter()``), if known."""
         source = self._mpi.ANY_SOURCE if source < 0 else source
-        status = self._receive_status(source, tag, timeout)
+        status = self._receive_status(source, tag, timeout, due=due)
         nbytes = status.Get_count(self._mpi.BYTE)
         data = bytearray(nbytes)
         with self._bulk(timeout, "object receive"):

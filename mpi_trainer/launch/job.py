@@ -12,7 +12,7 @@ import importlib.util
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -259,9 +259,9 @@ def log_placements(placements: list[Placement]) -> None:
 
 
 def run_scheduler(transport: Transport, cfg: Config, setup_result: tuple, placements: list[Placement],
-                  callbacks: Sequence[Any] = ()) -> Any:
+                  callbacks: Sequence[Any] = (), speeds: Mapping[int, Any] | None = None) -> Any:
     """Rank 0's part; returns the engine and the run's summary. A watchdog failure ends the whole job
-    with a one-line message, not a traceback."""
+    with a one-line message, not a traceback. ``speeds``: the workers' calibrations, for rebalancing."""
     from mpi_trainer.comm.protocol import SchedulerLink
     from mpi_trainer.scheduler import engine_class
     from mpi_trainer.scheduler.lbfgs import LbfgsScheduler
@@ -280,6 +280,8 @@ def run_scheduler(transport: Transport, cfg: Config, setup_result: tuple, placem
         engine.record_placement([placement.as_dict() for placement in placements])
         if callbacks:
             engine.recorder.use_callbacks(callbacks)
+        if speeds:
+            engine.seed_speeds(speeds)
         summary = engine.run()
     except WorkerFailure as exc:
         get_logger().error("%s", exc)
@@ -333,10 +335,23 @@ def run_job(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str |
     plan = transport.bcast_object(plan)
     worker_data, dataset = place_training_data(transport, cfg, dataset, plan)
     role = make_worker(transport, cfg, plan, dataset, worker_data)
+    speeds = calibrate_everywhere(transport, cfg, role)
     if transport.rank == 0:
-        return run_scheduler(transport, cfg, (dataset, model, plan, path, state), placements, inputs.callbacks)
+        return run_scheduler(transport, cfg, (dataset, model, plan, path, state), placements, inputs.callbacks,
+                             speeds)
     role.run()
     return None
+
+
+def calibrate_everywhere(transport: Transport, cfg: Config, role: Any) -> dict[int, Any]:
+    """``data.rebalance``: each worker times a few steps; every rank gets ``{worker rank: speed}``.
+
+    The scheduler cuts round 0's blocks from them (:meth:`Engine.seed_speeds`).
+    """
+    if not cfg.data.rebalance or uses_lbfgs(cfg):
+        return {}
+    speeds = transport.allgather(role.calibrate() if transport.rank != 0 else None)
+    return {rank: speed for rank, speed in enumerate(speeds) if speed is not None}
 
 
 def make_worker(transport: Transport, cfg: Config, plan: Any, dataset: Any, worker_data: Any) -> Any:

@@ -10,11 +10,13 @@ goes through the :class:`~mpi_trainer.comm.protocol.SchedulerLink`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from mpi_trainer.algorithms.rebalance import Measurement, Rebalancer
 from mpi_trainer.comm.codec import WeightCodec
 from mpi_trainer.comm.protocol import JobPlan, SchedulerLink
 from mpi_trainer.comm.wire import WireFormat
@@ -28,6 +30,8 @@ from mpi_trainer.scheduler.watchdog import Watchdog
 
 
 class Engine(ABC):
+    rebalancer: Rebalancer | None = None  # data.rebalance: the engine's own, cutting blocks by speed
+
     def __init__(self, link: SchedulerLink, cfg: Config, dataset: Dataset, model: Any, plan: JobPlan,
                  run_dir: Path, hosts: list[str] | None = None, resume: ResumeState | None = None) -> None:
         self.link, self.cfg, self.dataset, self.model, self.plan = link, cfg, dataset, model, plan
@@ -96,6 +100,24 @@ class Engine(ABC):
 
     def close(self) -> None:
         self.recorder.close()
+
+    # -- rebalancing ----------------------------------------------------------------
+    def seed_speeds(self, speeds: Mapping[int, Measurement]) -> None:
+        """Rebalancing: cut the first round's blocks from the steps each worker timed before it.
+
+        ``speeds``: worker rank -> its calibration (:meth:`Worker.calibrate`). Without it the
+        first round would run on equal blocks at the slowest worker's pace.
+        """
+        if self.rebalancer is None or not speeds:
+            return
+        if self.rebalancer.update({rank - 1: speed for rank, speed in sorted(speeds.items())}):
+            self.adopt_bounds(self.recorder.start_round)
+            self.log.info("before round %d blocks cut by calibrated speed %s", self.recorder.start_round,
+                          self.rebalancer.describe(self.workers))
+
+    def adopt_bounds(self, start_round: int) -> None:
+        """The rebalancer's blocks become the plan from ``start_round`` on (the orders carry them)."""
+        self.plan.block_bounds = list(self.rebalancer.bounds)
 
     def hand_over_rows(self, worker: int, positions: np.ndarray, round_index: int) -> None:
         """Scatter: the rows that changed owner go to their new worker before it reads its block."""

@@ -221,7 +221,7 @@ class StaleEngine(Engine):
         """Re-cut the blocks from this update's measured speed; each worker takes them with its next order."""
         if self.rebalancer is None or not self.rebalancer.update({report.rank - 1: measured(report)}):
             return
-        self.plan.block_bounds = list(self.rebalancer.bounds)
+        self.adopt_bounds(self.version)
         self.log.info("after update %d blocks re-cut by throughput %s", self.version - 1,
                       self.rebalancer.describe(self.workers))
 

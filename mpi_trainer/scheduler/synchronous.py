@@ -43,6 +43,8 @@ class SynchronousEngine(Engine):
         self.next_order = Order(OrderKind.ROUND)  # fields every worker's next order carries
         self.pending_states: dict[int, np.ndarray] = {}
         self.next_started: float | None = None  # set while the next round runs ahead (overlap_eval)
+        # seconds from the last round's start to its last report: when this round's reports are due
+        self.report_lag: float | None = None
         self.rebalancer = Rebalancer(plan.block_bounds, cfg.data.rebalance_smoothing) if cfg.data.rebalance else None
         # Under scatter a re-cut moves rows: the ledger knows who holds what, ``moved`` what goes next.
         self.ledger = (ScatterLedger(cfg, plan, self.workers)
@@ -213,11 +215,15 @@ class SynchronousEngine(Engine):
             return
         rates = {r.rank - 1: measured(r) for r in reports}
         if self.rebalancer.update(rates):
-            self.plan.block_bounds = list(self.rebalancer.bounds)
-            if self.ledger is not None:
-                self.moved = self.ledger.recut(self.plan, round_index + 1)
+            self.adopt_bounds(round_index + 1)
             self.log.info("after round %d blocks re-cut by throughput %s", round_index,
                           self.rebalancer.describe(self.workers))
+
+    def adopt_bounds(self, start_round: int) -> None:
+        """The new blocks, and under scatter the rows that change owner, go out with the next orders."""
+        super().adopt_bounds(start_round)
+        if self.ledger is not None:
+            self.moved = self.ledger.recut(self.plan, start_round)
 
     # -- collecting a round --------------------------------------------------------
     def collect(self, started: float, round_index: int) -> ClosedRound:
@@ -232,15 +238,22 @@ class SynchronousEngine(Engine):
         return closed
 
     def recv_reports(self, started: float, round_index: int) -> tuple[list[Report], int]:
+        """Every worker's report, sorted by rank, and their bytes.
+
+        Rounds of a few steps come at a steady pace: the reports are expected as long after the
+        round's start as the last round's came, and the wait polls finely around then.
+        """
         reports, received = [], 0
+        due = None if self.report_lag is None else started + self.report_lag
         for _ in self.workers:
             try:
-                message = self.link.recv_report(self.watchdog.remaining(started))
+                message = self.link.recv_report(self.watchdog.remaining(started), due)
             except TimeoutError:
                 missing = sorted(set(self.workers) - {r.rank for r in reports})
                 raise self.watchdog.failure(f"report round {round_index}", missing) from None
             reports.append(message.payload)
             received += message.nbytes + message.payload.bytes_before_report
+        self.report_lag = time.perf_counter() - started
         return sorted(reports, key=lambda r: r.rank), received
 
     def collect_reduced(self, closed: ClosedRound) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from mpi_trainer.algorithms import aggregation
+from mpi_trainer.algorithms.rebalance import MIN_TIMED_STEPS, Measurement
 from mpi_trainer.algorithms.step_budget import steps_per_round
 from mpi_trainer.algorithms.sync_schedule import schedule_for
 from mpi_trainer.comm.codec import WeightCodec
@@ -90,6 +91,30 @@ class Worker:
         with a clear message when the model, the labels and the loss do not fit together)."""
         batch = self.cfg.train.batch_size
         dry_run(self.model, self.x[:batch], self.y[:batch])
+
+    def calibrate(self) -> Measurement | None:
+        """Rebalancing: time a few training steps on this worker's block before round 0.
+
+        The scheduler cuts round 0's blocks from these speeds, so that the first round does not run
+        at the slowest worker's pace. One untimed step, then ``MIN_TIMED_STEPS`` timed ones, through
+        the same slowdown as training (a fresh one, whose first batch is not slowed either); the
+        weights and the optimizer state are put back. None without rebalancing, or without a full batch.
+        """
+        batch = self.cfg.train.batch_size
+        if not self.cfg.data.rebalance or len(self.x) < batch:
+            return None
+        slowdown, weights, seconds = make_slowdown(self.cfg.debug, self.rank), self.model.get_weights(), 0.0
+        try:
+            for step in range(MIN_TIMED_STEPS + 1):
+                x, y = self.data.batch(np.arange(batch) + (step * batch) % (len(self.x) - batch + 1))
+                started = time.perf_counter()
+                one_step(self.model, x, y, slowdown)
+                seconds += (time.perf_counter() - started) if step else 0.0
+        finally:
+            self.model.set_weights(weights)
+            reset_optimizer(self.model.optimizer)
+        samples = MIN_TIMED_STEPS * batch
+        return Measurement(samples, seconds, samples / seconds, MIN_TIMED_STEPS)
 
     def send_candidate(self, order: Order) -> None:
         self.link.send_weights(self.wire.encode(self.candidate))
@@ -251,12 +276,7 @@ class Worker:
         return self.walk.next_rows(len(self.x), self.cfg.train.batch_size)
 
     def train_step(self, x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
-        if self.slowdown is None:
-            return self.model.train_on_batch(x, y, return_dict=True)
-        self.slowdown.on_train_batch_begin(0)
-        logs = self.model.train_on_batch(x, y, return_dict=True)
-        self.slowdown.on_train_batch_end(0)
-        return logs
+        return one_step(self.model, x, y, self.slowdown)
 
     def maybe_inject_nan(self, round_index: int, local: np.ndarray) -> None:
         """Test hook (debug.nan_rank / debug.nan_round): poison this rank's weights once."""
@@ -275,3 +295,13 @@ class Worker:
         report.val_metrics = result
         report.eval_seconds = time.perf_counter() - started
         self.phases.add("evaluate", report.round, time.time() - report.eval_seconds)
+
+
+def one_step(model: Any, x: np.ndarray, y: np.ndarray, slowdown: Any | None) -> dict[str, Any]:
+    """One ``train_on_batch``, paused by the debug slowdown's callback when there is one."""
+    if slowdown is None:
+        return model.train_on_batch(x, y, return_dict=True)
+    slowdown.on_train_batch_begin(0)
+    logs = model.train_on_batch(x, y, return_dict=True)
+    slowdown.on_train_batch_end(0)
+    return logs

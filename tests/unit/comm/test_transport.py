@@ -12,7 +12,15 @@ import time
 import numpy as np
 import pytest
 
-from mpi_trainer.comm.transport import TAG_ARRIVED, TAG_GOING, TAG_PROCEED, Transport, TransportTimeout, poll_sleep
+from mpi_trainer.comm.transport import (
+    TAG_ARRIVED,
+    TAG_GOING,
+    TAG_PROCEED,
+    Transport,
+    TransportTimeout,
+    due_sleep,
+    poll_sleep,
+)
 
 
 class FakeRequest:
@@ -205,3 +213,54 @@ def test_a_prompt_collective_leaves_the_job_alone():
     Transport(comm).broadcast(np.zeros(2, np.float32), timeout=0.1)
     time.sleep(0.2)
     assert comm.aborted is None
+
+
+# -- a message whose arrival time is known (a report at k steps per round) --------------------
+@pytest.mark.parametrize("now, expected", [
+    (0.050, 0.005),   # long before: the back-off's own sleep
+    (0.097, 0.001),   # no sleep runs past the window's opening (due 0.1 - 2 ms)
+    (0.099, 5e-5),    # inside the window: fine polling
+    (0.109, 5e-5),    # still inside (due + 10 ms)
+    (0.200, 0.005),   # the message is late: back to the back-off
+])
+def test_a_wait_polls_finely_only_around_the_time_its_message_is_due(now, expected):
+    assert due_sleep(0.005, now, started=0.0, due=0.1) == pytest.approx(expected)
+
+
+def test_the_fine_window_is_a_fraction_of_a_short_wait():
+    # a wait of 10 ms: the window opens 0.5 ms before the message is due and closes 2.5 ms after
+    assert due_sleep(0.001, 0.0094, started=0.0, due=0.01) == pytest.approx(1e-4)
+    assert due_sleep(0.001, 0.0124, started=0.0, due=0.01) == pytest.approx(5e-5)
+    assert due_sleep(0.001, 0.0126, started=0.0, due=0.01) == pytest.approx(0.001)
+
+
+class LateMessageComm(FakeComm):
+    """One pickled object from rank 1 that becomes visible ``after`` seconds from now."""
+
+    def __init__(self, after: float) -> None:
+        super().__init__(0, 2)
+        self.data = pickle.dumps("report", protocol=pickle.HIGHEST_PROTOCOL)
+        self.visible_at = time.perf_counter() + after
+        self.probes = 0
+
+    def Iprobe(self, source, tag, status) -> bool:  # noqa: N802
+        self.probes += 1
+        if time.perf_counter() < self.visible_at:
+            return False
+        status.Set_source(1)
+        status.Set_elements(_byte(), len(self.data))
+        return True
+
+    def Recv(self, buf, source, tag, status=None) -> None:  # noqa: N802
+        buf[0][:] = self.data
+
+
+def test_a_message_that_comes_when_due_is_noticed_without_the_back_offs_delay():
+    # With 50 ms sleeps the back-off alone would notice a message at 0.4 s up to 40 ms late.
+    comm = LateMessageComm(after=0.4)
+    transport = Transport(comm, max_sleep=0.05)
+    received = transport.recv_object(tag=12, due=comm.visible_at)
+    late = time.perf_counter() - comm.visible_at
+    assert received.payload == "report"
+    assert late < 0.015
+    assert comm.probes < 500  # fine polling lasts from 2 ms before the message, not the whole wait

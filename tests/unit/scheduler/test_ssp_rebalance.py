@@ -33,8 +33,9 @@ def run_logged(tmp_path, caplog, **sections):
 
 
 def cuts_from_log(text: str, total: int) -> list[list[int]]:
-    """The equal first cut and every re-cut the engine logged, as block sizes."""
-    found = re.findall(r"blocks re-cut by throughput \([^)]*\): rank 1: (\d+), rank 2: (\d+)", text)
+    """The equal first cut and every cut the engine logged (calibrated, then re-cut), as block sizes."""
+    found = re.findall(r"blocks (?:re-cut by throughput|cut by calibrated speed) \([^)]*\): rank 1: (\d+), "
+                       r"rank 2: (\d+)", text)
     return [[total // 2, total - total // 2], *([int(a), int(b)] for a, b in found)]
 
 
@@ -56,9 +57,11 @@ def test_ssp_rebalancing_under_scatter_recuts_towards_the_fast_worker_and_moves_
     assert covers_once(engine.plan.block_bounds, total)  # the plan covers every training row exactly once
     sizes = [end - start for start, end in engine.plan.block_bounds]
     assert sizes[1] < 0.4 * total < sizes[0], sizes  # the slowed rank 2 ends with the smaller block
-    # Its first update is measured (steady steps, tracing left out), so its second one has a smaller block.
+    # Steps timed before the first update cut its blocks already: the slowed worker's first block is smaller.
     cuts = cuts_from_log(caplog.text, total)
+    assert "before round 0 blocks cut by calibrated speed" in caplog.text
     first, second = (report for report, _ in job.workers[1].trained[:2])
+    assert trained_cut(cuts, 2, first.samples, first.round, increment)[1] < total // 2, cuts
     assert trained_cut(cuts, 2, second.samples, second.round, increment)[1] < total // 2, cuts
     for worker in job.workers:
         told = engine.told[worker.rank][worker.rank - 1]  # the block its last update was handed

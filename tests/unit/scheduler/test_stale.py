@@ -66,7 +66,8 @@ class FakeWorkers:
         if dest not in self.hung:
             heapq.heappush(self.pending, (self.now + self.durations[dest], dest, clock))
 
-    def recv_object(self, source: int = -1, tag: int = 0, timeout: float | None = None) -> Received:
+    def recv_object(self, source: int = -1, tag: int = 0, timeout: float | None = None,
+                    due: float | None = None) -> Received:
         if not self.pending:
             if timeout is None:
                 raise AssertionError("the scheduler would wait forever for a hung worker")
