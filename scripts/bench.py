@@ -70,7 +70,7 @@ def bench_data(choice: str | None, scratch: Path) -> Path:
 
 
 # -- plain Keras, in a child process so that each run owns its thread pools ---------------------
-def plain(data: Path, feed: str, epochs: int, threads: int = 0) -> None:
+def plain(data: Path, feed: str, epochs: int, threads: int = 0, seed: int = 0) -> None:
     if threads:
         from mpi_trainer.launch.runtime import configure_threads
 
@@ -81,14 +81,14 @@ def plain(data: Path, feed: str, epochs: int, threads: int = 0) -> None:
     from mpi_trainer.config import ModelConfig
     from mpi_trainer.models import build_model
 
-    keras.utils.set_random_seed(0)
+    keras.utils.set_random_seed(seed)
     x, y, x_test, y_test = load(data)
     model, _ = build_model(ModelConfig(name="lenet", optimizer="adadelta", learning_rate=1.0), (28, 28, 1), 10)
     pipeline = None
     if feed == "tfdata":
         options = tf.data.Options()
         options.autotune.enabled = False
-        pipeline = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0).batch(BATCH)
+        pipeline = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=seed).batch(BATCH)
                     .prefetch(1).with_options(options))
     started = time.perf_counter()
     for epoch in range(epochs):
@@ -254,6 +254,7 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.95)
     parser.add_argument("--skip-mwms", action="store_true", help="leave out MultiWorkerMirroredStrategy")
     parser.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--plain", choices=["arrays", "tfdata"], help=argparse.SUPPRESS)
     parser.add_argument("--mwms", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--optimizer", default="adadelta", help=argparse.SUPPRESS)
@@ -261,7 +262,7 @@ def main() -> None:
     parser.add_argument("source", nargs="?", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain:
-        return plain(args.source, args.plain, args.epochs, args.threads)
+        return plain(args.source, args.plain, args.epochs, args.threads, args.seed)
     if args.mwms:
         return mwms(args.mwms, args.epochs, args.optimizer, args.learning_rate)
     scratch = Path(tempfile.mkdtemp(prefix="mpi_trainer_bench_"))

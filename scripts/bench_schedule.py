@@ -14,6 +14,9 @@ of passes over the training set for every run:
 Every run is scored on the test split once per pass over the data (plain Keras after each epoch,
 mpi_trainer at each round that ends a local epoch), and "s to target" is the elapsed training time
 of the first such score at or above the target. "epochs" is passes over the training set by then.
+Which epoch first crosses a target depends on the seed as much as on the method, so ``--seeds N``
+repeats every run with seeds 0..N-1 (plain Keras: its initial weights and shuffle; mpi_trainer:
+``train.seed``) and compares the median times.
 
 ``steps``: synchronous SGD on both sides, 2 workers (2 processes) of batch 64: mpi_trainer at
 ``train.sync_every = 1`` (scored only at the end, ``train.overlap_eval``, ``comm.poll_interval =
@@ -21,7 +24,8 @@ of the first such score at or above the target. "epochs" is passes over the trai
 (tf_keras, global batch 128), both plain SGD. Steps per second exclude the first epoch's worth
 of steps (graph tracing) and, for mpi_trainer, the last round (which is scored).
 
-    .venv/bin/python scripts/bench_schedule.py accuracy [--epochs 8] [--targets 0.95 0.96]
+    .venv/bin/python scripts/bench_schedule.py accuracy [--data mnist5k] [--epochs 8] [--targets 0.95 0.96]
+        [--seeds 3] [--only "per-epoch averaging" ...]
     .venv/bin/python scripts/bench_schedule.py steps [--epochs 6]
 """
 
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -84,8 +89,8 @@ def trainer_rows(data: Path, name: str, overrides: list[str], scratch: Path, num
              "epochs": int(r["steps"]) / epoch_steps, "rounds": int(r["round"]) + 1} for r in scored]
 
 
-def plain_rows(data: Path, feed: str, epochs: int) -> list[dict]:
-    rows = bench.epochs_of(bench.child(["--plain", feed, str(data), "--epochs", str(epochs)]))
+def plain_rows(data: Path, feed: str, epochs: int, seed: int = 0) -> list[dict]:
+    rows = bench.epochs_of(bench.child(["--plain", feed, str(data), "--epochs", str(epochs), "--seed", str(seed)]))
     return [{**r, "epochs": r["epoch"] + 1, "rounds": r["epoch"] + 1} for r in rows]
 
 
@@ -108,14 +113,44 @@ def accuracy_table(results: dict[str, list[dict]], targets: list[float]) -> str:
     return "\n".join(out) + "\n\nratio = time to the target / the faster plain Keras run's time to it"
 
 
-def accuracy(data: Path, epochs: int, targets: list[float], only: list[str] | None, scratch: Path) -> None:
+def accuracy(data: Path, epochs: int, targets: list[float], only: list[str] | None, scratch: Path,
+             seeds: int = 1) -> None:
     num_train = len(bench.load(data)[1])
-    results = {f"plain-{feed}": plain_rows(data, feed, epochs) for feed in ("arrays", "tfdata")}
-    for name, overrides in variants(num_train, epochs).items():
-        if only is None or name in only:
-            results[name] = trainer_rows(data, name, overrides, scratch, num_train)
-            print(f"{name}: {[round(r['test_accuracy'], 4) for r in results[name]]}", flush=True)
-    print(accuracy_table(results, targets))
+    chosen = {name: o for name, o in variants(num_train, epochs).items() if only is None or name in only}
+    runs: dict[str, list[list[dict]]] = {}
+    for seed in range(seeds):  # every run of one seed, then the next: a slow spell hits all alike
+        for feed in ("arrays", "tfdata"):
+            runs.setdefault(f"plain-{feed}", []).append(plain_rows(data, feed, epochs, seed))
+        for name, overrides in chosen.items():
+            rows = trainer_rows(data, f"{name} {seed}", [*overrides, f"train.seed={seed}"], scratch, num_train)
+            runs.setdefault(name, []).append(rows)
+            print(f"{name}, seed {seed}: {[round(r['test_accuracy'], 4) for r in rows]}", flush=True)
+    if seeds == 1:
+        print(accuracy_table({name: rows[0] for name, rows in runs.items()}, targets))
+    else:
+        print(median_table(runs, targets))
+
+
+def median_table(runs: dict[str, list[list[dict]]], targets: list[float]) -> str:
+    """Per run and target: the median over seeds of the time to it (a seed that never reaches it counts as
+    longer than any that does), its ratio to the faster plain Keras feed's median, and each seed's time."""
+
+    def times(name: str, target: float) -> list[float]:
+        return [hit["elapsed"] if (hit := first_reaching(rows, target)) else math.inf for rows in runs[name]]
+
+    best = {t: min(statistics.median(times(f"plain-{feed}", t)) for feed in ("arrays", "tfdata")) for t in targets}
+    head = " | ".join(f"median s to {t} | ratio | each seed" for t in targets)
+    out = [f"| run | {head} |", "|---|" + "---|---|---|" * len(targets)]
+    for name in runs:
+        cells = []
+        for t in targets:
+            each, median = times(name, t), statistics.median(times(name, t))
+            ratio = f"**{median / best[t]:.2f}**" if math.isfinite(median) and math.isfinite(best[t]) else ""
+            shown = "; ".join("-" if math.isinf(v) else f"{v:.1f}" for v in each)
+            cells.append(f"{median:.1f} | {ratio} | {shown}" if math.isfinite(median) else f"not reached | | {shown}")
+        out.append(f"| {name} | {' | '.join(cells)} |")
+    return "\n".join(out) + ("\n\nratio = median time to the target / the faster plain Keras feed's median; "
+                             "'-': that seed did not reach it")
 
 
 # -- steps per second at sync_every = 1 ----------------------------------------------------------
@@ -160,12 +195,14 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=8, help="passes over the training set per run")
     parser.add_argument("--targets", type=float, nargs="+", default=[0.95, 0.96])
     parser.add_argument("--only", nargs="+", help="accuracy: run only these mpi_trainer variants (by name)")
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="accuracy: run everything with seeds 0..N-1 and compare median times to the targets")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="mpi_trainer_bench_schedule_"))
     data = bench.bench_data(args.data, scratch)
     print(f"data: {data}", flush=True)
     if args.mode == "accuracy":
-        accuracy(data, args.epochs, args.targets, args.only, scratch)
+        accuracy(data, args.epochs, args.targets, args.only, scratch, args.seeds)
     else:
         steps(data, args.epochs, scratch)
 

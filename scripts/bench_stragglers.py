@@ -8,10 +8,12 @@ its final test accuracy minus ``--tolerance`` (0.5 percentage points). The
 other runs get up to twice the rounds and are ended as soon as they reach the
 target. For each run it prints the wall time to reach the target (in total,
 and counted after round 0, which is dominated by one-time graph tracing),
-those times as ratios of BSP's, the mean straggler idle fraction of rounds
->= 2, the largest staleness seen and the last round's blocks. Rebalancing
-re-cuts from the workers' per-step speed (``Report.step_rate``), so blocks
-change from round 1 on. ``--write FILE`` puts the table and the command in FILE
+those times as ratios of BSP's, the mean round after round 0 (the pace, which
+does not depend on the round in which an accuracy happens to be reached), the
+mean straggler idle fraction of rounds >= 2, the largest staleness seen and
+the last round's blocks. Rebalancing cuts round 0's blocks from a few steps
+each worker times before it (counted in the run's time), then re-cuts from the
+workers' per-step speed (``Report.step_rate``). ``--write FILE`` puts the table and the command in FILE
 under ``## Stragglers``, in a subsection named after the command: an earlier run of the same
 command is replaced, the rest of the section is kept.
 
@@ -82,6 +84,11 @@ class Outcome:
 
     def last_blocks(self) -> str:
         return self.rows[-1]["block_sizes"]
+
+    def round_seconds(self) -> float:
+        """Mean wall seconds of a round after round 0: the pace, whatever accuracy each round reaches."""
+        later = self.rows[1:] or self.rows
+        return sum(float(r["wall_seconds"]) for r in later) / len(later)
 
 
 def variants() -> list[Variant]:
@@ -218,14 +225,17 @@ def seconds(value: float | None) -> str:
 def table(outcomes: list[Outcome], target: float) -> str:
     total_ref = outcomes[0].time_to(target)
     warm_ref = outcomes[0].time_to(target, after_warm_up=True)
+    round_ref = outcomes[0].round_seconds()
     lines = ["| run | rounds run | last acc | s to target | ratio | s to target after round 0 | ratio "
-             "| idle fraction | max staleness | last blocks |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| s per round after round 0 | ratio | idle fraction | max staleness | last blocks |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for outcome in outcomes:
         total, warm = outcome.time_to(target), outcome.time_to(target, after_warm_up=True)
+        pace = outcome.round_seconds()
         lines.append(f"| {outcome.label} | {len(outcome.rows)} | {outcome.accuracies()[-1]:.4f} | "
                      f"{seconds(total)} | {ratio(total, total_ref)} | {seconds(warm)} | "
-                     f"{ratio(warm, warm_ref)} | {outcome.idle_fraction():.3f} | {outcome.max_staleness()} | "
-                     f"`{outcome.last_blocks()}` |")
+                     f"{ratio(warm, warm_ref)} | {pace:.2f} | {ratio(pace, round_ref)} | "
+                     f"{outcome.idle_fraction():.3f} | {outcome.max_staleness()} | `{outcome.last_blocks()}` |")
     return "\n".join(lines)
 
 
@@ -297,7 +307,8 @@ def main() -> int:
                f"BSP runs {args.epochs} rounds, the others up "
                f"to {2 * args.epochs}, ended once they reach the target = BSP final accuracy - "
                f"{args.tolerance * 100:g} pp = {target:.4f}; idle fraction = mean over rounds >= 2 "
-               f"(round 0 traces graphs; rebalancing re-cuts from round 0's step rates, so blocks change from round 1)")
+               f"(round 0 traces graphs); rebalancing cuts round 0's blocks from steps each worker times before it "
+               f"(counted in the times) and re-cuts from every round's step rates")
     result = table(outcomes, target)
     print(heading)
     print(result)

@@ -9,14 +9,17 @@ engines and the worker call the verbs of :class:`SchedulerLink` and
 A synchronous round, as the scheduler sees it::
 
     send_order(ROUND) to every worker -> [send_rows, when a re-cut moved rows]
-    -> [send_state, when resuming optimizer state] -> await_ready (every worker)
-    -> broadcast_weights -> recv_report (every worker)
+    -> [send_state, when resuming optimizer state] -> broadcast_weights
+    -> recv_report (every worker)
     -> reduce_weights (average, weighted) | request_weights(winner) (best)
 
 Under ``evaluation.where = "workers"`` a scored round ends with
 ``send_order(EVALUATE)`` to every worker -> await_ready -> broadcast_weights
 -> reduce_metric_state; the next ROUND order then says ``held_weights`` and
-its broadcast is left out (the workers hold the weights they just scored).
+its broadcast is left out (the workers hold the weights they just scored): each
+worker sends "ready" instead (``await_ready``), so that the watchdog still
+names a worker that stopped before the round. A broadcast's own arrival
+messages do that when one follows.
 
 An SSP update: ``send_order(UPDATE)``, [``send_rows`` after a re-cut under
 scatter] and ``send_weights`` to one worker; its

@@ -259,9 +259,10 @@ def log_placements(placements: list[Placement]) -> None:
 
 
 def run_scheduler(transport: Transport, cfg: Config, setup_result: tuple, placements: list[Placement],
-                  callbacks: Sequence[Any] = (), speeds: Mapping[int, Any] | None = None) -> Any:
+                  callbacks: Sequence[Any] = (), calibration: tuple[Mapping[int, Any], float] = ({}, 0.0)) -> Any:
     """Rank 0's part; returns the engine and the run's summary. A watchdog failure ends the whole job
-    with a one-line message, not a traceback. ``speeds``: the workers' calibrations, for rebalancing."""
+    with a one-line message, not a traceback. ``calibration``: the workers' timed steps for
+    rebalancing, and the seconds they took."""
     from mpi_trainer.comm.protocol import SchedulerLink
     from mpi_trainer.scheduler import engine_class
     from mpi_trainer.scheduler.lbfgs import LbfgsScheduler
@@ -280,8 +281,8 @@ def run_scheduler(transport: Transport, cfg: Config, setup_result: tuple, placem
         engine.record_placement([placement.as_dict() for placement in placements])
         if callbacks:
             engine.recorder.use_callbacks(callbacks)
-        if speeds:
-            engine.seed_speeds(speeds)
+        if calibration[0]:  # data.rebalance (which L-BFGS refuses)
+            engine.seed_speeds(*calibration)
         summary = engine.run()
     except WorkerFailure as exc:
         get_logger().error("%s", exc)
@@ -335,10 +336,11 @@ def run_job(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str |
     plan = transport.bcast_object(plan)
     worker_data, dataset = place_training_data(transport, cfg, dataset, plan)
     role = make_worker(transport, cfg, plan, dataset, worker_data)
+    calibrating = time.perf_counter()
     speeds = calibrate_everywhere(transport, cfg, role)
     if transport.rank == 0:
         return run_scheduler(transport, cfg, (dataset, model, plan, path, state), placements, inputs.callbacks,
-                             speeds)
+                             (speeds, time.perf_counter() - calibrating))
     role.run()
     return None
 

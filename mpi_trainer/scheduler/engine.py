@@ -102,14 +102,16 @@ class Engine(ABC):
         self.recorder.close()
 
     # -- rebalancing ----------------------------------------------------------------
-    def seed_speeds(self, speeds: Mapping[int, Measurement]) -> None:
+    def seed_speeds(self, speeds: Mapping[int, Measurement], seconds: float = 0.0) -> None:
         """Rebalancing: cut the first round's blocks from the steps each worker timed before it.
 
         ``speeds``: worker rank -> its calibration (:meth:`Worker.calibrate`). Without it the
-        first round would run on equal blocks at the slowest worker's pace.
+        first round would run on equal blocks at the slowest worker's pace. ``seconds``: how long
+        the calibration took, counted in the run's wall time (elapsed_seconds, summary.json).
         """
         if self.rebalancer is None or not speeds:
             return
+        self.state.wall_offset += seconds
         if self.rebalancer.update({rank - 1: speed for rank, speed in sorted(speeds.items())}):
             self.adopt_bounds(self.recorder.start_round)
             self.log.info("before round %d blocks cut by calibrated speed %s", self.recorder.start_round,

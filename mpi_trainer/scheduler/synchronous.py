@@ -190,12 +190,14 @@ class SynchronousEngine(Engine):
         for worker, vector in self.pending_states.items():
             self.link.send_state(worker, vector)
         self.pending_states = {}
-        try:
-            self.link.await_ready(self.watchdog.deadline(started))
-        except TimeoutError as exc:
-            raise self.timed_out(f"start round {round_index}", exc, self.workers) from None
-        if not self.recorder.evaluator.holds(self.weights):  # else the workers scored them and kept them
+        if not self.recorder.evaluator.holds(self.weights):
+            # the broadcast's arrival messages name a worker that stopped before it
             self.send_weights(round_index)
+        else:  # the workers scored these weights and kept them: only "ready" says they are there
+            try:
+                self.link.await_ready(self.watchdog.deadline(started))
+            except TimeoutError as exc:
+                raise self.timed_out(f"start round {round_index}", exc, self.workers) from None
         self.observers.span("send", round_index, started)
         return started
 

@@ -128,9 +128,11 @@ class Worker:
         self.apply_optimizer_changes(order)
         self.link.take_bytes()
         waited = time.time()
-        # "ready": lets the scheduler's watchdog name a rank that stopped before the broadcast.
-        self.link.send_ready(order.round)
-        if not order.held_weights:  # else the weights of the last EVALUATE are this round's
+        if order.held_weights:  # the weights of the last EVALUATE are this round's
+            # "ready": lets the scheduler's watchdog name a rank that stopped before training
+            # (a broadcast's own arrival messages do that when one follows).
+            self.link.send_ready(order.round)
+        else:
             self.link.recv_broadcast(self.arriving)
             self.wire.decode(self.arriving, self.global_weights)
         self.phases.add("wait", order.round, waited)

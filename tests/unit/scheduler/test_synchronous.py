@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 
 import numpy as np
 import pytest
@@ -133,3 +134,22 @@ def test_best_and_ssp_move_sixteen_bit_weights_too(tmp_path):
     assert accuracy[1] >= accuracy[0] - 0.03, accuracy
     update_bytes = [job.summary["traffic_bytes"] for job in (full, half)]
     assert update_bytes[1] < 0.55 * update_bytes[0]  # every update's weights travel both ways in 16 bits
+
+
+def test_a_worker_that_stops_before_the_weights_broadcast_is_named_by_the_watchdog(tmp_path, monkeypatch):
+    from mpi_trainer.errors import WorkerFailure
+    from mpi_trainer.worker import Worker
+
+    taking = Worker.apply_optimizer_changes
+
+    def stalled(self, order):
+        if self.rank == 2 and order.round == 1:
+            time.sleep(6)
+        taking(self, order)
+
+    monkeypatch.setattr(Worker, "apply_optimizer_changes", stalled)
+    # No "ready" precedes a broadcast: under MPI its arrival messages name the rank ("did not take the
+    # weights"); the local transport's root does not wait for a broadcast, so the report's wait does.
+    with pytest.raises(WorkerFailure, match=r"worker rank 2 on host \S+ did not (take the weights of|report) "
+                                            r"round 1 within watchdog.worker_timeout=3 s"):
+        run_local_job(tmp_path / "run", train={"epochs": 3}, watchdog={"worker_timeout": 3.0})

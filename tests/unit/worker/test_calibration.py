@@ -26,10 +26,11 @@ def test_the_slowed_worker_gets_the_smaller_first_block(tmp_path):
     engine, team, _ = build_local_job(tmp_path, data={"rebalance": True}, debug=SLOW_RANK_2,
                                       train={"batch_size": 32})
     equal = list(engine.plan.block_bounds)
-    engine.seed_speeds({worker.rank: worker.calibrate() for worker in team})
+    engine.seed_speeds({worker.rank: worker.calibrate() for worker in team}, seconds=1.5)
     fast, slow = (end - start for start, end in engine.plan.block_bounds)
     assert slow < 0.4 * (fast + slow) < fast, engine.plan.block_bounds  # 4x slower: about a fifth
     assert engine.plan.block_bounds[-1][1] == equal[-1][1] and engine.plan.block_bounds[0][0] == 0
+    assert engine.recorder.elapsed() >= 1.5  # the run's clock counts the calibration
 
 
 def test_without_rebalancing_nothing_is_timed(tmp_path):
