@@ -88,9 +88,17 @@ class Worker:
 
     def preflight(self) -> None:
         """Before round 0: one step and one evaluation on this worker's first batch (fails every rank
-        with a clear message when the model, the labels and the loss do not fit together)."""
+        with a clear message when the model, the labels and the loss do not fit together).
+
+        Rounds of k steps end every pass over the block with a partial batch, whose new shape the
+        backend traces again: a pause of a few hundred milliseconds in the middle of a synchronous
+        round, which every other worker waits out. It is traced here, with the weights put back.
+        """
         batch = self.cfg.train.batch_size
         dry_run(self.model, self.x[:batch], self.y[:batch])
+        partial = len(self.data.fixed_x) % batch
+        if partial and (self.schedule.sync_every or self.schedule.warmup_rounds):
+            dry_run(self.model, self.x[:partial], self.y[:partial])
 
     def calibrate(self) -> Measurement | None:
         """Rebalancing: time a few training steps on this worker's block before round 0.

@@ -1,8 +1,9 @@
-"""Before round 0 under rebalancing, each worker times a few steps; the scheduler cuts round 0 by them."""
+"""What a worker does before round 0: time steps for rebalancing, trace the partial batch of k-step rounds."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from local_job import build_local_job
 
 from mpi_trainer.algorithms.rebalance import MIN_TIMED_STEPS
@@ -36,3 +37,23 @@ def test_the_slowed_worker_gets_the_smaller_first_block(tmp_path):
 def test_without_rebalancing_nothing_is_timed(tmp_path):
     _, team, _ = build_local_job(tmp_path, train={"batch_size": 32})
     assert team[0].calibrate() is None
+
+
+@pytest.mark.parametrize("train, traced", [({"sync_every": 1}, True), ({"sync_warmup_epochs": 1}, True),
+                                           ({}, False)])
+def test_k_step_rounds_trace_the_partial_batch_before_round_0(tmp_path, monkeypatch, train, traced):
+    import keras
+
+    sizes: list[int] = []
+    stepping = keras.Model.train_on_batch
+
+    def recorded(self, x, y=None, *args, **kwargs):
+        sizes.append(len(x))
+        return stepping(self, x, y, *args, **kwargs)
+
+    monkeypatch.setattr(keras.Model, "train_on_batch", recorded)
+    _, team, _ = build_local_job(tmp_path, train={"batch_size": 64, **train})
+    partial = len(team[0].data.fixed_x) % 64
+    assert partial  # digits' blocks are not a multiple of 64
+    # a pass over the block ends with that batch: its shape is traced in the dry run, not mid-round
+    assert (partial in sizes) is traced, sizes
