@@ -14,7 +14,7 @@ A synchronous round, as the scheduler sees it::
     -> reduce_weights (average, weighted) | request_weights(winner) (best)
 
 Under ``evaluation.where = "workers"`` a scored round ends with
-``send_order(EVALUATE)`` to every worker -> await_ready -> broadcast_weights
+``send_order(EVALUATE)`` to every worker -> broadcast_weights
 -> reduce_metric_state; the next ROUND order then says ``held_weights`` and
 its broadcast is left out (the workers hold the weights they just scored): each
 worker sends "ready" instead (``await_ready``), so that the watchdog still

@@ -82,7 +82,7 @@ class WorkerEvaluator(Evaluator):
         summed = np.zeros(self.state_size * (2 if self.scores_validation else 1), dtype=np.float64)
         what = f"score round {round_index}"
         try:
-            self.link.await_ready(self.watchdog.deadline(started))
+            # the broadcast's arrival messages name a worker that stopped before scoring
             self.link.broadcast_weights(weights, self.watchdog.timeout)
             self.link.reduce_metric_state(summed, self.watchdog.timeout)
         except TimeoutError as exc:

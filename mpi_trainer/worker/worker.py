@@ -166,7 +166,6 @@ class Worker:
         """Take the global weights (float32, whatever the wire format), score this worker's shard of the
         test split (and of the validation split) and add the metrics' summed state to the scheduler's."""
         started = time.time()
-        self.link.send_ready(order.round)
         self.link.recv_broadcast(self.global_weights)
         self.model.set_weights(self.codec.unflatten(self.global_weights))
         shard, batch = self.data.evaluation, max(256, self.cfg.train.batch_size)
