@@ -4,13 +4,18 @@ Every rank of ``mpirun -n N python train.py`` calls :func:`fit` with the same
 arguments (workers may pass ``None`` for the arrays). Rank 0 becomes the
 scheduler and gets a :class:`FitResult`; the other ranks train and get
 ``None``. The command line's ``train`` is this same function with a TOML path.
+
+:func:`init`, called at the top of the script before Keras is imported or
+builds anything, places each rank (its GPU, its threads) while that can still
+take effect, and says which rank this process is.
 """
 
 from __future__ import annotations
 
 import sys
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +24,7 @@ import numpy as np
 
 from mpi_trainer.errors import ConfigError, InputError
 
-__all__ = ["FitResult", "fit"]
+__all__ = ["FitResult", "Rank", "fit", "init"]
 
 
 @dataclass
@@ -36,6 +41,61 @@ class FitResult:
     model: Any
     run_dir: Path
     summary: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Rank:
+    """This process in the ``mpirun`` job, as :func:`init` placed it."""
+
+    rank: int
+    size: int
+    host: str
+    device: str  # "cpu" or "cuda:<id>"
+    threads: int | None  # None: the backend had started and kept its own default
+
+    @property
+    def is_scheduler(self) -> bool:
+        """Rank 0 schedules, aggregates and evaluates; the others train."""
+        return self.rank == 0
+
+
+def init(*, device: str | None = None, scheduler_device: str | None = None, threads: int | None = None) -> Rank:
+    """Place this rank before the script imports Keras; returns which rank this process is.
+
+    A Keras backend reads its GPUs and sizes its thread pools once, when it starts. :func:`fit`
+    places each rank itself, which is enough while the model is passed as a function or a zoo
+    name; a script that builds a model (or runs anything in Keras) first calls ``init`` at its
+    top, on every rank, before ``import keras``. The arguments are ``train.device`` ("auto",
+    "cpu", "gpu"), ``train.scheduler_device`` ("cpu", "gpu") and ``train.threads`` (0: the node's
+    cores divided by its workers); left out, they are the defaults, and later :func:`fit` calls
+    keep this placement (a config asking for another fails every rank). Calling it again is harmless.
+    """
+    from mpi_trainer.comm.transport import Transport
+    from mpi_trainer.launch.job import load_config_everywhere, quiet_backend, start_rank
+
+    quiet_backend()
+    transport = Transport()
+    given = {"train.device": device, "train.scheduler_device": scheduler_device, "train.threads": threads}
+    with _refused_together(transport):
+        cfg = load_config_everywhere(transport, None, [(k, v) for k, v in given.items() if v is not None])
+        _, placements = start_rank(transport, cfg)
+    mine = placements[transport.rank]
+    return Rank(transport.rank, transport.size, transport.host, mine.device, mine.threads)
+
+
+@contextmanager
+def _refused_together(transport: Any) -> Iterator[None]:
+    """Input refused on every rank ends each with its message, once all have printed it."""
+    from mpi_trainer.launch.job import AgreedInputError, report_error
+
+    try:
+        yield
+    except AgreedInputError as exc:
+        report_error(exc)
+        transport.barrier()  # every rank has printed before any leaves
+        # a refused job ends by this exception on every rank, not by MPI_Abort
+        sys.excepthook = getattr(sys.excepthook, "previous", sys.excepthook)
+        raise
 
 
 def fit(model: Any = None, x: Any = None, y: Any = None, *, validation_data: tuple[Any, Any] | None = None,
@@ -63,18 +123,13 @@ def fit(model: Any = None, x: Any = None, y: Any = None, *, validation_data: tup
     Bad input raises :class:`mpi_trainer.errors.InputError` on every rank before training.
     """
     from mpi_trainer.comm.transport import Transport
-    from mpi_trainer.launch.job import AgreedInputError, quiet_backend, report_error
+    from mpi_trainer.launch.job import quiet_backend
 
     quiet_backend()
-    transport, hook = Transport(), sys.excepthook
-    try:
+    transport = Transport()
+    with _refused_together(transport):
         finished = _run(transport, model, (x, y, validation_data), config, overrides,
-                      {"train.epochs": epochs, "train.batch_size": batch_size}, callbacks, run_dir, resume)
-    except AgreedInputError as exc:
-        report_error(exc)
-        transport.barrier()  # every rank has printed before any leaves
-        sys.excepthook = hook  # a refused job ends by this exception on every rank, not by MPI_Abort
-        raise
+                        {"train.epochs": epochs, "train.batch_size": batch_size}, callbacks, run_dir, resume)
     return None if finished is None else _result(*finished)
 
 

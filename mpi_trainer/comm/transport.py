@@ -488,7 +488,9 @@ def install_abort_on_error(transport: Transport) -> None:
 
     The traceback goes to stderr under a header naming the rank and host, then
     ``MPI_Abort`` takes every other rank down, so nothing is left waiting.
+    The hook it replaces stays reachable as ``sys.excepthook.previous``.
     """
+    previous = getattr(sys.excepthook, "previous", sys.excepthook)  # installed again: keep the user's
 
     def hook(exc_type: type, exc: BaseException, tb: Any) -> None:
         text = "".join(traceback.format_exception(exc_type, exc, tb))
@@ -497,4 +499,5 @@ def install_abort_on_error(transport: Transport) -> None:
         sys.stdout.flush()
         transport.abort(1)
 
+    hook.previous = previous  # type: ignore[attr-defined]
     sys.excepthook = hook

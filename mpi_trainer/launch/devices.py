@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -50,10 +51,12 @@ class Placement:
     backend: str
     device: str
     gpu_id: str | None = None
+    threads: int | None = None  # the backend's threads; None: its own default (it had started already)
 
     def describe(self) -> str:
         role = " (scheduler)" if self.role == "scheduler" else ""
-        return f"rank {self.rank}{role} on {self.host}: {self.backend}, {self.device}"
+        threads = "" if self.threads is None else f", {self.threads} thread{'s' if self.threads != 1 else ''}"
+        return f"rank {self.rank}{role} on {self.host}: {self.backend}, {self.device}{threads}"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -174,6 +177,38 @@ def backend_environment(placement: Placement, environ: Mapping[str, str] = os.en
         # JAX takes 75 % of the GPU at start-up by default: a second worker on the same GPU would fail.
         variables["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     return variables
+
+
+def backend_started(backend: str) -> bool:
+    """Whether this process's backend has already started its runtime, which has then read the visible
+    GPUs and sized its thread pools for good (a script that built or ran a model before the job began)."""
+    module = sys.modules.get(BACKEND_MODULES.get(backend, backend))
+    if module is None:
+        return False
+    if backend == "torch":
+        return bool(module.cuda.is_initialized())
+    if backend == "jax":
+        bridge = sys.modules.get("jax._src.xla_bridge")
+        return bool(bridge is not None and bridge.backends_are_initialized())
+    threading = module.config.threading  # TensorFlow refuses a new pool size once its runtime runs
+    current = threading.get_inter_op_parallelism_threads()
+    try:
+        threading.set_inter_op_parallelism_threads(current + 1)
+    except RuntimeError:
+        return True
+    threading.set_inter_op_parallelism_threads(current)
+    return False
+
+
+def refuse_started_backend(placement: Placement, inventory: GpuInventory) -> None:
+    """A backend that started before the GPUs were dealt sees every GPU of the node: refuse it there."""
+    if not inventory.ids:
+        return
+    raise ConfigError(f"rank {placement.rank} on {placement.host}: the Keras backend {placement.backend!r} "
+                      f"started before mpi_trainer dealt this node's {len(inventory.ids)} GPUs to its ranks (the "
+                      f"script built or ran a model first), so every rank would see every GPU. Received: a "
+                      f"{placement.backend} runtime already running; expected `mpi_trainer.init()` at the top "
+                      f"of the script, before Keras builds anything (or the model passed as a function)")
 
 
 def backend_sees_gpu(backend: str) -> bool:

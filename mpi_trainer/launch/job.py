@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,18 +21,20 @@ import numpy as np
 
 from mpi_trainer.comm.transport import Transport, install_abort_on_error
 from mpi_trainer.config import Config, load_config
-from mpi_trainer.config.schema import DEFAULT_MONITOR
+from mpi_trainer.config.schema import DEFAULT_MONITOR, TrainConfig
 from mpi_trainer.data.readers import RawArrays
 from mpi_trainer.errors import EXIT_INPUT_ERROR, EXIT_WORKER_FAILURE, ConfigError, InputError, WorkerFailure
 from mpi_trainer.launch.devices import (
     Placement,
     backend_environment,
     backend_sees_gpu,
+    backend_started,
     check_backend,
     choose_placement,
     configured_backend,
     confirm_placement,
     discover_gpus,
+    refuse_started_backend,
 )
 from mpi_trainer.launch.runtime import configure_threads, threads_for_rank, usable_cores
 from mpi_trainer.logs import add_log_file, get_logger, setup_logging
@@ -255,7 +257,14 @@ def log_placements(placements: list[Placement]) -> None:
     log = get_logger()
     for placement in placements:
         why = f" (aggregates in NumPy, evaluates on {placement.device})" if placement.role == "scheduler" else ""
-        log.info("%s%s", placement.describe(), why)
+        log.info("%s%s%s", placement.describe(), ", the backend's own threads" if placement.threads is None else "",
+                 why)
+    unsized = [p.rank for p in placements if p.threads is None]
+    if unsized:
+        log.warning("ranks %s: the Keras backend had started before the job could size its threads (the script "
+                    "built or ran a model first), so each keeps the backend's default pools, which may "
+                    "oversubscribe the cores; call mpi_trainer.init() at the top of the script, before Keras "
+                    "builds anything", ", ".join(map(str, unsized)))
 
 
 def run_scheduler(transport: Transport, cfg: Config, setup_result: tuple, placements: list[Placement],
@@ -322,16 +331,7 @@ def load_config_everywhere(transport: Transport, config: str | dict | None, over
 
 def run_job(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str | None, resume: bool) -> Any:
     """Every rank's whole job; returns (the scheduler's engine, the summary) on rank 0, None on workers."""
-    transport.max_sleep = cfg.comm.poll_interval
-    setup_logging(transport.rank, transport.size, transport.host, cfg.log.verbosity)
-    check_world(transport)
-    install_abort_on_error(transport)
-    node_cores, node_ranks = transport.node_layout()
-    placement = place_rank(transport, cfg, node_ranks)  # before anything imports the backend
-    threads = threads_for_rank(transport.rank, node_cores, node_ranks, usable_cores(), cfg.train.threads)
-    configure_threads(threads)
-    get_logger().debug("%d threads (%d cores, ranks on this node: %s)", threads, node_cores, node_ranks)
-    placements = confirm_rank(transport, cfg, placement)
+    cfg, placements = start_rank(transport, cfg)
     dataset, model, plan, path, state = setup(transport, cfg, inputs, run_dir, resume)
     plan = transport.bcast_object(plan)
     worker_data, dataset = place_training_data(transport, cfg, dataset, plan)
@@ -343,6 +343,74 @@ def run_job(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str |
                              (speeds, time.perf_counter() - calibrating))
     role.run()
     return None
+
+
+# -- this process's device and threads, fixed once ----------------------------------------------
+PLACEMENT_KEYS = ("device", "scheduler_device", "threads")  # the train.* values a placement follows
+
+
+@dataclass
+class ProcessPlacement:
+    """Where this process's ranks run, and the ``train.*`` values it was chosen from.
+
+    A backend reads its GPUs and sizes its threads once, when it starts: a process is placed once
+    (by :func:`mpi_trainer.init` or its first job), and later jobs in it keep that placement.
+    """
+
+    placements: list[Placement]
+    settings: dict[str, Any]
+
+
+_placed: ProcessPlacement | None = None
+
+
+def start_rank(transport: Transport, cfg: Config) -> tuple[Config, list[Placement]]:
+    """Logging, the world's size, abort on an uncaught error, then this process's device and threads
+    (chosen the first time; checked against ``cfg`` after that). Returns ``cfg`` and every rank's placement."""
+    global _placed
+    transport.max_sleep = cfg.comm.poll_interval
+    setup_logging(transport.rank, transport.size, transport.host, cfg.log.verbosity)
+    check_world(transport)
+    install_abort_on_error(transport)
+    if _placed is None:
+        _placed = ProcessPlacement(place_process(transport, cfg), placement_settings(cfg))
+    else:
+        cfg = follow_placement(transport, cfg, _placed.settings)
+    return cfg, _placed.placements
+
+
+def placement_settings(cfg: Config) -> dict[str, Any]:
+    return {key: getattr(cfg.train, key) for key in PLACEMENT_KEYS}
+
+
+def follow_placement(transport: Transport, cfg: Config, settings: dict[str, Any]) -> Config:
+    """A job in a process placed already takes that placement's ``train.*`` values; one that asks for
+    other values than the defaults is refused on every rank (a started backend cannot move)."""
+    defaults = {f.name: f.default for f in fields(TrainConfig) if f.name in PLACEMENT_KEYS}
+    error = None
+    for key, chosen in settings.items():
+        asked = getattr(cfg.train, key)
+        if asked != chosen and asked != defaults[key]:
+            error = (f"`train.{key}` differs from the placement this process already has: its backend started "
+                     f"with train.{key}={chosen!r} (mpi_trainer.init() or an earlier job) and cannot move. "
+                     f"Received: train.{key}={asked!r}; expected {chosen!r}, or the setting left out")
+            break
+    agree(transport, error)
+    return replace(cfg, train=replace(cfg.train, **settings))
+
+
+def place_process(transport: Transport, cfg: Config) -> list[Placement]:
+    """This rank's device and threads, set before its backend starts; every rank's placement."""
+    node_cores, node_ranks = transport.node_layout()
+    placement, started = place_rank(transport, cfg, node_ranks)  # before anything imports the backend
+    threads = threads_for_rank(transport.rank, node_cores, node_ranks, usable_cores(), cfg.train.threads)
+    if started and placement.backend != "torch":  # PyTorch alone resizes its pools at any time
+        get_logger().debug("the %s runtime had started: its own threads, not %d", placement.backend, threads)
+    else:
+        configure_threads(threads)
+        placement = replace(placement, threads=threads)
+        get_logger().debug("%d threads (%d cores, ranks on this node: %s)", threads, node_cores, node_ranks)
+    return confirm_rank(transport, cfg, placement)
 
 
 def calibrate_everywhere(transport: Transport, cfg: Config, role: Any) -> dict[int, Any]:
@@ -390,19 +458,27 @@ def backend_installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def place_rank(transport: Transport, cfg: Config, node_ranks: list[int]) -> Placement:
-    """Choose this rank's device and narrow the visible GPUs to it; a rank that cannot fails them all."""
-    placement, error = None, None
+def place_rank(transport: Transport, cfg: Config, node_ranks: list[int]) -> tuple[Placement, bool]:
+    """Choose this rank's device and narrow the visible GPUs to it; a rank that cannot fails them all.
+
+    Also says whether the backend had started already (too late to narrow GPUs or size threads):
+    on a node with GPUs that fails every rank.
+    """
+    placement, started, error = None, False, None
     try:
         backend = configured_backend()
         check_backend(backend, backend_installed)
+        inventory = discover_gpus()
         placement = choose_placement(transport.rank, transport.host, node_ranks, cfg.train.device,
-                                     cfg.train.scheduler_device, discover_gpus(), backend)
+                                     cfg.train.scheduler_device, inventory, backend)
+        started = backend_started(backend)
+        if started:
+            refuse_started_backend(placement, inventory)
         os.environ.update(backend_environment(placement))
     except InputError as exc:
         error = str(exc)
     agree(transport, error)
-    return placement
+    return placement, started
 
 
 def confirm_rank(transport: Transport, cfg: Config, placement: Placement) -> list[Placement]:

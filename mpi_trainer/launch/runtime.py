@@ -34,7 +34,8 @@ def usable_cores() -> int | None:
 
 
 def configure_threads(threads: int) -> None:
-    """Size the backend's thread pools; call before the backend runs its first op."""
+    """Size the backend's thread pools; call before the backend runs its first op
+    (:func:`~mpi_trainer.launch.devices.backend_started` tells when it is too late)."""
     os.environ["OMP_NUM_THREADS"] = str(threads)
     backend = configured_backend()
     if backend == "jax":

@@ -1,6 +1,6 @@
 """The script test_mpirun_api.py runs under ``mpirun -n 3``: ``mpi_trainer.fit`` as a user calls it.
 
-    python tests/mpirun/fit_job.py RUN_DIR shared | scattered | mismatch | half_arguments
+    python tests/mpirun/fit_job.py RUN_DIR shared | scattered | mismatch | half_arguments | built | init_built
 
 Rank 0 prints one JSON line with what ``fit`` returned; workers print ``{"worker": rank, "result": null}``.
 """
@@ -55,6 +55,8 @@ def run(mode: str, run_dir: str, rank: int) -> dict | None:
                                  **common)
         return None if result is None else {"history": result.history, "summary": result.summary}
     x, y = load_digits(return_X_y=True)
+    if mode in ("built", "init_built"):
+        return built_model(mode, run_dir, x / 16.0, y, common["overrides"])
     if mode == "mismatch":
         mpi_trainer.fit(one_hot_model, x / 16.0, y, epochs=3, **common)
         return {"unreachable": True}
@@ -68,6 +70,23 @@ def run(mode: str, run_dir: str, rank: int) -> dict | None:
     probe = result.model.evaluate(x[:50] / 16.0, y[:50], verbose=0, return_dict=True)
     return {"history": result.history, "summary": result.summary, "epochs_seen": stop.epochs,
             "model_accuracy": probe["accuracy"], "run_dir": str(result.run_dir)}
+
+
+def built_model(mode: str, run_dir: str, x, y, overrides: dict) -> dict | None:
+    """A model built and run before ``fit`` (the backend has started): after ``mpi_trainer.init()``
+    (init_built), or without it (built). init_built then asks a second job for other threads."""
+    if mode == "init_built":
+        placed = mpi_trainer.init(threads=1)
+        assert placed.rank == MPI.COMM_WORLD.Get_rank() and placed.size == 3
+        assert placed.is_scheduler == (placed.rank == 0) and placed.device == "cpu"
+    model = classifier((64,), 10)
+    model.predict(x[:2], verbose=0)
+    result = mpi_trainer.fit(model, x, y, epochs=2, run_dir=run_dir, overrides=overrides)
+    out = None if result is None else {"summary": result.summary}
+    print(json.dumps({"rank": MPI.COMM_WORLD.Get_rank(), "result": out}), flush=True)
+    if mode == "init_built":  # a process placed at 1 thread cannot train a job at 2
+        mpi_trainer.fit(model, x, y, epochs=1, run_dir=run_dir + "-again", overrides={**overrides, "train.threads": 2})
+    sys.exit(0)
 
 
 if __name__ == "__main__":

@@ -67,3 +67,27 @@ def test_a_bad_argument_on_one_worker_fails_every_rank_instead_of_leaving_them_w
     printed = [line for line in output.splitlines() if line.startswith("mpi_trainer: error: `x` and `y` go "
                                                                         "together. Received: x=ndarray")]
     assert len(printed) == 3 and sum("(reported by rank 2)" in line for line in printed) == 2, output
+
+
+def test_a_model_built_before_fit_trains_and_the_log_says_its_threads_were_not_sized(tmp_path):
+    code, results, output = run_fit(tmp_path / "run", "built")
+    assert code == 0, output
+    placement = results[0]["summary"]["placement"]
+    assert [p["threads"] for p in placement] == [None, None, None]  # TensorFlow had started on every rank
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "ranks 0, 1, 2: the Keras backend had started before the job could size its threads" in log
+    assert "call mpi_trainer.init() at the top of the script" in log
+
+
+def test_init_places_every_rank_before_keras_starts_and_a_later_job_cannot_move_them(tmp_path):
+    code, results, output = run_fit(tmp_path / "run", "init_built")
+    placement = results[0]["summary"]["placement"]
+    cores = os.cpu_count()
+    assert [(p["rank"], p["threads"]) for p in placement] == [(0, cores), (1, 1), (2, 1)], output
+    assert "could size its threads" not in (tmp_path / "run" / "train.log").read_text()
+    # the second job asked for train.threads=2: refused on every rank, before anything was written
+    assert code != 0
+    printed = [line for line in output.splitlines() if line.startswith(
+        "mpi_trainer: error: `train.threads` differs from the placement this process already has")]
+    assert len(printed) == 3 and all("Received: train.threads=2; expected 1" in line for line in printed), output
+    assert not (tmp_path / "run-again").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 from conftest import run_mpi
@@ -31,10 +32,12 @@ def test_a_job_trains_on_the_backend_and_logs_where_each_rank_ran(backend, tmp_p
     placement = summary["placement"]
     assert [(p["rank"], p["role"], p["backend"], p["device"]) for p in placement] == [
         (0, "scheduler", backend, "cpu"), (1, "worker", backend, "cpu"), (2, "worker", backend, "cpu")]
+    cores = os.cpu_count()
+    assert [p["threads"] for p in placement] == [cores, max(1, cores // 2), max(1, cores // 2)]
     log = (result.run_dir / "train.log").read_text()
     for p in placement[1:]:
-        assert f"rank {p['rank']} on {p['host']}: {backend}, cpu" in log
-    scheduler = f"rank 0 (scheduler) on {placement[0]['host']}: {backend}, cpu"
+        assert f"rank {p['rank']} on {p['host']}: {backend}, cpu, {p['threads']} thread" in log
+    scheduler = f"rank 0 (scheduler) on {placement[0]['host']}: {backend}, cpu, {cores} threads"
     assert f"{scheduler} (aggregates in NumPy, evaluates on cpu)" in log
 
 

@@ -1,0 +1,83 @@
+"""A process is placed once: a backend that started early, ``mpi_trainer.init``'s placement kept by later
+jobs, and the abort hook that a refused job must not leave behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mpi_trainer.comm.local import LocalTransport, LocalWorld
+from mpi_trainer.comm.transport import install_abort_on_error
+from mpi_trainer.config import load_config
+from mpi_trainer.errors import ConfigError
+from mpi_trainer.launch.devices import GpuInventory, Placement, refuse_started_backend
+from mpi_trainer.launch.job import AgreedInputError, follow_placement
+
+PLACED = {"device": "auto", "scheduler_device": "cpu", "threads": 1}
+
+
+def single_rank() -> LocalTransport:
+    return LocalTransport(LocalWorld(1), 0)
+
+
+def test_a_later_job_takes_the_placement_where_its_config_leaves_the_defaults():
+    cfg = follow_placement(single_rank(), load_config(None, ["train.epochs=3"]), PLACED)
+    assert (cfg.train.device, cfg.train.scheduler_device, cfg.train.threads) == ("auto", "cpu", 1)
+    assert cfg.train.epochs == 3
+
+
+def test_a_later_job_that_asks_for_other_threads_or_devices_is_refused():
+    with pytest.raises(AgreedInputError, match=r"`train.threads` differs from the placement this process already "
+                                               r"has: .* Received: train.threads=4; expected 1"):
+        follow_placement(single_rank(), load_config(None, ["train.threads=4"]), PLACED)
+    with pytest.raises(AgreedInputError, match=r"Received: train.device='gpu'; expected 'auto'"):
+        follow_placement(single_rank(), load_config(None, ["train.device=gpu"]), PLACED)
+
+
+def test_a_backend_started_on_a_node_with_gpus_is_refused_and_on_one_without_it_is_not():
+    placement = Placement(2, "node01", 1, "worker", "tensorflow", "cuda:1", "1")
+    with pytest.raises(ConfigError, match=r"rank 2 on node01: the Keras backend 'tensorflow' started before "
+                                          r"mpi_trainer dealt this node's 4 GPUs .* expected `mpi_trainer.init\(\)`"):
+        refuse_started_backend(placement, GpuInventory(["0", "1", "2", "3"]))
+    refuse_started_backend(Placement(2, "node01", 1, "worker", "tensorflow", "cpu"), GpuInventory([]))
+
+
+def test_a_placement_names_its_threads_once_they_are_sized():
+    placement = Placement(1, "node01", 0, "worker", "jax", "cpu")
+    assert placement.describe() == "rank 1 on node01: jax, cpu"
+    sized = Placement(1, "node01", 0, "worker", "jax", "cpu", threads=1)
+    assert sized.describe() == "rank 1 on node01: jax, cpu, 1 thread"
+
+
+PROBE = """
+import sys
+from mpi_trainer.launch.devices import backend_started
+backend = sys.argv[1]
+import keras
+print(backend_started(backend))
+keras.ops.convert_to_numpy(keras.ops.ones((2,)) + 1)  # the runtime runs an op
+print(backend_started(backend))
+"""
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_a_backend_counts_as_started_once_it_ran_an_op_not_when_keras_is_imported(backend):
+    pytest.importorskip(backend)
+    env = {"KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3", "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", PROBE, backend], capture_output=True, text=True, check=True,
+                         env={**os.environ, **env}).stdout.split()
+    assert out[-2:] == ["False", "True"]
+
+
+def test_installing_the_abort_hook_again_keeps_the_users_hook_reachable(monkeypatch):
+    def users_hook(*args):
+        pass
+
+    monkeypatch.setattr(sys, "excepthook", users_hook)
+    transport = single_rank()
+    install_abort_on_error(transport)
+    install_abort_on_error(transport)  # a second job in the same process
+    assert sys.excepthook is not users_hook and sys.excepthook.previous is users_hook
