@@ -108,6 +108,7 @@ def fit(model: Any = None, x: Any = None, y: Any = None, *, validation_data: tup
         model: a function ``(input_shape, num_outputs) -> keras.Model`` (compiled or not), a built
             ``keras.Model``, a zoo name or ``"package.module:function"``; None: the config's ``model.name``.
             ``num_outputs`` is the number of classes for integer labels, the target width otherwise.
+            A model built in the script is best built after :func:`init`, which places the rank first.
         x, y: the training data on the scheduler. Workers pass the same arrays (only block
             indices then travel) or None (their blocks are then sent to them). Without arrays
             the config's ``data.source`` is read.
