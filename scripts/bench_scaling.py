@@ -12,6 +12,8 @@ For each: training samples/s (epochs after the first, which compiles), seconds p
 scoring, the speed-up over one worker, the efficiency (samples/s over W times one worker's, at
 the same threads per worker: weak scaling) and the wall seconds to the target test accuracy.
 The threads per process default to the cores divided by the largest W (the scheduler mostly waits).
+It also runs W independent plain processes at once (W = the largest that fits the cores at those
+threads): what the cores give any W busy processes, the ceiling of the efficiency on this machine.
 
     KERAS_BACKEND=jax .venv/bin/python scripts/bench_scaling.py [--data mnist5k | FILE.npz] \
         [--workers 1 2 4 8] [--threads T] [--epochs 6] [--target 0.95]
@@ -58,8 +60,18 @@ print(json.dumps({"rows": rows, "samples": len(data.x_train), "backend": keras.b
 
 
 def plain(data: Path, epochs: int, threads: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", PLAIN, str(data), str(epochs), str(threads), str(BATCH)], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout
+    return plain_result(plain_process(data, epochs, threads))
+
+
+def plain_process(data: Path, epochs: int, threads: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", PLAIN, str(data), str(epochs), str(threads), str(BATCH)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def plain_result(proc: subprocess.Popen) -> dict:
+    out, _ = proc.communicate()
+    if proc.returncode:
+        raise SystemExit(f"plain Keras failed ({proc.returncode})")
     result = json.loads(out.strip().splitlines()[-1])
     rows = result["rows"]
     return {"samples_per_second": result["samples"] * (len(rows) - 1) / sum(r["seconds"] for r in rows[1:]),
@@ -103,6 +115,11 @@ def main() -> None:
             results[f"plain Keras fit, all {cores} cores"] = plain(data, args.epochs, cores)
         for workers in sorted(set(args.workers)):
             results[f"mpi_trainer, {workers} worker(s)"] = trainer(data, workers, args.epochs, threads, Path(tmp))
+        alone = results[f"plain Keras fit, {threads} thread(s)"]["samples_per_second"]
+        together = max([w for w in args.workers if w > 1 and w * threads <= cores], default=0)
+        if together:
+            procs = [plain_process(data, args.epochs, threads) for _ in range(together)]
+            shared = sum(plain_result(p)["samples_per_second"] for p in procs)
     backends = {r["backend"] for r in results.values()}
     print(f"backend {', '.join(sorted(backends))}; LeNet, batch {BATCH}, {args.epochs} epochs/rounds; {cores} cores; "
           f"{threads} thread(s) per process; target test accuracy {args.target}")
@@ -118,6 +135,10 @@ def main() -> None:
         reached = time_to(result["curve"], args.target)
         print(f"| {name} | {result['samples_per_second']:.0f} | {result['epoch_seconds']:.2f} | {speedup} | "
               f"{efficiency} | {'not reached' if reached is None else f'{reached:.1f}'} |")
+    if together:
+        print(f"{together} independent plain Keras processes at {threads} thread(s) each, at the same time: "
+              f"{shared:.0f} samples/s against {together} x {alone:.0f} alone = {shared / (together * alone):.2f}, "
+              f"the ceiling of a {together}-process efficiency on these cores")
 
 
 if __name__ == "__main__":
