@@ -7,8 +7,9 @@ round broadcasts the weights, runs one step, reports, reduces and records the ro
 per-step time is the time between the ends of consecutive rounds (``elapsed_seconds`` in
 rounds.csv), after warm-up and before the last round (which is always evaluated); the
 worker's own ``train_on_batch`` time per round (``train_seconds_max``) splits it into the step
-and what the round adds. It runs twice: tuned for k = 1 (scoring only the last round,
-``train.overlap_eval``, 1 ms polls) and with the defaults (scoring every round). Both use
+and what the round adds. It runs three ways: tuned for k = 1 (scoring only the last round,
+``train.overlap_eval``, 1 ms polls), with the defaults (scoring once per local epoch) and scoring
+every round (``evaluation.every = 1``). All use
 LeNet (484,714 parameters) on scikit-learn's digits upsampled to 28x28, or ``--data mnist5k``
 (5,000 real MNIST digits) or a Keras-layout ``.npz``; plain and mpi_trainer runs alternate
 ``--repeats`` times, and medians are printed.
@@ -83,9 +84,10 @@ def mpi_step(data: Path, steps: int, batch: int, settings: list[str], run_dir: P
 
 
 # At k = 1 a round is one step: score only at the end, record while the next round trains, and
-# poll for peers at 1 ms rather than the default 5 ms. The second variant keeps the defaults.
+# poll for peers at 1 ms rather than the default 5 ms. The second variant keeps the defaults (scoring
+# once per local epoch); the third scores every round, the default before evaluation.every = 0.
 TUNED = ["evaluation.every=1000000", "train.overlap_eval=true", "comm.poll_interval=0.001"]
-DEFAULTS: list[str] = []
+VARIANTS = {"tuned": TUNED, "defaults": [], "every round": ["evaluation.every=1"]}
 
 
 def main() -> None:
@@ -96,13 +98,14 @@ def main() -> None:
     parser.add_argument("--data", help="mnist5k, or a Keras-layout .npz (default: digits upsampled to 28x28)")
     args = parser.parse_args()
     plain: list[float] = []
-    runs: dict[str, list[dict[str, float]]] = {"tuned": [], "defaults": []}
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
         data = bench_data(args.data, Path(tmp))
         for repeat in range(args.repeats):
             plain.append(plain_step(data, args.steps, args.batch_size))
-            for name, settings in (("tuned", TUNED), ("defaults", DEFAULTS)):
-                runs[name].append(mpi_step(data, args.steps, args.batch_size, settings, Path(tmp) / f"{name}{repeat}"))
+            for name, settings in VARIANTS.items():
+                run_dir = Path(tmp) / f"{name.replace(' ', '_')}{repeat}"
+                runs[name].append(mpi_step(data, args.steps, args.batch_size, settings, run_dir))
     report(args, plain, runs)
 
 
@@ -113,7 +116,8 @@ def report(args: argparse.Namespace, plain: list[float], runs: dict[str, list[di
     print(f"{'':<44} {'ms/step':>8} {'ratio':>6} {'worker step':>12} {'added':>7} {'eval':>6}")
     print(f"{'plain Keras train_on_batch loop':<44} {1000 * base:>8.1f} {1.0:>6.3f}")
     labels = {"tuned": "mpi_trainer k=1, scored at end, overlap",
-              "defaults": "mpi_trainer k=1, defaults (scored each round)"}
+              "defaults": "mpi_trainer k=1, defaults (scored each epoch)",
+              "every round": "mpi_trainer k=1, scored every round"}
     for name, results in runs.items():
         median = {key: statistics.median(r[key] for r in results) for key in results[0]}
         print(f"{labels[name]:<44} {1000 * median['step']:>8.1f} {median['step'] / base:>6.3f} "

@@ -33,15 +33,18 @@ class SyncSchedule:
     warmup_every: int = 1  # steps per round during the warm-up
     warmup_rounds: int = 0  # rounds the warm-up lasts (0: no warm-up)
     rounds_per_warmup_epoch: int = 1  # warm-up rounds one local epoch of the largest block takes
+    rounds_per_epoch: int = 1  # after the warm-up, the same (1 when a round is a local epoch)
 
     @classmethod
     def plan(cls, sync_every: int, warmup_epochs: int, warmup_every: int, block_sizes: Sequence[int],
              batch_size: int) -> SyncSchedule:
         """The schedule for these blocks: the warm-up covers ``warmup_epochs`` epochs of the largest block."""
+        steps = steps_per_round(max(block_sizes), batch_size)
+        per_epoch = math.ceil(steps / sync_every) if sync_every != LOCAL_EPOCH else 1
         if warmup_epochs == 0:
-            return cls(sync_every)
-        per_epoch = math.ceil(steps_per_round(max(block_sizes), batch_size) / warmup_every)
-        return cls(sync_every, warmup_every, warmup_epochs * per_epoch, per_epoch)
+            return cls(sync_every, rounds_per_epoch=per_epoch)
+        per_warmup_epoch = math.ceil(steps / warmup_every)
+        return cls(sync_every, warmup_every, warmup_epochs * per_warmup_epoch, per_warmup_epoch, per_epoch)
 
     def steps(self, round_index: int) -> int:
         """Local steps per worker in this round; LOCAL_EPOCH for one local epoch."""
@@ -53,6 +56,13 @@ class SyncSchedule:
     def closes_warmup_epoch(self, round_index: int) -> bool:
         """Whether this warm-up round completes a local epoch (of the largest block)."""
         return self.in_warmup(round_index) and (round_index + 1) % self.rounds_per_warmup_epoch == 0
+
+    def closes_epoch(self, round_index: int) -> bool:
+        """Whether this round completes a local epoch of the largest block (every round does at
+        ``LOCAL_EPOCH``); ``evaluation.every = 0`` scores these."""
+        if self.in_warmup(round_index):
+            return self.closes_warmup_epoch(round_index)
+        return (round_index - self.warmup_rounds + 1) % self.rounds_per_epoch == 0
 
     def describe(self) -> str:
         """One line for the log: the phases in rounds."""

@@ -39,6 +39,7 @@ NAN_POLICIES = ("stop", "rollback")
 MONITOR_PATTERN = re.compile(r"(test|val)_[A-Za-z0-9_]+")
 MONITOR_MODES = ("auto", "min", "max")
 EVALUATION_PLACES = ("scheduler", "workers")
+EVERY_LOCAL_EPOCH = 0  # evaluation.every: score once per local epoch
 DEFAULT_MONITOR = "test_accuracy"
 # Held out for validation when best-of election or a val_* monitor needs it and data.validation_size is 0.
 DEFAULT_VALIDATION_SIZE = 0.1
@@ -267,20 +268,23 @@ class EarlyStoppingConfig(_Section):
 class EvaluationConfig(_Section):
     """How often the global model is scored on the test split, and by whom.
 
-    At small ``train.sync_every`` a round is a few steps, and scoring every round
-    would cost more than the training; ``every = n`` scores every n-th round
-    (and always the last). Rounds in between have empty test columns, and
-    early stopping counts scored rounds only.
+    ``every = 0`` (the default) scores once per local epoch, as Keras ``fit``
+    does: every round when a round is a local epoch; at ``train.sync_every = k``,
+    where a round is k steps and scoring every round would cost more than the
+    training, the round that completes a local epoch of the largest block.
+    ``every = n`` scores every n-th round. The last round is always scored.
+    Rounds in between have empty test columns, and early stopping counts scored
+    rounds only.
     """
 
     prefix: ClassVar[str] = "evaluation"
-    every: int = 1
+    every: int = EVERY_LOCAL_EPOCH
     # "workers": each worker scores its shard of the test (and validation) split and the metric
     # states are summed, so the scheduler does not score alone while the workers wait.
     where: str = "scheduler"
 
     def __post_init__(self) -> None:
-        self._positive("every")
+        self._non_negative("every")
         self._choice("where", EVALUATION_PLACES)
 
 

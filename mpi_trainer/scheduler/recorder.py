@@ -29,6 +29,7 @@ from mpi_trainer.algorithms.sync_schedule import schedule_for
 from mpi_trainer.comm.codec import WeightCodec
 from mpi_trainer.comm.protocol import JobPlan, Report
 from mpi_trainer.config import Config
+from mpi_trainer.config.schema import EVERY_LOCAL_EPOCH
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.checkpoint import load_checkpoint, save_checkpoint
@@ -244,12 +245,16 @@ class RoundRecorder:
     def evaluation_due(self, round_index: int) -> bool:
         """Whether this round is scored: every ``evaluation.every``-th, the last, and any checkpointed one.
 
-        During a sync warm-up a round is a step or a few, so there ``evaluation.every``
+        ``evaluation.every = 0`` (the default) scores once per local epoch, as ``fit`` does: every
+        round when a round is a local epoch, else the round that completes one (of the largest
+        block). During a sync warm-up a round is a step or a few, so there ``evaluation.every``
         counts local epochs (the warm-up round that completes one) instead of rounds.
         """
         every = self.cfg.evaluation.every
         last = round_index + 1 >= self.cfg.train.epochs or self.steps_exhausted()
-        if self.schedule.in_warmup(round_index):
+        if every == EVERY_LOCAL_EPOCH:
+            due = self.schedule.closes_epoch(round_index)
+        elif self.schedule.in_warmup(round_index):
             epochs = (round_index + 1) // self.schedule.rounds_per_warmup_epoch
             due = self.schedule.closes_warmup_epoch(round_index) and epochs % every == 0
         else:

@@ -10,9 +10,9 @@ from mpi_trainer.errors import ConfigError
 QUICKSTART = "configs/quickstart.toml"
 
 
-def test_sync_every_defaults_to_one_local_epoch_and_scoring_every_round():
+def test_sync_every_defaults_to_one_local_epoch_and_scoring_once_per_local_epoch():
     cfg = load_config(QUICKSTART)
-    assert cfg.train.sync_every == 0 and cfg.evaluation.every == 1
+    assert cfg.train.sync_every == 0 and cfg.evaluation.every == 0
     assert load_config(QUICKSTART, ["train.sync_every=5", "evaluation.every=10"]).train.sync_every == 5
 
 
@@ -21,7 +21,7 @@ def test_sync_every_defaults_to_one_local_epoch_and_scoring_every_round():
     [
         ("train.sync_every=-1", "`train.sync_every` must be >= 0. Received: train.sync_every=-1"),
         ("train.sync_every=1.5", "`train.sync_every` must be of type int. Received: train.sync_every=1.5"),
-        ("evaluation.every=0", "`evaluation.every` must be > 0. Received: evaluation.every=0"),
+        ("evaluation.every=-1", "`evaluation.every` must be >= 0. Received: evaluation.every=-1"),
     ],
 )
 def test_bad_values_name_key_value_and_expectation(override, message):

@@ -101,6 +101,16 @@ def test_evaluation_every_scores_every_nth_round_the_last_and_checkpointed_ones(
     assert job.summary["final_test_accuracy"] == pytest.approx(float(rows[5]["test_accuracy"]), abs=1e-9)
 
 
+def test_by_default_k_step_rounds_are_scored_once_per_local_epoch_of_the_largest_block(tmp_path):
+    # digits: blocks of 719 rows = 12 batches of 64; at k = 5 a local epoch takes 3 rounds, so
+    # rounds 2 and 5 close one, and 6 is the last
+    job = run_local_job(tmp_path, workers=2, train={"epochs": 7, "batch_size": 64, "sync_every": 5})
+    assert job.rounds()[0]["block_sizes"] == "719;719" and job.summary["steps"] == 7 * 2 * 5
+    assert scored_rounds(job) == [2, 5, 6]
+    every_round = run_local_job(tmp_path / "each", workers=2, train={"epochs": 3, "batch_size": 64})
+    assert scored_rounds(every_round) == [0, 1, 2]  # a round that is a local epoch is scored every time
+
+
 def test_a_run_ended_by_max_steps_scores_its_last_round(tmp_path):
     job = run_local_job(tmp_path, workers=2, train={"epochs": 50, "batch_size": 64, "sync_every": 1,
                                                     "max_steps": 6}, evaluation={"every": 10})

@@ -69,3 +69,13 @@ def test_a_run_that_ends_inside_the_warm_up_is_warned_about_and_the_log_names_th
     text = caplog.text
     assert "train.epochs=2 rounds end inside the sync warm-up of 6 rounds" in text
     assert "sync schedule: rounds 0-5 are the warm-up, 1 local step(s) each (3 rounds per local epoch)" in text
+
+
+def test_a_local_epoch_closes_every_third_warm_up_round_then_every_second_round_at_k_2():
+    from mpi_trainer.algorithms.sync_schedule import SyncSchedule
+
+    # blocks of 719 rows at batch 256: 3 steps an epoch; warm-up at 1 step a round, then 2 steps
+    schedule = SyncSchedule.plan(2, 1, 1, [719, 718], 256)
+    assert (schedule.warmup_rounds, schedule.rounds_per_warmup_epoch, schedule.rounds_per_epoch) == (3, 3, 2)
+    assert [r for r in range(9) if schedule.closes_epoch(r)] == [2, 4, 6, 8]
+    assert all(SyncSchedule.plan(0, 0, 1, [719], 256).closes_epoch(r) for r in range(3))
