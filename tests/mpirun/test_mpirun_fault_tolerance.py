@@ -120,3 +120,19 @@ def test_nan_policies_and_an_elastic_resume(tmp_path):
     assert after["traffic_bytes"] > summary["traffic_bytes"]
     assert after["wall_seconds"] > summary["wall_seconds"]
     assert len(after["rollbacks"]) == 1 and after["learning_rate"] == 0.0015
+
+
+def test_a_run_resumed_inside_the_sync_warm_up_finishes_the_warm_up_then_takes_k_step_rounds(tmp_path):
+    # blocks of about 650 rows at batch 256: 3 steps a local epoch, so 2 warm-up epochs are 6 one-step rounds
+    schedule = ["--set", "train.batch_size=256", "--set", "train.sync_warmup_epochs=2", "--set", "train.sync_every=2",
+                "--set", "checkpoint.every=1"]
+    first = run_mpi(3, ["train", *QUICK, *schedule, "--set", "train.epochs=4"], tmp_path / "run")
+    assert first.returncode == 0, first.output
+    assert "end inside the sync warm-up of 6 rounds" in first.output
+    resumed = run_mpi(3, ["train", *QUICK, *schedule, "--set", "train.epochs=8", "--resume"], tmp_path / "run")
+    assert resumed.returncode == 0, resumed.output
+    rows = resumed.rounds()
+    assert [int(r["round"]) for r in rows] == list(range(8))
+    assert [int(r["sync_every"]) for r in rows] == [1] * 6 + [2, 2]  # the phase follows the round index
+    summary = resumed.summary()
+    assert summary["resumed_after_round"] == 3 and summary["steps"] == 2 * (6 * 1 + 2 * 2)
