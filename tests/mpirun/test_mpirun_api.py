@@ -15,11 +15,11 @@ from mpi_trainer.launch.mpirun import find_mpirun
 JOB = ROOT / "tests" / "mpirun" / "fit_job.py"
 
 
-def run_fit(run_dir, mode: str, timeout: float = 240) -> tuple[int, dict[int, dict], str]:
+def run_fit(run_dir, mode: str, timeout: float = 240, **env_vars: str) -> tuple[int, dict[int, dict], str]:
     command = [find_mpirun(), "-n", "3", "--oversubscribe", "--bind-to", "none"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         command.append("--allow-run-as-root")
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **env_vars}
     proc = subprocess.run([*command, sys.executable, str(JOB), str(run_dir), mode], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"rank"')]
@@ -77,6 +77,17 @@ def test_a_model_built_before_fit_trains_and_the_log_says_its_threads_were_not_s
     log = (tmp_path / "run" / "train.log").read_text()
     assert "ranks 0, 1, 2: the Keras backend had started before the job could size its threads" in log
     assert "call mpi_trainer.init() at the top of the script" in log
+
+
+def test_a_model_built_before_fit_on_a_node_with_gpus_is_refused_on_every_rank(tmp_path):
+    # Two GPUs as a batch system hands them over: the started backend would see both on every rank.
+    code, results, output = run_fit(tmp_path / "run", "built", timeout=120, CUDA_VISIBLE_DEVICES="0,1")
+    assert code != 0 and not results
+    printed = [line for line in output.splitlines() if line.startswith("mpi_trainer: error: rank ")
+               and "started before mpi_trainer dealt this node's 2 GPUs to its ranks" in line]
+    assert len(printed) == 3 and all("expected `mpi_trainer.init()` at the top of the script" in line
+                                     for line in printed), output
+    assert not (tmp_path / "run").exists()
 
 
 def test_init_places_every_rank_before_keras_starts_and_a_later_job_cannot_move_them(tmp_path):
