@@ -52,6 +52,7 @@ class Rank:
     host: str
     device: str  # "cpu" or "cuda:<id>"
     threads: int | None  # None: the backend had started and kept its own default
+    cores: list[int] | None = None  # the cores a CPU worker keeps to (train.bind_cores); None: any
 
     @property
     def is_scheduler(self) -> bool:
@@ -59,15 +60,17 @@ class Rank:
         return self.rank == 0
 
 
-def init(*, device: str | None = None, scheduler_device: str | None = None, threads: int | None = None) -> Rank:
+def init(*, device: str | None = None, scheduler_device: str | None = None, threads: int | None = None,
+         bind_cores: bool | None = None) -> Rank:
     """Place this rank before the script imports Keras; returns which rank this process is.
 
     A Keras backend reads its GPUs and sizes its thread pools once, when it starts. :func:`fit`
     places each rank itself, which is enough while the model is passed as a function or a zoo
     name; a script that builds a model (or runs anything in Keras) first calls ``init`` at its
     top, on every rank, before ``import keras``. The arguments are ``train.device`` ("auto",
-    "cpu", "gpu"), ``train.scheduler_device`` ("cpu", "gpu") and ``train.threads`` (0: the node's
-    cores divided by its workers); left out, they are the defaults, and later :func:`fit` calls
+    "cpu", "gpu"), ``train.scheduler_device`` ("cpu", "gpu"), ``train.threads`` (0: the node's
+    cores divided by its workers) and ``train.bind_cores`` (a CPU worker keeps to its own cores);
+    left out, they are the defaults, and later :func:`fit` calls
     keep this placement (a config asking for another fails every rank). Calling it again is harmless.
     """
     from mpi_trainer.comm.transport import Transport
@@ -75,12 +78,13 @@ def init(*, device: str | None = None, scheduler_device: str | None = None, thre
 
     quiet_backend()
     transport = Transport()
-    given = {"train.device": device, "train.scheduler_device": scheduler_device, "train.threads": threads}
+    given = {"train.device": device, "train.scheduler_device": scheduler_device, "train.threads": threads,
+             "train.bind_cores": bind_cores}
     with _refused_together(transport):
         cfg = load_config_everywhere(transport, None, [(k, v) for k, v in given.items() if v is not None])
         _, placements = start_rank(transport, cfg)
     mine = placements[transport.rank]
-    return Rank(transport.rank, transport.size, transport.host, mine.device, mine.threads)
+    return Rank(transport.rank, transport.size, transport.host, mine.device, mine.threads, mine.cores)
 
 
 @contextmanager

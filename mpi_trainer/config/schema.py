@@ -214,6 +214,9 @@ class TrainConfig(_Section):
     overlap_eval: bool = False
     # Each worker's backend threads; 0 = the node's cores divided by the workers on it.
     threads: int = 0
+    # A CPU worker keeps to its own cores of the node (as many as its threads) when they fit and
+    # mpirun did not bind it already; false leaves every rank free to run on any core.
+    bind_cores: bool = True
     # Workers: a GPU of their node when it has one (auto), or always the CPU, or a GPU or fail (gpu).
     device: str = "auto"
     # The scheduler aggregates in NumPy and evaluates; it takes a GPU only when asked to.

@@ -52,10 +52,13 @@ class Placement:
     device: str
     gpu_id: str | None = None
     threads: int | None = None  # the backend's threads; None: its own default (it had started already)
+    cores: list[int] | None = None  # the cores it keeps to (train.bind_cores); None: any
 
     def describe(self) -> str:
         role = " (scheduler)" if self.role == "scheduler" else ""
         threads = "" if self.threads is None else f", {self.threads} thread{'s' if self.threads != 1 else ''}"
+        if self.cores:
+            threads += f" on core{'s' if len(self.cores) > 1 else ''} {','.join(map(str, self.cores))}"
         return f"rank {self.rank}{role} on {self.host}: {self.backend}, {self.device}{threads}"
 
     def as_dict(self) -> dict[str, Any]:

@@ -36,7 +36,13 @@ from mpi_trainer.launch.devices import (
     discover_gpus,
     refuse_started_backend,
 )
-from mpi_trainer.launch.runtime import configure_threads, threads_for_rank, usable_cores
+from mpi_trainer.launch.runtime import (
+    allowed_cores,
+    configure_threads,
+    threads_for_rank,
+    usable_cores,
+    worker_cores,
+)
 from mpi_trainer.logs import add_log_file, get_logger, setup_logging
 from mpi_trainer.persistence.run_files import CONFIG_NAME, LOG_NAME, REPORT_NAME, ROUNDS_NAME, write_atomic
 
@@ -346,7 +352,7 @@ def run_job(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str |
 
 
 # -- this process's device and threads, fixed once ----------------------------------------------
-PLACEMENT_KEYS = ("device", "scheduler_device", "threads")  # the train.* values a placement follows
+PLACEMENT_KEYS = ("device", "scheduler_device", "threads", "bind_cores")  # the train.* values a placement follows
 
 
 @dataclass
@@ -404,6 +410,7 @@ def place_process(transport: Transport, cfg: Config) -> list[Placement]:
     node_cores, node_ranks = transport.node_layout()
     placement, started = place_rank(transport, cfg, node_ranks)  # before anything imports the backend
     threads = threads_for_rank(transport.rank, node_cores, node_ranks, usable_cores(), cfg.train.threads)
+    placement = bind_to_cores(placement, cfg, node_cores, node_ranks, threads)
     if started and placement.backend != "torch":  # PyTorch alone resizes its pools at any time
         get_logger().debug("the %s runtime had started: its own threads, not %d", placement.backend, threads)
     else:
@@ -456,6 +463,21 @@ def new_worker(transport: Transport, cfg: Config, plan: Any, dataset: Any, worke
 
 def backend_installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
+
+
+def bind_to_cores(placement: Placement, cfg: Config, node_cores: int, node_ranks: list[int],
+                  threads: int) -> Placement:
+    """``train.bind_cores``: a CPU worker keeps to its own cores, before its backend starts its threads
+    (they inherit it). Not where mpirun bound the rank already, nor where the workers do not fit."""
+    allowed = allowed_cores()
+    if (not cfg.train.bind_cores or placement.role != "worker" or placement.device != "cpu"
+            or allowed is None or len(allowed) < node_cores):
+        return placement
+    cores = worker_cores(placement.rank, node_ranks, threads, allowed)
+    if cores is None:
+        return placement
+    os.sched_setaffinity(0, cores)
+    return replace(placement, cores=cores)
 
 
 def place_rank(transport: Transport, cfg: Config, node_ranks: list[int]) -> tuple[Placement, bool]:

@@ -26,6 +26,28 @@ def threads_for_rank(rank: int, node_cores: int, node_ranks: list[int],
     return max(1, threads)
 
 
+def worker_cores(rank: int, node_ranks: list[int], threads: int, allowed: list[int]) -> list[int] | None:
+    """The cores a CPU worker keeps to: the i-th worker of the node takes the i-th run of ``threads``
+    of the cores it may use; None when the node's workers do not fit side by side (then none binds).
+
+    Two JAX workers on two cores trained 11 % faster each on its own core than both left free
+    (docs/benchmarks.md); TensorFlow workers ran as fast either way.
+    """
+    workers = [r for r in sorted(node_ranks) if r != 0]
+    if rank not in workers or threads < 1 or len(workers) * threads > len(allowed):
+        return None
+    start = workers.index(rank) * threads
+    return sorted(allowed)[start:start + threads]
+
+
+def allowed_cores() -> list[int] | None:
+    """The cores this process may run on, or None where the platform cannot say (not Linux)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        return None
+
+
 def usable_cores() -> int | None:
     try:
         return len(os.sched_getaffinity(0))

@@ -33,7 +33,10 @@ def test_a_job_trains_on_the_backend_and_logs_where_each_rank_ran(backend, tmp_p
     assert [(p["rank"], p["role"], p["backend"], p["device"]) for p in placement] == [
         (0, "scheduler", backend, "cpu"), (1, "worker", backend, "cpu"), (2, "worker", backend, "cpu")]
     cores = os.cpu_count()
-    assert [p["threads"] for p in placement] == [cores, max(1, cores // 2), max(1, cores // 2)]
+    per_worker = max(1, cores // 2)
+    assert [p["threads"] for p in placement] == [cores, per_worker, per_worker]
+    # train.bind_cores: each worker on its own cores, the scheduler free
+    assert [p["cores"] for p in placement] == [None, list(range(per_worker)), list(range(per_worker, 2 * per_worker))]
     log = (result.run_dir / "train.log").read_text()
     for p in placement[1:]:
         assert f"rank {p['rank']} on {p['host']}: {backend}, cpu, {p['threads']} thread" in log

@@ -15,8 +15,9 @@ from mpi_trainer.config import load_config
 from mpi_trainer.errors import ConfigError
 from mpi_trainer.launch.devices import GpuInventory, Placement, refuse_started_backend
 from mpi_trainer.launch.job import AgreedInputError, follow_placement
+from mpi_trainer.launch.runtime import worker_cores
 
-PLACED = {"device": "auto", "scheduler_device": "cpu", "threads": 1}
+PLACED = {"device": "auto", "scheduler_device": "cpu", "threads": 1, "bind_cores": True}
 
 
 def single_rank() -> LocalTransport:
@@ -81,3 +82,12 @@ def test_installing_the_abort_hook_again_keeps_the_users_hook_reachable(monkeypa
     install_abort_on_error(transport)
     install_abort_on_error(transport)  # a second job in the same process
     assert sys.excepthook is not users_hook and sys.excepthook.previous is users_hook
+
+
+def test_each_worker_of_a_node_keeps_to_its_own_run_of_cores():
+    node = [0, 1, 2, 3, 4]  # the scheduler and four workers on 8 cores, 2 threads each
+    cores = list(range(8))
+    assert [worker_cores(rank, node, 2, cores) for rank in (1, 2, 3, 4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert worker_cores(0, node, 8, cores) is None  # the scheduler stays free
+    assert worker_cores(5, [2, 5], 1, [4, 9]) == [9]  # a second node: its own workers, the cores it may use
+    assert worker_cores(1, node, 3, cores) is None  # 4 x 3 threads do not fit on 8 cores: nobody binds
