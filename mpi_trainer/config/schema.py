@@ -214,8 +214,8 @@ class TrainConfig(_Section):
     overlap_eval: bool = False
     # Each worker's backend threads; 0 = the node's cores divided by the workers on it.
     threads: int = 0
-    # A CPU worker keeps to its own cores of the node (as many as its threads) when they fit and
-    # mpirun did not bind it already; false leaves every rank free to run on any core.
+    # Where a node's CPU workers fill its cores, each keeps to its own (as many as its threads),
+    # unless mpirun bound it already; false leaves every rank free to run on any core.
     bind_cores: bool = True
     # Workers: a GPU of their node when it has one (auto), or always the CPU, or a GPU or fail (gpu).
     device: str = "auto"

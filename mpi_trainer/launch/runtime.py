@@ -28,13 +28,16 @@ def threads_for_rank(rank: int, node_cores: int, node_ranks: list[int],
 
 def worker_cores(rank: int, node_ranks: list[int], threads: int, allowed: list[int]) -> list[int] | None:
     """The cores a CPU worker keeps to: the i-th worker of the node takes the i-th run of ``threads``
-    of the cores it may use; None when the node's workers do not fit side by side (then none binds).
+    of the cores it may use. None (nobody binds) unless the node's workers fill those cores: when
+    they do not fit side by side, and when the cores left over would hold another worker, since
+    a worker left free borrows idle cores (a JAX worker at one thread keeps more than one busy).
 
-    Two JAX workers on two cores trained 11 % faster each on its own core than both left free
-    (docs/benchmarks.md); TensorFlow workers ran as fast either way.
+    Two JAX workers filling two cores trained 7 % faster each on its own core than both left free
+    (docs/benchmarks.md); TensorFlow workers about 3 %.
     """
     workers = [r for r in sorted(node_ranks) if r != 0]
-    if rank not in workers or threads < 1 or len(workers) * threads > len(allowed):
+    spare = len(allowed) - len(workers) * threads
+    if rank not in workers or threads < 1 or not 0 <= spare < threads:
         return None
     start = workers.index(rank) * threads
     return sorted(allowed)[start:start + threads]

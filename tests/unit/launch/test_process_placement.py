@@ -85,9 +85,11 @@ def test_installing_the_abort_hook_again_keeps_the_users_hook_reachable(monkeypa
 
 
 def test_each_worker_of_a_node_keeps_to_its_own_run_of_cores():
-    node = [0, 1, 2, 3, 4]  # the scheduler and four workers on 8 cores, 2 threads each
+    node = [0, 1, 2, 3, 4]  # the scheduler and four workers filling 8 cores, 2 threads each
     cores = list(range(8))
     assert [worker_cores(rank, node, 2, cores) for rank in (1, 2, 3, 4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert worker_cores(0, node, 8, cores) is None  # the scheduler stays free
     assert worker_cores(5, [2, 5], 1, [4, 9]) == [9]  # a second node: its own workers, the cores it may use
     assert worker_cores(1, node, 3, cores) is None  # 4 x 3 threads do not fit on 8 cores: nobody binds
+    assert worker_cores(1, node, 1, cores) is None  # 4 x 1 leave room for more workers: they stay free
+    assert worker_cores(3, [0, 1, 2, 3], 5, list(range(16))) == [10, 11, 12, 13, 14]  # 1 core spare: bound
