@@ -14,28 +14,35 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from mpi_trainer.config.schema import Config, _fail
+from mpi_trainer.config.schema import Config, _fail, public_fields
 from mpi_trainer.errors import ConfigError
 
 
-def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
-    """Every dotted key the configuration accepts, e.g. ``train.epochs``."""
+def all_keys(cls: type = Config, prefix: str = "", hidden: bool = False) -> list[str]:
+    """Every public dotted key the configuration accepts, e.g. ``train.epochs``.
+
+    ``hidden=True`` lists the test hooks' keys as well (``debug.*``).
+    """
+    hints = typing.get_type_hints(cls)
     keys = []
-    for name, hint in typing.get_type_hints(cls).items():
-        if name == "prefix":
-            continue
-        dotted = f"{prefix}{name}"
+    for item in dataclasses.fields(cls) if hidden else public_fields(cls):
+        dotted, hint = f"{prefix}{item.name}", hints[item.name]
         if dataclasses.is_dataclass(hint):
-            keys.extend(all_keys(hint, dotted + "."))
+            keys.extend(all_keys(hint, dotted + ".", hidden))
         else:
             keys.append(dotted)
     return keys
 
 
 def _unknown_key(dotted: str) -> ConfigError:
-    close = difflib.get_close_matches(dotted, all_keys(), n=1, cutoff=0.6)
+    """Hints name public keys only, unless the key is under a test hook's section (``debug.``)."""
+    public = all_keys()
+    hooks = sorted(set(all_keys(hidden=True)) - set(public))
+    hook_sections = {key.split(".")[0] + "." for key in hooks}
+    known = hooks if any(dotted.startswith(section) for section in hook_sections) else public
+    close = difflib.get_close_matches(dotted, known, n=1, cutoff=0.6)
     hint = f" Did you mean `{close[0]}`?" if close else ""
-    return ConfigError(f"Unknown config key `{dotted}`.{hint} Known keys: {', '.join(all_keys())}")
+    return ConfigError(f"Unknown config key `{dotted}`.{hint} Known keys: {', '.join(known)}")
 
 
 def _coerce(value: Any, hint: Any, key: str) -> Any:

@@ -49,6 +49,15 @@ DEVICES = ("auto", "cpu", "gpu")
 SCHEDULER_DEVICES = ("cpu", "gpu")
 
 
+# Field metadata flag of a section that is accepted and validated but left out of the public schema.
+HIDDEN = "hidden"
+
+
+def public_fields(cls: type) -> list[dataclasses.Field]:
+    """A dataclass's fields without the hidden ones (the test hooks)."""
+    return [item for item in dataclasses.fields(cls) if not item.metadata.get(HIDDEN)]
+
+
 def _fail(key: str, value: Any, expected: str) -> None:
     raise ConfigError(f"`{key}` {expected}. Received: {key}={value!r}")
 
@@ -370,7 +379,11 @@ class LogConfig(_Section):
 
 @dataclass
 class DebugConfig(_Section):
-    """Testing and benchmarking aids, off by default and outside the normal training path.
+    """Test hooks: testing and benchmarking aids, off by default and outside the normal training path.
+
+    They are not part of the public schema: ``check``, a run directory's
+    config.toml, summary.json and the unknown-key hints leave them out, but
+    ``--set debug.<name>=...`` (or a ``[debug]`` table) still sets them.
 
     ``batch_delay`` makes every worker sleep that many seconds after each
     training batch: simulated per-batch work, so that benchmarks on a small,
@@ -413,7 +426,8 @@ class Config:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     lbfgs: LbfgsConfig = field(default_factory=LbfgsConfig)
     log: LogConfig = field(default_factory=LogConfig)
-    debug: DebugConfig = field(default_factory=DebugConfig)
+    # Test hooks: settable, validated, never shown (see DebugConfig).
+    debug: DebugConfig = field(default_factory=DebugConfig, metadata={HIDDEN: True})
 
     def __post_init__(self) -> None:
         check_config(self)
@@ -421,7 +435,8 @@ class Config:
             self.data.validation_size = DEFAULT_VALIDATION_SIZE
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The public config, test hooks left out (what run directories and ``check`` show)."""
+        return {item.name: dataclasses.asdict(getattr(self, item.name)) for item in public_fields(Config)}
 
     def to_toml(self) -> str:
         return tomli_w.dumps(self.to_dict())

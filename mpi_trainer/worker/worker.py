@@ -65,11 +65,14 @@ class Worker:
         self.data = data if data is not None else WorkerData(dataset.train, plan, self.rank, cfg)
         self.x, self.y = self.data.fixed_x, self.data.fixed_y
         self.slowdown = make_slowdown(cfg.debug, self.rank)
+        # Test hooks, read once here rather than every round: the round NaN is injected in (None: never,
+        # cleared once done) and whether every round starts with a fresh optimizer state.
+        self.nan_round = cfg.debug.nan_round if cfg.debug.nan_rank == self.rank else None
+        self.reset_every_round = cfg.debug.reset_optimizer
         self.step_timer = StepTimer(cfg.train.batch_size)  # the speed that rebalancing cuts blocks by
         self.shuffle_rng = np.random.default_rng(worker_seed(cfg.train.seed, self.rank, plan.start_round))
         self.walk = BlockWalk(self.shuffle_rng)  # k-step rounds; a resumed run starts a fresh walk
         self.schedule = schedule_for(cfg.train, plan.block_bounds)  # steps per round, as the scheduler has it
-        self.nan_injected = False
         self.phases = PhaseLog(cfg.log.timeline)  # this rank's phases, handed on with its next report
 
     def run(self) -> None:
@@ -180,7 +183,7 @@ class Worker:
         optimizer = self.model.optimizer
         if order.optimizer_state:
             load_state_vector(optimizer, self.link.recv_state())
-        if order.reset_optimizer or self.cfg.debug.reset_optimizer:
+        if order.reset_optimizer or self.reset_every_round:
             reset_optimizer(optimizer)  # moments computed from non-finite gradients would poison the next round
         if order.learning_rate is not None:
             optimizer.learning_rate = order.learning_rate
@@ -289,11 +292,10 @@ class Worker:
 
     def maybe_inject_nan(self, round_index: int, local: np.ndarray) -> None:
         """Test hook (debug.nan_rank / debug.nan_round): poison this rank's weights once."""
-        debug = self.cfg.debug
-        if debug.nan_rank == self.rank and debug.nan_round == round_index and not self.nan_injected:
+        if self.nan_round == round_index:
             self.log.warning("debug: injecting NaN into the weights of round %d", round_index)
             local[:] = np.nan
-            self.nan_injected = True
+            self.nan_round = None
 
     def score(self, report: Report) -> None:
         """Best-of election: score this round's weights on the shared validation split."""
