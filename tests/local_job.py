@@ -15,6 +15,7 @@ from mpi_trainer.data.partition import block_bounds
 from mpi_trainer.data.placement import place_data
 from mpi_trainer.data.sources import load_dataset
 from mpi_trainer.launch.job import JobInputs, plan_job
+from mpi_trainer.persistence.resume import load_resume_state
 from mpi_trainer.persistence.run_files import read_rounds
 from mpi_trainer.scheduler import engine_class
 from mpi_trainer.worker import Worker
@@ -27,9 +28,11 @@ class RecordingWorker(Worker):
         super().__init__(*args, **kwargs)
         self.trained: list[tuple[Report, np.ndarray]] = []
         self.step_rows_by_round: list[list[np.ndarray]] = []  # train.sync_every > 0: each step's block rows
+        self.started_from: list[np.ndarray] = []  # the global weights each round trained from
 
     def train_and_report(self, round_index: int, max_steps: int | None = None) -> tuple[Report, np.ndarray]:
         self.step_rows_by_round.append([])
+        self.started_from.append(self.global_weights.copy())
         report, local = super().train_and_report(round_index, max_steps)
         self.trained.append((report, local.copy()))
         return report, local
@@ -65,11 +68,13 @@ def place(world: LocalWorld, cfg: Any, dataset: Any, plan: JobPlan) -> dict[int,
     return world.run(roles)
 
 
-def build_local_job(run_dir: Path, workers: int = 2, builder: Any = None, **sections: Any) -> tuple[Any, list, Any]:
+def build_local_job(run_dir: Path, workers: int = 2, builder: Any = None, resume: bool = False,
+                    **sections: Any) -> tuple[Any, list, Any]:
     """The scheduler's engine, the workers (dry-run, not calibrated) and their local world, not yet running.
 
     Trains on the built-in digits (by default); set-up is the job's own (:func:`plan_job`: build,
     dry run, metric names); ``builder`` is a model function or model as :func:`mpi_trainer.fit` takes it.
+    ``resume``: the engine carries on from ``run_dir``'s checkpoint (the workers get its weights).
     """
     table = {"data": {"source": "digits"}, "train": {"epochs": 2, "batch_size": 64}, "log": {"verbosity": 0}}
     for name, values in sections.items():
@@ -81,7 +86,8 @@ def build_local_job(run_dir: Path, workers: int = 2, builder: Any = None, **sect
     transports = world.transports()
     placed = place(world, cfg, dataset, plan)
     run_dir.mkdir(parents=True, exist_ok=True)
-    engine = engine_class(cfg)(SchedulerLink(transports[0]), cfg, dataset, model, plan, run_dir)
+    state = load_resume_state(run_dir, cfg.to_dict()) if resume else None
+    engine = engine_class(cfg)(SchedulerLink(transports[0]), cfg, dataset, model, plan, run_dir, resume=state)
     # Built one after another (not in their threads) so that every run seeds its layers alike.
     team = [RecordingWorker(WorkerLink(transports[rank]), plan, placed[rank][1], cfg, placed[rank][0])
             for rank in range(1, workers + 1)]
@@ -91,9 +97,9 @@ def build_local_job(run_dir: Path, workers: int = 2, builder: Any = None, **sect
 
 
 def run_local_job(run_dir: Path, workers: int = 2, builder: Any = None, callbacks: Any = (),
-                  **sections: Any) -> LocalJob:
+                  resume: bool = False, **sections: Any) -> LocalJob:
     """Train with ``workers`` worker threads (see :func:`build_local_job`); returns the finished job."""
-    engine, team, world = build_local_job(run_dir, workers, builder, **sections)
+    engine, team, world = build_local_job(run_dir, workers, builder, resume, **sections)
     if callbacks:
         engine.recorder.use_callbacks(list(callbacks))
     # data.rebalance: round 0's blocks are cut from each worker's timed steps, as run_job does

@@ -147,7 +147,27 @@ def _evaluation_rule(cfg: Config) -> None:
                               f"Expected {key} = {expected}, or evaluation.where = 'scheduler'")
 
 
-RULES = (_staleness_rules, _damping_rule, _sync_every_rules, _warmup_rules, _lbfgs_rule, _evaluation_rule)
+def _outer_optimizer_rule(cfg: Config) -> None:
+    """The outer step moves the global model once per synchronous round; refuse where there is none."""
+    outer = cfg.aggregation.outer_optimizer
+    if outer == "none":
+        return
+    conflicts = {
+        "aggregation.ssp": (cfg.aggregation.ssp > 0, cfg.aggregation.ssp, "0",
+                            "SSP merges each update as it arrives, so there is no round aggregate to step from"),
+        "debug.async_engine": (cfg.debug.async_engine, cfg.debug.async_engine, "False",
+                               "the SSP engine merges each update as it arrives"),
+        "model.optimizer": (cfg.model.uses_lbfgs, cfg.model.optimizer, "a Keras optimizer",
+                            "L-BFGS sums gradients, it does not average trained weights"),
+    }
+    for key, (conflicts_with, value, expected, why) in conflicts.items():
+        if conflicts_with:
+            raise ConfigError(f"`aggregation.outer_optimizer` = {outer!r} cannot be combined with {key}={value!r}: "
+                              f"{why}. Expected {key} = {expected}, or aggregation.outer_optimizer = 'none'")
+
+
+RULES = (_staleness_rules, _damping_rule, _sync_every_rules, _warmup_rules, _lbfgs_rule, _evaluation_rule,
+         _outer_optimizer_rule)
 
 
 def check_config(cfg: Config) -> None:

@@ -47,6 +47,9 @@ DEFAULT_VALIDATION_SIZE = 0.1
 LBFGS = "lbfgs"
 DEVICES = ("auto", "cpu", "gpu")
 SCHEDULER_DEVICES = ("cpu", "gpu")
+OUTER_OPTIMIZERS = ("none", "momentum", "nesterov", "adam")
+# aggregation.outer_learning_rate when left at 0: each outer optimizer's default (docs/outer-optimizer.md)
+OUTER_LEARNING_RATES = {"none": 1.0, "momentum": 0.7, "nesterov": 0.7, "adam": 0.001}
 
 
 # Field metadata flag of a section that is accepted and validated but left out of the public schema.
@@ -248,11 +251,28 @@ class AggregationConfig(_Section):
     staleness_damping: bool = False
     # The dtype weights travel in; the global model and every sum stay float32.
     wire_dtype: str = "float32"
+    # The step from each round's aggregate to the next global model (docs/outer-optimizer.md);
+    # outer_learning_rate = 0 takes the outer optimizer's own default (OUTER_LEARNING_RATES).
+    outer_optimizer: str = "none"
+    outer_learning_rate: float = 0.0
+    outer_momentum: float = 0.9
+    outer_beta_1: float = 0.9
+    outer_beta_2: float = 0.999
+    outer_epsilon: float = 1e-7
 
     def __post_init__(self) -> None:
         self._choice("method", AGGREGATION_METHODS)
         self._non_negative("ssp")
         self._choice("wire_dtype", WIRE_DTYPES)
+        self._choice("outer_optimizer", OUTER_OPTIMIZERS)
+        self._require(self.outer_learning_rate >= 0, "outer_learning_rate",
+                      "must be > 0, or 0 for the outer optimizer's default")
+        self._non_negative("outer_epsilon")
+        if self.outer_learning_rate == 0:
+            self.outer_learning_rate = OUTER_LEARNING_RATES[self.outer_optimizer]
+        self._require(0 <= self.outer_momentum < 1, "outer_momentum", "must lie in the interval [0, 1)")
+        for name in ("outer_beta_1", "outer_beta_2"):
+            self._fraction(name, low_open=False)
 
     @property
     def elects(self) -> bool:

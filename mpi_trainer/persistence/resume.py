@@ -1,7 +1,7 @@
 """Picking a run up again from its checkpoint (``train --resume``).
 
 The checkpoint holds everything the scheduler needs to carry on: the global and
-best weights, the round reached, early-stopping counters, optimizer steps so
+best weights, the outer optimizer's state, the round reached, early-stopping counters, optimizer steps so
 far, the learning-rate scale left by NaN rollbacks, cumulative wall time and
 traffic, and the config the run was made with. ``rounds.csv`` is cut back to
 the checkpoint's round, so rounds run again after a crash are logged once.
@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from mpi_trainer.algorithms.outer_optimizer import STATE_PREFIX as OUTER_PREFIX
 from mpi_trainer.errors import ConfigError
 from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.checkpoint import load_checkpoint
@@ -51,6 +52,8 @@ class ResumeState:
     rollbacks: list[dict[str, Any]] = field(default_factory=list)
     rounds: list[dict[str, Any]] = field(default_factory=list)
     optimizer_states: dict[int, np.ndarray] = field(default_factory=dict)
+    # the scheduler's outer optimizer state, as checkpoint arrays (``outer_*``)
+    outer_state: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def worker_seed(seed: int, rank: int, start_round: int) -> int:
@@ -147,4 +150,5 @@ def load_resume_state(run_dir: Path, config: dict[str, Any]) -> ResumeState | No
         steps=int(meta.get("steps", 0)), lr_scale=float(meta.get("lr_scale", 1.0)),
         wall_seconds=float(meta.get("wall_seconds", 0.0)), traffic_bytes=int(meta.get("traffic_bytes", 0)),
         previous_workers=len(meta.get("block_bounds", [])), rollbacks=list(meta.get("rollbacks", [])),
-        rounds=trim_rounds(run_dir / ROUNDS_NAME, last_round), optimizer_states=split_arrays(arrays))
+        rounds=trim_rounds(run_dir / ROUNDS_NAME, last_round), optimizer_states=split_arrays(arrays),
+        outer_state={name: array for name, array in arrays.items() if name.startswith(OUTER_PREFIX)})

@@ -25,6 +25,7 @@ import numpy as np
 
 from mpi_trainer.algorithms import nan_guard
 from mpi_trainer.algorithms.early_stopping import EarlyStopping
+from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
 from mpi_trainer.algorithms.sync_schedule import schedule_for
 from mpi_trainer.comm.codec import WeightCodec
 from mpi_trainer.comm.protocol import JobPlan, Report
@@ -138,6 +139,8 @@ class RoundRecorder:
         self.placement: list[dict[str, Any]] = []  # host, backend and device of every rank; the job sets it
         self.callbacks: RoundCallbacks | None = None  # Keras callbacks from mpi_trainer.fit
         self.summary_written = -math.inf
+        # the step from each round's aggregate to the next global model; its state lives here only
+        self.outer = OuterOptimizer(OuterSettings.from_config(cfg.aggregation))
         if resume is not None:
             self.restore(resume)
         self.round_log = RoundLog(run_dir / ROUNDS_NAME, round_fields(self.metric_names))
@@ -160,6 +163,10 @@ class RoundRecorder:
                               lr_scale=resume.lr_scale, wall_offset=resume.wall_seconds,
                               rollbacks=resume.rollbacks)
         self.start_round = resume.next_round
+        self.outer.load_state(resume.outer_state, resume.weights.size)
+        if self.outer.active and not self.outer.state:
+            self.log.info("the checkpoint holds no %s outer optimizer state: it starts fresh after round %d",
+                          self.outer.settings.name, resume.next_round - 1)
 
     @property
     def workers(self) -> int:
@@ -208,11 +215,16 @@ class RoundRecorder:
         return Retry.ROUND, weights
 
     def last_good_weights(self) -> tuple[np.ndarray, int]:
-        """The latest checkpoint's weights and round, or the initial weights (round -1) before one."""
+        """The latest checkpoint's weights and round, or the initial weights (round -1) before one.
+
+        The outer optimizer goes back with them: to the checkpoint's state, or fresh before one.
+        """
         path = self.run_dir / CHECKPOINT_NAME
         if path.exists() or backup_path(path).exists():
             arrays, meta = load_checkpoint(path)
+            self.outer.load_state(arrays, self.codec.size)
             return arrays["weights"].astype(np.float32), int(meta["round"])
+        self.outer.reset()
         return self.initial_weights.copy(), -1
 
     # -- closing a round --------------------------------------------------------
@@ -316,6 +328,7 @@ class RoundRecorder:
         if self.early.best_weights is not None:
             arrays["best_weights"] = self.early.best_weights
         arrays.update({f"{ARRAY_PREFIX}{rank}": vector for rank, vector in states.items()})
+        arrays.update(self.outer.state_arrays())
         save_checkpoint(self.run_dir / CHECKPOINT_NAME, arrays, self.checkpoint_meta(round_index))
         self.observers.span("checkpoint", round_index, begun)
         self.log.debug("checkpoint written after round %d", round_index)
@@ -394,6 +407,7 @@ class RoundRecorder:
             "stop_reason": str(self.state.stop_reason),
             "workers": self.workers,
             "aggregation": self.cfg.aggregation.method,
+            "outer_optimizer": self.cfg.aggregation.outer_optimizer,
             "ssp": self.cfg.aggregation.ssp,
             "monitor": self.early.monitor,
             "best_round": self.early.best_round,

@@ -7,7 +7,8 @@ broadcast, and the collection (one sum-reduction for ``average`` /
 ``weighted``, scores then the winner's weights for ``best``). It re-cuts
 blocks by throughput (``data.rebalance``), runs the next round during the
 evaluation (``train.overlap_eval``) and gathers optimizer state for
-checkpoints. What happens once a round's weights are in belongs to the
+checkpoints. It applies the outer optimizer to each round's aggregate before
+anything reads it. What happens once a round's weights are in belongs to the
 :class:`~mpi_trainer.scheduler.recorder.RoundRecorder`.
 """
 
@@ -66,11 +67,13 @@ class SynchronousEngine(Engine):
                       "" if resume.previous_workers == len(self.workers) else ": blocks re-planned")
 
     def describe(self) -> str:
-        """The engine's line, with the sync schedule's phases when there is a warm-up."""
-        schedule = self.recorder.schedule
+        """The engine's line, with the outer optimizer and the sync schedule's phases when there is a warm-up."""
+        schedule, line = self.recorder.schedule, super().describe()
+        if self.recorder.outer.active:
+            line = f"{line}; {self.recorder.outer.settings.describe()}"
         if not schedule.warmup_rounds:
-            return super().describe()
-        return f"{super().describe()}; sync schedule: {schedule.describe()}"
+            return line
+        return f"{line}; sync schedule: {schedule.describe()}"
 
     def warn_inside_warmup(self) -> None:
         """``train.epochs`` counts rounds, and a warm-up's rounds are a step each: say when it never ends."""
@@ -104,6 +107,7 @@ class SynchronousEngine(Engine):
         cause = self.recorder.non_finite_cause(closed.reports, self.weights)
         if cause:
             return self.on_non_finite(round_index, cause, before, closed.bytes)
+        self.outer_step(closed, before)
         self.state.steps += sum(r.steps for r in closed.reports)
         log_data_shares(self.log, self.cfg.data.increment, round_index, closed.reports, self.plan.num_train)
         closed.bytes += self.link.take_bytes()  # this round's bytes, before the next one starts
@@ -116,6 +120,16 @@ class SynchronousEngine(Engine):
             self.drain_next(round_index + 1)
             return stop
         return StopReason.MAX_STEPS if self.recorder.steps_exhausted() else None
+
+    def outer_step(self, closed: ClosedRound, before: np.ndarray) -> None:
+        """The outer optimizer moves the global model from the weights the round started from towards
+        its aggregate (average, weighted or elected); ``none`` keeps the aggregate itself. Before the
+        next round is dispatched and before the evaluation, so the workers train and score the result."""
+        if not self.recorder.outer.active:
+            return
+        started = time.perf_counter()
+        self.weights = self.recorder.outer.step(before, self.weights)
+        closed.aggregate_seconds += time.perf_counter() - started
 
     def timing(self, closed: ClosedRound, started: float, collected: float) -> Any:
         """The round's wall, communication and idle columns, once its evaluation ended."""

@@ -1,0 +1,64 @@
+"""The aggregation.outer_* keys: defaults, each optimizer's learning rate, bad values and refused combinations."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from mpi_trainer.config import Config, load_config
+from mpi_trainer.config.schema import OUTER_LEARNING_RATES
+from mpi_trainer.errors import ConfigError
+
+QUICKSTART = "configs/quickstart.toml"
+
+
+def test_the_default_is_plain_averaging_and_each_optimizer_brings_its_learning_rate():
+    assert Config().aggregation.outer_optimizer == "none"
+    for name, rate in OUTER_LEARNING_RATES.items():
+        cfg = load_config(QUICKSTART, [f"aggregation.outer_optimizer='{name}'"])
+        assert cfg.aggregation.outer_learning_rate == rate
+    chosen = load_config(QUICKSTART, ["aggregation.outer_optimizer='adam'", "aggregation.outer_learning_rate=0.02"])
+    assert chosen.aggregation.outer_learning_rate == 0.02
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("aggregation.outer_optimizer='sgd'", "`aggregation.outer_optimizer` must be one of ['none', 'momentum', "
+                                              "'nesterov', 'adam']. Received: aggregation.outer_optimizer='sgd'"),
+        ("aggregation.outer_learning_rate=-1", "`aggregation.outer_learning_rate` must be > 0, or 0 for the outer "
+                                               "optimizer's default. Received: aggregation.outer_learning_rate=-1.0"),
+        ("aggregation.outer_momentum=1", "`aggregation.outer_momentum` must lie in the interval [0, 1). "
+                                         "Received: aggregation.outer_momentum=1.0"),
+        ("aggregation.outer_beta_2=1.5", "Received: aggregation.outer_beta_2=1.5"),
+        ("aggregation.outer_epsilon=-1e-7", "`aggregation.outer_epsilon` must be >= 0"),
+    ],
+)
+def test_bad_values_name_key_value_and_expectation(override, fragment):
+    with pytest.raises(ConfigError) as info:
+        load_config(QUICKSTART, [override])
+    assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("other", ["aggregation.ssp=1", "debug.async_engine=true", "model.optimizer='lbfgs'"])
+def test_an_outer_optimizer_without_synchronous_rounds_is_refused_naming_both_keys(other):
+    key = other.split("=")[0]
+    with pytest.raises(ConfigError) as info:
+        load_config(QUICKSTART, ["aggregation.outer_optimizer='nesterov'", other])
+    message = str(info.value)
+    assert "`aggregation.outer_optimizer` = 'nesterov'" in message and f"with {key}=" in message
+    load_config(QUICKSTART, [other])  # fine with plain averaging
+
+
+def test_check_shows_the_outer_settings_and_refuses_a_bad_combination():
+    ok = subprocess.run([sys.executable, "-m", "mpi_trainer", "check", QUICKSTART,
+                         "--set", "aggregation.outer_optimizer=nesterov"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert 'outer_optimizer = "nesterov"' in ok.stdout and "outer_learning_rate = 0.7" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "mpi_trainer", "check", QUICKSTART, "--set",
+                          "aggregation.outer_optimizer=adam", "--set", "aggregation.ssp=2"],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0
+    assert "aggregation.ssp=2" in bad.stderr and "aggregation.outer_optimizer" in bad.stderr

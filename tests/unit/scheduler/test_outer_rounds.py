@@ -1,0 +1,135 @@
+"""The outer optimizer in the synchronous engine, with real workers in one process (naive local transport).
+
+Each test recomputes the scheduler's global weights by hand from what the workers trained, with
+the pure :class:`OuterOptimizer`, and checks what the workers started the next round from.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from local_job import LocalJob, run_local_job
+
+from mpi_trainer.algorithms import aggregation
+from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
+from mpi_trainer.comm.wire import WireFormat
+from mpi_trainer.persistence.checkpoint import load_checkpoint
+
+NESTEROV = {"outer_optimizer": "nesterov", "outer_learning_rate": 0.7, "outer_momentum": 0.9}
+SGD = {"optimizer": "sgd", "learning_rate": 0.05}
+
+
+def fresh_outer(job: LocalJob) -> OuterOptimizer:
+    return OuterOptimizer(OuterSettings.from_config(job.engine.cfg.aggregation))
+
+
+def last_trained(job: LocalJob, round_index: int) -> list[tuple]:
+    """Every worker's last report and weights of ``round_index`` (a rolled-back round runs twice)."""
+    return [[t for t in w.trained if t[0].round == round_index][-1] for w in job.workers]
+
+
+def by_hand(job: LocalJob, rounds: range, start: np.ndarray, outer: OuterOptimizer) -> list[np.ndarray]:
+    """The global weights after each round: the outer step from the round's average (or weighted share)."""
+    method, weights, out = job.engine.cfg.aggregation.method, start, []
+    for round_index in rounds:
+        trained = last_trained(job, round_index)
+        aggregate = aggregation.combine([local for _, local in trained], [r.samples for r, _ in trained], method)
+        weights = outer.step(weights, aggregate)
+        out.append(weights)
+    return out
+
+
+def started_from(job: LocalJob, round_index: int) -> list[np.ndarray]:
+    """What each worker trained ``round_index`` from (its last run of it)."""
+    return [[s for s, t in zip(w.started_from, w.trained) if t[0].round == round_index][-1] for w in job.workers]
+
+
+@pytest.mark.parametrize("settings", [
+    {},
+    {"train": {"sync_every": 3, "sync_warmup_epochs": 1, "sync_warmup_every": 4}},
+    {"aggregation": {"method": "weighted"}, "data": {"rebalance": True}},
+    {"evaluation": {"where": "workers"}},
+    {"train": {"overlap_eval": True}},
+], ids=["epoch_rounds", "sync_every_with_warmup", "weighted_rebalanced", "workers_score", "overlap_eval"])
+def test_each_round_takes_the_outer_step_and_the_workers_train_from_its_result(tmp_path, settings):
+    sections = {key: dict(value) for key, value in settings.items()}
+    sections["aggregation"] = {**sections.get("aggregation", {}), **NESTEROV}
+    sections["train"] = {"epochs": 4, **sections.get("train", {})}
+    job = run_local_job(tmp_path, model=SGD, **sections)
+    rounds = len(job.rounds())
+    expected = by_hand(job, range(rounds), job.engine.recorder.initial_weights,
+                       fresh_outer(job))
+    np.testing.assert_allclose(job.engine.weights, expected[-1], atol=2e-5)
+    for round_index in range(1, rounds):
+        for start in started_from(job, round_index):
+            np.testing.assert_allclose(start, expected[round_index - 1], atol=2e-5)
+    # the outer step moved the model off the plain average
+    plain = np.mean([local for _, local in last_trained(job, rounds - 1)], axis=0)
+    assert np.abs(job.engine.weights - plain).max() > 1e-3
+    assert job.summary["outer_optimizer"] == "nesterov"
+
+
+def test_traffic_per_round_is_what_plain_averaging_sends(tmp_path):
+    plain = run_local_job(tmp_path / "none", train={"epochs": 3})
+    outer = run_local_job(tmp_path / "nesterov", train={"epochs": 3}, aggregation=NESTEROV)
+    model_bytes = plain.summary["model_bytes"]
+    for a, b in zip(plain.rounds(), outer.rounds(), strict=True):
+        assert abs(int(a["bytes"]) - int(b["bytes"])) < 64  # the same transfers; reports' numbers differ
+        assert 2 * 2 * model_bytes <= int(b["bytes"]) < 2 * 2 * model_bytes + 20_000
+
+
+def test_a_16_bit_wire_sends_the_outer_steps_result_rounded(tmp_path):
+    job = run_local_job(tmp_path, model=SGD, train={"epochs": 3},
+                        aggregation={**NESTEROV, "wire_dtype": "bfloat16"})
+    wire, half = WireFormat("bfloat16"), np.float32(0.5)
+    outer, weights = fresh_outer(job), job.engine.recorder.initial_weights
+    for round_index in range(3):
+        for start in started_from(job, round_index):  # what arrived: the global weights, rounded once
+            np.testing.assert_array_equal(start, wire.decode(wire.encode(weights)))
+        # what went up: each worker's half share, rounded, summed in float32 on the scheduler
+        aggregate = sum(wire.decode(wire.encode(half * local)) for _, local in last_trained(job, round_index))
+        weights = outer.step(weights, aggregate)
+    np.testing.assert_allclose(job.engine.weights, weights, atol=1e-6)
+
+
+def test_best_of_steps_from_the_elected_workers_weights(tmp_path):
+    job = run_local_job(tmp_path, workers=3, model=SGD, train={"epochs": 2},
+                        aggregation={**NESTEROV, "method": "best"})
+    outer, weights = fresh_outer(job), job.engine.recorder.initial_weights
+    for round_index, row in enumerate(job.rounds()):
+        elected = dict((r.rank, w) for r, w in last_trained(job, round_index))[int(row["winner"])]
+        weights = outer.step(weights, elected)
+    np.testing.assert_array_equal(job.engine.weights, weights)
+
+
+def test_the_checkpoint_holds_the_outer_state_and_an_elastic_resume_goes_on_from_it(tmp_path):
+    first = run_local_job(tmp_path, model=SGD, train={"epochs": 2}, checkpoint={"every": 1}, aggregation=NESTEROV)
+    arrays, meta = load_checkpoint(tmp_path / "checkpoint.h5")
+    assert meta["round"] == 1 and sorted(k for k in arrays if k.startswith("outer_")) == ["outer_velocity"]
+    np.testing.assert_array_equal(arrays["outer_velocity"], first.engine.recorder.outer.state["velocity"])
+    np.testing.assert_array_equal(arrays["weights"], first.engine.weights)
+    # three workers now: the outer state is the model's, not the workers'
+    resumed = run_local_job(tmp_path, workers=3, resume=True, model=SGD, train={"epochs": 4},
+                            checkpoint={"every": 1}, aggregation=NESTEROV)
+    assert resumed.summary["resumed_after_round"] == 1
+    outer = fresh_outer(resumed)
+    outer.load_state(arrays, arrays["weights"].size)
+    expected = by_hand(resumed, range(2, 4), arrays["weights"], outer)
+    for start in started_from(resumed, 2):
+        np.testing.assert_array_equal(start, arrays["weights"])
+    np.testing.assert_allclose(resumed.engine.weights, expected[-1], atol=2e-5)
+    # a fresh outer optimizer from the same weights goes elsewhere: the restored momentum was used
+    fresh = by_hand(resumed, range(2, 3), arrays["weights"], fresh_outer(resumed))
+    assert np.abs(fresh[0] - expected[0]).max() > 1e-4
+
+
+def test_a_nan_rollback_takes_the_outer_state_back_with_the_weights(tmp_path):
+    # no checkpoint yet: the rollback goes to the initial weights, and the outer optimizer starts fresh
+    job = run_local_job(tmp_path, model=SGD, aggregation=NESTEROV, train={"epochs": 3, "nan_policy": "rollback"},
+                        debug={"nan_rank": 1, "nan_round": 1})
+    assert [(r["round"], r["checkpoint_round"]) for r in job.summary["rollbacks"]] == [(1, -1)]
+    for start in started_from(job, 1):
+        np.testing.assert_array_equal(start, job.engine.recorder.initial_weights)
+    outer = fresh_outer(job)
+    expected = by_hand(job, range(1, 3), job.engine.recorder.initial_weights, outer)
+    np.testing.assert_allclose(job.engine.weights, expected[-1], atol=2e-5)
