@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpi_trainer.config.schema import DEFAULT_MONITOR, EarlyStoppingConfig
+from mpi_trainer.errors import ConfigError
+
 # Parts of a metric's name that mark it as an error to minimise (losses, distances, error rates);
 # any other metric (accuracy, AUC, precision, recall, R2, ...) is a score to maximise.
 _SMALLER_IS_BETTER = ("loss", "error", "crossentropy", "hinge", "divergence", "poisson", "logcosh")
@@ -16,6 +19,24 @@ def minimised(monitor: str) -> bool:
     """Whether smaller values of ``monitor`` (``test_mae``, ``val_loss``, ``test_auc``...) are better."""
     name = monitor.split("_", 1)[1] if monitor.startswith(("test_", "val_", "train_")) else monitor
     return any(part in name for part in _SMALLER_IS_BETTER) or name in _ERROR_ABBREVIATIONS
+
+
+def watched_metric(monitor: str, patience: int, metric_names: list[str]) -> str:
+    """The row column early stopping watches for ``early_stopping.monitor`` and the model's metrics.
+
+    The default (``test_accuracy``) of a model without accuracy (regression) watches ``test_loss``
+    instead while patience is 0; any other monitor must name a metric the model computes. Every rank
+    derives it from the same config and metric names, so the config itself never changes.
+    """
+    split, name = monitor.split("_", 1)
+    if name in metric_names:
+        return monitor
+    if monitor == DEFAULT_MONITOR and not patience:
+        return "test_loss"
+    available = [f"{split}_{metric}" for metric in metric_names]
+    raise ConfigError(f"`early_stopping.monitor` names a metric the model does not compute. Received: "
+                      f"early_stopping.monitor={monitor!r}; expected one of {available} (add the metric "
+                      f"to model.metrics)")
 
 
 @dataclass
@@ -35,6 +56,12 @@ class EarlyStopping:
     best_round: int = -1
     wait: int = 0
     best_weights: np.ndarray | None = None
+
+    @classmethod
+    def from_config(cls, settings: EarlyStoppingConfig, metric_names: list[str]) -> EarlyStopping:
+        """From the ``early_stopping`` section, watching :func:`watched_metric` of the model's metrics."""
+        monitor = watched_metric(settings.monitor, settings.patience, metric_names)
+        return cls(monitor, settings.patience, settings.min_delta, settings.mode)
 
     @property
     def minimise(self) -> bool:

@@ -14,7 +14,8 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from mpi_trainer.config.schema import Config, _fail, public_fields
+from mpi_trainer.config.rules import check_config, resolve
+from mpi_trainer.config.schema import Config, public_fields, reject
 from mpi_trainer.errors import ConfigError
 
 
@@ -46,6 +47,8 @@ def _unknown_key(dotted: str) -> ConfigError:
 
 
 def _coerce(value: Any, hint: Any, key: str) -> Any:
+    if typing.get_origin(hint) is typing.Literal:
+        hint = str  # a choice: its section names the choices when the value is not one of them
     if hint is bool:
         ok = isinstance(value, bool)
     elif hint is int:
@@ -62,13 +65,13 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
     else:
         raise TypeError(f"unsupported config type {hint!r} for {key}")
     if not ok:
-        _fail(key, value, f"must be of type {getattr(hint, '__name__', str(hint))}")
+        reject(key, value, f"must be of type {getattr(hint, '__name__', str(hint))}")
     return value
 
 
 def _build(cls: type, table: Any, prefix: str) -> Any:
     if not isinstance(table, dict):
-        _fail(prefix.rstrip("."), table, "must be a table of keys")
+        reject(prefix.rstrip("."), table, "must be a table of keys")
     hints = {k: v for k, v in typing.get_type_hints(cls).items() if k != "prefix"}
     for name in table:
         if name not in hints:
@@ -129,8 +132,12 @@ def load_config(source: str | Path | dict[str, Any] | None = None,
     pairs = overrides.items() if isinstance(overrides, dict) else overrides or []
     for item in pairs:
         _apply_override(table, *(parse_override(item) if isinstance(item, str) else item))
-    return _build(Config, table, "")
+    return config_from_dict(table)
 
 
 def config_from_dict(table: dict[str, Any]) -> Config:
-    return _build(Config, table, "")
+    """Build every section (each checks its own keys), apply the rules across sections once, and
+    fill in the derived values: the config every rank then holds unchanged."""
+    cfg = _build(Config, table, "")
+    check_config(cfg)
+    return resolve(cfg)

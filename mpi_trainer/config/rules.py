@@ -1,17 +1,16 @@
 """Rules that span config sections (each section checks its own keys in :mod:`.schema`).
 
 Each rule refuses a combination that would otherwise fail, or silently do
-nothing, part-way through a run.
+nothing, part-way through a run. The loader applies them once, then fills in
+the values that depend on several sections (:func:`resolve`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import dataclasses
 
+from mpi_trainer.config.schema import DEFAULT_VALIDATION_SIZE, Config
 from mpi_trainer.errors import ConfigError
-
-if TYPE_CHECKING:
-    from mpi_trainer.config.schema import Config
 
 
 def _staleness_rules(cfg: Config) -> None:
@@ -129,7 +128,7 @@ def _lbfgs_rule(cfg: Config) -> None:
 
 def _evaluation_rule(cfg: Config) -> None:
     """Workers score the global model between synchronous rounds, when they would otherwise wait."""
-    if cfg.evaluation.where != "workers":
+    if not cfg.evaluation.on_workers:
         return
     conflicts = {
         "aggregation.ssp": (cfg.aggregation.ssp > 0, cfg.aggregation.ssp, "0",
@@ -173,3 +172,12 @@ RULES = (_staleness_rules, _damping_rule, _sync_every_rules, _warmup_rules, _lbf
 def check_config(cfg: Config) -> None:
     for rule in RULES:
         rule(cfg)
+
+
+def resolve(cfg: Config) -> Config:
+    """A new config with the values that depend on other sections filled in (``cfg`` is left as it is):
+    a validation split of ``DEFAULT_VALIDATION_SIZE`` when something reads one and none was asked for."""
+    if cfg.data.validation_size == 0 and needs_validation(cfg):
+        data = dataclasses.replace(cfg.data, validation_size=DEFAULT_VALIDATION_SIZE)
+        return dataclasses.replace(cfg, data=data)
+    return cfg

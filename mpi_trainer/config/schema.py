@@ -1,8 +1,11 @@
-"""The config schema: one dataclass per section, with its defaults.
+"""The config schema: one dataclass per section, with its defaults (a leaf module).
 
-Every section is a dataclass that validates itself in ``__post_init__`` so a
-bad value fails before any rank starts training, with the dotted key, the
-value received and what was expected.
+Every section is a dataclass that validates its own keys in ``__post_init__``
+so a bad value fails before any rank starts training, with the dotted key,
+the value received and what was expected. Rules across sections
+(:mod:`.rules`) and derived values are applied once, by the loader
+(:mod:`.loader`); nothing changes a config after it is loaded, so every
+rank holds the same one.
 """
 
 from __future__ import annotations
@@ -11,11 +14,10 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, get_args
 
 import tomli_w
 
-from mpi_trainer.config.rules import check_config, needs_validation
 from mpi_trainer.errors import ConfigError
 
 BUILTIN_DATASETS = (
@@ -30,24 +32,35 @@ BUILTIN_DATASETS = (
 DATA_SUFFIXES = (".npz", ".h5", ".hdf5", ".csv")
 # data.source of a job whose arrays were handed to mpi_trainer.fit (never read from a file).
 ARRAYS_SOURCE = "arrays"
-AGGREGATION_METHODS = ("average", "weighted", "best")
-WIRE_DTYPES = ("float32", "float16", "bfloat16")
-PLACEMENTS = ("shared", "scatter")
-FLIP_MODES = ("none", "horizontal", "vertical", "horizontal_and_vertical")
-OUTPUT_ACTIVATIONS = ("softmax", "sigmoid", "linear")
-NAN_POLICIES = ("stop", "rollback")
+AggregationMethod = Literal["average", "weighted", "best"]
+AGGREGATION_METHODS = get_args(AggregationMethod)
+WireDtype = Literal["float32", "float16", "bfloat16"]
+WIRE_DTYPES = get_args(WireDtype)
+DataPlacement = Literal["shared", "scatter"]
+PLACEMENTS = get_args(DataPlacement)
+FlipMode = Literal["none", "horizontal", "vertical", "horizontal_and_vertical"]
+FLIP_MODES = get_args(FlipMode)
+OutputActivation = Literal["softmax", "sigmoid", "linear"]
+OUTPUT_ACTIVATIONS = get_args(OutputActivation)
+NanPolicy = Literal["stop", "rollback"]
+NAN_POLICIES = get_args(NanPolicy)
 MONITOR_PATTERN = re.compile(r"(test|val)_[A-Za-z0-9_]+")
-MONITOR_MODES = ("auto", "min", "max")
-EVALUATION_PLACES = ("scheduler", "workers")
+MonitorMode = Literal["auto", "min", "max"]
+MONITOR_MODES = get_args(MonitorMode)
+EvaluationPlace = Literal["scheduler", "workers"]
+EVALUATION_PLACES = get_args(EvaluationPlace)
 EVERY_LOCAL_EPOCH = 0  # evaluation.every: score once per local epoch
 DEFAULT_MONITOR = "test_accuracy"
 # Held out for validation when best-of election or a val_* monitor needs it and data.validation_size is 0.
 DEFAULT_VALIDATION_SIZE = 0.1
 # ``model.optimizer`` value that selects full-batch distributed L-BFGS instead of a Keras optimizer.
 LBFGS = "lbfgs"
-DEVICES = ("auto", "cpu", "gpu")
-SCHEDULER_DEVICES = ("cpu", "gpu")
-OUTER_OPTIMIZERS = ("none", "momentum", "nesterov", "adam")
+Device = Literal["auto", "cpu", "gpu"]
+DEVICES = get_args(Device)
+SchedulerDevice = Literal["cpu", "gpu"]
+SCHEDULER_DEVICES = get_args(SchedulerDevice)
+OuterOptimizer = Literal["none", "momentum", "nesterov", "adam"]
+OUTER_OPTIMIZERS = get_args(OuterOptimizer)
 # aggregation.outer_learning_rate when left at 0: each outer optimizer's default (docs/outer-optimizer.md)
 OUTER_LEARNING_RATES = {"none": 1.0, "momentum": 0.7, "nesterov": 0.7, "adam": 0.001}
 
@@ -61,7 +74,8 @@ def public_fields(cls: type) -> list[dataclasses.Field]:
     return [item for item in dataclasses.fields(cls) if not item.metadata.get(HIDDEN)]
 
 
-def _fail(key: str, value: Any, expected: str) -> None:
+def reject(key: str, value: Any, expected: str) -> None:
+    """Raise the Keras-style error for one key: what is expected, then the value received."""
     raise ConfigError(f"`{key}` {expected}. Received: {key}={value!r}")
 
 
@@ -73,7 +87,7 @@ class _Section:
 
     def _require(self, ok: bool, name: str, expected: str) -> None:
         if not ok:
-            _fail(self._key(name), getattr(self, name), expected)
+            reject(self._key(name), getattr(self, name), expected)
 
     def _positive(self, *names: str) -> None:
         for name in names:
@@ -118,7 +132,7 @@ class AugmentationConfig(_Section):
     shift: float = 0.1
     rotation: float = 0.0
     zoom: float = 0.0
-    flip: str = "none"
+    flip: FlipMode = "none"
 
     def __post_init__(self) -> None:
         for name in ("shift", "rotation", "zoom"):
@@ -133,7 +147,7 @@ class DataConfig(_Section):
     test_size: float = 0.2
     # 0: no validation split unless best-of or a val_* monitor needs one (then DEFAULT_VALIDATION_SIZE)
     validation_size: float = 0.0
-    placement: str = "shared"
+    placement: DataPlacement = "shared"
     label: str = ""
     features: list[str] = field(default_factory=list)
     datasets: list[str] = field(default_factory=list)
@@ -159,12 +173,17 @@ class DataConfig(_Section):
                 f"or a file ending in one of {list(DATA_SUFFIXES)}",
             )
             # Under scatter only rank 0 reads the file (it checks it exists when it opens it).
-            self._require(path.is_file() or self.placement == "scatter", "source",
+            self._require(path.is_file() or self.scatters, "source",
                           "names a data file that does not exist")
         elif self.source != ARRAYS_SOURCE:
             self._choice("source", BUILTIN_DATASETS)
         for name in ("label", "features"):
             self._require(self.is_csv or not getattr(self, name), name, "applies to .csv sources only")
+
+    @property
+    def scatters(self) -> bool:
+        """``placement = "scatter"``: rank 0 reads the data and sends each worker its rows."""
+        return self.placement == "scatter"
 
     @property
     def is_file(self) -> bool:
@@ -181,7 +200,7 @@ class ModelConfig(_Section):
     name: str = "mlp"
     optimizer: str = "adam"
     learning_rate: float = 1e-3
-    activation: str = "softmax"
+    activation: OutputActivation = "softmax"
     # "cross_entropy" / "squared_error" (chosen for the labels, see models.implied_loss) or any Keras loss
     # identifier; checked against Keras when the model is built, before training.
     loss: str = "cross_entropy"
@@ -219,7 +238,7 @@ class TrainConfig(_Section):
     # ``sync_warmup_every`` steps; ``sync_every`` applies after. Rounds stay synchronisations.
     sync_warmup_epochs: int = 0
     sync_warmup_every: int = 1
-    nan_policy: str = "stop"
+    nan_policy: NanPolicy = "stop"
     # Synchronous rounds: start round r+1 before evaluating round r, so the workers do not wait
     # for the scheduler's evaluation. Early stopping then decides one round late (that round is
     # discarded); rounds followed by a checkpoint are not overlapped.
@@ -230,9 +249,9 @@ class TrainConfig(_Section):
     # unless mpirun bound it already; false leaves every rank free to run on any core.
     bind_cores: bool = True
     # Workers: a GPU of their node when it has one (auto), or always the CPU, or a GPU or fail (gpu).
-    device: str = "auto"
+    device: Device = "auto"
     # The scheduler aggregates in NumPy and evaluates; it takes a GPU only when asked to.
-    scheduler_device: str = "cpu"
+    scheduler_device: SchedulerDevice = "cpu"
 
     def __post_init__(self) -> None:
         self._positive("epochs", "batch_size")
@@ -246,14 +265,14 @@ class TrainConfig(_Section):
 @dataclass
 class AggregationConfig(_Section):
     prefix: ClassVar[str] = "aggregation"
-    method: str = "average"
+    method: AggregationMethod = "average"
     ssp: int = 0
     staleness_damping: bool = False
     # The dtype weights travel in; the global model and every sum stay float32.
-    wire_dtype: str = "float32"
+    wire_dtype: WireDtype = "float32"
     # The step from each round's aggregate to the next global model (docs/outer-optimizer.md);
     # outer_learning_rate = 0 takes the outer optimizer's own default (OUTER_LEARNING_RATES).
-    outer_optimizer: str = "none"
+    outer_optimizer: OuterOptimizer = "none"
     outer_learning_rate: float = 0.0
     outer_momentum: float = 0.9
     outer_beta_1: float = 0.9
@@ -287,7 +306,7 @@ class EarlyStoppingConfig(_Section):
     min_delta: float = 0.0
     monitor: str = DEFAULT_MONITOR
     # min: smaller is better; max: larger; auto: from the name (losses and errors min, scores max)
-    mode: str = "auto"
+    mode: MonitorMode = "auto"
 
     def __post_init__(self) -> None:
         self._non_negative("patience", "min_delta")
@@ -313,11 +332,16 @@ class EvaluationConfig(_Section):
     every: int = EVERY_LOCAL_EPOCH
     # "workers": each worker scores its shard of the test (and validation) split and the metric
     # states are summed, so the scheduler does not score alone while the workers wait.
-    where: str = "scheduler"
+    where: EvaluationPlace = "scheduler"
 
     def __post_init__(self) -> None:
         self._non_negative("every")
         self._choice("where", EVALUATION_PLACES)
+
+    @property
+    def on_workers(self) -> bool:
+        """``where = "workers"``: each worker scores its shard and the metric states are summed."""
+        return self.where == "workers"
 
 
 @dataclass
@@ -448,11 +472,6 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     # Test hooks: settable, validated, never shown (see DebugConfig).
     debug: DebugConfig = field(default_factory=DebugConfig, metadata={HIDDEN: True})
-
-    def __post_init__(self) -> None:
-        check_config(self)
-        if self.data.validation_size == 0 and needs_validation(self):
-            self.data.validation_size = DEFAULT_VALIDATION_SIZE
 
     def to_dict(self) -> dict[str, Any]:
         """The public config, test hooks left out (what run directories and ``check`` show)."""

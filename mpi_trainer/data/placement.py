@@ -78,7 +78,7 @@ def evaluation_arrays(dataset: Dataset, rank: int, workers: int) -> list[np.ndar
 
 
 def _scores_on_workers(cfg: Config) -> bool:
-    return cfg.evaluation.where == "workers"
+    return cfg.evaluation.on_workers
 
 
 def block_positions(num_train: int, shuffle_seed: int, bounds: tuple[int, int]) -> np.ndarray:
@@ -253,7 +253,7 @@ def place_data(link: Any, rank: int, cfg: Config, dataset: Dataset | None,
     under ``scatter`` a worker loaded none at set-up and gets a validation-only
     one here.
     """
-    scatter = cfg.data.placement == "scatter"
+    scatter = cfg.data.scatters
     if rank == 0:
         if scatter:
             scatter_rows(link, cfg, dataset, plan)

@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from mpi_trainer.algorithms.early_stopping import watched_metric
 from mpi_trainer.comm.transport import Transport, install_abort_on_error
 from mpi_trainer.config import Config, load_config
-from mpi_trainer.config.schema import DEFAULT_MONITOR, TrainConfig
+from mpi_trainer.config.schema import TrainConfig
 from mpi_trainer.data.readers import RawArrays
 from mpi_trainer.errors import EXIT_INPUT_ERROR, EXIT_WORKER_FAILURE, ConfigError, InputError, WorkerFailure
 from mpi_trainer.launch.devices import (
@@ -164,17 +165,7 @@ def plan_job(cfg: Config, dataset: Any, inputs: JobInputs, bounds: list, state: 
 
 def check_monitor(cfg: Config, metric_names: list[str]) -> None:
     """``early_stopping.monitor`` must name a metric the compiled model reports."""
-    monitor = cfg.early_stopping.monitor
-    split, name = monitor.split("_", 1)
-    if name not in metric_names and monitor == DEFAULT_MONITOR and not cfg.early_stopping.patience:
-        # the default monitor of a model without accuracy (regression): keep the best test loss instead
-        cfg.early_stopping.monitor = "test_loss"
-        return
-    if name not in metric_names:
-        available = [f"{split}_{metric}" for metric in metric_names]
-        raise ConfigError(f"`early_stopping.monitor` names a metric the model does not compute. Received: "
-                          f"early_stopping.monitor={monitor!r}; expected one of {available} (add the metric "
-                          f"to model.metrics)")
+    watched_metric(cfg.early_stopping.monitor, cfg.early_stopping.patience, metric_names)
 
 
 def check(cfg: Config, workers: int | None = None) -> str:
@@ -212,10 +203,10 @@ def load_dataset_for_rank(rank: int, cfg: Config, arrays: RawArrays | None = Non
     from mpi_trainer.data.augmentation import check_image_input
     from mpi_trainer.data.sources import load_dataset
 
-    scatter = cfg.data.placement == "scatter"
+    scatter = cfg.data.scatters
     if rank != 0 and scatter:
         return None
-    on_workers = cfg.evaluation.where == "workers"
+    on_workers = cfg.evaluation.on_workers
     scores = rank == 0 or cfg.aggregation.elects or on_workers
     # under evaluation.where = "workers" a worker reads only its part of the test split
     read_test = True if rank == 0 else (rank - 1, workers) if on_workers else False
@@ -237,7 +228,7 @@ def place_training_data(transport: Transport, cfg: Config, dataset: Any, plan: A
     from mpi_trainer.data.placement import place_data
 
     link = SchedulerLink(transport) if transport.rank == 0 else WorkerLink(transport)
-    sender = transport.rank == 0 and cfg.data.placement == "scatter"
+    sender = transport.rank == 0 and cfg.data.scatters
     placed, error = (None, dataset), None
     try:
         placed = place_data(link, transport.rank, cfg, dataset, plan)

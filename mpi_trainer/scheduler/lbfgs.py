@@ -112,8 +112,7 @@ class LbfgsScheduler:
         self.vector = TrainableVector(model)
         self.layout = WireLayout(self.vector.size, transport.workers)
         self.request = self.layout.request()
-        self.early = EarlyStopping(cfg.early_stopping.monitor, cfg.early_stopping.patience,
-                                   cfg.early_stopping.min_delta)
+        self.early = EarlyStopping.from_config(cfg.early_stopping, plan.metric_names)
         self.progress = Progress()
         self.started = time.perf_counter()
         self.clock = IterationClock.start(transport.workers)
@@ -216,7 +215,7 @@ class LbfgsScheduler:
                **evaluation}
         self.record(row)
         weights = self.codec.flatten(self.model.get_weights())
-        stop = self.early.update(iterate.iteration, row[self.cfg.early_stopping.monitor], weights)
+        stop = self.early.update(iterate.iteration, row[self.early.monitor], weights)
         every = self.cfg.checkpoint.every
         if every > 0 and (iterate.iteration + 1) % every == 0:
             self.checkpoint(iterate.iteration, weights)

@@ -125,8 +125,7 @@ class RoundRecorder:
         self.transport_stats = transport_stats  # read-only: the scheduler's wait counters
         self.log = get_logger()
         self.evaluator = Evaluator(cfg, dataset, model, codec)
-        self.early = EarlyStopping(cfg.early_stopping.monitor, cfg.early_stopping.patience,
-                                   cfg.early_stopping.min_delta, cfg.early_stopping.mode)
+        self.early = EarlyStopping.from_config(cfg.early_stopping, plan.metric_names)
         self.metric_names = plan.metric_names
         self.schedule = schedule_for(cfg.train, plan.block_bounds)  # each round's local steps (post-local SGD)
         self.state = RunState()
@@ -245,7 +244,7 @@ class RoundRecorder:
         row.update(eval_seconds=eval_seconds, **timing(time.perf_counter()))
         self.record(row)
         # early stopping counts scored rounds only: an unscored round has nothing to compare
-        stop = scored and self.early.update(closed.index, row[self.cfg.early_stopping.monitor], weights)
+        stop = scored and self.early.update(closed.index, row[self.early.monitor], weights)
         self.maybe_checkpoint(closed.index, weights)
         if stop:
             return StopReason.EARLY_STOPPING

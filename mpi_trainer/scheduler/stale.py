@@ -100,7 +100,7 @@ class StaleEngine(Engine):
         self.rebalancer = Rebalancer(plan.block_bounds, cfg.data.rebalance_smoothing) if cfg.data.rebalance else None
         # Under scatter a re-cut moves rows: the ledger knows who holds what.
         self.ledger = (ScatterLedger(cfg, plan, self.workers)
-                       if cfg.data.rebalance and cfg.data.placement == "scatter" else None)
+                       if cfg.data.rebalance and cfg.data.scatters else None)
         self.told = {worker: list(plan.block_bounds) for worker in self.workers}  # the blocks each one trains on
 
     def describe(self) -> str:

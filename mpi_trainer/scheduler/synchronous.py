@@ -49,10 +49,10 @@ class SynchronousEngine(Engine):
         self.rebalancer = Rebalancer(plan.block_bounds, cfg.data.rebalance_smoothing) if cfg.data.rebalance else None
         # Under scatter a re-cut moves rows: the ledger knows who holds what, ``moved`` what goes next.
         self.ledger = (ScatterLedger(cfg, plan, self.workers)
-                       if cfg.data.rebalance and cfg.data.placement == "scatter" else None)
+                       if cfg.data.rebalance and cfg.data.scatters else None)
         self.moved: dict[int, np.ndarray] = {}
         self.recorder.optimizer_states = self.gather_optimizer_states
-        if cfg.evaluation.where == "workers":
+        if cfg.evaluation.on_workers:
             self.recorder.evaluator = WorkerEvaluator(cfg, dataset, model, self.codec, link, self.watchdog)
         if resume is not None:
             self.resume_from(resume)

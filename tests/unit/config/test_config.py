@@ -115,3 +115,37 @@ def test_a_validation_split_is_held_out_only_when_something_reads_it(override):
     assert load_config(QUICKSTART, [override, "data.validation_size=0"]).data.validation_size == 0.1
     assert load_config(QUICKSTART, [override, "data.validation_size=0.3"]).data.validation_size == 0.3
     assert load_config(QUICKSTART, ["data.validation_size=0.2"]).data.validation_size == 0.2
+
+
+def test_rules_across_sections_are_applied_by_the_loader():
+    with pytest.raises(ConfigError, match="`train.max_steps` splits the last synchronous round"):
+        load_config(QUICKSTART, ["aggregation.ssp=1", "train.max_steps=10"])
+
+
+def test_resolving_derived_values_builds_a_new_config_and_leaves_the_loaded_one_alone():
+    from mpi_trainer.config.loader import _build
+    from mpi_trainer.config.rules import resolve
+
+    built = _build(Config, {"aggregation": {"method": "best"}}, "")
+    resolved = resolve(built)
+    assert built.data.validation_size == 0.0 and resolved.data.validation_size == 0.1
+    assert resolve(resolved) is resolved
+
+
+def test_a_regression_model_watches_test_loss_without_changing_the_config():
+    from mpi_trainer.algorithms.early_stopping import EarlyStopping
+
+    cfg = load_config(QUICKSTART)
+    before = cfg.to_dict()
+    early = EarlyStopping.from_config(cfg.early_stopping, ["loss", "mae"])
+    assert early.monitor == "test_loss" and early.minimise
+    assert cfg.to_dict() == before and cfg.early_stopping.monitor == "test_accuracy"
+
+
+def test_a_monitor_the_model_does_not_compute_is_refused_with_the_available_ones():
+    from mpi_trainer.algorithms.early_stopping import watched_metric
+
+    with pytest.raises(ConfigError, match=r"Received: early_stopping.monitor='test_auc'; expected one of "
+                                          r"\['test_loss', 'test_mae'\]"):
+        watched_metric("test_auc", 0, ["loss", "mae"])
+    assert watched_metric("val_mae", 3, ["loss", "mae"]) == "val_mae"
