@@ -105,7 +105,8 @@ def _refused_together(transport: Any) -> Iterator[None]:
 def fit(model: Any = None, x: Any = None, y: Any = None, *, validation_data: tuple[Any, Any] | None = None,
         config: str | Path | dict[str, Any] | None = None, overrides: Sequence[str] | dict[str, Any] | None = None,
         epochs: int | None = None, batch_size: int | None = None, callbacks: Sequence[Any] = (),
-        run_dir: str | Path | None = None, resume: bool = False) -> FitResult | None:
+        run_dir: str | Path | None = None, resume: bool = False,
+        steps_per_epoch: int | None = None) -> FitResult | None:
     """Train ``model`` data-parallel on every rank of the ``mpirun`` job; rank 0 returns the result.
 
     Args:
@@ -115,9 +116,14 @@ def fit(model: Any = None, x: Any = None, y: Any = None, *, validation_data: tup
             A model built in the script is best built after :func:`init`, which places the rank first.
         x, y: the training data on the scheduler. Workers pass the same arrays (only block
             indices then travel) or None (their blocks are then sent to them). Without arrays
-            the config's ``data.source`` is read.
-        validation_data: ``(x, y)`` scored after every round (the ``test_*`` columns); without it
-            ``data.test_size`` of ``x, y`` is held out for that.
+            the config's ``data.source`` is read. ``x`` may also be a pipeline that every rank
+            builds: a ``tf.data.Dataset``, a ``dataset_fn(context)`` returning one per worker, a
+            ``keras.utils.PyDataset`` or a generator of ``(x, y)`` batches (then ``y`` is None;
+            see :mod:`mpi_trainer.data.adapters` for how each is cut into blocks).
+        validation_data: ``(x, y)`` or a pipeline, scored after every round (the ``test_*`` columns);
+            without it ``data.test_size`` of ``x, y`` (of a pipeline: its last batches) is held out.
+        steps_per_epoch: a pipeline of unknown or infinite length (a generator, ``repeat()``): the
+            batches one round reads over all workers.
         config: a TOML path or a dict of sections; ``overrides``: ``"key=value"`` strings or a dict
             of dotted keys; ``epochs`` (rounds) and ``batch_size`` are shortcuts for train.*.
         callbacks: Keras callbacks run on the scheduler once per round (see
@@ -133,33 +139,36 @@ def fit(model: Any = None, x: Any = None, y: Any = None, *, validation_data: tup
     quiet_backend()
     transport = Transport()
     with _refused_together(transport):
-        finished = _run(transport, model, (x, y, validation_data), config, overrides,
+        finished = _run(transport, model, (x, y, validation_data, steps_per_epoch), config, overrides,
                         {"train.epochs": epochs, "train.batch_size": batch_size}, callbacks, run_dir, resume)
     return None if finished is None else _result(*finished)
 
 
 def _run(transport: Any, model: Any, data: tuple, config: Any, overrides: Any, shortcuts: dict[str, Any],
          callbacks: Sequence[Any], run_dir: Any, resume: bool) -> Any:
+    from mpi_trainer.data.adapters import fit_input
     from mpi_trainer.launch.job import JobInputs, agree, load_config_everywhere, run_job
 
-    arrays = builder = None
+    arrays = builder = pipeline = None
     pairs, error = [], None
     try:  # a bad argument on one rank must fail every rank, not leave them waiting for it
-        arrays = _as_arrays(*data)
+        pipeline = fit_input(*data)  # None: arrays, or nothing (data.source)
+        arrays = None if pipeline else _as_arrays(*data[:3])
         builder, model_overrides = _model_source(model)
         given = [(k, v) for k, v in shortcuts.items() if v is not None]
         pairs = _pairs(overrides) + given + model_overrides
     except InputError as exc:
         error = str(exc)
     agree(transport, error)
-    arrays, data_overrides = _agree_on_arrays(transport, arrays)
+    arrays, data_overrides = _agree_on_arrays(transport, arrays) if not _agree_on_pipeline(transport, pipeline) \
+        else (None, [("data.source", "pipeline")])
     cfg = load_config_everywhere(transport, str(config) if isinstance(config, Path) else config,
                                  pairs + data_overrides)
     refused = transport.rank == 0 and callbacks and cfg.model.uses_lbfgs
     agree(transport, "`callbacks` are not available with model.optimizer='lbfgs' (its iterations are not "
                      "rounds). Received: callbacks with model.optimizer='lbfgs'" if refused else None)
     inputs = JobInputs(arrays, builder, list(callbacks) if transport.rank == 0 else [],
-                       config if isinstance(config, (str, Path)) else None)
+                       config if isinstance(config, (str, Path)) else None, pipeline, pipeline and data[2])
     return run_job(transport, cfg, inputs, None if run_dir is None else str(run_dir), resume)
 
 
@@ -210,6 +219,17 @@ def _agree_on_arrays(transport: Any, arrays: Any) -> tuple[Any, list[tuple[str, 
     shared = all(p == prints[0] for p in prints[1:])
     return (arrays if shared or transport.rank == 0 else None), [
         ("data.source", "arrays"), ("data.placement", "shared" if shared else "scatter")]
+
+
+def _agree_on_pipeline(transport: Any, pipeline: Any) -> bool:
+    """Whether the data is a pipeline; every rank builds one, of the same kind, or all fail."""
+    from mpi_trainer.launch.job import agree
+
+    kinds = transport.allgather(None if pipeline is None else pipeline.kind)
+    differ = any(kind != kinds[0] for kind in kinds) and any(kinds)
+    agree(transport, f"Every rank must build the same kind of input (each builds its own pipeline). Received: "
+                     f"{', '.join(f'rank {r}: {k}' for r, k in enumerate(kinds))}" if differ else None)
+    return kinds[0] is not None
 
 
 def _kind(value: Any) -> str:

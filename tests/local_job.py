@@ -14,7 +14,7 @@ from mpi_trainer.config import config_from_dict
 from mpi_trainer.data.partition import block_bounds
 from mpi_trainer.data.placement import place_data
 from mpi_trainer.data.sources import load_dataset
-from mpi_trainer.launch.job import JobInputs, plan_job
+from mpi_trainer.launch.job import JobInputs, load_dataset_for_rank, plan_job
 from mpi_trainer.persistence.resume import load_resume_state
 from mpi_trainer.persistence.run_files import read_rounds
 from mpi_trainer.scheduler import engine_class
@@ -69,19 +69,26 @@ def place(world: LocalWorld, cfg: Any, dataset: Any, plan: JobPlan) -> dict[int,
 
 
 def build_local_job(run_dir: Path, workers: int = 2, builder: Any = None, resume: bool = False,
-                    **sections: Any) -> tuple[Any, list, Any]:
+                    inputs: JobInputs | None = None, **sections: Any) -> tuple[Any, list, Any]:
     """The scheduler's engine, the workers (dry-run, not calibrated) and their local world, not yet running.
 
-    Trains on the built-in digits (by default); set-up is the job's own (:func:`plan_job`: build,
-    dry run, metric names); ``builder`` is a model function or model as :func:`mpi_trainer.fit` takes it.
+    Trains on the built-in digits (by default), or on ``inputs.pipeline`` (every rank shares the one
+    adapter here); set-up is the job's own (:func:`plan_job`: build, dry run, metric names); ``builder``
+    is a model function or model as :func:`mpi_trainer.fit` takes it.
     ``resume``: the engine carries on from ``run_dir``'s checkpoint (the workers get its weights).
     """
-    table = {"data": {"source": "digits"}, "train": {"epochs": 2, "batch_size": 64}, "log": {"verbosity": 0}}
+    table = {"data": {"source": "pipeline" if inputs else "digits"}, "train": {"epochs": 2, "batch_size": 64},
+             "log": {"verbosity": 0}}
     for name, values in sections.items():
         table[name] = {**table.get(name, {}), **values}
     cfg = config_from_dict(table)
-    dataset = load_dataset(cfg.data, cfg.train.seed)
-    model, plan = plan_job(cfg, dataset, JobInputs(builder=builder), block_bounds(dataset.num_train, workers), None)
+    inputs = inputs or JobInputs()
+    inputs.builder = builder
+    dataset = load_dataset_for_rank(0, cfg, None, workers, inputs) if inputs.pipeline or cfg.data.stream \
+        else load_dataset(cfg.data, cfg.train.seed)
+    bounds = (dataset.train.block_bounds(workers) if hasattr(dataset.train, "block_bounds")
+              else block_bounds(dataset.num_train, workers))
+    model, plan = plan_job(cfg, dataset, inputs, bounds, None)
     world = LocalWorld(workers + 1)
     transports = world.transports()
     placed = place(world, cfg, dataset, plan)
@@ -97,9 +104,9 @@ def build_local_job(run_dir: Path, workers: int = 2, builder: Any = None, resume
 
 
 def run_local_job(run_dir: Path, workers: int = 2, builder: Any = None, callbacks: Any = (),
-                  resume: bool = False, **sections: Any) -> LocalJob:
+                  resume: bool = False, inputs: JobInputs | None = None, **sections: Any) -> LocalJob:
     """Train with ``workers`` worker threads (see :func:`build_local_job`); returns the finished job."""
-    engine, team, world = build_local_job(run_dir, workers, builder, resume, **sections)
+    engine, team, world = build_local_job(run_dir, workers, builder, resume, inputs, **sections)
     if callbacks:
         engine.recorder.use_callbacks(list(callbacks))
     # data.rebalance: round 0's blocks are cut from each worker's timed steps, as run_job does

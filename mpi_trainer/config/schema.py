@@ -30,6 +30,7 @@ BUILTIN_DATASETS = (
     "cifar10",
 )
 DATA_SUFFIXES = (".npz", ".h5", ".hdf5", ".csv")
+STREAM_SUFFIXES = (".npz", ".h5", ".hdf5")  # data.stream: formats read in batches from disk
 # data.source of a job whose arrays were handed to mpi_trainer.fit (never read from a file).
 ARRAYS_SOURCE = "arrays"
 AggregationMethod = Literal["average", "weighted", "best"]
@@ -44,6 +45,8 @@ OutputActivation = Literal["softmax", "sigmoid", "linear"]
 OUTPUT_ACTIVATIONS = get_args(OutputActivation)
 NanPolicy = Literal["stop", "rollback"]
 NAN_POLICIES = get_args(NanPolicy)
+# data.source of a job whose data was handed to mpi_trainer.fit as a pipeline (tf.data, PyDataset, generator).
+PIPELINE_SOURCE = "pipeline"
 MONITOR_PATTERN = re.compile(r"(test|val)_[A-Za-z0-9_]+")
 MonitorMode = Literal["auto", "min", "max"]
 MONITOR_MODES = get_args(MonitorMode)
@@ -153,6 +156,8 @@ class DataConfig(_Section):
     datasets: list[str] = field(default_factory=list)
     rebalance: bool = False
     rebalance_smoothing: float = 0.5
+    # read the training rows in batches from disk, blocks as row ranges (.h5 / .hdf5 / uncompressed .npz)
+    stream: bool = False
     increment: IncrementConfig = field(default_factory=IncrementConfig)
     augmentation: AugmentationConfig = field(default_factory=AugmentationConfig)
 
@@ -175,10 +180,13 @@ class DataConfig(_Section):
             # Under scatter only rank 0 reads the file (it checks it exists when it opens it).
             self._require(path.is_file() or self.scatters, "source",
                           "names a data file that does not exist")
-        elif self.source != ARRAYS_SOURCE:
+        elif self.source not in (ARRAYS_SOURCE, PIPELINE_SOURCE):
             self._choice("source", BUILTIN_DATASETS)
         for name in ("label", "features"):
             self._require(self.is_csv or not getattr(self, name), name, "applies to .csv sources only")
+        self._require(not self.stream or (self.is_file and Path(self.source).suffix.lower() in STREAM_SUFFIXES),
+                      "stream", f"applies to data files ending in one of {list(STREAM_SUFFIXES)}; the data.source "
+                      f"{self.source!r} is read whole (or pass a pipeline to mpi_trainer.fit)")
 
     @property
     def scatters(self) -> bool:

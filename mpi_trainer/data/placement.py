@@ -125,16 +125,46 @@ class WorkerData:
         self.seed = cfg.train.seed
         self.shuffle_seed = plan.shuffle_seed
         self.block_sizes = [end - start for start, end in plan.block_bounds]
-        self.fixed = fixed_positions(plan, rank)
-        self.fixed_x, self.fixed_y = source.read(self.fixed)
         self.augmenter = build_augmenter(cfg.data.augmentation, cfg.train.seed + rank)
         self.evaluation: EvalShard | None = None  # set by place_data under evaluation.where = "workers"
+        # a streamed input (data.streamed): the block is a range of the input's units, read as it trains
+        self.streams = getattr(source, "streams", False)
+        if self.streams:
+            self.bounds = plan.block_bounds[rank - 1]
+            self.fixed = np.arange(*self.bounds)
+            self.fixed_x, self.fixed_y = self.open_block(), None
+            get_logger().debug("worker rank %d: block [%d, %d) of %s streamed, peak RSS %.1f MiB", rank,
+                               *self.bounds, source.adapter.unit, peak_rss_mib())
+            return
+        self.fixed = fixed_positions(plan, rank)
+        self.fixed_x, self.fixed_y = source.read(self.fixed)
         get_logger().debug("worker rank %d: block of %d rows in memory (%.1f MiB), peak RSS %.1f MiB",
                            rank, len(self.fixed), self.fixed_x.nbytes / 2**20, peak_rss_mib())
+
+    def open_block(self) -> Any:
+        feed = self.source.block(self.bounds, self.rank, len(self.block_sizes))
+        feed.augmenter = self.augmenter
+        return feed
+
+    def units(self, x: Any) -> int:
+        """The samples (or, for a pipeline, batches) a round trains on."""
+        return x.units if self.streams else len(x)
+
+    def first_rows(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """The block's first rows as arrays (a streamed input: its first batch), for dry runs and timing."""
+        if self.streams:
+            return self.source.read(np.arange(count))
+        return self.fixed_x[:count], self.fixed_y[:count]
 
     def set_blocks(self, block_bounds: list[tuple[int, int]]) -> bool:
         """Rebalancing: adopt re-cut blocks; re-read this worker's rows when its block changed."""
         self.block_sizes = [end - start for start, end in block_bounds]
+        if self.streams:
+            if tuple(block_bounds[self.rank - 1]) == tuple(self.bounds):
+                return False
+            self.bounds = tuple(block_bounds[self.rank - 1])
+            self.fixed, self.fixed_x = np.arange(*self.bounds), self.open_block()
+            return True
         fixed = block_positions(self.total, self.shuffle_seed, block_bounds[self.rank - 1])
         if np.array_equal(fixed, self.fixed):
             return False
@@ -158,10 +188,17 @@ class WorkerData:
         return round_samples(self.total, self.block_sizes, round_index, self.increment)
 
     def batch(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rows of the fixed block (k-step rounds), augmented batch by batch rather than the block per round."""
+        """Rows of the fixed block (k-step rounds), augmented batch by batch rather than the block per round.
+
+        A streamed input (k-step rounds refuse it) serves its first batch's rows: rebalancing's timing."""
+        if self.streams:
+            x, y = self.first_rows(len(rows))
+            return augment(x, self.augmenter), y
         return augment(self.fixed_x[rows], self.augmenter), self.fixed_y[rows]
 
-    def for_round(self, round_index: int) -> tuple[np.ndarray, np.ndarray]:
+    def for_round(self, round_index: int) -> tuple[Any, Any]:
+        if self.streams:  # data increment refuses streamed inputs
+            return self.fixed_x, None
         extra = draw_extra(self.total, self.fixed, round_index, self.rank, self.seed, self.increment)
         x, y = self.fixed_x, self.fixed_y
         if len(extra):

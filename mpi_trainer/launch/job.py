@@ -75,6 +75,8 @@ class JobInputs:
     builder: Any = None  # a model function or a built model, instead of model.name
     callbacks: Sequence[Any] = ()  # Keras callbacks, run on rank 0 once per round
     config_path: str | None = None  # names the default run directory
+    pipeline: Any = None  # an input adapter (tf.data, PyDataset, generator...), instead of arrays
+    validation: Any = None  # the pipeline's validation_data, read by the ranks that score
 
 
 def uses_lbfgs(cfg: Config) -> bool:
@@ -126,9 +128,10 @@ def setup(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str | N
         check_slow_ranks(cfg.debug, transport.size)
         if uses_lbfgs(cfg):
             check_backend()  # every rank: each computes with its own backend
-        dataset = load_dataset_for_rank(transport.rank, cfg, inputs.arrays, transport.workers)
-        if dataset is not None:
-            bounds = block_bounds(dataset.num_train, transport.workers)  # every reader fails alike
+        dataset = load_dataset_for_rank(transport.rank, cfg, inputs.arrays, transport.workers, inputs)
+        if dataset is not None:  # every reader fails alike
+            bounds = (dataset.train.block_bounds(transport.workers) if hasattr(dataset.train, "block_bounds")
+                      else block_bounds(dataset.num_train, transport.workers))
         if transport.rank == 0:
             state = resume_state(run_dir, cfg) if resume else None
             model, plan = plan_job(cfg, dataset, inputs, bounds, state)
@@ -194,15 +197,21 @@ def check(cfg: Config, workers: int | None = None) -> str:
     return f"{dataset.describe()}; model {cfg.model.name} with {model.count_params()} parameters"
 
 
-def load_dataset_for_rank(rank: int, cfg: Config, arrays: RawArrays | None = None, workers: int = 1) -> Any:
+def load_dataset_for_rank(rank: int, cfg: Config, arrays: RawArrays | None = None, workers: int = 1,
+                          inputs: JobInputs | None = None) -> Any:
     """The scheduler reads validation and test features; a worker only what it scores on.
 
     Under ``data.placement = "scatter"`` a worker reads nothing (its node may
     not see the file): its rows arrive from the scheduler after set-up.
+    A pipeline (``inputs.pipeline``) or a streamed file keeps its training part where it is.
     """
     from mpi_trainer.data.augmentation import check_image_input
     from mpi_trainer.data.sources import load_dataset
 
+    streamed = streamed_dataset(rank, cfg, workers, inputs)
+    if streamed is not None:
+        check_image_input(cfg.data.augmentation, streamed.input_shape)
+        return streamed
     scatter = cfg.data.scatters
     if rank != 0 and scatter:
         return None
@@ -215,6 +224,19 @@ def load_dataset_for_rank(rank: int, cfg: Config, arrays: RawArrays | None = Non
     if scatter:
         dataset.train.check_all()  # bad rows must fail here, not half-way through sending blocks
     return dataset
+
+
+def streamed_dataset(rank: int, cfg: Config, workers: int, inputs: JobInputs | None) -> Any:
+    """The dataset of a pipeline input, or None; what the config asks of it is checked first."""
+    from mpi_trainer.data.streamed import check_allows, pipeline_dataset
+
+    adapter = None if inputs is None else inputs.pipeline
+    if adapter is None:
+        return None
+    check_allows(cfg, adapter)
+    scores = rank == 0 or cfg.aggregation.elects or cfg.evaluation.where == "workers"
+    return pipeline_dataset(adapter.kind, adapter, inputs.validation, cfg, workers, read_val=scores,
+                            read_test=rank == 0 or cfg.evaluation.where == "workers")
 
 
 def place_training_data(transport: Transport, cfg: Config, dataset: Any, plan: Any) -> tuple[Any, Any]:
@@ -246,8 +268,10 @@ def log_plan(plan: Any, dataset: Any) -> None:
     log.info("dataset %s", dataset.describe())
     if dataset.class_names:
         log.info("%s: string labels mapped to classes: %s", dataset.name, dataset.label_mapping())
+    unit = getattr(getattr(dataset.train, "adapter", None), "unit", "samples")
     for index, (start, end) in enumerate(plan.block_bounds):
-        log.info("worker rank %d: block start %d end %d size %d", index + 1, start, end, end - start)
+        log.info("worker rank %d: block start %d end %d size %d%s", index + 1, start, end, end - start,
+                 "" if unit == "samples" else f" {unit}")
 
 
 def log_placements(placements: list[Placement]) -> None:

@@ -98,8 +98,8 @@ class Worker:
         round, which every other worker waits out. It is traced here, with the weights put back.
         """
         batch = self.cfg.train.batch_size
-        dry_run(self.model, self.x[:batch], self.y[:batch])
-        partial = len(self.data.fixed_x) % batch
+        dry_run(self.model, *self.data.first_rows(batch))
+        partial = 0 if self.data.streams else len(self.data.fixed_x) % batch
         if partial and (self.schedule.sync_every or self.schedule.warmup_rounds):
             dry_run(self.model, self.x[:partial], self.y[:partial])
 
@@ -112,12 +112,12 @@ class Worker:
         weights and the optimizer state are put back. None without rebalancing, or without a full batch.
         """
         batch = self.cfg.train.batch_size
-        if not self.cfg.data.rebalance or len(self.x) < batch:
+        if not self.cfg.data.rebalance or len(self.data.first_rows(batch)[1]) < batch:
             return None
         slowdown, weights, seconds = make_slowdown(self.cfg.debug, self.rank), self.model.get_weights(), 0.0
         try:
             for step in range(MIN_TIMED_STEPS + 1):
-                x, y = self.data.batch(np.arange(batch) + (step * batch) % (len(self.x) - batch + 1))
+                x, y = self.data.batch(np.arange(batch) + (step * batch) % (self.data.units(self.x) - batch + 1))
                 started = time.perf_counter()
                 one_step(self.model, x, y, slowdown)
                 seconds += (time.perf_counter() - started) if step else 0.0
@@ -234,7 +234,7 @@ class Worker:
         local = self.codec.flatten(self.model.get_weights(), out=self.local)
         self.maybe_inject_nan(round_index, local)
         loss = metrics.get("loss", 0.0 if not steps else math.nan)
-        report = Report(self.rank, round_index, len(self.x), loss, metrics.get("accuracy", math.nan),
+        report = Report(self.rank, round_index, self.data.units(self.x), loss, metrics.get("accuracy", math.nan),
                         train_seconds, steps=steps, weights_finite=bool(np.isfinite(local).all()),
                         train_metrics=metrics)
         if not k and steps:  # k-step rounds are not timed: rebalancing is refused with them
@@ -246,20 +246,34 @@ class Worker:
         self.model.set_weights(self.codec.unflatten(self.global_weights))
         batch = self.cfg.train.batch_size
         x, y = self.x, self.y
+        if self.data.streams:
+            return self.train_streamed(max_steps)
         if max_steps is not None:
             if max_steps == 0:
                 return {}, 0.0, 0
             rows = np.random.default_rng(self.cfg.train.seed + self.rank).permutation(len(x))[:max_steps * batch]
             x, y = x[rows], y[rows]
+        return self.fit_round(fit_arguments(x, y, batch, self.shuffle_rng), steps_per_round(len(x), batch), len(x))
+
+    def train_streamed(self, max_steps: int | None) -> tuple[dict[str, Any], float, int]:
+        """One pass over a streamed block (or ``max_steps`` batches of it); metrics, seconds, steps."""
+        batch, feed = self.cfg.train.batch_size, self.x
+        steps = feed.steps(batch) if max_steps is None else min(max_steps, feed.steps(batch))
+        if steps == 0:
+            return {}, 0.0, 0
+        return self.fit_round(feed.fit_input(batch, self.shuffle_rng, max_steps), steps)  # full batches: timed
+
+    def fit_round(self, arguments: dict[str, Any], steps: int, rows: int | None = None) -> tuple[dict[str, Any],
+                                                                                                 float, int]:
+        """``model.fit`` for one local epoch of ``steps`` batches (of ``rows`` samples); metrics, seconds, steps."""
         started = time.perf_counter()
         callbacks = [self.slowdown] if self.slowdown is not None else None
-        callbacks = with_batch_progress(callbacks, self.cfg.log.verbosity, steps_per_round(len(x), batch))
-        self.step_timer.start_round(len(x))
+        callbacks = with_batch_progress(callbacks, self.cfg.log.verbosity, steps)
+        self.step_timer.start_round(steps * self.cfg.train.batch_size if rows is None else rows)
         callbacks = [*(callbacks or []), self.step_timer.callback()]  # last: it times the slowdown's pause too
-        history = self.model.fit(**fit_arguments(x, y, batch, self.shuffle_rng), epochs=1, verbose=0,
-                                 callbacks=callbacks)
+        history = self.model.fit(**arguments, epochs=1, verbose=0, callbacks=callbacks)
         metrics = {k: float(v[-1]) for k, v in history.history.items()}
-        return metrics, time.perf_counter() - started, steps_per_round(len(x), batch)
+        return metrics, time.perf_counter() - started, steps
 
     def train_steps(self, k: int, max_steps: int | None = None) -> tuple[dict[str, Any], float, int]:
         """``k`` steps, the round's share of the sync schedule (fewer under a ``max_steps`` budget);

@@ -1,0 +1,100 @@
+"""What every input kind provides: its length in blocks' units, its first batch, a worker's block, and
+the rows of an evaluation split.
+
+Separation of concerns: an adapter knows one kind of input (arrays, a ``tf.data.Dataset``, a
+``keras.utils.PyDataset``, a generator, a file read in batches) and how to cut it; it never decides
+where the cuts go. The block plan (rank 0, :func:`mpi_trainer.data.partition.block_bounds`) says
+which ``[start, end)`` range of units each worker trains on; the adapter turns that range into what
+the worker's ``model.fit`` reads each round (a :class:`BlockFeed`). Units are batches for pipelines
+(they come batched) and samples for files read in batches.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from mpi_trainer.errors import DataError
+
+
+class BlockFeed(ABC):
+    """One worker's block, as ``model.fit`` reads it each round."""
+
+    units: int  # the block's size in the adapter's units (batches, or samples)
+
+    @abstractmethod
+    def fit_input(self, batch_size: int, rng: np.random.Generator, max_steps: int | None) -> dict[str, Any]:
+        """Keyword arguments for ``model.fit`` that train one round on the block (at most ``max_steps``)."""
+
+    def steps(self, batch_size: int) -> int:
+        """Training steps of one round over the block (units are batches unless a feed says otherwise)."""
+        return self.units
+
+
+class InputAdapter(ABC):
+    """One kind of input. ``kind`` names it in messages; ``unit`` is what block bounds count."""
+
+    kind: str = "input"
+    unit: str = "batches"
+    # the block of a worker can be re-cut between rounds (data.rebalance)
+    recuttable: bool = True
+    # every worker reads the same input and takes its block (False: each rank's own data)
+    shared: bool = True
+
+    @abstractmethod
+    def length(self) -> int:
+        """Units in the input, or the raise of a Keras-style message when it has no known length."""
+
+    @abstractmethod
+    def first_batch(self) -> tuple[np.ndarray, np.ndarray]:
+        """The first ``(x, y)`` batch: the model's dry run and the element spec come from it."""
+
+    @abstractmethod
+    def block(self, start: int, end: int, worker: int, workers: int) -> BlockFeed:
+        """Worker ``worker`` (0-based) of ``workers``: the units ``[start, end)`` to train on."""
+
+    @abstractmethod
+    def read_split(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """Units ``[start, end)`` as arrays (an evaluation split held out at the input's end)."""
+
+    def shard_lengths(self, workers: int) -> list[int] | None:
+        """Units of each worker's own shard when the input cuts itself (``dataset_fn``); None otherwise."""
+        return None
+
+    def can_hold_out(self) -> bool:
+        """Whether an evaluation split can be taken from the input's end (it has one)."""
+        return True
+
+
+def as_pair(element: Any, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """A batch ``(x, y)`` as NumPy arrays; anything else is refused, naming the input kind."""
+    if not isinstance(element, (tuple, list)) or len(element) != 2:
+        got = f"a tuple of {len(element)}" if isinstance(element, (tuple, list)) else type(element).__name__
+        raise DataError(f"A {kind} must yield batches `(x, y)` of features and labels. Received: {got}; "
+                        f"sample weights and unlabelled batches are not supported")
+    x, y = (np.asarray(part) for part in element)
+    if len(x) != len(y):
+        raise DataError(f"A {kind} yielded a batch whose features and labels differ in length. "
+                        f"Received: x of {len(x)} rows, y of {len(y)}")
+    return x, y
+
+
+def concatenate(batches: Iterable[Any], kind: str, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """Batches of an evaluation split joined into arrays; an empty split is refused."""
+    pairs = [as_pair(batch, kind) for batch in batches]
+    if not pairs:
+        raise DataError(f"The {what} taken from the {kind} is empty. Received: no batches; expected at least one "
+                        f"(check its length, data.test_size and validation_data)")
+    return np.concatenate([x for x, _ in pairs]), np.concatenate([y for _, y in pairs])
+
+
+def check_steps(steps_per_epoch: int | None) -> int | None:
+    if steps_per_epoch is None:
+        return None
+    if isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, (int, np.integer)) or steps_per_epoch < 1:
+        raise DataError(f"`steps_per_epoch` must be a positive integer (the batches of one round over all "
+                        f"workers). Received: steps_per_epoch={steps_per_epoch!r}")
+    return int(steps_per_epoch)

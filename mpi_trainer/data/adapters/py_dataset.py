@@ -1,0 +1,88 @@
+"""A ``keras.utils.PyDataset`` as blocks of batch indices.
+
+Every rank builds the same ``PyDataset``; worker *i* trains on batches ``start .. end - 1`` of it, the
+range the block plan gives it, in the dataset's own order (Keras ignores ``shuffle`` for a
+``PyDataset`` too: shuffling is the dataset's business, e.g. in ``on_epoch_end``). Its ``workers``,
+``use_multiprocessing`` and ``max_queue_size`` carry over to the block. A ``PyDataset`` is read on
+every backend. Its length (``__len__`` or ``num_batches``) is required: it is what the blocks cut.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+
+from mpi_trainer.data.adapters.base import BlockFeed, InputAdapter, as_pair, concatenate
+from mpi_trainer.errors import DataError
+
+KIND = "keras.utils.PyDataset"
+
+
+def batch_count(dataset: Any) -> int:
+    try:
+        count = dataset.num_batches
+    except (NotImplementedError, TypeError):
+        count = None
+    if count is None:
+        raise DataError(f"A {KIND} must define `__len__` (or `num_batches`), the number of batches, so that it "
+                        f"can be cut into blocks. Received: {type(dataset).__name__} without a length")
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+        raise DataError(f"A {KIND}'s `__len__` must return a number of batches >= 0. Received: "
+                        f"len({type(dataset).__name__})={count!r}")
+    return int(count)
+
+
+class PyDatasetBlock(keras.utils.PyDataset, BlockFeed):
+    """Batches ``[start, end)`` of ``base``, augmented when the worker augments."""
+
+    def __init__(self, base: Any, start: int, end: int) -> None:
+        super().__init__(workers=base.workers, use_multiprocessing=base.use_multiprocessing,
+                         max_queue_size=base.max_queue_size)
+        self.base, self.start, self.end = base, start, end
+        self.units = end - start
+        self.augmenter = None
+        self.limit: int | None = None
+
+    def __len__(self) -> int:
+        size = self.end - self.start
+        return size if self.limit is None else min(size, self.limit)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        from mpi_trainer.data.augmentation import augment
+
+        x, y = as_pair(self.base[self.start + index], KIND)
+        return augment(x, self.augmenter), y
+
+    def on_epoch_begin(self) -> None:
+        self.base.on_epoch_begin()
+
+    def on_epoch_end(self) -> None:
+        self.base.on_epoch_end()
+
+    def fit_input(self, batch_size: int, rng: np.random.Generator, max_steps: int | None) -> dict[str, Any]:
+        self.limit = max_steps
+        return {"x": self, "shuffle": False}
+
+
+class PyDatasetAdapter(InputAdapter):
+    kind = KIND
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+        self.count = batch_count(dataset)
+
+    def length(self) -> int:
+        return self.count
+
+    def first_batch(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.count == 0:
+            raise DataError(f"The {KIND} is empty. Received: len={self.count}; expected at least one batch")
+        return as_pair(self.dataset[0], self.kind)
+
+    def block(self, start: int, end: int, worker: int, workers: int) -> BlockFeed:
+        return PyDatasetBlock(self.dataset, start, end)
+
+    def read_split(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        return concatenate((self.dataset[index] for index in range(start, end)), self.kind, "evaluation split")

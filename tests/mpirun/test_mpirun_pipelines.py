@@ -1,0 +1,45 @@
+"""Pipelines as input under ``mpirun -n 3``: a Horovod-style tf.data script left unchanged, a
+keras.utils.PyDataset, each rank's own generator, and a refused combination, in one job."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+from mpi_trainer.launch.mpirun import find_mpirun
+
+JOB = ROOT / "tests" / "mpirun" / "pipeline_job.py"
+
+
+def test_tf_data_py_dataset_and_generators_train_and_a_refusal_reaches_every_rank(tmp_path):
+    command = [find_mpirun(), "-n", "3", "--oversubscribe", "--bind-to", "none"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        command.append("--allow-run-as-root")
+    # this checkout's package first, whichever one the environment installed
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": path}
+    proc = subprocess.run([*command, sys.executable, str(JOB), str(tmp_path)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    jobs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"job"')]
+    trained = {job["job"]: job for job in jobs if "history" in job}
+    assert set(trained) == {"tf.data", "PyDataset", "generator"}, output
+    for name, job in trained.items():
+        accuracy = job["history"]["test_accuracy"]
+        assert accuracy[-1] > 0.6, (name, accuracy)  # ten classes: chance is 0.1
+    assert len(trained["tf.data"]["history"]["test_accuracy"]) == 3
+    log = (tmp_path / "tfdata" / "train.log").read_text()
+    assert "worker rank 1: block start 0 end 10 size 10 batches" in log  # steps_per_epoch=20 over two workers
+    assert "worker rank 2: block start 10 end 20 size 10 batches" in log
+    # 57 batches of 32 digits: the last 11 (data.test_size 0.2) are the test split, 46 are cut in two
+    assert "worker rank 2: block start 23 end 46 size 23 batches" in (tmp_path / "pydataset" / "train.log").read_text()
+    refused = [job["rank"] for job in jobs if job["job"] == "refused"]
+    assert sorted(refused) == [0, 1, 2], output
+    message = ("`data.increment.enabled` draws random rows from the whole training set every round, which a "
+               "generator does not allow. Received: data.increment.enabled=True with the data as a generator")
+    assert output.count(message) == 3, output

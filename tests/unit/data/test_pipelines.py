@@ -1,0 +1,184 @@
+"""Pipelines as input (tf.data, dataset_fn, PyDataset, generator): blocks, training, and what each refuses."""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from sklearn.datasets import load_digits
+
+from mpi_trainer.config import config_from_dict
+from mpi_trainer.data.adapters import fit_input, get_input_adapter
+from mpi_trainer.data.streamed import check_allows, pipeline_dataset
+from mpi_trainer.errors import DataError, InputError
+from mpi_trainer.launch.job import JobInputs
+from tests.local_job import run_local_job
+
+
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    x, y = load_digits(return_X_y=True)
+    return (x / 16.0).astype(np.float32), y.astype(np.int64)
+
+
+def classifier(input_shape, num_outputs):
+    return keras.Sequential([keras.Input(input_shape), keras.layers.Dense(32, activation="relu"),
+                             keras.layers.Dense(num_outputs, activation="softmax")])
+
+
+class DigitBatches(keras.utils.PyDataset):
+    def __init__(self, x: np.ndarray, y: np.ndarray, batch: int) -> None:
+        super().__init__()
+        self.x, self.y, self.batch, self.seen = x, y, batch, []
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.x) / self.batch)
+
+    def __getitem__(self, index: int):
+        self.seen.append(index)
+        return self.x[index * self.batch:(index + 1) * self.batch], self.y[index * self.batch:(index + 1) * self.batch]
+
+
+def endless(x: np.ndarray, y: np.ndarray, batch: int, seed: int):
+    rng = np.random.default_rng(seed)
+    while True:
+        rows = rng.integers(0, len(x), batch)
+        yield x[rows], y[rows]
+
+
+def config(**data):
+    return config_from_dict({"data": {"source": "pipeline", **data}, "train": {"epochs": 2, "batch_size": 64}})
+
+
+def test_tf_dataset_blocks_are_contiguous_ranges_of_its_batches():
+    x, y = digits()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(100)  # 18 batches
+    adapter = get_input_adapter(dataset)
+    data = pipeline_dataset("digits", adapter, None, config(test_size=0.2), workers=3)
+    assert data.num_train == 14 and len(data.y_test) == 397  # the last 4 batches (one partial) are the test split
+    assert data.train.block_bounds(3) == [(0, 5), (5, 10), (10, 14)]
+    block = data.train.block((5, 10), 2, 3)
+    batches = list(block.fit_input(100, np.random.default_rng(0), None)["x"].as_numpy_iterator())
+    assert len(batches) == 5 and np.array_equal(batches[0][1], y[500:600])
+    assert data.num_outputs == 10 and data.classes and data.input_shape == (64,)
+
+
+def test_dataset_fn_receives_each_workers_input_context():
+    x, y = digits()
+    seen = []
+
+    def dataset_fn(context):
+        seen.append((context.input_pipeline_id, context.num_input_pipelines))
+        return tf.data.Dataset.from_tensor_slices((x, y)).shard(context.num_input_pipelines,
+                                                                context.input_pipeline_id).batch(50)
+
+    adapter = get_input_adapter(dataset_fn)
+    data = pipeline_dataset("digits", adapter, (x[:100], y[:100]), config(), workers=2)
+    assert data.train.block_bounds(2) == [(0, 18), (18, 36)]  # 899 and 898 rows, 18 batches each
+    assert (1, 2) in seen and len(data.y_test) == 100
+    feed = data.train.block((18, 36), 2, 2)
+    first = next(iter(feed.fit_input(50, np.random.default_rng(0), None)["x"]))
+    assert np.array_equal(first[1].numpy(), y[1:100:2])
+
+
+def test_py_dataset_worker_reads_only_its_batch_indices():
+    x, y = digits()
+    source = DigitBatches(x, y, 64)  # 29 batches
+    data = pipeline_dataset("digits", get_input_adapter(source), (x[:64], y[:64]), config(), workers=2)
+    assert data.train.block_bounds(2) == [(0, 15), (15, 29)]
+    feed = data.train.block((15, 29), 2, 2)
+    assert len(feed.fit_input(64, np.random.default_rng(0), None)["x"]) == 14
+    source.seen.clear()
+    _, labels = feed[0]
+    assert source.seen == [15] and np.array_equal(labels, y[15 * 64:16 * 64])
+
+
+def test_py_dataset_without_length_is_refused():
+    class Endless(keras.utils.PyDataset):
+        def __getitem__(self, index):
+            return np.zeros((2, 3)), np.zeros(2)
+
+        @property
+        def num_batches(self):
+            return None
+
+    with pytest.raises(DataError, match=r"must define `__len__`.*Received: Endless without a length"):
+        get_input_adapter(Endless())
+
+
+def test_generator_needs_steps_per_epoch_and_validation_data():
+    x, y = digits()
+    with pytest.raises(DataError, match=r"Received: steps_per_epoch=None; expected steps_per_epoch=N"):
+        get_input_adapter(endless(x, y, 32, 0))
+    adapter = get_input_adapter(endless(x, y, 32, 0), steps_per_epoch=10)
+    with pytest.raises(DataError, match=r"no end to hold a test split out of. Received: validation_data=None"):
+        pipeline_dataset("gen", adapter, None, config(), workers=2)
+
+
+def test_infinite_tf_dataset_without_steps_is_refused():
+    x, y = digits()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(32)
+    adapter = get_input_adapter(dataset)
+    with pytest.raises(DataError, match=r"is infinite \(cardinality -1\).*Received: steps_per_epoch=None"):
+        pipeline_dataset("digits", adapter, (x, y), config(), workers=2)
+
+
+def test_refused_settings_name_the_input_type():
+    x, y = digits()
+    adapter = get_input_adapter(tf.data.Dataset.from_tensor_slices((x, y)).batch(32))
+    cases = {"data": {"placement": "scatter"}, "data.increment": {"enabled": True},
+             "data.augmentation": {"enabled": True, "flip": "horizontal"}}
+    expected = {"data": r"`data.placement` sends each worker its rows from the scheduler, which a tf.data.Dataset",
+                "data.increment": r"`data.increment.enabled` draws random rows .* Received: "
+                                  r"data.increment.enabled=True with the data as a tf.data.Dataset",
+                "data.augmentation": r"`data.augmentation.enabled` .* tf.data.Dataset"}
+    for section, values in cases.items():
+        table = {"data": {"source": "pipeline"}}
+        parts = section.split(".")
+        table["data"].update(values) if len(parts) == 1 else table["data"].update({parts[1]: values})
+        with pytest.raises(DataError, match=expected[section]):
+            check_allows(config_from_dict(table), adapter)
+    generator = get_input_adapter(endless(x, y, 32, 0), steps_per_epoch=4)
+    with pytest.raises(DataError, match=r"`data.rebalance` re-cuts the blocks.*a generator does not allow"):
+        check_allows(config_from_dict({"data": {"source": "pipeline", "rebalance": True}}), generator)
+
+
+def test_y_with_a_dataset_and_unknown_kinds_are_refused():
+    x, y = digits()
+    with pytest.raises(DataError, match=r"When providing `x` as a tf.data.Dataset, `y` should not be passed"):
+        fit_input(tf.data.Dataset.from_tensor_slices((x, y)).batch(8), y, None)
+    with pytest.raises(DataError, match=r"pass the generator it returns"):
+        fit_input(endless, None, None)
+    assert fit_input(x, y, None) is None  # arrays take the row-reader path
+
+
+def test_element_spec_not_matching_a_built_model_fails_before_training(tmp_path):
+    x, y = digits()
+    model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(10, activation="softmax")])
+    model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    inputs = JobInputs(pipeline=get_input_adapter(tf.data.Dataset.from_tensor_slices((x, y)).batch(64)))
+    with pytest.raises(InputError, match=r"expects inputs of shape \(32,\) but the data's samples have shape \(64,\)"):
+        run_local_job(tmp_path, 2, model, inputs=inputs)
+
+
+@pytest.mark.parametrize("kind", ["tf.data", "PyDataset", "generator"])
+def test_each_pipeline_kind_trains_in_process(tmp_path, kind):
+    x, y = digits()
+    if kind == "tf.data":
+        source, steps = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(2000, seed=1).batch(32), None
+    elif kind == "PyDataset":
+        source, steps = DigitBatches(x, y, 32), None
+    else:
+        source, steps = endless(x, y, 32, 0), 40
+    validation = None if kind != "generator" else (x[-300:], y[-300:])
+    inputs = JobInputs(pipeline=fit_input(source, None, validation, steps), validation=validation)
+    workers = 1 if kind == "generator" else 2  # in one process the workers' threads would share one generator
+    job = run_local_job(tmp_path, workers, classifier, inputs=inputs, train={"epochs": 3, "batch_size": 32},
+                        model={"learning_rate": 0.01})
+    rounds = job.rounds()
+    assert len(rounds) == 3
+    assert float(rounds[-1]["test_accuracy"]) > 0.75
+    reports = [report for report, _ in job.trained(0)]
+    assert sum(report.samples for report in reports) == job.engine.plan.num_train
