@@ -19,3 +19,11 @@ class DataError(InputError):
 
 class WorkerFailure(RuntimeError):
     """A remote rank failed; the message carries its rank, host and traceback."""
+
+
+class RankLost(RuntimeError):
+    """A peer rank of the communicator failed (or the communicator was revoked because one did).
+
+    Raised by the transports' verbs under ``fault.survive``; the engine and the workers answer it by
+    shrinking the communicator to the survivors and carrying on.
+    """

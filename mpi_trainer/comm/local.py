@@ -11,6 +11,11 @@ copied), as they would be on a wire, and bytes are counted the same way.
 When a rank fails, :meth:`LocalTransport.abort` wakes every waiting rank with
 :class:`RankAborted`, so a failure in one thread never leaves the others
 hanging; a wait with a timeout raises ``TimeoutError`` as MPI waits do.
+
+A rank can also be lost as under ``fault.survive`` (:meth:`LocalTransport.crash`, the test hook
+of a ``kill -9``): from then on every other rank's waits raise
+:class:`~mpi_trainer.errors.RankLost`, as MPI's do once the communicator is revoked, until
+the survivors :meth:`~LocalTransport.shrink` to a world without it, renumbered in their old order.
 """
 
 from __future__ import annotations
@@ -24,13 +29,18 @@ from typing import Any
 
 import numpy as np
 
-from mpi_trainer.comm.transport import RankAccounting, Received
+from mpi_trainer.comm.transport import RankAccounting, Received, Shrunk
+from mpi_trainer.errors import RankLost
 
 _ANY = -1
 
 
 class RankAborted(RuntimeError):
     """Another rank of the local world failed; this one stops waiting."""
+
+
+class RankDied(Exception):
+    """Ends the thread of a rank that :meth:`LocalTransport.crash` took out of the world."""
 
 
 @dataclass
@@ -56,20 +66,34 @@ class LocalWorld:
             raise ValueError(f"a world needs at least one rank. Received: size={size}")
         self.size = size
         self.cond = threading.Condition()
-        self.mailboxes: dict[int, list[_Message]] = {rank: [] for rank in range(size)}
+        self.mailboxes: dict[int, list[_Message]] = {rank: [] for rank in range(size)}  # by starting rank
         self.collectives: dict[int, _Collective] = {}
         self.aborted: str | None = None
+        # Fault tolerance: the starting ranks of the current world (index = rank now), the lost ones,
+        # and those waiting to shrink; each shrink starts a new generation.
+        self.members, self.previous = list(range(size)), list(range(size))
+        self.lost: set[int] = set()
+        self.shrinking: set[int] = set()
+        self.generation = 0
         self._transports = [LocalTransport(self, rank) for rank in range(size)]
 
     def transports(self) -> list[LocalTransport]:
         return list(self._transports)
 
-    def wait_for(self, ready: Callable[[], Any], timeout: float | None, what: str, rank: int) -> Any:
-        """Block until ``ready()`` returns something truthy; call with ``cond`` held."""
+    def wait_for(self, ready: Callable[[], Any], timeout: float | None, what: str, rank: int,
+                 survivable: bool = True) -> Any:
+        """Block until ``ready()`` returns something truthy; call with ``cond`` held.
+
+        ``survivable``: raise RankLost once a rank of the current world is lost (the shrink's own
+        wait is not).
+        """
         deadline = None if timeout is None else time.perf_counter() + timeout
         while True:
             if self.aborted is not None:
                 raise RankAborted(f"rank {rank}: {self.aborted}")
+            lost = sorted(self.lost & set(self.members))
+            if survivable and lost:
+                raise RankLost(f"rank {rank} of {self.size} on local: ranks {lost} (starting ranks) were lost")
             result = ready()
             if result:
                 return result
@@ -91,6 +115,8 @@ class LocalWorld:
         def play(rank: int) -> None:
             try:
                 results[rank] = roles[rank]()
+            except RankDied:
+                results[rank] = None  # lost on purpose: the others carry on
             except BaseException as exc:  # noqa: BLE001 - reported to the caller below
                 errors[rank] = exc
                 transports[rank].abort()
@@ -108,6 +134,22 @@ class LocalWorld:
             raise first or next(iter(errors.values()))
         return results
 
+    def try_shrink(self) -> None:
+        """Start the next generation once every live rank of this one is shrinking; call with ``cond`` held.
+
+        Messages and collectives in flight belong to the revoked world and go with it.
+        """
+        alive = [rank for rank in self.members if rank not in self.lost]
+        if not set(alive) <= self.shrinking:
+            return
+        self.previous, self.members = self.members, alive
+        self.shrinking = set()
+        self.generation += 1
+        for box in self.mailboxes.values():
+            box.clear()
+        self.collectives.clear()
+        self.cond.notify_all()
+
 
 class LocalTransport(RankAccounting):
     """One rank's end of a :class:`LocalWorld`, with :class:`~mpi_trainer.comm.transport.Transport`'s verbs."""
@@ -121,12 +163,12 @@ class LocalTransport(RankAccounting):
     # -- point to point ------------------------------------------------------
     def _post(self, dest: int, tag: int, payload: Any, nbytes: int) -> None:
         with self.world.cond:
-            self.world.mailboxes[dest].append(_Message(self.rank, tag, payload, nbytes))
+            self.world.mailboxes[self.world.members[dest]].append(_Message(self.rank, tag, payload, nbytes))
             self.world.cond.notify_all()
         self._count(nbytes)
 
     def _take(self, source: int, tag: int, timeout: float | None) -> _Message:
-        box = self.world.mailboxes[self.rank]
+        box = self.world.mailboxes[self.world_rank]
 
         def first_match() -> _Message | None:
             for index, message in enumerate(box):
@@ -233,3 +275,31 @@ class LocalTransport(RankAccounting):
         with self.world.cond:
             self.world.aborted = self.world.aborted or f"rank {self.rank} aborted the job (code {code})"
             self.world.cond.notify_all()
+
+    # -- fault tolerance ----------------------------------------------------------
+    def crash(self) -> None:
+        """Leave the world as a killed process would: the others' waits raise RankLost; this thread ends."""
+        with self.world.cond:
+            self.world.lost.add(self.world_rank)
+            self.world.try_shrink()  # every other rank may be shrinking already
+            self.world.cond.notify_all()
+        raise RankDied(f"starting rank {self.world_rank} crashed on purpose")
+
+    def shrink(self, timeout: float | None = None) -> Shrunk:
+        """Wait for every live rank to shrink too, then carry on in the world of the survivors."""
+        world = self.world
+        with world.cond:
+            generation = world.generation
+            world.shrinking.add(self.world_rank)
+            world.try_shrink()
+            world.wait_for(lambda: world.generation != generation, timeout, "shrink", self.rank, survivable=False)
+            survivors = [world.previous.index(rank) for rank in world.members]
+        self._sequence = 0
+        return self._renumber(survivors)
+
+    def agree(self, flag: int) -> int:
+        deposits = self._gather_at(int(flag), None, "agreement")
+        result = -1
+        for value in deposits.values():
+            result &= value
+        return result

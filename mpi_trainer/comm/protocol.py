@@ -37,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from mpi_trainer.comm.transport import Received
+from mpi_trainer.comm.transport import Received, Shrunk
+from mpi_trainer.errors import RankLost
 
 # Below the transport's own hand-shake tags (transport.FIRST_TRANSPORT_TAG and up).
 _TAG_ORDER = 11
@@ -227,7 +228,18 @@ class SchedulerLink:
 
     def stop(self) -> None:
         for worker in self.workers:
-            self.send_order(worker, Order(OrderKind.STOP))
+            try:
+                self.send_order(worker, Order(OrderKind.STOP))
+            except RankLost:
+                continue  # lost after the last round: it needs no stop, the others still do
+
+    def shrink(self, timeout: float | None) -> Shrunk:
+        """fault.survive: carry on with the surviving ranks (renumbered; see :class:`Shrunk`)."""
+        return self.transport.shrink(timeout)
+
+    def agree(self) -> None:
+        """Every survivor holds the new communicator; RankLost if another rank failed meanwhile."""
+        self.transport.agree(1)
 
 
 class MissingRanks(TimeoutError):
@@ -257,6 +269,24 @@ class WorkerLink:
 
     def recv_order(self) -> Order:
         return self.transport.recv_object(0, _TAG_ORDER).payload
+
+    @property
+    def world_rank(self) -> int:
+        """This worker's rank when the job started (a shrink renumbers :attr:`rank`)."""
+        return self.transport.world_rank
+
+    @property
+    def scheduler_alive(self) -> bool:
+        return self.transport.world_ranks[0] == 0
+
+    def shrink(self) -> Shrunk:
+        return self.transport.shrink()
+
+    def agree(self) -> None:
+        self.transport.agree(1)
+
+    def crash(self) -> None:
+        self.transport.crash()
 
     def send_ready(self, round_index: int) -> None:
         self.transport.send_object(round_index, 0, _TAG_READY)

@@ -28,8 +28,11 @@ other messages nor counted as traffic.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
+import re
+import signal
 import sys
 import threading
 import time
@@ -41,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from mpi_trainer.errors import EXIT_WORKER_FAILURE
+from mpi_trainer.errors import EXIT_WORKER_FAILURE, RankLost
 
 # The transport's own hand-shake tags. Message tags belong to mpi_trainer.comm.protocol, which keeps
 # below FIRST_TRANSPORT_TAG; the transport's verbs take the caller's tag.
@@ -117,6 +120,16 @@ def due_sleep(pause: float, now: float, started: float, due: float) -> float:
     return min(pause, _DUE_SLEEP) if now < closes else pause
 
 
+@dataclass
+class Shrunk:
+    """What a shrink left: ``survivors`` are the previous ranks in their new order (new rank = index),
+    ``lost`` the previous ranks that failed, ``lost_world`` those ranks' ``MPI_COMM_WORLD`` ranks."""
+
+    survivors: list[int]
+    lost: list[int]
+    lost_world: list[int]
+
+
 class TransportTimeout(TimeoutError):
     """A wait for peers ran out of time; ``missing`` names the ranks that never arrived."""
 
@@ -134,6 +147,8 @@ class RankAccounting:
 
     def _start_accounting(self, rank: int, size: int, host: str) -> None:
         self.rank, self.size, self.host = rank, size, host
+        self.world_rank = rank  # this rank's number when the job started; a shrink renumbers ``rank`` only
+        self.world_ranks = list(range(size))  # the starting rank of each current rank
         self.bytes_sent = 0
         self.total_bytes_sent = 0
         self.wait_wall_seconds = 0.0
@@ -155,6 +170,58 @@ class RankAccounting:
         sent, self.bytes_sent = self.bytes_sent, 0
         return sent
 
+    def _renumber(self, survivors: list[int]) -> Shrunk:
+        """After a shrink: this rank's new number, and who was lost (as previous and starting ranks)."""
+        lost = sorted(set(range(self.size)) - set(survivors))
+        shrunk = Shrunk(survivors, lost, [self.world_ranks[rank] for rank in lost])
+        self.world_ranks = [self.world_ranks[rank] for rank in survivors]
+        self.rank, self.size = self.world_ranks.index(self.world_rank), len(survivors)
+        return shrunk
+
+
+# MPI error classes that say a peer failed (ULFM): the verbs raise RankLost for them.
+_FAILURE_CLASSES = ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
+
+
+def _surfacing_failures(verb: Callable[..., Any]) -> Callable[..., Any]:
+    """A verb that raises :class:`RankLost` where MPI reports a failed peer or a revoked communicator."""
+
+    @functools.wraps(verb)
+    def wrapper(self: Transport, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return verb(self, *args, **kwargs)
+        except self._mpi.Exception as exc:
+            if exc.Get_error_class() not in self._failure_classes:
+                raise
+            raise RankLost(f"{self.describe()}: {exc.Get_error_string()}") from exc
+
+    return wrapper
+
+
+def fault_tolerance_problem(environ: dict[str, str] | None = None) -> str | None:
+    """What stops this job from surviving a lost rank (``fault.survive``), or None when nothing does.
+
+    The MPI library must have ULFM (Open MPI 5), and ``mpirun`` must have started the job with it on
+    (``--with-ft ulfm``, which sets ``OMPI_MCA_mpi_ft_enable``) over a transport that reports a lost
+    peer: the ob1 messaging layer over TCP (``--mca pml ob1 --mca btl tcp,self``). Over the default
+    shared-memory transport a collective with a lost peer hangs instead of failing.
+    """
+    from mpi4py import MPI
+
+    environ = dict(os.environ if environ is None else environ)
+    library = MPI.Get_library_version().splitlines()[0].strip()
+    version = re.match(r"Open MPI v(\d+)", library)
+    if not hasattr(MPI.Comm, "Shrink") or version is None or int(version.group(1)) < 5:
+        return f"the MPI library has no fault-tolerant MPI (ULFM); it needs Open MPI 5 or later. Received: {library}"
+    if environ.get("OMPI_MCA_mpi_ft_enable", "").lower() not in ("1", "true", "yes", "enabled"):
+        return "the job was started without fault-tolerant MPI. Received: no `--with-ft ulfm` on the mpirun line"
+    btl, pml = environ.get("OMPI_MCA_btl", ""), environ.get("OMPI_MCA_pml", "")
+    if pml != "ob1" or not btl or btl.startswith("^") or {"sm", "vader"} & set(btl.split(",")):
+        return (f"the job's transport does not report a lost rank (shared memory hangs instead). Received: "
+                f"--mca pml {pml or '(default)'} --mca btl {btl or '(default)'}; expected --mca pml ob1 "
+                f"--mca btl tcp,self")
+    return None
+
 
 class Transport(RankAccounting):
     """MPI verbs for one rank, with byte counters and non-spinning waits.
@@ -174,6 +241,7 @@ class Transport(RankAccounting):
         self.max_sleep = max_sleep
         self.max_message_bytes = MAX_MESSAGE_BYTES
         self.announce_bytes = ANNOUNCE_BYTES
+        self._failure_classes = {getattr(MPI, name) for name in _FAILURE_CLASSES if hasattr(MPI, name)}
 
     @contextmanager
     def _timed(self) -> Iterator[None]:
@@ -342,6 +410,7 @@ class Transport(RankAccounting):
         return status
 
     # -- small objects ----------------------------------------------------
+    @_surfacing_failures
     def send_object(self, obj: Any, dest: int, tag: int, timeout: float | None = None) -> int:
         """Send a picklable object; a large one (an optimizer state) is announced first."""
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
@@ -354,6 +423,7 @@ class Transport(RankAccounting):
         self._count(len(data))
         return len(data)
 
+    @_surfacing_failures
     def recv_object(self, source: int = -1, tag: int = 0, timeout: float | None = None,
                     due: float | None = None) -> Received:
         """The next object on ``tag``; ``due``: when it is expected (``time.perf_counter()``), if known."""
@@ -365,6 +435,7 @@ class Transport(RankAccounting):
             self.comm.Recv([data, self._mpi.BYTE], status.Get_source(), tag)
         return Received(pickle.loads(data), status.Get_source(), nbytes)
 
+    @_surfacing_failures
     def bcast_object(self, obj: Any = None, root: int = 0) -> Any:
         """Blocking broadcast, used only during set-up."""
         if self.rank == root:
@@ -372,6 +443,7 @@ class Transport(RankAccounting):
         return self.comm.bcast(obj, root=root)
 
     # -- flat float32 buffers ---------------------------------------------
+    @_surfacing_failures
     def broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None:
         """Broadcast ``buf`` in place from ``root`` to every rank."""
         self._rendezvous(root, timeout, "weights broadcast")
@@ -380,6 +452,7 @@ class Transport(RankAccounting):
         if self.rank == root:
             self._count(buf.nbytes * (self.size - 1))
 
+    @_surfacing_failures
     def reduce_sum(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None:
         """Sum every rank's ``buf`` into ``buf`` at ``root`` (whose own ``buf`` is added too)."""
         self._rendezvous(root, timeout, "weights reduction")
@@ -391,6 +464,7 @@ class Transport(RankAccounting):
         if self.rank != root:
             self._count(buf.nbytes)
 
+    @_surfacing_failures
     def gather(self, buf: np.ndarray, out: np.ndarray | None = None, root: int = 0,
                timeout: float | None = None) -> None:
         """Every rank's ``buf`` into row ``rank`` of ``out`` (shape ``(size, *buf.shape)``) at ``root``."""
@@ -400,6 +474,7 @@ class Transport(RankAccounting):
         if self.rank != root:
             self._count(buf.nbytes)
 
+    @_surfacing_failures
     def send_array(self, buf: np.ndarray, dest: int, tag: int = 0,
                    timeout: float | None = None) -> None:
         """Send ``buf``; from ``announce_bytes`` on, once the receiver is ready for it."""
@@ -411,6 +486,7 @@ class Transport(RankAccounting):
             self._wait(self.comm.Isend(buf, dest, tag), "weights send")
         self._count(buf.nbytes)
 
+    @_surfacing_failures
     def recv_array(self, buf: np.ndarray, source: int = -1, tag: int = 0,
                    timeout: float | None = None) -> Received:
         """Receive into ``buf``; the message must have exactly ``buf.nbytes`` bytes."""
@@ -425,6 +501,7 @@ class Transport(RankAccounting):
         return Received(buf, status.Get_source(), nbytes)
 
     # -- data arrays of any size (scatter placement) ----------------------
+    @_surfacing_failures
     def send_large_array(self, array: np.ndarray, dest: int, tag: int = 0,
                          timeout: float | None = None) -> None:
         """Send any numeric array: a small header, then byte chunks of at most ``max_message_bytes``.
@@ -448,6 +525,7 @@ class Transport(RankAccounting):
                 self._wait(self.comm.Isend(chunk, dest, tag), "data send", timeout)
             self._count(chunk[0].nbytes)
 
+    @_surfacing_failures
     def recv_large_array(self, source: int, tag: int = 0) -> np.ndarray:
         """Receive what :meth:`send_large_array` sent, chunk by chunk, whatever the sender's chunk size."""
         shape, dtype, announced = self.recv_object(source, tag).payload
@@ -464,6 +542,7 @@ class Transport(RankAccounting):
         return array
 
     # -- set-up collectives -------------------------------------------------
+    @_surfacing_failures
     def allgather(self, obj: Any) -> list[Any]:
         return self.comm.allgather(obj)
 
@@ -476,11 +555,43 @@ class Transport(RankAccounting):
             local.Free()
         return os.cpu_count() or 1, sorted(node_ranks)
 
+    @_surfacing_failures
     def barrier(self) -> None:
         self._wait(self.comm.Ibarrier(), "barrier")
 
     def abort(self, code: int = 1) -> None:
         self.comm.Abort(code)
+
+    # -- surviving a lost rank (ULFM) -------------------------------------------
+    def shrink(self, timeout: float | None = None) -> Shrunk:
+        """Revoke the communicator (every survivor's pending and later calls on it fail, so all of them
+        come here), then carry on with a new one of the survivors, renumbered in their old order.
+        """
+        old = self.comm
+        try:
+            old.Revoke()
+        except self._mpi.Exception:
+            pass  # revoked already, by the rank that noticed first
+        # Blocking: a polled MPI_Comm_ishrink fails with MPI_ERR_INTERN in Open MPI 5.0. Past ``timeout``
+        # (a survivor that never comes) the job ends, as for any stuck transfer.
+        with self._bulk(timeout, "shrink of the communicator to the surviving ranks"):
+            new = old.Shrink()
+        new.Set_errhandler(self._mpi.ERRORS_RETURN)  # failures stay exceptions on the new communicator
+        survivors = self._mpi.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())), old.Get_group())
+        self.comm = new
+        return self._renumber(list(survivors))
+
+    @_surfacing_failures
+    def agree(self, flag: int) -> int:
+        """ULFM's fault-tolerant agreement: the bitwise AND of every live rank's ``flag``; RankLost
+        when a rank of the communicator failed (shrink again, then agree again)."""
+        return self.comm.Agree(flag)
+
+    def crash(self) -> None:
+        """Test hook: end this process at once, as ``kill -9`` would (no MPI_Finalize, no exit code)."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def install_abort_on_error(transport: Transport) -> None:

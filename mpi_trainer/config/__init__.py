@@ -12,6 +12,7 @@ from mpi_trainer.config.schema import (
     DebugConfig,
     EarlyStoppingConfig,
     EvaluationConfig,
+    FaultConfig,
     IncrementConfig,
     LbfgsConfig,
     LogConfig,
@@ -23,7 +24,7 @@ from mpi_trainer.errors import ConfigError
 
 __all__ = [
     "AggregationConfig", "AugmentationConfig", "CheckpointConfig", "CommConfig", "Config", "ConfigError",
-    "DataConfig", "DebugConfig", "EarlyStoppingConfig", "EvaluationConfig", "IncrementConfig", "LbfgsConfig",
-    "LogConfig", "ModelConfig", "TrainConfig", "WatchdogConfig", "all_keys", "config_from_dict", "load_config",
-    "parse_override", "read_toml",
+    "DataConfig", "DebugConfig", "EarlyStoppingConfig", "EvaluationConfig", "FaultConfig", "IncrementConfig",
+    "LbfgsConfig", "LogConfig", "ModelConfig", "TrainConfig", "WatchdogConfig", "all_keys", "config_from_dict",
+    "load_config", "parse_override", "read_toml",
 ]

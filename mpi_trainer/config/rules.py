@@ -165,8 +165,30 @@ def _outer_optimizer_rule(cfg: Config) -> None:
                               f"{why}. Expected {key} = {expected}, or aggregation.outer_optimizer = 'none'")
 
 
+def _fault_rule(cfg: Config) -> None:
+    """``fault.survive`` re-plans and redoes synchronous rounds; refuse what it cannot carry on with."""
+    if not cfg.fault.survive:
+        return
+    conflicts = {
+        "aggregation.ssp": (cfg.aggregation.ssp > 0, cfg.aggregation.ssp, "0",
+                            "the stale-synchronous engine does not shrink the job yet"),
+        "debug.async_engine": (cfg.debug.async_engine, cfg.debug.async_engine, "False",
+                               "the stale-synchronous engine does not shrink the job yet"),
+        "model.optimizer": (cfg.model.uses_lbfgs, cfg.model.optimizer, "a Keras optimizer",
+                            "full-batch L-BFGS needs the gradient of every block at each iteration"),
+        "evaluation.where": (cfg.evaluation.on_workers, cfg.evaluation.where, "'scheduler'",
+                             "a lost worker's test shard would go unscored"),
+        "train.overlap_eval": (cfg.train.overlap_eval, cfg.train.overlap_eval, "False",
+                               "a round redone after a loss cannot already be running"),
+    }
+    for key, (conflicts_with, value, expected, why) in conflicts.items():
+        if conflicts_with:
+            raise ConfigError(f"`fault.survive` = True cannot be combined with {key}={value!r}: {why}. "
+                              f"Expected {key} = {expected}, or fault.survive = False")
+
+
 RULES = (_staleness_rules, _damping_rule, _sync_every_rules, _warmup_rules, _lbfgs_rule, _evaluation_rule,
-         _outer_optimizer_rule)
+         _outer_optimizer_rule, _fault_rule)
 
 
 def check_config(cfg: Config) -> None:

@@ -52,6 +52,8 @@ MonitorMode = Literal["auto", "min", "max"]
 MONITOR_MODES = get_args(MonitorMode)
 EvaluationPlace = Literal["scheduler", "workers"]
 EVALUATION_PLACES = get_args(EvaluationPlace)
+CrashPhase = Literal["train", "contribute"]
+CRASH_PHASES = get_args(CrashPhase)
 EVERY_LOCAL_EPOCH = 0  # evaluation.every: score once per local epoch
 DEFAULT_MONITOR = "test_accuracy"
 # Held out for validation when best-of election or a val_* monitor needs it and data.validation_size is 0.
@@ -385,6 +387,24 @@ class WatchdogConfig(_Section):
         self._non_negative("worker_timeout", "stall_seconds")
 
 
+@dataclass
+class FaultConfig(_Section):
+    """Surviving a lost worker inside the running job (Open MPI's fault-tolerant MPI, ULFM).
+
+    ``survive``: when a worker rank dies, the scheduler and the other workers shrink the job to
+    the survivors, re-plan the blocks and train the interrupted round again from its starting
+    weights (docs/fault-tolerance.md); ``launch`` starts mpirun with the options this needs.
+    ``min_workers``: below this many workers the job checkpoints and exits for ``launch`` to restart.
+    """
+
+    prefix: ClassVar[str] = "fault"
+    survive: bool = False
+    min_workers: int = 1
+
+    def __post_init__(self) -> None:
+        self._require(isinstance(self.survive, bool), "survive", "must be true or false")
+        self._positive("min_workers")
+
 
 @dataclass
 class LbfgsConfig(_Section):
@@ -447,6 +467,9 @@ class DebugConfig(_Section):
     ``nan_round``, to exercise the NaN guard. ``reset_optimizer`` zeroes every
     worker's optimizer state at the start of each synchronous round instead of
     carrying it across averagings, to measure what carrying it is worth.
+    ``crash_rank`` (0 = off) ends that worker (its starting rank) as ``kill -9`` would, in round
+    ``crash_round``: at the start of its training (``crash_phase = "train"``) or after it sent its
+    report, before its weights go out (``"contribute"``), to exercise ``fault.survive``.
     """
 
     prefix: ClassVar[str] = "debug"
@@ -457,10 +480,14 @@ class DebugConfig(_Section):
     nan_rank: int = 0
     nan_round: int = 0
     reset_optimizer: bool = False
+    crash_rank: int = 0
+    crash_round: int = 0
+    crash_phase: CrashPhase = "contribute"
 
     def __post_init__(self) -> None:
         self._require(self.slow_factor >= 1, "slow_factor", "must be >= 1 (1 = normal speed)")
-        self._non_negative("batch_delay", "nan_rank", "nan_round")
+        self._non_negative("batch_delay", "nan_rank", "nan_round", "crash_rank", "crash_round")
+        self._choice("crash_phase", CRASH_PHASES)
         self._require(all(rank >= 1 for rank in self.slow_ranks), "slow_ranks",
                       "must list worker ranks (each >= 1; rank 0 is the scheduler)")
 
@@ -476,6 +503,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     comm: CommConfig = field(default_factory=CommConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
     lbfgs: LbfgsConfig = field(default_factory=LbfgsConfig)
     log: LogConfig = field(default_factory=LogConfig)
     # Test hooks: settable, validated, never shown (see DebugConfig).

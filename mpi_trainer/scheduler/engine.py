@@ -21,8 +21,10 @@ from mpi_trainer.comm.codec import WeightCodec
 from mpi_trainer.comm.protocol import JobPlan, SchedulerLink
 from mpi_trainer.comm.wire import WireFormat
 from mpi_trainer.config import Config
+from mpi_trainer.data.partition import block_bounds
 from mpi_trainer.data.placement import moved_rows
 from mpi_trainer.data.sources import Dataset
+from mpi_trainer.errors import RankLost, WorkerFailure
 from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.resume import ResumeState
 from mpi_trainer.scheduler.recorder import RoundRecorder, StopReason
@@ -130,6 +132,58 @@ class Engine(ABC):
         if len(positions):
             self.log.info("round %d: sent worker rank %d %d training rows that changed owner (%.2f MB)",
                           round_index, worker, len(positions), nbytes / 1e6)
+
+    # -- surviving a lost worker (fault.survive) ----------------------------------------
+    def survive_loss(self, error: RankLost, next_round: int, where: str) -> None:
+        """Shrink to the survivors, name the lost, re-plan their blocks from ``next_round`` on.
+
+        Without ``fault.survive`` the loss ends the job as any error does. Below
+        ``fault.min_workers`` the job checkpoints and exits for ``launch`` to restart it.
+        """
+        if not self.cfg.fault.survive:
+            raise error
+        while True:
+            self.drop_lost(self.link.shrink(self.watchdog.timeout), where)
+            try:
+                self.link.agree()  # a rank lost during the shrink: shrink again
+                break
+            except RankLost:
+                continue
+        self.workers = self.link.workers
+        if len(self.workers) < self.cfg.fault.min_workers:
+            self.end_short_handed(next_round)
+        self.replan(next_round)
+
+    def drop_lost(self, shrunk: Any, where: str) -> None:
+        """Forget the lost ranks' hosts (the others are renumbered in order) and say who was lost."""
+        hosts = self.watchdog.hosts
+        for rank, world_rank in zip(shrunk.lost, shrunk.lost_world):
+            self.log.warning("%s: worker rank %d on host %s was lost; carrying on with %d workers", where,
+                             world_rank, hosts[rank], len(shrunk.survivors) - 1)
+            self.recorder.lost_workers.append({"rank": world_rank, "host": hosts[rank], "where": where})
+        self.watchdog.hosts = [hosts[rank] for rank in shrunk.survivors]
+        self.renumber(shrunk.survivors)
+
+    def renumber(self, survivors: list[int]) -> None:
+        """What the engine keeps per worker rank follows the survivors' new numbers (index in ``survivors``)."""
+        return None  # nothing in the base engine is kept per rank
+
+    def end_short_handed(self, next_round: int) -> None:
+        """Fewer workers than ``fault.min_workers``: checkpoint the last recorded round, then fail."""
+        last = int(self.state.rounds[-1]["round"]) if self.state.rounds else -1
+        if last >= 0:  # with no round recorded yet, a restart starts over
+            self.recorder.checkpoint(last, self.weights, self.recorder.optimizer_states())
+        raise WorkerFailure(f"{len(self.workers)} workers left, fewer than fault.min_workers="
+                            f"{self.cfg.fault.min_workers}; checkpointed after round {last} and ending the job "
+                            f"for `launch` to restart it")
+
+    def replan(self, next_round: int) -> None:
+        """Blocks for the survivors, as an elastic resume plans them; the next orders carry them."""
+        self.plan.block_bounds = block_bounds(self.plan.num_train, len(self.workers))
+        if self.rebalancer is not None:
+            self.rebalancer = Rebalancer(self.plan.block_bounds, self.cfg.data.rebalance_smoothing)
+        self.log.info("blocks re-planned for %d workers from round %d: %s", len(self.workers), next_round,
+                      ", ".join(f"[{start}, {end})" for start, end in self.plan.block_bounds))
 
     def timed_out(self, what: str, error: TimeoutError, ranks: list[int]) -> Exception:
         """The watchdog's failure for a wait that timed out, naming who was missing (else ``ranks``)."""

@@ -140,6 +140,7 @@ class RoundRecorder:
         self.summary_written = -math.inf
         # the step from each round's aggregate to the next global model; its state lives here only
         self.outer = OuterOptimizer(OuterSettings.from_config(cfg.aggregation))
+        self.lost_workers: list[dict[str, Any]] = []  # fault.survive: who was lost, on which host, when
         if resume is not None:
             self.restore(resume)
         self.round_log = RoundLog(run_dir / ROUNDS_NAME, round_fields(self.metric_names))
@@ -284,7 +285,7 @@ class RoundRecorder:
             "round": closed.index, "train_seconds_max": max(train_times), "train_seconds_min": min(train_times),
             "sync_every": self.schedule.steps(closed.index),
             "aggregate_seconds": closed.aggregate_seconds, "bytes": closed.bytes + self.discarded_bytes,
-            "max_staleness": closed.max_staleness, "samples": samples,
+            "max_staleness": closed.max_staleness, "samples": samples, "workers": self.workers,
             "train_loss": sum(r.train_loss * r.samples for r in reports) / samples,
             "winner": closed.winner if closed.winner >= 0 else "",
             # one value per worker, by rank (under SSP the sum of its updates merged in the window)
@@ -405,6 +406,7 @@ class RoundRecorder:
             "model_bytes": self.codec.nbytes,
             "stop_reason": str(self.state.stop_reason),
             "workers": self.workers,
+            "lost_workers": self.lost_workers,
             "aggregation": self.cfg.aggregation.method,
             "outer_optimizer": self.cfg.aggregation.outer_optimizer,
             "ssp": self.cfg.aggregation.ssp,

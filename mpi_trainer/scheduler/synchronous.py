@@ -30,6 +30,7 @@ from mpi_trainer.config import Config
 from mpi_trainer.data.increment import log_data_shares
 from mpi_trainer.data.placement import ScatterLedger
 from mpi_trainer.data.sources import Dataset
+from mpi_trainer.errors import RankLost
 from mpi_trainer.persistence.optimizer_state import assign_states
 from mpi_trainer.persistence.resume import ResumeState
 from mpi_trainer.scheduler.engine import Engine
@@ -48,8 +49,10 @@ class SynchronousEngine(Engine):
         self.report_lag: float | None = None
         self.rebalancer = Rebalancer(plan.block_bounds, cfg.data.rebalance_smoothing) if cfg.data.rebalance else None
         # Under scatter a re-cut moves rows: the ledger knows who holds what, ``moved`` what goes next.
+        # (fault.survive: a lost worker's rows go to the survivors.)
         self.ledger = (ScatterLedger(cfg, plan, self.workers)
-                       if cfg.data.rebalance and cfg.data.scatters else None)
+                       if (cfg.data.rebalance or cfg.fault.survive) and cfg.data.scatters else None)
+        self.replanned = False  # fault.survive: the next orders carry the blocks re-planned for the survivors
         self.moved: dict[int, np.ndarray] = {}
         self.recorder.optimizer_states = self.gather_optimizer_states
         if cfg.evaluation.on_workers:
@@ -89,13 +92,30 @@ class SynchronousEngine(Engine):
         while round_index < self.cfg.train.epochs:
             if self.recorder.steps_exhausted():
                 return StopReason.MAX_STEPS
-            outcome = self.run_round(round_index)
+            outcome = self.run_surviving(round_index)
             if outcome is Retry.ROUND:
                 continue
             round_index += 1
             if outcome is not None:
                 return outcome
         return StopReason.EPOCHS
+
+    def run_surviving(self, round_index: int) -> Outcome:
+        """One round; when a worker is lost in it, the survivors train it again from its starting weights.
+
+        A loss surfaces before the round is recorded (in its orders, broadcast, reports or
+        collection), so nothing of the interrupted round reaches the global model or rounds.csv.
+        """
+        before, steps = self.weights, self.state.steps
+        try:
+            return self.run_round(round_index)
+        except RankLost as error:
+            self.weights, self.state.steps = before, steps
+            self.recorder.count_bytes(self.link.take_bytes())  # the lost round's traffic: in the total only
+            self.survive_loss(error, round_index, f"round {round_index}")
+            self.log.warning("round %d: trained again by %d workers from its starting weights", round_index,
+                             len(self.workers))
+            return Retry.ROUND
 
     def run_round(self, round_index: int) -> Outcome:
         """One synchronous round; returns a stop reason, a retry after a NaN rollback, or None."""
@@ -182,9 +202,9 @@ class SynchronousEngine(Engine):
             orders[worker] = replace(
                 self.next_order, round=round_index, optimizer_state=worker in self.pending_states,
                 max_steps=None if budgets is None else budgets[worker], held_weights=held,
-                blocks=list(self.rebalancer.bounds) if self.rebalancer else None,
+                blocks=list(self.plan.block_bounds) if self.rebalancer or self.replanned else None,
                 moved_rows=len(self.moved[worker]) if self.moved else None)
-        self.next_order = Order(OrderKind.ROUND)
+        self.next_order, self.replanned = Order(OrderKind.ROUND), False
         return orders
 
     def full_round_steps(self, round_index: int) -> dict[int, int]:
@@ -240,6 +260,17 @@ class SynchronousEngine(Engine):
         super().adopt_bounds(start_round)
         if self.ledger is not None:
             self.moved = self.ledger.recut(self.plan, start_round)
+
+    def renumber(self, survivors: list[int]) -> None:
+        if self.ledger is not None:
+            self.ledger.held = {new: self.ledger.held[old] for new, old in enumerate(survivors) if new}
+
+    def replan(self, next_round: int) -> None:
+        """Blocks for the survivors; under scatter the rows they now lack go from rank 0 with the orders."""
+        super().replan(next_round)
+        self.replanned, self.pending_states = True, {}
+        if self.ledger is not None:
+            self.moved = self.ledger.recut(self.plan, next_round)
 
     # -- collecting a round --------------------------------------------------------
     def collect(self, started: float, round_index: int) -> ClosedRound:
@@ -322,6 +353,10 @@ class SynchronousEngine(Engine):
                 message = self.link.request_state(worker, self.watchdog.timeout)
             except TimeoutError:
                 raise self.watchdog.failure("send its optimizer state", [worker]) from None
+            except RankLost as error:  # fault.survive: the checkpoint takes the survivors' states
+                next_round = int(self.rounds[-1]["round"]) + 1 if self.rounds else self.recorder.start_round
+                self.survive_loss(error, next_round, f"the optimizer state gathered after round {next_round - 1}")
+                return self.gather_optimizer_states()
             states[worker], received = message.payload, received + message.nbytes
         # Checkpoint traffic is counted in the run's total, not in the round's row.
         sent = self.link.take_bytes() + received

@@ -33,6 +33,7 @@ from mpi_trainer.data.feed import fit_arguments
 from mpi_trainer.data.placement import HeldRows, WorkerData, peak_rss_mib
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.data.walk import BlockWalk
+from mpi_trainer.errors import RankLost, WorkerFailure
 from mpi_trainer.logs import get_logger
 from mpi_trainer.models import evaluate_model, flat_metric_state, rebuild_model, summed_metric_state
 from mpi_trainer.models.dry_run import dry_run, reset_optimizer
@@ -69,6 +70,8 @@ class Worker:
         # cleared once done) and whether every round starts with a fresh optimizer state.
         self.nan_round = cfg.debug.nan_round if cfg.debug.nan_rank == self.rank else None
         self.reset_every_round = cfg.debug.reset_optimizer
+        debug = cfg.debug  # debug.crash_*: (round, phase) in which this worker ends itself, if it does
+        self.crash_at = (debug.crash_round, debug.crash_phase) if debug.crash_rank == link.world_rank else None
         self.step_timer = StepTimer(cfg.train.batch_size)  # the speed that rebalancing cuts blocks by
         self.shuffle_rng = np.random.default_rng(worker_seed(cfg.train.seed, self.rank, plan.start_round))
         self.walk = BlockWalk(self.shuffle_rng)  # k-step rounds; a resumed run starts a fresh walk
@@ -81,13 +84,42 @@ class Worker:
                     OrderKind.SEND_WEIGHTS: self.send_candidate, OrderKind.SEND_OPTIMIZER: self.send_optimizer,
                     OrderKind.EVALUATE: self.evaluate}
         while True:
-            order = self.link.recv_order()
-            if order.kind == OrderKind.STOP:
-                self.log.debug("stop received; peak RSS %.1f MiB", peak_rss_mib())
-                return
-            if order.kind not in handlers:
-                raise RuntimeError(f"unknown order {order.kind!r} from the scheduler")
-            handlers[order.kind](order)
+            try:
+                order = self.link.recv_order()
+                if order.kind == OrderKind.STOP:
+                    self.log.debug("stop received; peak RSS %.1f MiB", peak_rss_mib())
+                    return
+                if order.kind not in handlers:
+                    raise RuntimeError(f"unknown order {order.kind!r} from the scheduler")
+                handlers[order.kind](order)
+            except RankLost as error:
+                self.rejoin(error)
+
+    def rejoin(self, error: RankLost) -> None:
+        """fault.survive: a rank was lost; carry on with the survivors, under this worker's new rank.
+
+        Whatever this worker was doing is dropped: the scheduler redoes the round, and its next
+        order carries the blocks re-planned for the survivors. A lost scheduler ends the job.
+        """
+        if not self.cfg.fault.survive:
+            raise error
+        while True:
+            self.link.shrink()
+            if not self.link.scheduler_alive:
+                raise WorkerFailure("the scheduler (rank 0) was lost; ending the job for `launch` to restart it")
+            try:
+                self.link.agree()
+                break
+            except RankLost:
+                continue  # another rank was lost during the shrink
+        self.rank = self.data.rank = self.link.rank
+        self.log.info("a rank was lost; carrying on as worker rank %d of %d", self.rank, self.link.workers)
+
+    def maybe_crash(self, round_index: int, phase: str) -> None:
+        """Test hook (debug.crash_rank / crash_round / crash_phase): end this process as kill -9 would."""
+        if self.crash_at == (round_index, phase):
+            self.log.warning("debug: ending this worker hard in round %d (%s)", round_index, phase)
+            self.link.crash()
 
     def preflight(self) -> None:
         """Before round 0: one step and one evaluation on this worker's first batch (fails every rank
@@ -147,6 +179,7 @@ class Worker:
             self.link.recv_broadcast(self.arriving)
             self.wire.decode(self.arriving, self.global_weights)
         self.phases.add("wait", order.round, waited)
+        self.maybe_crash(order.round, "train")
         report, local = self.train_and_report(order.round, order.max_steps)
         elects = self.cfg.aggregation.elects
         if elects:
@@ -156,6 +189,7 @@ class Worker:
         report.phases, sending = self.phases.take(), time.time()
         # The report goes first, so a scheduler that times out knows which rank is missing.
         self.link.send_report(report)
+        self.maybe_crash(order.round, "contribute")
         if not elects:
             local *= np.float32(aggregation.contribution_scale(
                 self.cfg.aggregation.method, report.samples, self.data.round_total(order.round), self.link.workers))
