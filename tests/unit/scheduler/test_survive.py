@@ -110,3 +110,10 @@ def test_fault_survive_refuses_what_it_cannot_shrink(section, key, value):
 def test_fault_min_workers_must_be_positive():
     with pytest.raises(ConfigError, match=r"fault.min_workers.*Received: fault.min_workers=0"):
         config_from_dict({"fault": {"min_workers": 0}})
+
+
+def test_a_lost_scheduler_ends_the_job_on_the_workers(tmp_path):
+    engine, team, world = build_local_job(tmp_path, workers=2, **survive(crash_rank=0))
+    scheduler = world.transports()[0]
+    with pytest.raises(WorkerFailure, match="the scheduler \\(rank 0\\) was lost"):
+        world.run({0: scheduler.crash, **{w.rank: w.run for w in team}})
