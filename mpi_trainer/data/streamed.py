@@ -169,7 +169,7 @@ def refusals(cfg: Config, adapter: InputAdapter) -> list[str]:
                             kind, "a Keras optimizer"))
     if cfg.data.rebalance and not adapter.recuttable:
         out.append(_refusal("data.rebalance", True, "re-cuts the blocks between rounds", kind, "False"))
-    if cfg.data.augmentation.enabled and adapter.kind not in AUGMENTED_KINDS:
+    if cfg.data.augmentation.enabled and not adapter.augments:
         out.append(_refusal("data.augmentation.enabled", True, "transforms batches outside the input", kind,
                             "False, with Keras' preprocessing layers (RandomFlip...) in the pipeline"))
     if not adapter.shared and (cfg.aggregation.elects or cfg.evaluation.where == "workers"):
@@ -178,9 +178,6 @@ def refusals(cfg: Config, adapter: InputAdapter) -> list[str]:
                             "has the workers score shared evaluation data", kind,
                             "scoring on the scheduler ('average' or 'weighted', evaluation.where='scheduler')"))
     return out
-
-
-AUGMENTED_KINDS = ("keras.utils.PyDataset", "array file read in batches")
 
 
 def check_allows(cfg: Config, adapter: InputAdapter) -> None:

@@ -191,7 +191,7 @@ def check(cfg: Config, workers: int | None = None) -> str:
     from mpi_trainer.models import build_model
 
     check_backend(configured_backend(), backend_installed)
-    dataset = load_dataset(cfg.data, cfg.train.seed)
+    dataset = streamed_dataset(0, cfg, 1, None) or load_dataset(cfg.data, cfg.train.seed)
     check_image_input(cfg.data.augmentation, dataset.input_shape)
     model, _ = build_model(cfg.model, dataset.input_shape, dataset.num_outputs, dataset.classes)
     if uses_lbfgs(cfg):
@@ -203,7 +203,7 @@ def check(cfg: Config, workers: int | None = None) -> str:
     check_monitor(cfg, dry_run(model, *dataset.train.read(np.arange(min(SAMPLES, dataset.num_train)))))
     if workers is not None:
         try:
-            block_bounds(len(dataset.x_train), workers)
+            block_bounds(dataset.num_train, workers)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     return f"{dataset.describe()}; model {cfg.model.name} with {model.count_params()} parameters"
@@ -243,6 +243,12 @@ def streamed_dataset(rank: int, cfg: Config, workers: int, inputs: JobInputs | N
     from mpi_trainer.data.streamed import check_allows, pipeline_dataset
 
     adapter = None if inputs is None else inputs.pipeline
+    if cfg.data.stream:
+        from mpi_trainer.data.adapters.files import stream_dataset
+
+        dataset = stream_dataset(cfg.data)
+        check_allows(cfg, dataset.train.adapter)
+        return dataset
     if adapter is None:
         return None
     check_allows(cfg, adapter)

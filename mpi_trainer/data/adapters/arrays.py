@@ -21,7 +21,7 @@ import numpy as np
 from mpi_trainer.data.adapters.base import BlockFeed, InputAdapter
 from mpi_trainer.errors import DataError
 
-KIND = "array file read in batches"
+KIND = "file read in batches (data.stream)"
 CHUNK_BATCHES = 32  # batches per contiguous read: ~0.4 MB of MNIST rows at batch 128
 
 
@@ -111,6 +111,7 @@ class ArrayAdapter(InputAdapter):
 
     kind = KIND
     unit = "samples"
+    augments = True
 
     def __init__(self, features: Any, labels: Any, offset: int, count: int, name: str, convert_labels: Any) -> None:
         self.features, self.labels, self.offset, self.count = features, labels, offset, count

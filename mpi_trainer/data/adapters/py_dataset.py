@@ -68,6 +68,7 @@ class PyDatasetBlock(keras.utils.PyDataset, BlockFeed):
 
 class PyDatasetAdapter(InputAdapter):
     kind = KIND
+    augments = True
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
