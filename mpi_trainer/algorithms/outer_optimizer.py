@@ -37,7 +37,7 @@ class OuterSettings:
 
     name: str = "none"
     learning_rate: float = 1.0
-    momentum: float = 0.9
+    momentum: float = 0.5
     beta_1: float = 0.9
     beta_2: float = 0.999
     epsilon: float = 1e-7

@@ -67,7 +67,7 @@ SCHEDULER_DEVICES = get_args(SchedulerDevice)
 OuterOptimizer = Literal["none", "momentum", "nesterov", "adam"]
 OUTER_OPTIMIZERS = get_args(OuterOptimizer)
 # aggregation.outer_learning_rate when left at 0: each outer optimizer's default (docs/outer-optimizer.md)
-OUTER_LEARNING_RATES = {"none": 1.0, "momentum": 0.7, "nesterov": 0.7, "adam": 0.001}
+OUTER_LEARNING_RATES = {"none": 1.0, "momentum": 1.0, "nesterov": 1.0, "adam": 0.01}
 
 
 # Field metadata flag of a section that is accepted and validated but left out of the public schema.
@@ -284,7 +284,7 @@ class AggregationConfig(_Section):
     # outer_learning_rate = 0 takes the outer optimizer's own default (OUTER_LEARNING_RATES).
     outer_optimizer: OuterOptimizer = "none"
     outer_learning_rate: float = 0.0
-    outer_momentum: float = 0.9
+    outer_momentum: float = 0.5
     outer_beta_1: float = 0.9
     outer_beta_2: float = 0.999
     outer_epsilon: float = 1e-7

@@ -56,7 +56,8 @@ def test_check_shows_the_outer_settings_and_refuses_a_bad_combination():
     ok = subprocess.run([sys.executable, "-m", "mpi_trainer", "check", QUICKSTART,
                          "--set", "aggregation.outer_optimizer=nesterov"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
-    assert 'outer_optimizer = "nesterov"' in ok.stdout and "outer_learning_rate = 0.7" in ok.stdout
+    assert 'outer_optimizer = "nesterov"' in ok.stdout and "outer_learning_rate = 1.0" in ok.stdout
+    assert "outer_momentum = 0.5" in ok.stdout
     bad = subprocess.run([sys.executable, "-m", "mpi_trainer", "check", QUICKSTART, "--set",
                           "aggregation.outer_optimizer=adam", "--set", "aggregation.ssp=2"],
                          capture_output=True, text=True)
