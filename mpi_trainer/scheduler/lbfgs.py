@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,21 +37,27 @@ from mpi_trainer.models.gradients import TrainableVector
 from mpi_trainer.persistence.checkpoint import save_checkpoint
 from mpi_trainer.persistence.resume import ResumeState
 from mpi_trainer.persistence.run_files import (
+    BUILT_IN_METRICS,
     CHECKPOINT_NAME,
     FINAL_WEIGHTS_NAME,
     ROUNDS_NAME,
     SUMMARY_NAME,
     RoundLog,
+    round_fields,
     write_json_atomic,
+)
+from mpi_trainer.persistence.run_record import (
+    KEEPS_BEST,
+    RunState,
+    RunSummary,
+    StopReason,
+    best_test_accuracy,
+    final_columns,
 )
 from mpi_trainer.reporting.table import format_round_line, format_table
 
-LBFGS_FIELDS = [
-    "round", "wall_seconds", "train_seconds_max", "train_seconds_min", "comm_seconds",
-    "aggregate_seconds", "eval_seconds", "bytes", "test_loss", "test_accuracy", "max_staleness",
-    "train_loss", "val_loss", "val_accuracy", "function_evaluations", "gradient_norm", "samples",
-    "elapsed_seconds",
-]
+# rounds.csv: the rows every engine writes, then what only an L-BFGS iteration has
+LBFGS_COLUMNS = ["function_evaluations", "gradient_norm"]
 
 
 def settings_from(cfg: Config, iterations: int) -> LbfgsSettings:
@@ -88,19 +94,6 @@ class IterationClock:
                 "bytes": self.bytes}
 
 
-@dataclass
-class Progress:
-    """What the engine knows about the run so far (carried over a resume)."""
-
-    rounds: list[dict[str, Any]] = field(default_factory=list)
-    traffic_bytes: int = 0
-    wall_offset: float = 0.0
-    evaluations_before: int = 0
-    start_iteration: int = 0
-    stop_reason: str = "running"
-    message: str = ""
-
-
 class LbfgsScheduler:
     def __init__(self, link: SchedulerLink, cfg: Config, dataset: Dataset, model: Any, plan: JobPlan,
                  run_dir: Path, hosts: list[str] | None = None, resume: ResumeState | None = None) -> None:
@@ -113,22 +106,25 @@ class LbfgsScheduler:
         self.layout = WireLayout(self.vector.size, transport.workers)
         self.request = self.layout.request()
         self.early = EarlyStopping.from_config(cfg.early_stopping, plan.metric_names)
-        self.progress = Progress()
+        self.state = RunState()
+        self.start_iteration = 0  # after a resume, the first iteration this run computes
+        self.evaluations_before = 0  # function evaluations of the run before a resume
+        self.message = ""  # SciPy's word on how it ended
         self.started = time.perf_counter()
         self.clock = IterationClock.start(transport.workers)
         self.last_gradient: tuple[np.ndarray, np.ndarray] | None = None
         self.placement: list[dict[str, Any]] = []
         if resume is not None:
             self.restore(resume)
-        self.round_log = RoundLog(run_dir / ROUNDS_NAME, LBFGS_FIELDS)
+        self.round_log = RoundLog(run_dir / ROUNDS_NAME, round_fields(plan.metric_names) + LBFGS_COLUMNS)
 
     def restore(self, resume: ResumeState) -> None:
         """Continue from a checkpoint's weights; SciPy's curvature history is not kept, so it starts afresh."""
         self.model.set_weights(self.codec.unflatten(resume.weights))
         self.early.best_value, self.early.best_round = resume.best_value, resume.best_round
         self.early.wait, self.early.best_weights = resume.wait, resume.best_weights
-        self.progress = Progress(resume.rounds, resume.traffic_bytes, resume.wall_seconds, resume.steps,
-                                 resume.next_round)
+        self.state = RunState(resume.rounds, resume.traffic_bytes, steps=resume.steps, wall_offset=resume.wall_seconds)
+        self.start_iteration, self.evaluations_before = resume.next_round, resume.steps
         self.log.info("resuming L-BFGS after iteration %d (%d function evaluations so far) with an empty "
                       "curvature history", resume.next_round - 1, resume.steps)
 
@@ -145,7 +141,7 @@ class LbfgsScheduler:
         return self.cfg.watchdog.worker_timeout or None
 
     def elapsed(self) -> float:
-        return self.progress.wall_offset + time.perf_counter() - self.started
+        return self.state.wall_offset + time.perf_counter() - self.started
 
     # -- the run ----------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -155,7 +151,7 @@ class LbfgsScheduler:
         try:
             self.collective(self.link.broadcast_weights, self.codec.flatten(self.model.get_weights()),
                             "take the initial weights")
-            self.progress.traffic_bytes += self.transport.take_bytes()  # set-up and the initial weights
+            self.state.traffic_bytes += self.transport.take_bytes()  # set-up and the initial weights
             outcome = self.optimize()
             self.release_workers()
             return self.finish(outcome)
@@ -164,12 +160,12 @@ class LbfgsScheduler:
 
     def optimize(self) -> Outcome | None:
         """L-BFGS for the iterations left; None when a resumed run has none left."""
-        remaining = self.cfg.train.epochs - self.progress.start_iteration
+        remaining = self.cfg.train.epochs - self.start_iteration
         if remaining <= 0:
             return None
         self.clock = IterationClock.start(self.workers)
         return minimize(self.evaluate, self.vector.read(), settings_from(self.cfg, remaining),
-                        self.on_iteration, self.progress.start_iteration)
+                        self.on_iteration, self.start_iteration)
 
     def collective(self, verb: Any, buffer: np.ndarray, what: str) -> None:
         try:
@@ -209,8 +205,8 @@ class LbfgsScheduler:
         evaluation, eval_seconds = self.evaluate_splits()
         row = {"round": iterate.iteration, **self.clock.columns(ended), "eval_seconds": eval_seconds,
                "wall_seconds": time.perf_counter() - self.clock.started, "max_staleness": 0,
-               "train_loss": iterate.loss, "val_loss": math.nan, "val_accuracy": math.nan,
-               "function_evaluations": self.progress.evaluations_before + iterate.evaluations,
+               "train_loss": iterate.loss,
+               "function_evaluations": self.evaluations_before + iterate.evaluations,
                "gradient_norm": self.gradient_norm(iterate.params), "samples": self.plan.num_train,
                **evaluation}
         self.record(row)
@@ -226,21 +222,23 @@ class LbfgsScheduler:
         started = time.perf_counter()
         batch = max(256, self.cfg.train.batch_size)
         result = evaluate_model(self.model, self.dataset.x_test, self.dataset.y_test, batch)
-        out = {"test_loss": result["loss"], "test_accuracy": result.get("accuracy", math.nan)}
+        names = dict.fromkeys([*BUILT_IN_METRICS, *self.plan.metric_names])  # the fixed columns always filled
+        out = {f"{split}_{name}": math.nan for name in names for split in ("test", "val")}
+        out.update({f"test_{name}": value for name, value in result.items() if name in names})
         if self.cfg.early_stopping.monitor.startswith("val_") and len(self.dataset.x_val):
             result = evaluate_model(self.model, self.dataset.x_val, self.dataset.y_val, batch)
-            out.update(val_loss=result["loss"], val_accuracy=result.get("accuracy", math.nan))
+            out.update({f"val_{name}": value for name, value in result.items() if name in names})
         return out, time.perf_counter() - started
 
     @property
     def rounds(self) -> list[dict[str, Any]]:
         """The rows of rounds.csv so far (one per iteration)."""
-        return self.progress.rounds
+        return self.state.rounds
 
     def record(self, row: dict[str, Any]) -> None:
-        self.progress.traffic_bytes += row["bytes"]
+        self.state.traffic_bytes += row["bytes"]
         row["elapsed_seconds"] = self.elapsed()
-        self.progress.rounds.append(row)
+        self.state.rounds.append(row)
         self.round_log.write(row)
         self.log.info("%s  train loss %.6g  %d evaluations", format_round_line(row, self.cfg.train.epochs),
                       row["train_loss"], row["function_evaluations"])
@@ -249,8 +247,8 @@ class LbfgsScheduler:
     # -- checkpoints and the end -------------------------------------------
     @property
     def evaluations(self) -> int:
-        rounds = self.progress.rounds
-        return int(rounds[-1]["function_evaluations"]) if rounds else self.progress.evaluations_before
+        rounds = self.state.rounds
+        return int(rounds[-1]["function_evaluations"]) if rounds else self.evaluations_before
 
     def checkpoint(self, iteration: int, weights: np.ndarray) -> None:
         """The same file as other runs, so ``train --resume`` continues from it (with a fresh history)."""
@@ -260,7 +258,7 @@ class LbfgsScheduler:
         meta = {"round": iteration, "rounds_completed": iteration + 1, "best_value": self.early.best_value,
                 "best_round": self.early.best_round, "wait": self.early.wait, "monitor": self.early.monitor,
                 "block_bounds": self.plan.block_bounds, "shuffle_seed": self.plan.shuffle_seed,
-                "traffic_bytes": self.progress.traffic_bytes, "config": self.cfg.to_dict(),
+                "traffic_bytes": self.state.traffic_bytes, "config": self.cfg.to_dict(),
                 "steps": self.evaluations, "lr_scale": 1.0, "wall_seconds": self.elapsed(), "rollbacks": [],
                 "workers": self.workers, "optimizer": "lbfgs"}
         save_checkpoint(self.run_dir / CHECKPOINT_NAME, arrays, meta)
@@ -269,26 +267,26 @@ class LbfgsScheduler:
     def release_workers(self) -> None:
         self.layout.fill_request(self.request, None)
         self.collective(self.link.broadcast_weights, self.request, "take the stop request")
-        self.progress.traffic_bytes += self.transport.take_bytes()
+        self.state.traffic_bytes += self.transport.take_bytes()
 
     def final_round(self) -> dict[str, Any] | None:
         """The iterate kept: the best one after an early or NaN stop, else the last."""
-        rounds = self.progress.rounds
-        if self.progress.stop_reason in ("early_stopping", "nan") and self.early.best_weights is not None:
+        rounds = self.state.rounds
+        if self.state.stop_reason in KEEPS_BEST and self.early.best_weights is not None:
             self.model.set_weights(self.codec.unflatten(self.early.best_weights))
             return next(r for r in rounds if int(r["round"]) == self.early.best_round)
         return rounds[-1] if rounds else None
 
     def finish(self, outcome: Outcome | None) -> dict[str, Any]:
-        self.progress.stop_reason = outcome.reason if outcome else "epochs"
-        self.progress.message = outcome.message if outcome else "no iterations left"
-        if self.progress.stop_reason in ("nan", "abnormal"):
-            self.log.warning("L-BFGS stopped: %s", self.progress.message)
+        self.state.stop_reason = StopReason(outcome.reason) if outcome else StopReason.EPOCHS
+        self.message = outcome.message if outcome else "no iterations left"
+        if self.state.stop_reason in (StopReason.NAN, StopReason.ABNORMAL):
+            self.log.warning("L-BFGS stopped: %s", self.message)
         final = self.final_round()
         self.model.save_weights(self.run_dir / FINAL_WEIGHTS_NAME)
-        if self.progress.rounds:
-            self.checkpoint(int(self.progress.rounds[-1]["round"]), self.codec.flatten(self.model.get_weights()))
-            self.log.info("per-iteration results:\n%s", format_table(self.progress.rounds))
+        if self.state.rounds:
+            self.checkpoint(int(self.state.rounds[-1]["round"]), self.codec.flatten(self.model.get_weights()))
+            self.log.info("per-iteration results:\n%s", format_table(self.state.rounds))
         summary = self.summary(final)
         write_json_atomic(self.run_dir / SUMMARY_NAME, summary)
         accuracy = summary["final_test_accuracy"]
@@ -300,23 +298,20 @@ class LbfgsScheduler:
         return summary
 
     def summary(self, final: dict[str, Any] | None = None) -> dict[str, Any]:
-        rounds = self.progress.rounds
+        """summary.json: the same record as the other engines', with L-BFGS's own keys filled in."""
+        rounds = self.state.rounds
         final = final or (rounds[-1] if rounds else {})
-        wait_wall = self.transport.wait_wall_seconds
-        return {
-            "rounds_completed": len(rounds), "final_round": final.get("round"),
-            "final_test_accuracy": final.get("test_accuracy"), "final_test_loss": final.get("test_loss"),
-            "final_train_loss": final.get("train_loss"),
-            "best_test_accuracy": max((r["test_accuracy"] for r in rounds), default=None),
-            "wall_seconds": self.elapsed(), "steps": self.evaluations, "function_evaluations": self.evaluations,
-            "learning_rate": None, "rollbacks": [],
-            "resumed_after_round": self.progress.start_iteration - 1 if self.progress.start_iteration else None,
-            "traffic_bytes": self.progress.traffic_bytes, "checkpoint_bytes": 0,
-            "model_bytes": self.codec.nbytes, "parameter_bytes": self.vector.size * 8,
-            "stop_reason": self.progress.stop_reason, "optimizer_message": self.progress.message,
-            "optimizer": "lbfgs", "workers": self.workers, "aggregation": self.cfg.aggregation.method,
-            "ssp": self.cfg.aggregation.ssp, "monitor": self.early.monitor, "best_round": self.early.best_round,
-            "scheduler_wait_seconds": wait_wall, "scheduler_wait_cpu_seconds": self.transport.wait_cpu_seconds,
-            "scheduler_wait_cpu_fraction": self.transport.wait_cpu_seconds / wait_wall if wait_wall else 0.0,
-            "dataset": self.dataset.describe(), "placement": self.placement,
-        }
+        return RunSummary(
+            rounds_completed=len(rounds), **final_columns(final, self.plan.metric_names),
+            best_test_accuracy=best_test_accuracy(rounds), metrics=self.plan.metric_names,
+            monitor=self.early.monitor, best_value=self.early.best_value, best_round=self.early.best_round,
+            wall_seconds=self.elapsed(), steps=self.evaluations, learning_rate=None, rollbacks=[],
+            resumed_after_round=self.start_iteration - 1 if self.start_iteration else None,
+            traffic_bytes=self.state.traffic_bytes, checkpoint_bytes=0, model_bytes=self.codec.nbytes,
+            stop_reason=self.state.stop_reason, workers=self.workers, optimizer=self.cfg.model.optimizer,
+            aggregation=self.cfg.aggregation.method, outer_optimizer=self.cfg.aggregation.outer_optimizer,
+            ssp=self.cfg.aggregation.ssp, scheduler_wait_seconds=self.transport.wait_wall_seconds,
+            scheduler_wait_cpu_seconds=self.transport.wait_cpu_seconds, dataset=self.dataset.describe(),
+            placement=self.placement, function_evaluations=self.evaluations, optimizer_message=self.message,
+            parameter_bytes=self.vector.size * 8,
+        ).as_dict()

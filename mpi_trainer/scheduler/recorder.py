@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -47,23 +47,18 @@ from mpi_trainer.persistence.run_files import (
     round_fields,
     write_json_atomic,
 )
+from mpi_trainer.persistence.run_record import (
+    KEEPS_BEST,
+    RunState,
+    RunSummary,
+    StopReason,
+    best_test_accuracy,
+    final_columns,
+)
 from mpi_trainer.reporting.observers import RunObservers
 from mpi_trainer.reporting.table import format_table
 from mpi_trainer.scheduler.callbacks import RoundCallbacks
 from mpi_trainer.scheduler.evaluation import Evaluator
-
-
-class StopReason(str, Enum):
-    """Why a run ended (``summary.json`` ``stop_reason``)."""
-
-    RUNNING = "running"
-    EPOCHS = "epochs"
-    EARLY_STOPPING = "early_stopping"
-    NAN = "nan"
-    MAX_STEPS = "max_steps"
-    CALLBACK = "callback"  # a Keras callback set model.stop_training
-
-    __str__ = str.__str__
 
 
 class Retry(Enum):
@@ -74,23 +69,7 @@ class Retry(Enum):
 
 # What closing a round decides: stop (why), run it again, or go on (None).
 Outcome = StopReason | Retry | None
-KEEPS_BEST = (StopReason.EARLY_STOPPING, StopReason.NAN)  # these stops keep the best round's weights
 SUMMARY_EVERY_SECONDS = 1.0  # how often summary.json is rewritten during a run (always at the end)
-
-
-@dataclass
-class RunState:
-    """What the scheduler knows about the run so far."""
-
-    rounds: list[dict[str, Any]] = field(default_factory=list)
-    traffic_bytes: int = 0
-    stop_reason: StopReason = StopReason.RUNNING
-    steps: int = 0
-    lr_scale: float = 1.0
-    wall_offset: float = 0.0
-    consecutive_rollbacks: int = 0
-    checkpoint_bytes: int = 0
-    rollbacks: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -385,46 +364,22 @@ class RoundRecorder:
     def summary(self, final: dict[str, Any] | None = None) -> dict[str, Any]:
         rounds = self.state.rounds
         final = final or (rounds[-1] if rounds else {})
-        wait_wall, wait_cpu = self.transport_stats.wait_wall_seconds, self.transport_stats.wait_cpu_seconds
-        return {
-            "rounds_completed": len(rounds),
-            "final_round": final.get("round"),
-            "final_test_accuracy": final.get("test_accuracy"),
-            "final_test_loss": final.get("test_loss"),
-            **{f"final_test_{name}": final.get(f"test_{name}") for name in self.metric_names},
-            "best_test_accuracy": max((r["test_accuracy"] for r in rounds
-                                       if _scored(r) and r["test_accuracy"] == r["test_accuracy"]), default=None),
-            "metrics": self.metric_names,
-            "best_value": self.early.best_value,
-            "wall_seconds": self.elapsed(),
-            "steps": self.state.steps,
-            "learning_rate": self.learning_rate,
-            "rollbacks": self.state.rollbacks,
-            "resumed_after_round": self.start_round - 1 if self.start_round else None,
-            "traffic_bytes": self.state.traffic_bytes,
-            "checkpoint_bytes": self.state.checkpoint_bytes,
-            "model_bytes": self.codec.nbytes,
-            "stop_reason": str(self.state.stop_reason),
-            "workers": self.workers,
-            "lost_workers": self.lost_workers,
-            "aggregation": self.cfg.aggregation.method,
-            "outer_optimizer": self.cfg.aggregation.outer_optimizer,
-            "ssp": self.cfg.aggregation.ssp,
-            "monitor": self.early.monitor,
-            "best_round": self.early.best_round,
-            "scheduler_wait_seconds": wait_wall,
-            "scheduler_wait_cpu_seconds": wait_cpu,
-            "scheduler_wait_cpu_fraction": wait_cpu / wait_wall if wait_wall else 0.0,
-            "dataset": self.dataset.describe(),
-            "placement": self.placement,
-        }
+        stats = self.transport_stats
+        return RunSummary(
+            rounds_completed=len(rounds), **final_columns(final, self.metric_names),
+            best_test_accuracy=best_test_accuracy(rounds), metrics=self.metric_names,
+            monitor=self.early.monitor, best_value=self.early.best_value, best_round=self.early.best_round,
+            wall_seconds=self.elapsed(), steps=self.state.steps, learning_rate=self.learning_rate,
+            rollbacks=self.state.rollbacks,
+            resumed_after_round=self.start_round - 1 if self.start_round else None,
+            traffic_bytes=self.state.traffic_bytes, checkpoint_bytes=self.state.checkpoint_bytes,
+            model_bytes=self.codec.nbytes, stop_reason=self.state.stop_reason, workers=self.workers,
+            optimizer=self.cfg.model.optimizer, aggregation=self.cfg.aggregation.method,
+            outer_optimizer=self.cfg.aggregation.outer_optimizer, ssp=self.cfg.aggregation.ssp,
+            scheduler_wait_seconds=stats.wait_wall_seconds, scheduler_wait_cpu_seconds=stats.wait_cpu_seconds,
+            dataset=self.dataset.describe(), placement=self.placement, lost_workers=self.lost_workers,
+        ).as_dict()
 
     def close(self) -> None:
         self.round_log.close()
         self.observers.close()
-
-
-def _scored(row: dict[str, Any]) -> bool:
-    """Whether the round was evaluated (``evaluation.every`` leaves the others' test columns NaN; the
-    loss is there whenever it was, even for a model without accuracy)."""
-    return not math.isnan(float(row["test_loss"]))

@@ -23,15 +23,19 @@ def test_weighted_average_uses_sample_counts():
     np.testing.assert_allclose(combine(vectors, [10, 30], "weighted"), [2.5, 5.0])
 
 
-def test_scaled_contributions_sum_to_the_aggregate():
-    """The reduction path: each worker scales, MPI sums; must equal combine()."""
-    rng = np.random.default_rng(1)
-    vectors = [rng.normal(size=5).astype(np.float32) for _ in range(3)]
-    samples = [7, 8, 8]
-    for method in ("average", "weighted"):
-        summed = sum(np.float32(contribution_scale(method, n, sum(samples), 3)) * v
-                     for v, n in zip(vectors, samples))
-        np.testing.assert_allclose(summed, combine(vectors, samples, method), rtol=1e-6)
+@pytest.mark.parametrize("method, scales, expected", [
+    ("average", [1 / 3, 1 / 3, 1 / 3], [3.0, 6.0]),  # ([1, 2] + [3, 6] + [5, 10]) / 3
+    ("weighted", [1 / 4, 1 / 4, 2 / 4], [3.5, 7.0]),  # (1 * [1, 2] + 1 * [3, 6] + 2 * [5, 10]) / 4
+])
+def test_scaled_contributions_sum_to_the_mean_worked_out_by_hand(method, scales, expected):
+    """The reduction path: each worker scales its own weights, MPI only sums them."""
+    vectors = [np.array([1.0, 2.0], np.float32), np.array([3.0, 6.0], np.float32), np.array([5.0, 10.0], np.float32)]
+    samples = [1, 1, 2]
+    got = [contribution_scale(method, n, sum(samples), len(vectors)) for n in samples]
+    np.testing.assert_allclose(got, scales)
+    summed = sum(np.float32(scale) * v for scale, v in zip(got, vectors))
+    np.testing.assert_allclose(summed, expected, rtol=1e-6)
+    np.testing.assert_allclose(combine(vectors, samples, method), expected, rtol=1e-6)
 
 
 def test_contribution_scale_rejects_unknown_method():

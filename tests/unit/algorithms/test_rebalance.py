@@ -136,9 +136,14 @@ def test_bad_straggler_keys_name_key_value_and_expectation(override, message):
 
 @pytest.mark.parametrize("engine", [["aggregation.ssp=2"], ["debug.async_engine=true"]])
 @pytest.mark.parametrize("placement", ["shared", "scatter"])
-def test_rebalancing_is_accepted_on_the_ssp_engine(engine, placement):
-    cfg = load_config(None, ["data.rebalance=true", f"data.placement='{placement}'", *engine])
-    assert cfg.data.rebalance
+def test_rebalancing_runs_on_the_ssp_engine_but_not_with_fixed_step_rounds(engine, placement):
+    from mpi_trainer.scheduler import StaleEngine, engine_class
+
+    keys = ["data.rebalance=true", f"data.placement='{placement}'", *engine]
+    cfg = load_config(None, keys)
+    assert engine_class(cfg) is StaleEngine and cfg.data.rebalance and cfg.data.scatters == (placement == "scatter")
+    with pytest.raises(ConfigError, match="`data.rebalance` cannot be combined with `train.sync_every` > 0"):
+        load_config(None, [*keys, "train.sync_every=4"])
 
 
 def test_slow_ranks_must_exist_in_the_job():

@@ -117,9 +117,15 @@ def test_a_send_times_out_when_the_receiver_never_comes(comm):
     assert transport.take_bytes() == 0  # nothing moved
 
 
-def test_collectives_on_one_rank_keep_the_buffer(comm):
+def test_collectives_on_one_rank_sum_in_place_fill_the_root_row_and_count_no_traffic(comm):
+    """A job whose scheduler is alone (every worker gone) still sums, gathers and broadcasts correctly,
+    and the root's own contribution is never counted as traffic."""
     transport = Transport(comm)
     buf = np.arange(10, dtype=np.float32)
-    transport.reduce_sum(buf, timeout=1.0)
-    transport.broadcast(buf, timeout=1.0)
+    transport.reduce_sum(buf, timeout=1.0)  # in place at the root: its own buffer is the sum
     np.testing.assert_array_equal(buf, np.arange(10, dtype=np.float32))
+    out = np.full((1, 10), -1.0, np.float32)
+    transport.gather(buf * 2, out, timeout=1.0)
+    np.testing.assert_array_equal(out[0], np.arange(10, dtype=np.float32) * 2)
+    transport.broadcast(buf, timeout=1.0)
+    assert transport.take_bytes() == 0  # nothing left the root: no peer to send to

@@ -31,8 +31,11 @@ def test_unreached_peers_missing_reports_and_bad_data_are_named():
     assert "   2  no report within the timeout" in table
 
 
-def test_a_timed_out_sum_fails_the_rank():
-    assert verdict([_report(0, collective="timed out after 5 s"), _report(1)]) is not None
+def test_a_timed_out_sum_fails_that_rank_only_and_the_table_says_why():
+    reports = [_report(0), _report(1, collective="timed out after 5 s"), _report(2)]
+    assert verdict(reports) == "rank(s) 1 failed (see the table)"
+    row = format_table(reports, probe_bytes=1).splitlines()[2]  # a header line, then one row per rank
+    assert row.split()[:2] == ["1", "node1"] and "timed out after 5 s" in row
 
 
 def test_one_rank_alone_cannot_train():

@@ -10,6 +10,7 @@ import keras
 import numpy as np
 import pytest
 from lbfgs_reference import scipy_losses, softmax_regression_objective
+from local_job import run_local_job
 
 from mpi_trainer.algorithms.lbfgs import EVALUATE
 from mpi_trainer.comm.protocol import JobPlan, SchedulerLink, WorkerLink
@@ -167,3 +168,17 @@ def test_workers_that_never_answer_end_the_job_with_a_watchdog_message(tmp_path)
     engine = make_engine(tmp_path / "run", {"watchdog": {"worker_timeout": 1.0}}, stall=True)
     with pytest.raises(WorkerFailure, match="did not take the initial weights within watchdog.worker_timeout=1 s"):
         engine.run()
+
+
+def test_summary_and_rows_have_the_shape_every_engine_writes(finished_run, tmp_path):
+    """A report, the Python API or an outside check reads one record whichever engine ran."""
+    run_dir, summary, _, _ = finished_run
+    job = run_local_job(tmp_path / "sgd", workers=WORKERS, train={"epochs": 1})
+    sgd = json.loads((job.run_dir / "summary.json").read_text())
+    lbfgs = json.loads((run_dir / "summary.json").read_text())
+    assert sorted(lbfgs) == sorted(sgd)
+    assert sgd["function_evaluations"] is None and sgd["optimizer"] == "adam"
+    assert lbfgs["learning_rate"] is None and lbfgs["outer_optimizer"] == "none"
+    sgd_columns = list(read_rounds(job.run_dir / "rounds.csv")[0])
+    lbfgs_columns = list(read_rounds(run_dir / "rounds.csv")[0])
+    assert lbfgs_columns == sgd_columns + ["function_evaluations", "gradient_norm"]
