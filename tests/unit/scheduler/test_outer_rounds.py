@@ -6,6 +6,7 @@ the pure :class:`OuterOptimizer`, and checks what the workers started the next r
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import pytest
 from local_job import LocalJob, run_local_job
@@ -133,3 +134,22 @@ def test_a_nan_rollback_takes_the_outer_state_back_with_the_weights(tmp_path):
     outer = fresh_outer(job)
     expected = by_hand(job, range(1, 3), job.engine.recorder.initial_weights, outer)
     np.testing.assert_allclose(job.engine.weights, expected[-1], atol=2e-5)
+
+
+class WeightsAtEpochEnd(keras.callbacks.Callback):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[np.ndarray] = []
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.seen.append(np.concatenate([np.ravel(w) for w in self.model.get_weights()]))
+
+
+def test_keras_callbacks_see_the_stepped_weights_and_can_stop_the_job(tmp_path):
+    seen = WeightsAtEpochEnd()
+    stop = keras.callbacks.EarlyStopping(monitor="test_accuracy", mode="max", patience=0, min_delta=1.0)
+    job = run_local_job(tmp_path, model=SGD, aggregation=NESTEROV, train={"epochs": 5}, callbacks=[seen, stop])
+    assert job.summary["stop_reason"] == "callback" and len(seen.seen) == 2
+    expected = by_hand(job, range(2), job.engine.recorder.initial_weights, fresh_outer(job))
+    for got, want in zip(seen.seen, expected, strict=True):
+        np.testing.assert_allclose(got, want, atol=2e-5)
