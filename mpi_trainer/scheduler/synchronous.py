@@ -107,10 +107,12 @@ class SynchronousEngine(Engine):
         collection), so nothing of the interrupted round reaches the global model or rounds.csv.
         """
         before, steps = self.weights, self.state.steps
+        outer_state = dict(self.recorder.outer.state)  # each step replaces its arrays: a shallow copy keeps them
         try:
             return self.run_round(round_index)
         except RankLost as error:
             self.weights, self.state.steps = before, steps
+            self.recorder.outer.state = outer_state  # a loss after the outer step must not count the round twice
             self.recorder.count_bytes(self.link.take_bytes())  # the lost round's traffic: in the total only
             self.survive_loss(error, round_index, f"round {round_index}")
             self.log.warning("round %d: trained again by %d workers from its starting weights", round_index,

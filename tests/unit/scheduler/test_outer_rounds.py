@@ -153,3 +153,17 @@ def test_keras_callbacks_see_the_stepped_weights_and_can_stop_the_job(tmp_path):
     expected = by_hand(job, range(2), job.engine.recorder.initial_weights, fresh_outer(job))
     for got, want in zip(seen.seen, expected, strict=True):
         np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+def test_a_round_redone_after_a_lost_worker_takes_one_outer_step(tmp_path):
+    crash = {"crash_rank": 2, "crash_round": 1, "crash_phase": "contribute"}
+    job = run_local_job(tmp_path, workers=3, model=SGD, aggregation=NESTEROV, train={"epochs": 3},
+                        fault={"survive": True}, debug=crash)
+    assert [int(r["workers"]) for r in job.rounds()] == [3, 2, 2]
+    outer, weights = fresh_outer(job), job.engine.recorder.initial_weights
+    for round_index in range(3):
+        # the lost worker's partial round left nothing: each round is its last training by those who finished it
+        trained = [[t for t in w.trained if t[0].round == round_index][-1] for w in job.workers
+                   if round_index == 0 or w.link.transport.world_rank != 2]
+        weights = outer.step(weights, np.mean([local for _, local in trained], axis=0, dtype=np.float32))
+    np.testing.assert_allclose(job.engine.weights, weights, atol=2e-5)
