@@ -1,6 +1,7 @@
 """Weights at MPI speed: the transport's bulk verbs against blocking mpi4py calls, side by side.
 
-For every interconnect (Open MPI's shared-memory or TCP transport) and rank count it starts one
+For every interconnect (Open MPI's shared-memory or TCP transport, or ``ft``: the fault-tolerant
+MPI that ``fault.survive`` needs, ob1 over TCP with ULFM on) and rank count it starts one
 ``mpirun`` job. In it, for every payload, the transport's ``reduce_sum``, ``broadcast`` and
 ``send_array``/``recv_array`` alternate with blocking ``Reduce``, ``Bcast`` and ``Send``/``Recv``
 of the same buffer; a call's time is the longest any rank spent in it, and the table shows the
@@ -13,6 +14,7 @@ sleeping, the other candidate for the bulk phase.
 
     .venv/bin/python scripts/bench_comm.py                       # the full table (about 10 min)
     .venv/bin/python scripts/bench_comm.py --ranks 2 3 --payloads-mb 0.3 2 --slow-seconds 2
+    .venv/bin/python scripts/bench_comm.py --btl sm ft --ranks 4 --payloads-mb 0.07 1.7   # fault.survive's price
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mpi_trainer.launch.mpirun import find_mpirun  # noqa: E402
+from mpi_trainer.launch.mpirun import FAULT_TOLERANT_OPTIONS, find_mpirun  # noqa: E402
 
-BTLS = {"sm": "self,sm", "tcp": "self,tcp"}
+# Open MPI's transport by name; "ft" is the fault-tolerant MPI that fault.survive runs on (ob1 over TCP).
+BTLS = {"sm": ["--mca", "btl", "self,sm"], "tcp": ["--mca", "btl", "self,tcp"], "ft": FAULT_TOLERANT_OPTIONS}
 PAIRS = (("reduce", "transport reduce_sum", "blocking Reduce"),
          ("bcast", "transport broadcast", "blocking Bcast"),
          ("p2p", "transport send/recv_array", "blocking Send/Recv"))
@@ -162,7 +165,7 @@ def before_after(comm, transport, reps: int = 7) -> dict[str, float]:
 
 # -- the driver ------------------------------------------------------------------
 def launch(ranks: int, btl: str, args: argparse.Namespace) -> dict:
-    command = [find_mpirun(), "-n", str(ranks), "--oversubscribe", "--bind-to", "none", "--mca", "btl", BTLS[btl]]
+    command = [find_mpirun(), "-n", str(ranks), "--oversubscribe", "--bind-to", "none", *BTLS[btl]]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         command.append("--allow-run-as-root")
     command += [sys.executable, __file__, "--job", "--reps", str(args.reps), "--cpu-ranks", str(args.cpu_ranks),

@@ -1,0 +1,39 @@
+"""Real ``mpirun`` jobs with ``fault.survive``: a worker killed mid-round, the job shrinks and carries on."""
+
+from __future__ import annotations
+
+from conftest import run_mpi
+
+from mpi_trainer.launch.mpirun import FAULT_TOLERANT_OPTIONS
+
+EPOCHS = 15
+QUICK = ["configs/quickstart.toml", "--set", f"train.epochs={EPOCHS}", "--set", "log.plots=false",
+         "--set", "log.tensorboard=false"]
+SURVIVE = ["--set", "fault.survive=true"]
+# worker rank 2 ends itself with SIGKILL in round 2, after its report, before its weights go into the sum
+KILL = ["--set", "debug.crash_rank=2", "--set", "debug.crash_round=2"]
+
+
+def test_a_killed_worker_leaves_two_that_finish_every_round_without_a_restart(tmp_path):
+    survived = run_mpi(4, ["train", *QUICK, *SURVIVE, *KILL], tmp_path / "survived",
+                       mpirun_args=FAULT_TOLERANT_OPTIONS)
+    assert survived.returncode == 0, survived.output[-4000:]
+    rows = survived.rounds()
+    assert [int(r["round"]) for r in rows] == list(range(EPOCHS))  # each once: round 2 is not logged twice
+    assert [int(r["workers"]) for r in rows] == [3, 3] + [2] * (EPOCHS - 2)
+    summary = survived.summary()
+    assert summary["workers"] == 2 and summary.get("restarts") is None
+    assert [lost["rank"] for lost in summary["lost_workers"]] == [2]
+    assert "round 2: worker rank 2 on host" in survived.output and "was lost" in survived.output
+    undisturbed = run_mpi(4, ["train", *QUICK, *SURVIVE], tmp_path / "undisturbed", mpirun_args=FAULT_TOLERANT_OPTIONS)
+    assert undisturbed.returncode == 0, undisturbed.output[-4000:]
+    assert [int(r["workers"]) for r in undisturbed.rounds()] == [3] * EPOCHS
+    assert abs(summary["final_test_accuracy"] - undisturbed.summary()["final_test_accuracy"]) <= 0.01
+
+
+def test_fault_survive_is_refused_on_every_rank_without_the_fault_tolerant_options(tmp_path):
+    result = run_mpi(3, ["train", *QUICK, *SURVIVE], tmp_path / "refused")
+    assert result.returncode == 2
+    # every rank prints the refusal before training
+    assert result.output.count("`fault.survive` = True needs fault-tolerant MPI") == 3, result.output[-3000:]
+    assert "--with-ft ulfm" in result.output and not (tmp_path / "refused" / "rounds.csv").exists()
