@@ -13,11 +13,9 @@ does not depend on the round in which an accuracy happens to be reached), the
 mean straggler idle fraction of rounds >= 2, the largest staleness seen and
 the last round's blocks. Rebalancing cuts round 0's blocks from a few steps
 each worker times before it (counted in the run's time), then re-cuts from the
-workers' per-step speed (``Report.step_rate``). ``--write FILE`` puts the table and the command in FILE
-under ``## Stragglers``, in a subsection named after the command: an earlier run of the same
-command is replaced, the rest of the section is kept.
+workers' per-step speed (``Report.step_rate``).
 
-    python scripts/bench_stragglers.py --write docs/benchmarks.md
+    python scripts/bench_stragglers.py --model lenet --source mnist5k --batch-delay 0 --epochs 8
 
 By default every worker also sleeps ``--batch-delay`` seconds per batch (simulated
 work, ``debug.batch_delay``), so that on a small, busy machine the figures
@@ -36,7 +34,6 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -48,8 +45,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mpi_trainer.launch.mpirun import mpirun_command  # noqa: E402
-
-SECTION = "## Stragglers"
 
 
 @dataclass
@@ -129,7 +124,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--hog-core", type=int, default=1,
                         help="core for the hog; each run's log (--keep) reports which rank is bound there "
                              "(on a 2-core machine Open MPI put ranks 0 and 1 on core 0, rank 2 on core 1)")
-    parser.add_argument("--write", help="append the results to this markdown file")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--keep", help="keep the run directories under this folder")
     args = parser.parse_args()
@@ -239,28 +233,6 @@ def table(outcomes: list[Outcome], target: float) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, heading: str, body: str) -> None:
-    """Put ``heading`` + ``body`` under ``## Stragglers`` in ``path``.
-
-    A subsection with the same heading (an earlier run of the same command) is
-    replaced; the rest of the section, written by hand, is kept.
-    """
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if SECTION not in text:
-        text = text.rstrip("\n") + f"\n\n{SECTION}\n"
-    head, _, rest = text.partition(SECTION)
-    section_end = rest.find("\n## ")
-    section, tail = (rest, "") if section_end < 0 else (rest[:section_end + 1], rest[section_end + 1:])
-    block = f"{heading}\n\n{body.strip()}\n"
-    if heading in section:
-        before, _, after = section.partition(heading)
-        following = after.find("\n### ")
-        section = before + block + ("\n" + after[following + 1:] if following >= 0 else "")
-    else:
-        section = section.rstrip("\n") + "\n\n" + block
-    path.write_text(head + SECTION + section.rstrip("\n") + "\n" + ("\n" + tail if tail else ""))
-
-
 def prepare_source(args: argparse.Namespace, folder: Path) -> None:
     """Write the data file that ``--source digits28 | mnist5k`` or ``--train-rows`` asks for; point
     ``args.source`` at it."""
@@ -312,11 +284,6 @@ def main() -> int:
     result = table(outcomes, target)
     print(heading)
     print(result)
-    if args.write:
-        command = "python scripts/bench_stragglers.py " + shlex.join(sys.argv[1:])
-        body = (f"Measured on {os.cpu_count()} cores ({time.strftime('%Y-%m-%d')}). "
-                f"{heading}.\n\n{result}\n\nReproduce with:\n\n    {command}\n")
-        write_section(Path(args.write), f"### Output of `{command}`", body)
     return 0
 
 

@@ -5,5 +5,5 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 source "$ROOT/scripts/setup_env.sh" test,jax
 cd "$ROOT"
-"$ROOT/.venv/bin/ruff" check mpi_trainer tests scripts
+"$ROOT/.venv/bin/ruff" check mpi_trainer tests scripts benchmarks
 exec "$ROOT/.venv/bin/python" -m pytest -q "$@"

@@ -33,7 +33,7 @@ def worker_cores(rank: int, node_ranks: list[int], threads: int, allowed: list[i
     a worker left free borrows idle cores (a JAX worker at one thread keeps more than one busy).
 
     Two JAX workers filling two cores trained 7 % faster each on its own core than both left free
-    (docs/benchmarks.md); TensorFlow workers about 3 %.
+    (docs/performance.md); TensorFlow workers about 3 %.
     """
     workers = [r for r in sorted(node_ranks) if r != 0]
     spare = len(allowed) - len(workers) * threads

@@ -1,0 +1,48 @@
+"""``python -m benchmarks``: run suites, or regenerate docs/performance.md from their results."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from benchmarks.harness import Environment, SuiteResult, run_comparison
+from benchmarks.report import write_performance
+from benchmarks.suites import SUITES
+
+
+def run_suite(name: str, repeats: int, quick: bool) -> None:
+    module = SUITES[name]
+    environment = Environment.here()
+    print(f"{name}: {module.QUESTION} (load average {environment.load_average})", flush=True)
+    tables = [run_comparison(comparison, repeats, lambda line: print(line, flush=True))
+              for comparison in module.comparisons(quick)]
+    path = SuiteResult(name, module.QUESTION, environment, tables).save()
+    print(f"{name}: results in {path}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", help="the suites and their questions")
+    run = commands.add_parser("run", help="run suites (all by default) and save their results")
+    run.add_argument("suites", nargs="*", default=[], metavar="SUITE", help=f"any of {', '.join(SUITES)}")
+    run.add_argument("--repeats", type=int, default=3, help="alternating repeats of every variant")
+    run.add_argument("--quick", action="store_true", help="smaller models and fewer rounds")
+    commands.add_parser("docs", help="regenerate docs/performance.md from benchmarks/results")
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        for name, module in SUITES.items():
+            print(f"{name:<14} {module.QUESTION}")
+    elif args.command == "run":
+        unknown = sorted(set(args.suites) - set(SUITES))
+        if unknown:
+            parser.error(f"unknown suites {unknown}; expected any of {list(SUITES)}")
+        for name in args.suites or SUITES:
+            run_suite(name, args.repeats, args.quick)
+    else:
+        print(write_performance())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

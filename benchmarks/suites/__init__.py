@@ -1,0 +1,8 @@
+"""The suites, one per question; each module has ``QUESTION`` and ``comparisons(quick)``."""
+
+from __future__ import annotations
+
+from benchmarks.suites import communication, faults, observability, scaling, stragglers, throughput
+
+SUITES = {module.__name__.rsplit(".", 1)[1]: module
+          for module in (throughput, communication, stragglers, faults, observability, scaling)}

@@ -1,0 +1,46 @@
+"""What does a round cost on the wire, and what does the scheduler burn while it waits?"""
+
+from __future__ import annotations
+
+import statistics
+
+from benchmarks.harness import Comparison, Figures
+from benchmarks.jobs import run_job
+
+QUESTION = "Communication: bytes per round and the scheduler's waits"
+WORKERS = 2
+
+
+def traffic(method: str, epochs: int) -> Figures:
+    """Bytes per round against the documented minimum: 2·M·W (average, weighted), M·(W+1) (best)."""
+    summary, rounds, _ = run_job(WORKERS + 1, [f"aggregation.method={method}", f"train.epochs={epochs}"])
+    model_bytes = summary["model_bytes"]
+    minimum = model_bytes * (WORKERS + 1) if method == "best" else 2 * model_bytes * WORKERS
+    measured = statistics.median(float(row["bytes"]) for row in rounds)
+    return {"bytes": measured, "minimum": minimum, "ratio": measured / minimum}
+
+
+def waiting(poll_interval: float, epochs: int) -> Figures:
+    summary, _, _ = run_job(WORKERS + 1, [f"comm.poll_interval={poll_interval}", f"train.epochs={epochs}",
+                                          "model.name=lenet"])
+    return {"cpu_fraction": summary["scheduler_wait_cpu_fraction"], "wait_seconds": summary["scheduler_wait_seconds"],
+            "wall_seconds": summary["wall_seconds"]}
+
+
+def comparisons(quick: bool) -> list[Comparison]:
+    epochs = 3 if quick else 6
+    flag = " --quick" if quick else ""
+    return [
+        Comparison(title=f"Bytes per round, MLP on digits, {WORKERS} workers, {epochs} rounds",
+                   command=f"python -m benchmarks run communication{flag}",
+                   variants={method: (lambda method=method: traffic(method, epochs))
+                             for method in ("average", "weighted", "best")},
+                   columns={"bytes": "measured bytes/round", "minimum": "minimum", "ratio": "measured / minimum"},
+                   notes="Above the minimum: orders, arrival notices and reports (under 1 KiB)."),
+        Comparison(title=f"Scheduler CPU while it waits, LeNet on digits, {WORKERS} workers (3 ranks on the cores)",
+                   command=f"python -m benchmarks run communication{flag}",
+                   variants={"polling waits (default, `comm.poll_interval = 0.005`)": lambda: waiting(0.005, epochs),
+                             "blocking MPI waits (`comm.poll_interval = 0`)": lambda: waiting(0.0, epochs)},
+                   columns={"cpu_fraction": "CPU per core while waiting", "wait_seconds": "wait s",
+                            "wall_seconds": "training s"}),
+    ]
