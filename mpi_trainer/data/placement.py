@@ -260,10 +260,26 @@ class ScatterLedger:
     def __init__(self, cfg: Config, plan: Any, workers: list[int]) -> None:
         self.cfg = cfg
         self.held = {rank: rows_needed(plan, rank, cfg, plan.start_round) for rank in workers}
+        self.unconfirmed: dict[int, np.ndarray] | None = None  # what was held before rows not yet taken
 
     def recut(self, plan: Any, start_round: int) -> dict[int, np.ndarray]:
         """The positions each worker must receive to train on ``plan``'s blocks from ``start_round`` on."""
+        if self.unconfirmed is None:
+            self.unconfirmed = dict(self.held)
         return {rank: self.hand_over(plan, rank, start_round) for rank in list(self.held)}
+
+    def confirm(self) -> None:
+        """Every worker took the rows of the last re-cut (its round started)."""
+        self.unconfirmed = None
+
+    def doubt(self) -> None:
+        """A round failed before its re-cut's rows were confirmed (fault.survive): a worker holds the rows
+        from before the re-cut or from after it, so only those in both are counted as held; the next
+        re-cut then sends whatever may be missing (a row sent twice is kept once)."""
+        if self.unconfirmed is not None:
+            self.held = {rank: np.intersect1d(rows, self.unconfirmed.get(rank, rows), assume_unique=True)
+                         for rank, rows in self.held.items()}
+            self.unconfirmed = None
 
     def hand_over(self, plan: Any, rank: int, start_round: int) -> np.ndarray:
         """The positions worker ``rank`` must receive to train on ``plan``'s blocks from ``start_round`` on.

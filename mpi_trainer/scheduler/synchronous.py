@@ -114,6 +114,8 @@ class SynchronousEngine(Engine):
             self.weights, self.state.steps = before, steps
             self.recorder.outer.state = outer_state  # a loss after the outer step must not count the round twice
             self.recorder.count_bytes(self.link.take_bytes())  # the lost round's traffic: in the total only
+            if self.ledger is not None:
+                self.ledger.doubt()
             self.survive_loss(error, round_index, f"round {round_index}")
             self.log.warning("round %d: trained again by %d workers from its starting weights", round_index,
                              len(self.workers))
@@ -234,6 +236,8 @@ class SynchronousEngine(Engine):
                 self.link.await_ready(self.watchdog.deadline(started))
             except TimeoutError as exc:
                 raise self.timed_out(f"start round {round_index}", exc, self.workers) from None
+        if self.ledger is not None:
+            self.ledger.confirm()  # the broadcast (or "ready") came from every worker: each took its rows
         self.observers.span("send", round_index, started)
         return started
 

@@ -279,3 +279,21 @@ def test_held_rows_merge_keeps_exactly_the_rows_asked_for():
     np.testing.assert_array_equal(merged.y, [2, 4, 7, 9])
     with pytest.raises(RuntimeError, match="did not send it"):
         rows([1, 4]).merged(rows([2]), keep=np.array([2, 3]))
+
+
+def test_a_recut_whose_rows_may_not_have_arrived_counts_only_the_rows_held_either_way():
+    """fault.survive: a round lost after a re-cut leaves each worker with its old rows or its new ones."""
+    cfg, dataset, plan, recut = _scatter_setup()
+    ledger = ScatterLedger(cfg, plan, [1, 2])
+    before = {rank: ledger.held[rank].copy() for rank in (1, 2)}
+    ledger.recut(recut, 1)
+    after = {rank: ledger.held[rank].copy() for rank in (1, 2)}
+    ledger.doubt()
+    for rank in (1, 2):
+        np.testing.assert_array_equal(ledger.held[rank], np.intersect1d(before[rank], after[rank]))
+    # the next re-cut sends rank 1 every row of its new block it may lack, whichever it holds
+    moved = ledger.recut(recut, 1)
+    np.testing.assert_array_equal(np.union1d(moved[1], ledger.held[1]), after[1])
+    assert len(np.intersect1d(moved[1], before[1])) == 0
+    ledger.confirm()
+    assert ledger.unconfirmed is None
