@@ -128,8 +128,8 @@ def fit(model: Any = None, x: Any = None, y: Any = None, *, validation_data: tup
             of dotted keys; ``epochs`` (rounds) and ``batch_size`` are shortcuts for train.*.
         callbacks: Keras callbacks run on the scheduler once per round (see
             :mod:`mpi_trainer.scheduler.callbacks`); ``model.stop_training = True`` ends the job.
-        run_dir: where rank 0 writes the run (default ``runs/<config>-<time>``); ``resume``
-            continues the run there from its checkpoint.
+        run_dir: where rank 0 writes (default: ``launch``'s, else new); a run there resumes, a complete one
+            trains nothing. A preemption signal raises :class:`~mpi_trainer.errors.Preempted` (exit 75).
 
     Bad input raises :class:`mpi_trainer.errors.InputError` on every rank before training.
     """

@@ -21,10 +21,13 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train (run under mpirun -n N, N >= 2)")
     _add_config_args(train)
-    train.add_argument("--run-dir", help="directory for the run's files (default runs/<config>-<time>)")
+    train.add_argument("--run-dir", help="directory for the run's files (default runs/<config>-<time>-<pid>-<random>, "
+                       "or runs/<config>-slurm<job id> under Slurm); a directory holding an unfinished run "
+                       "resumes it, one holding a complete run trains nothing unless more rounds are asked for")
     train.add_argument("--resume", action="store_true",
-                       help="continue the run in --run-dir from its checkpoint (any number of workers)")
-    from mpi_trainer.launch.supervisor import add_launch_parser
+                       help="continue the run in --run-dir from its checkpoint (any number of workers); what "
+                       "a directory holding a run does anyway, but refused without --run-dir")
+    from mpi_trainer.launch.launcher import add_launch_parser
 
     add_launch_parser(commands, _add_config_args)
     preflight = commands.add_parser("preflight", help="under the job's mpirun line: check that every rank "
@@ -57,20 +60,25 @@ def run_report(run_dir: str, plots: bool) -> int:
 def train(config: str, overrides: list[str], run_dir: str | None, resume: bool) -> int:
     """``train`` on every rank: :func:`mpi_trainer.fit` with the config file; a refused job exits 2."""
     from mpi_trainer.api import fit
-    from mpi_trainer.errors import EXIT_INPUT_ERROR
+    from mpi_trainer.errors import EXIT_INPUT_ERROR, EXIT_PREEMPTED, Preempted
     from mpi_trainer.launch.job import AgreedInputError
 
     try:
         fit(config=config, overrides=overrides, run_dir=run_dir, resume=resume)
     except AgreedInputError:
         return EXIT_INPUT_ERROR  # every rank has printed the message
+    except Preempted:
+        return EXIT_PREEMPTED  # rank 0 has logged where the run stopped
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     from mpi_trainer.launch.job import quiet_backend, report_error
+    from mpi_trainer.launch.launcher import split_command
 
+    argv, program = split_command(sys.argv[1:] if argv is None else list(argv))
     args = build_parser().parse_args(argv)
+    args.program = program
     quiet_backend()
     try:
         if args.command == "report":
@@ -83,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             return preflight(args.config, args.overrides, args.timeout, args.probe_mb)
         cfg = load_config(args.config, args.overrides)
         if args.command == "launch":
-            from mpi_trainer.launch.supervisor import launch
+            from mpi_trainer.launch.launcher import launch
 
             return launch(args, cfg)
         if args.command == "check":

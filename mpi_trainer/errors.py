@@ -3,6 +3,9 @@
 # Exit statuses of `mpi_trainer train` (and of mpirun, which passes the first non-zero one on).
 EXIT_INPUT_ERROR = 2  # bad config, data, arguments or run directory: retrying cannot help
 EXIT_WORKER_FAILURE = 3  # a rank stopped answering (watchdog)
+# Preempted (SIGTERM or SIGUSR1): the run checkpointed, or its grace period ran out; running the same
+# command again resumes it. 75 is sysexits.h's EX_TEMPFAIL, "try again later".
+EXIT_PREEMPTED = 75
 
 
 class InputError(ValueError):
@@ -27,3 +30,15 @@ class RankLost(RuntimeError):
     Raised by the transports' verbs under ``fault.survive``; the engine and the workers answer it by
     shrinking the communicator to the survivors and carrying on.
     """
+
+
+class Preempted(SystemExit):
+    """The job was asked to stop (SIGTERM, SIGUSR1) and checkpointed; ends the process with
+    :data:`EXIT_PREEMPTED` unless caught. Running the same command again resumes the run."""
+
+    def __init__(self, message: str = "preempted: checkpoint written; run the same command again to resume") -> None:
+        super().__init__(EXIT_PREEMPTED)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message

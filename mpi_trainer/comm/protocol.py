@@ -72,6 +72,7 @@ class JobPlan:
     start_round: int = 0
     # What evaluation reports, ``loss`` first (learned from the dry run before round 0).
     metric_names: list[str] = field(default_factory=lambda: ["loss", "accuracy"])
+    finished: bool = False  # the run directory holds a complete run and no more rounds are asked for
 
 
 @dataclass
@@ -102,6 +103,7 @@ class Order:
     max_steps: int | None = None
     held_weights: bool = False
     score_validation: bool = False
+    preempted: bool = False  # with STOP: the run stopped for a preemption (every rank exits 75)
 
 
 @dataclass
@@ -128,6 +130,7 @@ class Report:
     # samples per second over the round's steady training steps (rebalancing reads it); None: none timed
     step_rate: float | None = None
     timed_steps: int = 0
+    preempt: bool = False  # this worker got a preemption signal: checkpoint and stop after this round
 
 
 @dataclass
@@ -226,10 +229,10 @@ class SchedulerLink:
         for array in arrays:
             self.transport.send_large_array(array, worker, _TAG_DATA)
 
-    def stop(self) -> None:
+    def stop(self, preempted: bool = False) -> None:
         for worker in self.workers:
             try:
-                self.send_order(worker, Order(OrderKind.STOP))
+                self.send_order(worker, Order(OrderKind.STOP, preempted=preempted))
             except RankLost:
                 continue  # lost after the last round: it needs no stop, the others still do
 

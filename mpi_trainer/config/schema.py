@@ -354,13 +354,27 @@ class EvaluationConfig(_Section):
         return self.where == "workers"
 
 
+PREEMPT_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT")
+
+
 @dataclass
 class CheckpointConfig(_Section):
+    """When rank 0 checkpoints: every ``every`` rounds (0: off), after any round that ends at least
+    ``every_seconds`` after the last checkpoint (0: off), at the end, and on preemption: one of
+    ``preempt_signals`` makes the job checkpoint after the current round and exit 75, or exit 75
+    anyway ``grace_seconds`` after the signal (0: no limit)."""
+
     prefix: ClassVar[str] = "checkpoint"
     every: int = 0
+    every_seconds: float = 120.0
+    grace_seconds: float = 25.0
+    preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
 
     def __post_init__(self) -> None:
-        self._non_negative("every")
+        self._non_negative("every", "every_seconds", "grace_seconds")
+        self._require(isinstance(self.preempt_signals, list) and all(
+            s in PREEMPT_SIGNALS for s in self.preempt_signals), "preempt_signals",
+            f"must be a list of signal names from {list(PREEMPT_SIGNALS)} (empty: no preemption handling)")
 
 
 @dataclass

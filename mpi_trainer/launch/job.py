@@ -24,7 +24,15 @@ from mpi_trainer.comm.transport import Transport, fault_tolerance_problem, insta
 from mpi_trainer.config import Config, load_config
 from mpi_trainer.config.schema import TrainConfig
 from mpi_trainer.data.readers import RawArrays
-from mpi_trainer.errors import EXIT_INPUT_ERROR, EXIT_WORKER_FAILURE, ConfigError, InputError, WorkerFailure
+from mpi_trainer.errors import (
+    EXIT_INPUT_ERROR,
+    EXIT_PREEMPTED,
+    EXIT_WORKER_FAILURE,
+    ConfigError,
+    InputError,
+    Preempted,
+    WorkerFailure,
+)
 from mpi_trainer.launch.devices import (
     Placement,
     backend_environment,
@@ -38,6 +46,7 @@ from mpi_trainer.launch.devices import (
     refuse_started_backend,
 )
 from mpi_trainer.launch.mpirun import FAULT_TOLERANT_OPTIONS
+from mpi_trainer.launch.run_dir import begin_writing, check_against_run, finished_run, open_run_dir
 from mpi_trainer.launch.runtime import (
     allowed_cores,
     configure_threads,
@@ -45,27 +54,9 @@ from mpi_trainer.launch.runtime import (
     usable_cores,
     worker_cores,
 )
-from mpi_trainer.logs import add_log_file, get_logger, setup_logging
-from mpi_trainer.persistence.run_files import CONFIG_NAME, LOG_NAME, REPORT_NAME, ROUNDS_NAME, write_atomic
-
-
-def default_run_dir(config_path: str | None) -> Path:
-    stem = Path(config_path).stem if config_path else "run"
-    return Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def prepare_run_dir(run_dir: Path, resume: bool = False) -> Path:
-    """Create the run directory and start its log; the config is written once every rank has passed
-    its dry run, so a run refused before training leaves nothing in it but the log."""
-    if not resume and (run_dir / ROUNDS_NAME).exists():
-        raise ConfigError(f"Run directory already holds a run. Received: --run-dir {str(run_dir)!r}; "
-                          f"expected a new or empty directory")
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"Cannot create the run directory {str(run_dir)!r}: {exc}") from None
-    add_log_file(run_dir / LOG_NAME)
-    return run_dir
+from mpi_trainer.logs import get_logger, setup_logging
+from mpi_trainer.persistence.preemption import preemption
+from mpi_trainer.persistence.run_files import CONFIG_NAME, REPORT_NAME, write_atomic
 
 
 @dataclass
@@ -117,41 +108,44 @@ def agree(transport: Transport, error: str | None) -> None:
     raise AgreedInputError(f"{text}{where}")
 
 
-def resume_state(run_dir: str | None, cfg: Config) -> Any:
-    """The checkpoint state ``train --resume`` continues from (None: nothing to resume, start over)."""
-    from mpi_trainer.persistence.resume import load_resume_state
-
-    if not run_dir:
-        raise ConfigError("`--resume` needs the run directory to continue. Received: no --run-dir; "
-                          "expected --run-dir DIR of an earlier run")
-    return load_resume_state(Path(run_dir), cfg.to_dict())
-
-
 def setup(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str | None,
           resume: bool = False) -> tuple:
-    """Load data everywhere and build the model on rank 0; returns (dataset, model, plan, run_dir, state)."""
+    """Load data everywhere; on rank 0 lock and read the run directory and build the model.
+
+    Returns (dataset, model, plan, run, state); ``run`` is rank 0's :class:`RunDirectory`. Nothing in
+    the directory is written before every rank has passed its checks (see :mod:`.run_dir`).
+    """
     from mpi_trainer.data.partition import block_bounds
     from mpi_trainer.models.gradients import check_backend
     from mpi_trainer.worker.slowdown import check_slow_ranks
 
-    dataset = model = plan = path = state = None
+    dataset = model = plan = run = None
     error = None
     try:
         check_slow_ranks(cfg.debug, transport.size)
         if uses_lbfgs(cfg):
             check_backend()  # every rank: each computes with its own backend
+        if transport.rank == 0:  # first: a second job on the directory fails before loading anything
+            run = open_run_dir(run_dir, inputs.config_path, cfg, resume)
         dataset = load_dataset_for_rank(transport.rank, cfg, inputs.arrays, transport.workers, inputs)
         if dataset is not None:  # every reader fails alike
             bounds = (dataset.train.block_bounds(transport.workers) if hasattr(dataset.train, "block_bounds")
                       else block_bounds(dataset.num_train, transport.workers))
         if transport.rank == 0:
-            state = resume_state(run_dir, cfg) if resume else None
-            model, plan = plan_job(cfg, dataset, inputs, bounds, state)
-            path = prepare_run_dir(Path(run_dir) if run_dir else default_run_dir(inputs.config_path), resume)
+            model, plan = plan_job(cfg, dataset, inputs, bounds, run.state)
+            check_against_run(run, cfg, dataset, model)
+            plan.finished = run.finished
     except (InputError, ValueError, OSError) as exc:
         error = str(exc)
-    agree(transport, error)
-    return dataset, model, plan, path, state
+    try:
+        agree(transport, error)
+    except AgreedInputError:
+        if run is not None:
+            run.release()
+        raise
+    if run is not None:
+        begin_writing(run)
+    return dataset, model, plan, run, None if run is None else run.state
 
 
 def plan_job(cfg: Config, dataset: Any, inputs: JobInputs, bounds: list, state: Any) -> tuple[Any, Any]:
@@ -162,7 +156,6 @@ def plan_job(cfg: Config, dataset: Any, inputs: JobInputs, bounds: list, state: 
     from mpi_trainer.models import build_model
     from mpi_trainer.models.dry_run import SAMPLES, dry_run
     from mpi_trainer.models.gradients import BlockGradient
-    from mpi_trainer.persistence.resume import check_weight_count
 
     keras.utils.set_random_seed(cfg.train.seed)
     model, spec = build_model(cfg.model, dataset.input_shape, dataset.num_outputs, dataset.classes, inputs.builder)
@@ -170,8 +163,6 @@ def plan_job(cfg: Config, dataset: Any, inputs: JobInputs, bounds: list, state: 
         BlockGradient(model)  # a loss it cannot differentiate fails here, on every rank
     metric_names = dry_run(model, *dataset.train.read(np.arange(min(SAMPLES, dataset.num_train))))
     check_monitor(cfg, metric_names)
-    if state is not None:
-        check_weight_count(state, sum(int(w.size) for w in model.get_weights()), cfg.model.name)
     # Blocks are always planned for the workers present now: a resume may have fewer or more.
     plan = JobPlan(cfg.to_dict(), spec, bounds, cfg.train.seed, dataset.num_train,
                    state.next_round if state else 0, metric_names)
@@ -315,7 +306,8 @@ def run_scheduler(transport: Transport, cfg: Config, setup_result: tuple, placem
     from mpi_trainer.scheduler import engine_class
     from mpi_trainer.scheduler.lbfgs import LbfgsScheduler
 
-    dataset, model, plan, path, state = setup_result
+    dataset, model, plan, run, state = setup_result
+    path = run.path
     write_atomic(path / CONFIG_NAME, cfg.to_toml())
     log_placements(placements)
     log_plan(plan, dataset)
@@ -326,6 +318,7 @@ def run_scheduler(transport: Transport, cfg: Config, setup_result: tuple, placem
     engine_type = LbfgsScheduler if uses_lbfgs(cfg) else engine_class(cfg)
     try:
         engine = engine_type(SchedulerLink(transport), cfg, dataset, model, plan, path, hosts, state)
+        (engine.recorder if hasattr(engine, "recorder") else engine).fingerprint = run.fingerprint
         engine.record_placement([placement.as_dict() for placement in placements])
         if callbacks:
             engine.recorder.use_callbacks(callbacks)
@@ -337,7 +330,7 @@ def run_scheduler(transport: Transport, cfg: Config, setup_result: tuple, placem
         sys.stderr.write(f"mpi_trainer: error: {exc}\n")
         sys.stderr.flush()
         transport.abort(EXIT_WORKER_FAILURE)
-    if cfg.log.plots:
+    if cfg.log.plots and summary.get("completed", True):
         write_report(path)
     print(f"run directory: {path}", flush=True)
     return engine, summary
@@ -369,18 +362,44 @@ def load_config_everywhere(transport: Transport, config: str | dict | None, over
 
 
 def run_job(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str | None, resume: bool) -> Any:
-    """Every rank's whole job; returns (the scheduler's engine, the summary) on rank 0, None on workers."""
+    """Every rank's whole job; returns (the scheduler's engine, the summary) on rank 0, None on workers.
+
+    A preempted job raises :class:`~mpi_trainer.errors.Preempted` on every rank (exit status 75).
+    """
     cfg, placements = start_rank(transport, cfg)
-    dataset, model, plan, path, state = setup(transport, cfg, inputs, run_dir, resume)
-    plan = transport.bcast_object(plan)
+    watch = preemption()
+    watch.install(cfg.checkpoint.preempt_signals, cfg.checkpoint.grace_seconds,
+                  lambda: transport.abort(EXIT_PREEMPTED))
+    run = None
+    try:
+        dataset, model, plan, run, state = setup(transport, cfg, inputs, run_dir, resume)
+        plan = transport.bcast_object(plan)
+        if plan.finished:  # a complete run, and no more rounds asked for: every rank leaves
+            return finished_run(run, model) if transport.rank == 0 else None
+        return train_roles(transport, cfg, inputs, (dataset, model, plan, run, state), placements)
+    finally:
+        watch.uninstall()
+        if run is not None:
+            run.release()
+
+
+def train_roles(transport: Transport, cfg: Config, inputs: JobInputs, setup_result: tuple,
+                placements: list[Placement]) -> Any:
+    """Place the data, start the roles, train; rank 0 returns (engine, summary)."""
+    dataset, model, plan, run, state = setup_result
     worker_data, dataset = place_training_data(transport, cfg, dataset, plan)
     role = make_worker(transport, cfg, plan, dataset, worker_data)
     calibrating = time.perf_counter()
     speeds = calibrate_everywhere(transport, cfg, role)
     if transport.rank == 0:
-        return run_scheduler(transport, cfg, (dataset, model, plan, path, state), placements, inputs.callbacks,
-                             (speeds, time.perf_counter() - calibrating))
+        engine, summary = run_scheduler(transport, cfg, (dataset, model, plan, run, state), placements,
+                                        inputs.callbacks, (speeds, time.perf_counter() - calibrating))
+        if summary.get("stop_reason") == "preempted":
+            raise Preempted()
+        return engine, summary
     role.run()
+    if getattr(role, "preempted", False):
+        raise Preempted()
     return None
 
 

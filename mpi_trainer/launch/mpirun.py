@@ -27,8 +27,9 @@ def find_mpirun() -> str:
 
 
 def mpirun_command(ranks: int, args: list[str], machinefile: str | None = None,
-                   extra: list[str] | None = None, fault_tolerant: bool = False) -> list[str]:
-    """``mpirun -n ranks ... python -m mpi_trainer ARGS`` with the flags a laptop or CI needs.
+                   extra: list[str] | None = None, fault_tolerant: bool = False,
+                   program: list[str] | None = None) -> list[str]:
+    """``mpirun -n ranks ... python -m mpi_trainer ARGS`` (or ``... PROGRAM``) with the flags a laptop or CI needs.
 
     ``--oversubscribe`` allows more ranks than cores; ``--bind-to none`` lets each
     worker size its own thread pool instead of being pinned to one core.
@@ -42,7 +43,7 @@ def mpirun_command(ranks: int, args: list[str], machinefile: str | None = None,
     if fault_tolerant:
         command += FAULT_TOLERANT_OPTIONS
     command += list(extra or [])
-    return command + [sys.executable, "-m", "mpi_trainer", *args]
+    return command + (list(program) if program else [sys.executable, "-m", "mpi_trainer", *args])
 
 
 def rank_pid(parent: int, rank: int) -> int | None:

@@ -7,16 +7,17 @@ is what mpirun returns when any rank is killed or aborts) or a stall (no new
 row in ``rounds.csv`` within ``watchdog.stall_seconds``) as a failure; it ends
 the whole process tree of the failed attempt and starts the next one with
 ``--resume``, at most ``--max-restarts`` times. A bad config (exit status 2)
-is not retried: it would fail the same way again. With
+is not retried: it would fail the same way again. A preemption signal to the
+supervisor is passed on to the job (which checkpoints and exits 75), and the
+supervisor then exits 75 itself without restarting: running it again resumes. With
 ``--drop-failed-hosts``, a host named in two failures leaves the machinefile
 and the job restarts with fewer workers.
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
-import json
+import math
 import os
 import re
 import shlex
@@ -30,32 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mpi_trainer.config import Config
-from mpi_trainer.errors import EXIT_INPUT_ERROR, ConfigError
-from mpi_trainer.launch.mpirun import mpirun_command
-from mpi_trainer.persistence.run_files import ROUNDS_NAME, SUMMARY_NAME, write_json_atomic
+from mpi_trainer.errors import EXIT_INPUT_ERROR, EXIT_PREEMPTED
+from mpi_trainer.persistence.run_files import write_atomic
 
 POLL_SECONDS = 0.5
+PREEMPT_MARGIN_SECONDS = 10.0  # beyond the job's grace period, for it to write and exit
 TERM_GRACE_SECONDS = 3.0
 HOST_FAILURES_TO_DROP = 2
 # Host names in failure messages: ours ("worker rank 2 on host X") and Open MPI's ("... on node X ...").
 _HOST_PATTERN = re.compile(r"\bon (?:host|node) ([A-Za-z0-9_.\-]+?)[.,;:]?(?:\s|$)")
-
-
-def add_launch_parser(commands: Any, add_config_args: Callable[[argparse.ArgumentParser], None]) -> None:
-    launch = commands.add_parser("launch", help="run the job under mpirun and restart it with --resume "
-                                               "when it dies or stalls")
-    add_config_args(launch)
-    launch.add_argument("-n", "--np", dest="ranks", type=int, required=True,
-                        help="ranks: 1 scheduler + workers")
-    launch.add_argument("--machinefile", help="Open MPI hostfile")
-    launch.add_argument("--max-restarts", type=int, default=3, help="restarts allowed (default 3)")
-    launch.add_argument("--run-dir", help="directory for the run's files (default runs/<config>-<time>)")
-    launch.add_argument("--mpirun-args", default="", help="extra mpirun options, one string, e.g. "
-                                                          "'--mca btl_tcp_if_include eth0'")
-    launch.add_argument("--drop-failed-hosts", action="store_true",
-                        help=f"leave out a host named in {HOST_FAILURES_TO_DROP} failures and restart "
-                             f"with fewer workers")
 
 
 @dataclass
@@ -116,6 +100,25 @@ class Supervisor:
         self.log_file = log_file
         self.on_failure = on_failure or (lambda failure: True)
         self.failures: list[Failure] = []
+        self.current: subprocess.Popen | None = None  # the attempt running now
+        self.preempted_by: str | None = None  # the signal that asked the supervisor to stop
+        self.preempt_deadline = math.inf
+        self.forward_signal: int | None = signal.SIGUSR1  # what mpirun passes on to every rank
+        self.grace_seconds = 25.0
+
+    def preempt(self, name: str) -> None:
+        """A preemption signal: pass it on to the job and stop once the job has checkpointed and exited."""
+        if self.preempted_by:
+            return
+        self.preempted_by = name
+        self.preempt_deadline = time.monotonic() + self.grace_seconds + PREEMPT_MARGIN_SECONDS
+        self.log(f"{name} received: asking the job to checkpoint and exit (exit status {EXIT_PREEMPTED})")
+        proc = self.current
+        if proc is not None and proc.poll() is None:
+            if self.forward_signal is None:
+                self.preempt_deadline = time.monotonic()  # nothing the job would take: end it now
+            else:
+                os.kill(proc.pid, self.forward_signal)
 
     def log(self, text: str) -> None:
         line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} launch: {text}"
@@ -128,6 +131,8 @@ class Supervisor:
     def run(self) -> int:
         """Attempts until one succeeds; returns 0 or the last failure's exit status."""
         for attempt in range(self.max_restarts + 1):
+            if self.preempted_by:
+                break
             command = self.command_for(attempt)
             self.log(f"attempt {attempt + 1}/{self.max_restarts + 1}: {shlex.join(command)}")
             failure = self.run_once(command)
@@ -141,6 +146,8 @@ class Supervisor:
             if attempt < self.max_restarts:
                 self.log(f"restarting with --resume (restart {attempt + 1} of {self.max_restarts}) "
                          f"after: {failure.cause}")
+        if self.preempted_by:
+            return EXIT_PREEMPTED
         self.log(f"giving up after {self.max_restarts} restarts")
         return self.failures[-1].returncode or 1
 
@@ -157,9 +164,11 @@ class Supervisor:
         tail: collections.deque[str] = collections.deque(maxlen=400)
         reader = threading.Thread(target=_relay, args=(proc.stdout, tail), daemon=True)
         reader.start()
+        self.current = proc
         try:
             failure = self.watch(proc)
         finally:
+            self.current = None
             if proc.poll() is None:
                 end_process_tree(proc)
             reader.join(timeout=5)
@@ -172,9 +181,11 @@ class Supervisor:
         while True:
             returncode = proc.poll()
             if returncode is not None:
-                if returncode == 0:
-                    return None
-                return Failure(describe_exit(returncode), returncode, retry=returncode != EXIT_INPUT_ERROR)
+                return self.ended(returncode)
+            if time.monotonic() > self.preempt_deadline:
+                end_process_tree(proc)
+                return Failure(f"preempted ({self.preempted_by}): the job did not exit within "
+                               f"checkpoint.grace_seconds and was ended", EXIT_PREEMPTED, retry=False)
             seen = self.progress()
             if seen != last_seen:
                 last_seen, last_change = seen, time.monotonic()
@@ -183,6 +194,18 @@ class Supervisor:
                 return Failure(f"stalled: no new round in {self.progress_file.name} for "
                                f"{self.stall_seconds:g} s (watchdog.stall_seconds)", 1)
             time.sleep(POLL_SECONDS)
+
+
+    def ended(self, returncode: int) -> Failure | None:
+        """An attempt's exit status: success, a failure to retry, or one to stop at."""
+        if returncode == 0:
+            return None
+        if self.preempted_by or returncode == EXIT_PREEMPTED:
+            # 75: the job checkpointed for a preemption. Sent to the supervisor too, the supervisor
+            # stops (it is being preempted); sent to a rank alone, the run goes on at once.
+            return Failure(f"preempted ({self.preempted_by or 'a rank was signalled'}): the job exited with "
+                           f"status {returncode}", EXIT_PREEMPTED, retry=not self.preempted_by)
+        return Failure(describe_exit(returncode), returncode, retry=returncode != EXIT_INPUT_ERROR)
 
 
 def _relay(stream: Any, tail: collections.deque) -> None:
@@ -266,71 +289,10 @@ def host_dropper(placement: Placement, run_dir: Path,
                     f"no worker; keeping it")
                 continue
             path = run_dir / "machinefile.active"
-            path.write_text("".join(f"{name} slots={slots}\n" for name, slots in kept))
+            write_atomic(path, "".join(f"{name} slots={slots}\n" for name, slots in kept))
             placement.machinefile, placement.ranks, entries = str(path), ranks, kept
             log(f"host {host} failed {placement.host_failures[host]} times: dropped; restarting on "
                 f"{ranks} ranks with {path}")
         return True
 
     return on_failure
-
-
-def train_args(args: argparse.Namespace, run_dir: Path, resume: bool) -> list[str]:
-    sets = [part for text in args.overrides for part in ("--set", text)]
-    return ["train", args.config, *sets, "--run-dir", str(run_dir), *(["--resume"] if resume else [])]
-
-
-def check_args(args: argparse.Namespace) -> None:
-    if args.ranks < 2:
-        raise ConfigError(f"`-n` must be >= 2 (one scheduler and at least one worker). "
-                          f"Received: -n {args.ranks}")
-    if args.max_restarts < 0:
-        raise ConfigError(f"`--max-restarts` must be >= 0. Received: --max-restarts {args.max_restarts}")
-    if args.machinefile and not Path(args.machinefile).is_file():
-        raise ConfigError(f"`--machinefile` must name an existing file. Received: --machinefile "
-                          f"{args.machinefile!r}")
-
-
-def launch(args: argparse.Namespace, cfg: Config) -> int:
-    """Entry for ``mpi-trainer launch``; returns the exit status."""
-    from mpi_trainer.launch.job import default_run_dir
-
-    check_args(args)
-    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.config)
-    placement = Placement(args.ranks, args.machinefile)
-    extra = shlex.split(args.mpirun_args)
-
-    def command_for(attempt: int) -> list[str]:
-        return mpirun_command(placement.ranks, train_args(args, run_dir, attempt > 0), placement.machinefile,
-                              extra, fault_tolerant=cfg.fault.survive)
-
-    supervisor = Supervisor(command_for, run_dir / ROUNDS_NAME, cfg.watchdog.stall_seconds,
-                            args.max_restarts, run_dir / "launch.log")
-    if args.drop_failed_hosts:
-        supervisor.on_failure = host_dropper(placement, run_dir, supervisor.log)
-    if cfg.checkpoint.every == 0:
-        supervisor.log("checkpoint.every = 0: a restart resumes from the last finished run's checkpoint "
-                       "only, or starts over")
-    # The job runs in its own session, out of reach of the terminal's Ctrl-C: ending the
-    # launcher (SIGINT or SIGTERM) must end the job too, which run_once's cleanup does.
-    signal.signal(signal.SIGTERM, exit_on_signal)
-    try:
-        status = supervisor.run()
-    except KeyboardInterrupt:
-        supervisor.log("interrupted; the job was ended")
-        return 128 + signal.SIGINT
-    record_restarts(run_dir / SUMMARY_NAME, supervisor.failures)
-    return status
-
-
-def exit_on_signal(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
-
-
-def record_restarts(summary_path: Path, failures: list[Failure]) -> None:
-    """Add each restart's cause to the job's summary.json (the supervisor writes it after the job ends)."""
-    if not summary_path.exists():
-        return
-    summary = json.loads(summary_path.read_text())
-    summary["restarts"] = [{"cause": f.cause, "returncode": f.returncode, "hosts": f.hosts} for f in failures]
-    write_json_atomic(summary_path, summary)

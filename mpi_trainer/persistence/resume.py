@@ -3,8 +3,10 @@
 The checkpoint holds everything the scheduler needs to carry on: the global and
 best weights, the outer optimizer's state, the round reached, early-stopping counters, optimizer steps so
 far, the learning-rate scale left by NaN rollbacks, cumulative wall time and
-traffic, and the config the run was made with. ``rounds.csv`` is cut back to
-the checkpoint's round, so rounds run again after a crash are logged once.
+traffic, the config the run was made with and the run's fingerprint (see
+:mod:`~mpi_trainer.persistence.run_state`). Reading it changes nothing; only once
+every check has passed is ``rounds.csv`` cut back to the checkpoint's round
+(:func:`keep_rounds_through`), so rounds run again after a crash are logged once.
 The block plan is not restored but re-planned for the current worker count,
 which is what makes a restart with fewer (or more) workers work.
 """
@@ -25,13 +27,15 @@ from mpi_trainer.errors import ConfigError
 from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.checkpoint import load_checkpoint
 from mpi_trainer.persistence.optimizer_state import split_arrays
-from mpi_trainer.persistence.run_files import CHECKPOINT_NAME, ROUNDS_NAME, backup_path, write_atomic
+from mpi_trainer.persistence.run_files import CHECKPOINT_NAME, ROUNDS_NAME, UPDATES_NAME, backup_path, write_atomic
+from mpi_trainer.persistence.run_state import fingerprint_differences
 
 # A resumed worker seeds with train.seed + rank + RESUME_SEED_STRIDE * first round, so it
 # does not replay the shuffles of the run's first rounds.
 RESUME_SEED_STRIDE = 7919
 # Keys whose change makes the saved weights or the data split meaningless.
-COMPATIBILITY_KEYS = ("data.source", "data.test_size", "data.validation_size", "model.name", "train.seed")
+COMPATIBILITY_KEYS = ("data.source", "data.test_size", "data.validation_size", "model.name", "model.optimizer",
+                      "model.loss", "train.seed", "aggregation.ssp")
 
 
 @dataclass
@@ -54,6 +58,7 @@ class ResumeState:
     optimizer_states: dict[int, np.ndarray] = field(default_factory=dict)
     # the scheduler's outer optimizer state, as checkpoint arrays (``outer_*``)
     outer_state: dict[str, np.ndarray] = field(default_factory=dict)
+    fingerprint: dict[str, Any] = field(default_factory=dict)  # empty for checkpoints made before it existed
 
 
 def worker_seed(seed: int, rank: int, start_round: int) -> int:
@@ -114,14 +119,30 @@ def trim_rounds(path: Path, last_round: int) -> list[dict[str, Any]]:
     writer.writeheader()
     writer.writerows(rows)
     write_atomic(path, out.getvalue())
+    return parse_rows(rows)
+
+
+def parse_rows(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """CSV rows with their numbers as numbers."""
     return [{key: _parse_cell(value) for key, value in row.items()} for row in rows]
 
 
-def discard_rounds(path: Path) -> None:
-    """A resume without a checkpoint starts over: the partial log goes."""
-    if path.exists():
+def discard_rounds(run_dir: Path) -> None:
+    """A run without a checkpoint starts over: its partial logs go."""
+    logs = [run_dir / name for name in (ROUNDS_NAME, UPDATES_NAME) if (run_dir / name).exists()]
+    if logs:
         get_logger().warning("no checkpoint to resume from; starting the run over")
+    for path in logs:
         path.unlink()
+
+
+def keep_rounds_through(run_dir: Path, state: ResumeState | None) -> None:
+    """Once every check has passed: ``rounds.csv`` cut back to the checkpoint's round (``state.rounds``
+    gets the rows kept), or the partial logs discarded when there is no checkpoint."""
+    if state is None:
+        discard_rounds(run_dir)
+        return
+    state.rounds = trim_rounds(run_dir / ROUNDS_NAME, state.next_round - 1)
 
 
 def _optional_float(value: Any) -> float | None:
@@ -134,11 +155,26 @@ def check_weight_count(state: ResumeState, weight_count: int, model_name: str) -
                           f"built from model.name={model_name!r} has {weight_count}")
 
 
+def check_fingerprint(state: ResumeState, current: dict[str, Any]) -> None:
+    """Refuse a resume whose model or data differ from the checkpoint's, naming what differs."""
+    differences = fingerprint_differences(state.fingerprint, current)
+    if differences:
+        raise ConfigError(f"Cannot resume: the model or data differ from the checkpoint's. Received: "
+                          f"{'; '.join(differences)}; expected the model and data the run was started with "
+                          f"(or a new run directory)")
+
+
 def load_resume_state(run_dir: Path, config: dict[str, Any]) -> ResumeState | None:
-    """Read the run's checkpoint, check it fits ``config`` and trim ``rounds.csv``; None if none exists."""
+    """:func:`read_resume_state`, then :func:`keep_rounds_through` (for callers with nothing else to check)."""
+    state = read_resume_state(run_dir, config)
+    keep_rounds_through(run_dir, state)
+    return state
+
+
+def read_resume_state(run_dir: Path, config: dict[str, Any]) -> ResumeState | None:
+    """Read the run's checkpoint and check it fits ``config``; None if none exists. Writes nothing."""
     checkpoint = run_dir / CHECKPOINT_NAME
     if not checkpoint.exists() and not backup_path(checkpoint).exists():
-        discard_rounds(run_dir / ROUNDS_NAME)
         return None
     arrays, meta = load_checkpoint(checkpoint)
     check_compatible(meta["config"], config)
@@ -150,5 +186,5 @@ def load_resume_state(run_dir: Path, config: dict[str, Any]) -> ResumeState | No
         steps=int(meta.get("steps", 0)), lr_scale=float(meta.get("lr_scale", 1.0)),
         wall_seconds=float(meta.get("wall_seconds", 0.0)), traffic_bytes=int(meta.get("traffic_bytes", 0)),
         previous_workers=len(meta.get("block_bounds", [])), rollbacks=list(meta.get("rollbacks", [])),
-        rounds=trim_rounds(run_dir / ROUNDS_NAME, last_round), optimizer_states=split_arrays(arrays),
+        optimizer_states=split_arrays(arrays), fingerprint=dict(meta.get("fingerprint", {})),
         outer_state={name: array for name, array in arrays.items() if name.startswith(OUTER_PREFIX)})

@@ -1,8 +1,11 @@
 """The run directory: its file names, and writers that never leave a file half-written.
 
 Only rank 0 writes here. ``rounds.csv`` and ``updates.csv`` are appended one
-flushed, synced row at a time; everything else is replaced atomically
-(written beside, synced, renamed).
+flushed, synced row at a time (a resume cuts them back to the checkpoint and
+drops a row torn by a crash); ``train.log`` and ``launch.log`` are appended
+line by line; everything else is replaced atomically (written beside as
+``<name>.tmp`` or ``<stem>.tmp.weights.h5``, synced, renamed), and a job
+starting on the directory deletes such leftovers of an interrupted write.
 """
 
 from __future__ import annotations
@@ -67,6 +70,20 @@ def write_atomic(path: Path, text: str) -> None:
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def save_weights_atomic(model: Any, path: Path) -> None:
+    """``model.save_weights(path)`` that leaves the old file or the new one, never half of one.
+
+    Keras wants the name to end in ``.weights.h5``, hence ``<stem>.tmp.weights.h5`` beside it.
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name.replace(".weights.h5", "") + ".tmp.weights.h5")
+    model.save_weights(tmp)
+    with tmp.open("rb+") as raw:
+        os.fsync(raw.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
 

@@ -28,6 +28,7 @@ class StopReason(str, Enum):
     NAN = "nan"
     MAX_STEPS = "max_steps"
     CALLBACK = "callback"  # a Keras callback set model.stop_training
+    PREEMPTED = "preempted"  # a preemption signal: checkpointed, resumed by running the job again
     # full-batch L-BFGS only
     CONVERGED = "converged"  # lbfgs.gtol or lbfgs.ftol was reached
     MAX_EVALUATIONS = "max_evaluations"
@@ -38,6 +39,8 @@ class StopReason(str, Enum):
 
 # These stops keep the best round's weights rather than the last round's.
 KEEPS_BEST = (StopReason.EARLY_STOPPING, StopReason.NAN)
+# A run that stopped for one of these is not complete: running the job again carries it on.
+UNFINISHED = (StopReason.RUNNING, StopReason.PREEMPTED)
 
 
 @dataclass
@@ -109,6 +112,11 @@ class RunSummary:
     parameter_bytes: int | None = None
 
     @property
+    def completed(self) -> bool:
+        """The run has ended (not preempted): running the same job again trains nothing more."""
+        return StopReason(self.stop_reason) not in UNFINISHED
+
+    @property
     def scheduler_wait_cpu_fraction(self) -> float:
         """CPU seconds the scheduler burned while it waited, per second waited (0 = it slept)."""
         wall = self.scheduler_wait_seconds
@@ -120,6 +128,7 @@ class RunSummary:
         out.update({f"final_test_{name}": value for name, value in out.pop("final_test_metrics").items()})
         out["stop_reason"] = str(self.stop_reason)
         out["scheduler_wait_cpu_fraction"] = self.scheduler_wait_cpu_fraction
+        out["completed"] = self.completed
         return out
 
 

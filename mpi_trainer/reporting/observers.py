@@ -9,7 +9,7 @@ end (also after a failure, so what was seen so far is kept).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +22,20 @@ TIMELINE_EVERY_SECONDS = 10.0  # rewrite timeline.json at most this often during
 
 
 class RunObservers:
-    def __init__(self, cfg: Config, run_dir: Path, start_round: int, hosts: list[str]) -> None:
+    """``kept_rounds``: the rows of rounds.csv that a resumed run keeps; what an earlier attempt
+    showed of later rounds (run again now) is dropped from TensorBoard and the timeline."""
+
+    def __init__(self, cfg: Config, run_dir: Path, start_round: int, hosts: list[str],
+                 kept_rounds: Sequence[Mapping[str, Any]] = ()) -> None:
         self.run_dir = Path(run_dir)
         self.progress = RoundProgress(cfg.train.epochs, start_round)
         self.tensorboard = None
         if cfg.log.tensorboard:
             from mpi_trainer.reporting.tensorboard import TensorBoardRounds
 
-            self.tensorboard = TensorBoardRounds(self.run_dir)
-        self.timeline = Timeline.load(self.run_dir / TIMELINE_NAME) if cfg.log.timeline else None
+            self.tensorboard = TensorBoardRounds(self.run_dir, kept_rounds)
+        self.timeline = (Timeline.load(self.run_dir / TIMELINE_NAME, through_round=start_round - 1)
+                         if cfg.log.timeline else None)
         if self.timeline is not None:
             for rank, host in enumerate(hosts):
                 role = "scheduler" if rank == 0 else "worker"

@@ -10,8 +10,9 @@ View with ``tensorboard --logdir RUN_DIR/tensorboard``.
 from __future__ import annotations
 
 import math
+import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,15 +63,25 @@ def _number(value: Any) -> float | None:
 
 
 class TensorBoardRounds:
-    """``write_round(row)`` once per recorded round, ``close()`` at the end."""
+    """``write_round(row)`` once per recorded round, ``close()`` at the end.
 
-    def __init__(self, run_dir: Path) -> None:
+    The event files are derived from rounds.csv: a job starting on a directory that has them
+    writes them afresh from the rows it keeps (``kept_rounds``), so that rounds an interrupted
+    attempt logged after its checkpoint, and runs again, appear once.
+    """
+
+    def __init__(self, run_dir: Path, kept_rounds: Sequence[Mapping[str, Any]] = ()) -> None:
         from tensorboardX import SummaryWriter
         from tensorboardX.proto.summary_pb2 import Summary
 
-        self.writer = SummaryWriter(str(Path(run_dir) / TENSORBOARD_DIR), flush_secs=5)
+        directory = Path(run_dir) / TENSORBOARD_DIR
+        if directory.exists():
+            shutil.rmtree(directory)
+        self.writer = SummaryWriter(str(directory), flush_secs=5)
         self.summary = Summary
         self.flushed = -math.inf
+        for row in kept_rounds:
+            self.write_round(row)
 
     def write_round(self, row: Mapping[str, Any]) -> None:
         # One event holds the round's ~17 scalars: an event per scalar (``add_scalar``) cost rank 0

@@ -78,8 +78,9 @@ class Timeline:
         write_atomic(Path(path), json.dumps(self.to_json(), separators=(",", ":")) + "\n")
 
     @classmethod
-    def load(cls, path: Path) -> Timeline:
-        """The events of an earlier attempt (a resumed run goes on adding to them)."""
+    def load(cls, path: Path, through_round: int | None = None) -> Timeline:
+        """The events of an earlier attempt (a resumed run goes on adding to them), but for rounds
+        after ``through_round``: the resumed run runs those again."""
         timeline = cls()
         try:
             trace = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -90,7 +91,8 @@ class Timeline:
             return timeline
         for event in trace.get("traceEvents", []):
             if event.get("ph") == "X":
-                timeline.events.append(event)
+                if through_round is None or int(event.get("args", {}).get("round", -1)) <= through_round:
+                    timeline.events.append(event)
             elif event.get("name") == "process_name":
                 timeline.ranks[int(event["pid"])] = event["args"]["name"]
         return timeline

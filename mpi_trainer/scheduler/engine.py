@@ -71,7 +71,7 @@ class Engine(ABC):
             self.recorder.begin()
             self.state.stop_reason = self.run_rounds()
             states = self.final_states()
-            self.link.stop()
+            self.link.stop(preempted=self.state.stop_reason == StopReason.PREEMPTED)
             self.recorder.count_bytes(self.link.take_bytes())
             summary = self.recorder.finish(self.weights, states)
             self.weights = self.recorder.kept_weights

@@ -44,6 +44,7 @@ from mpi_trainer.persistence.run_files import (
     SUMMARY_NAME,
     RoundLog,
     round_fields,
+    save_weights_atomic,
     write_json_atomic,
 )
 from mpi_trainer.persistence.run_record import (
@@ -100,6 +101,7 @@ class LbfgsScheduler:
         self.link, self.cfg, self.dataset, self.model = link, cfg, dataset, model
         self.transport = transport = link.transport  # read only: byte and wait counters
         self.plan, self.run_dir = plan, run_dir
+        self.fingerprint: dict[str, Any] = {}  # the model's and data's, kept in checkpoints; the job sets it
         self.log = get_logger()
         self.codec = WeightCodec.from_weights(model.get_weights())
         self.vector = TrainableVector(model)
@@ -260,7 +262,7 @@ class LbfgsScheduler:
                 "block_bounds": self.plan.block_bounds, "shuffle_seed": self.plan.shuffle_seed,
                 "traffic_bytes": self.state.traffic_bytes, "config": self.cfg.to_dict(),
                 "steps": self.evaluations, "lr_scale": 1.0, "wall_seconds": self.elapsed(), "rollbacks": [],
-                "workers": self.workers, "optimizer": "lbfgs"}
+                "workers": self.workers, "optimizer": "lbfgs", "fingerprint": self.fingerprint}
         save_checkpoint(self.run_dir / CHECKPOINT_NAME, arrays, meta)
         self.log.debug("checkpoint written after iteration %d", iteration)
 
@@ -283,7 +285,7 @@ class LbfgsScheduler:
         if self.state.stop_reason in (StopReason.NAN, StopReason.ABNORMAL):
             self.log.warning("L-BFGS stopped: %s", self.message)
         final = self.final_round()
-        self.model.save_weights(self.run_dir / FINAL_WEIGHTS_NAME)
+        save_weights_atomic(self.model, self.run_dir / FINAL_WEIGHTS_NAME)
         if self.state.rounds:
             self.checkpoint(int(self.state.rounds[-1]["round"]), self.codec.flatten(self.model.get_weights()))
             self.log.info("per-iteration results:\n%s", format_table(self.state.rounds))

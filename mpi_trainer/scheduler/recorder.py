@@ -32,9 +32,11 @@ from mpi_trainer.comm.protocol import JobPlan, Report
 from mpi_trainer.config import Config
 from mpi_trainer.config.schema import EVERY_LOCAL_EPOCH
 from mpi_trainer.data.sources import Dataset
+from mpi_trainer.errors import EXIT_PREEMPTED
 from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.checkpoint import load_checkpoint, save_checkpoint
 from mpi_trainer.persistence.optimizer_state import ARRAY_PREFIX
+from mpi_trainer.persistence.preemption import preemption
 from mpi_trainer.persistence.resume import ResumeState, worker_seed
 from mpi_trainer.persistence.run_files import (
     BUILT_IN_METRICS,
@@ -45,6 +47,7 @@ from mpi_trainer.persistence.run_files import (
     RoundLog,
     backup_path,
     round_fields,
+    save_weights_atomic,
     write_json_atomic,
 )
 from mpi_trainer.persistence.run_record import (
@@ -120,11 +123,16 @@ class RoundRecorder:
         # the step from each round's aggregate to the next global model; its state lives here only
         self.outer = OuterOptimizer(OuterSettings.from_config(cfg.aggregation))
         self.lost_workers: list[dict[str, Any]] = []  # fault.survive: who was lost, on which host, when
+        self.fingerprint: dict[str, Any] = {}  # the model's and data's, kept in checkpoints; the job sets it
+        self.last_checkpoint = time.monotonic()  # checkpoint.every_seconds counts from here
+        self.last_checkpoint_round = -1
+        self.due: tuple[int, bool] | None = None  # (round, whether it checkpoints): decided once a round
+        self.preempt_reported = False  # a worker's report said it was signalled
         if resume is not None:
             self.restore(resume)
         self.round_log = RoundLog(run_dir / ROUNDS_NAME, round_fields(self.metric_names))
         # progress, TensorBoard and the timeline: what rank 0 shows of each round besides rounds.csv
-        self.observers = RunObservers(cfg, run_dir, self.start_round, hosts)
+        self.observers = RunObservers(cfg, run_dir, self.start_round, hosts, self.state.rounds)
 
     def use_callbacks(self, callbacks: list[Any]) -> None:
         self.callbacks = RoundCallbacks(callbacks, self.model, self.cfg.train.epochs)
@@ -215,6 +223,7 @@ class RoundRecorder:
         idle time, block sizes) once the evaluation has ended at ``ended``.
         """
         self.state.consecutive_rollbacks = 0
+        self.preempt_reported = self.preempt_reported or any(r.preempt for r in closed.reports)
         scored = self.evaluation_due(closed.index)
         evaluation, eval_seconds = (self.evaluator.evaluate(weights, closed.index) if scored
                                     else (self.evaluator.skipped(), 0.0))
@@ -231,7 +240,13 @@ class RoundRecorder:
         if self.callbacks is not None and self.callbacks.round_end(closed.index, row):
             self.log.info("round %d: a callback set model.stop_training; stopping", closed.index)
             return StopReason.CALLBACK
+        if self.preempting() and closed.index + 1 < self.cfg.train.epochs and not self.steps_exhausted():
+            return StopReason.PREEMPTED
         return None
+
+    def preempting(self) -> bool:
+        """A preemption signal reached this rank or (by its report) a worker."""
+        return self.preempt_reported or preemption().requested
 
     def evaluation_due(self, round_index: int) -> bool:
         """Whether this round is scored: every ``evaluation.every``-th, the last, and any checkpointed one.
@@ -294,8 +309,15 @@ class RoundRecorder:
 
     # -- checkpoints ----------------------------------------------------------------
     def checkpoint_due(self, round_index: int) -> bool:
-        every = self.cfg.checkpoint.every
-        return every > 0 and (round_index + 1) % every == 0
+        """Every ``checkpoint.every`` rounds, after ``every_seconds``, or on preemption; decided once a round
+        (the engine asks before the round closes, the evaluation and the checkpoint while it does)."""
+        if self.due is not None and self.due[0] == round_index:
+            return self.due[1]
+        every, seconds = self.cfg.checkpoint.every, self.cfg.checkpoint.every_seconds
+        due = ((every > 0 and (round_index + 1) % every == 0) or self.preempting()
+               or (seconds > 0 and time.monotonic() - self.last_checkpoint >= seconds))
+        self.due = (round_index, due)
+        return due
 
     def maybe_checkpoint(self, round_index: int, weights: np.ndarray) -> None:
         if self.checkpoint_due(round_index):
@@ -309,6 +331,7 @@ class RoundRecorder:
         arrays.update({f"{ARRAY_PREFIX}{rank}": vector for rank, vector in states.items()})
         arrays.update(self.outer.state_arrays())
         save_checkpoint(self.run_dir / CHECKPOINT_NAME, arrays, self.checkpoint_meta(round_index))
+        self.last_checkpoint, self.last_checkpoint_round = time.monotonic(), round_index
         self.observers.span("checkpoint", round_index, begun)
         self.log.debug("checkpoint written after round %d", round_index)
 
@@ -320,7 +343,7 @@ class RoundRecorder:
                 "block_bounds": self.plan.block_bounds, "shuffle_seed": self.plan.shuffle_seed,
                 "traffic_bytes": self.state.traffic_bytes, "config": self.cfg.to_dict(),
                 "steps": self.state.steps, "lr_scale": self.state.lr_scale, "wall_seconds": self.elapsed(),
-                "rollbacks": self.state.rollbacks, "workers": self.workers,
+                "rollbacks": self.state.rollbacks, "workers": self.workers, "fingerprint": self.fingerprint,
                 "rng_seeds": {"train": self.cfg.train.seed, "shuffle": self.plan.shuffle_seed,
                               "workers": [worker_seed(self.cfg.train.seed, w, self.start_round) for w in workers]}}
 
@@ -329,8 +352,7 @@ class RoundRecorder:
         if not self.state.rounds:
             return False
         last = int(self.state.rounds[-1]["round"])
-        written = self.checkpoint_due(last) and last >= self.start_round
-        return not written or self.state.stop_reason in KEEPS_BEST
+        return self.last_checkpoint_round != last or self.state.stop_reason in KEEPS_BEST
 
     # -- the end ----------------------------------------------------------------------
     def final_weights(self, weights: np.ndarray) -> tuple[np.ndarray, dict[str, Any] | None]:
@@ -345,11 +367,18 @@ class RoundRecorder:
         kept, final = self.final_weights(weights)
         self.kept_weights = kept
         self.model.set_weights(self.codec.unflatten(kept))
-        self.model.save_weights(self.run_dir / FINAL_WEIGHTS_NAME)
+        preempted = self.state.stop_reason == StopReason.PREEMPTED
+        if not preempted:  # a preempted run has no final weights yet; its checkpoint carries it on
+            save_weights_atomic(self.model, self.run_dir / FINAL_WEIGHTS_NAME)
         if self.needs_final_checkpoint():
             self.checkpoint(int(self.state.rounds[-1]["round"]), kept, states)
         summary = self.summary(final)
         write_json_atomic(self.run_dir / SUMMARY_NAME, summary)
+        if preempted:
+            self.log.warning("preempted (%s): checkpoint written after round %s; exiting with status %d. Run "
+                             "the same command again to resume", preemption().signal_name or "a worker's signal",
+                             summary["final_round"], EXIT_PREEMPTED)
+            return summary
         if self.callbacks is not None:
             self.callbacks.end()  # after the files: a callback may change the model's weights (restore best)
         if self.state.rounds:

@@ -38,6 +38,7 @@ from mpi_trainer.logs import get_logger
 from mpi_trainer.models import evaluate_model, flat_metric_state, rebuild_model, summed_metric_state
 from mpi_trainer.models.dry_run import dry_run, reset_optimizer
 from mpi_trainer.persistence.optimizer_state import ensure_built, load_state_vector, state_vector
+from mpi_trainer.persistence.preemption import preemption
 from mpi_trainer.persistence.resume import worker_seed
 from mpi_trainer.reporting.progress import with_batch_progress
 from mpi_trainer.reporting.timeline import PhaseLog
@@ -77,6 +78,7 @@ class Worker:
         self.walk = BlockWalk(self.shuffle_rng)  # k-step rounds; a resumed run starts a fresh walk
         self.schedule = schedule_for(cfg.train, plan.block_bounds)  # steps per round, as the scheduler has it
         self.phases = PhaseLog(cfg.log.timeline)  # this rank's phases, handed on with its next report
+        self.preempted = False  # the scheduler's STOP said the run was preempted
 
     def run(self) -> None:
         """Serve orders until the scheduler says stop."""
@@ -88,6 +90,7 @@ class Worker:
                 order = self.link.recv_order()
                 if order.kind == OrderKind.STOP:
                     self.log.debug("stop received; peak RSS %.1f MiB", peak_rss_mib())
+                    self.preempted = order.preempted
                     return
                 if order.kind not in handlers:
                     raise RuntimeError(f"unknown order {order.kind!r} from the scheduler")
@@ -270,7 +273,7 @@ class Worker:
         loss = metrics.get("loss", 0.0 if not steps else math.nan)
         report = Report(self.rank, round_index, self.data.units(self.x), loss, metrics.get("accuracy", math.nan),
                         train_seconds, steps=steps, weights_finite=bool(np.isfinite(local).all()),
-                        train_metrics=metrics)
+                        train_metrics=metrics, preempt=preemption().requested)
         if not k and steps:  # k-step rounds are not timed: rebalancing is refused with them
             report.step_rate, report.timed_steps = self.step_timer.finish_round()
         return report, local

@@ -92,8 +92,8 @@ def test_launch_refuses_bad_arguments(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_terminating_the_launcher_ends_the_job(tmp_path):
-    """SIGTERM to the launcher must not leave the job (in its own session) running."""
+def test_terminating_the_launcher_passes_the_preemption_on_and_leaves_nothing_running(tmp_path):
+    """SIGTERM to the launcher: the job (in its own session) gets SIGUSR1, ends, and the launcher exits 75."""
     import os
     import signal
     import subprocess
@@ -101,14 +101,15 @@ def test_terminating_the_launcher_ends_the_job(tmp_path):
     import psutil
 
     script = tmp_path / "sleepy.py"
-    script.write_text("import time\ntime.sleep(120)\n")
+    script.write_text("import time\ntime.sleep(120)\n")  # SIGUSR1's default action ends it
     code = (
         "import sys, signal\n"
         "from pathlib import Path\n"
-        "from mpi_trainer.launch.supervisor import Supervisor, exit_on_signal\n"
-        "signal.signal(signal.SIGTERM, exit_on_signal)\n"
+        "from mpi_trainer.launch.supervisor import Supervisor\n"
         f"command = [sys.executable, {str(script)!r}]\n"
-        f"Supervisor(lambda a: command, Path({str(tmp_path)!r}) / 'r.csv', 0, 0).run()\n"
+        f"supervisor = Supervisor(lambda a: command, Path({str(tmp_path)!r}) / 'r.csv', 0, 2)\n"
+        "signal.signal(signal.SIGTERM, lambda s, f: supervisor.preempt('SIGTERM'))\n"
+        "sys.exit(supervisor.run())\n"
     )
     launcher = subprocess.Popen([sys.executable, "-c", code])
     deadline = time.monotonic() + 30
@@ -119,6 +120,42 @@ def test_terminating_the_launcher_ends_the_job(tmp_path):
     assert children, "the job never started"
     time.sleep(0.5)
     os.kill(launcher.pid, signal.SIGTERM)
-    assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
+    assert launcher.wait(timeout=30) == 75  # preempted, not restarted
     gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["launch", "-n", "3"], "a config or a command after `--`, one of them"),
+    (["launch", "-n", "3", "configs/quickstart.toml", "--", "python", "t.py"], "one of them"),
+    (["launch", "-n", "3", "--set", "train.epochs=2", "--", "python", "t.py"], "`--set` changes a config"),
+])
+def test_launch_takes_a_config_or_a_command(args, message, capsys):
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_supervised_script_runs_under_mpirun_knowing_the_launcher_and_the_run_directory(tmp_path):
+    import argparse
+
+    from mpi_trainer.launch.launcher import job_command, split_command
+
+    argv, program = split_command(["launch", "-n", "3", "--run-dir", "d", "--", "python", "train.py", "--lr", "1"])
+    assert argv == ["launch", "-n", "3", "--run-dir", "d"] and program == ["python", "train.py", "--lr", "1"]
+    args = argparse.Namespace(mpirun_args="--mca btl self,tcp", program=program, config=None, overrides=[])
+    command = job_command(args, Placement(3, None), tmp_path)(1)
+    assert command[-4:] == program  # run again as it is: the script's fit resumes by itself
+    assert "-x MPI_TRAINER_LAUNCHER -x MPI_TRAINER_RUN_DIR --mca btl self,tcp" in " ".join(command)
+
+
+def test_a_second_launcher_on_a_run_directory_in_use_is_refused_naming_the_holder(tmp_path, capsys):
+    import os
+
+    from mpi_trainer.persistence.run_lock import RunLock
+
+    holder = RunLock(tmp_path / "busy").acquire()
+    try:
+        assert main(["launch", "-n", "3", "configs/quickstart.toml", "--run-dir", str(tmp_path / "busy")]) == 2
+    finally:
+        holder.release()
+    assert f"in use by another job: host {os.uname().nodename} pid {os.getpid()}" in capsys.readouterr().err

@@ -1,0 +1,107 @@
+"""One writer per run directory: an exclusive ``flock`` on ``run.lock`` held while a job runs.
+
+Rank 0 of a job takes the lock before it reads or writes anything else in the
+directory; ``mpi-trainer launch`` takes it for the whole supervised run and
+tells its jobs so (``MPI_TRAINER_LAUNCHER`` = the launcher's ``host:pid``), so
+that their rank 0 works under the launcher's lock instead of being refused by it.
+A second job, or a ``--resume`` into a directory whose job still runs, fails at
+once with the holder's host and pid.
+
+The kernel drops a ``flock`` when its holder exits, however it exits: a killed job
+leaves no stale lock, only a stale note. The note (``{"host", "pid", "since"}``)
+is rewritten in place by each new holder; replacing the file would hand a second
+job a fresh, unlocked inode.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from mpi_trainer.errors import ConfigError
+
+LOCK_NAME = "run.lock"
+LAUNCHER_ENV = "MPI_TRAINER_LAUNCHER"  # host:pid of the launcher that holds the lock for this job
+NOTE_WAIT_SECONDS = 1.0  # how long to wait for a new holder to write its note
+
+
+class RunDirBusy(ConfigError):
+    """Another job holds the run directory."""
+
+
+def holder_id(host: str | None = None, pid: int | None = None) -> str:
+    return f"{host or socket.gethostname()}:{pid or os.getpid()}"
+
+
+class RunLock:
+    """``acquire()`` the directory's lock (creating the directory), ``release()`` it at the end."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_NAME
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self, allowed_holder: str | None = None) -> RunLock:
+        """Take the lock, or pass when ``allowed_holder`` (``host:pid``) holds it; else raise RunDirBusy."""
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise ConfigError(f"Cannot use the run directory {str(self.run_dir)!r}: {exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = self.holder()
+            if allowed_holder and holder and holder_id(holder.get("host"), holder.get("pid")) == allowed_holder:
+                return self  # the launcher supervising this job holds it
+            raise self.busy(holder) from None
+        self._fd = fd
+        self._write_note()
+        return self
+
+    def _write_note(self) -> None:
+        note = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                           "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n"
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, note.encode(), 0)
+        os.fsync(self._fd)
+
+    def holder(self) -> dict[str, Any] | None:
+        """The note of whoever holds the lock (None when it cannot be read in time)."""
+        deadline = time.monotonic() + NOTE_WAIT_SECONDS
+        while True:
+            try:
+                return json.loads(self.path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                if time.monotonic() > deadline:
+                    return None
+                time.sleep(0.05)  # the new holder has the lock but has not written its note yet
+
+    def busy(self, holder: dict[str, Any] | None) -> RunDirBusy:
+        who = (f"host {holder.get('host')} pid {holder.get('pid')} (since {holder.get('since')})" if holder
+               else "another process")
+        return RunDirBusy(f"The run directory is in use by another job: {who} holds {self.path}. Received: "
+                          f"run_dir={str(self.run_dir)!r}; expected a directory no running job uses (wait "
+                          f"for that job to end, then run the same command again to resume, or choose another "
+                          f"run directory)")
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def launcher_holder() -> str | None:
+    """The ``host:pid`` of the launcher supervising this job, if one is."""
+    return os.environ.get(LAUNCHER_ENV) or None

@@ -1,0 +1,117 @@
+"""What a run directory already holds, read before anything in it is changed.
+
+A job started on a directory that holds a run carries that run on (as Keras'
+``BackupAndRestore`` does): from its checkpoint when the run was interrupted,
+not at all when the run is complete and no more rounds are asked for. Before
+it resumes, the run's *fingerprint* (model architecture, data, and the
+settings the weights depend on) is compared with the new job's; a mismatch is
+refused, naming what differs, while every file is still as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mpi_trainer.logs import get_logger
+from mpi_trainer.persistence.run_files import SUMMARY_NAME
+
+TMP_MARKERS = (".tmp",)  # a name holding ".tmp" is a write that never finished (see write_atomic)
+# stop reasons after which a larger limit lets the run go on; the others end it for good
+EXTENDABLE_STOPS = ("epochs", "max_steps")
+
+
+def model_fingerprint(model: Any) -> dict[str, Any]:
+    """Layer kinds and weight shapes (not layer names, which Keras numbers per process)."""
+    layers = [type(layer).__name__ for layer in model.layers]
+    shapes = [list(np.shape(w)) for w in model.get_weights()]
+    digest = hashlib.sha256(json.dumps([layers, shapes]).encode()).hexdigest()[:16]
+    return {"layers": ",".join(layers), "parameters": int(sum(int(np.prod(s)) for s in shapes)),
+            "architecture": digest}
+
+
+def labels_checksum(*arrays: np.ndarray) -> str:
+    crc = 0
+    for array in arrays:
+        crc = zlib.crc32(np.ascontiguousarray(array).tobytes(), crc)
+    return f"{crc:08x}"
+
+
+def data_fingerprint(source: str, dataset: Any) -> dict[str, Any]:
+    """The data's path, its size on disk, its split sizes and a checksum of every label.
+
+    An input that holds no label arrays (a pipeline such as a ``tf.data.Dataset``) has None
+    for what it cannot tell; None is then compared like any other value."""
+    path = Path(source)
+    try:
+        rows = [int(dataset.num_train), len(dataset.y_val), len(dataset.y_test)]
+        checksum = labels_checksum(dataset.y_train, dataset.y_val, dataset.y_test)
+    except (AttributeError, TypeError, NotImplementedError):
+        rows = checksum = None
+    return {"data_source": source, "data_file_bytes": path.stat().st_size if path.is_file() else None,
+            "data_rows": rows, "data_labels_crc32": checksum}
+
+
+def fingerprint(source: str, dataset: Any, model: Any) -> dict[str, Any]:
+    return {**data_fingerprint(source, dataset), **model_fingerprint(model)}
+
+
+FINGERPRINT_MEANING = {
+    "data_source": "the data's path", "data_file_bytes": "the data file's size in bytes",
+    "data_rows": "the train/validation/test row counts", "data_labels_crc32": "the labels' checksum",
+    "layers": "the model's layers", "parameters": "the model's parameter count",
+    "architecture": "the model's architecture (layer kinds and weight shapes)",
+}
+
+
+def fingerprint_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """``"<what>: <now> (checkpoint: <then>)"`` for each key recorded in both that differs."""
+    return [f"{FINGERPRINT_MEANING.get(key, key)}: {current[key]!r} (checkpoint: {saved[key]!r})"
+            for key in sorted(FINGERPRINT_MEANING) if key in saved and key in current
+            and _comparable(saved[key]) != _comparable(current[key])]
+
+
+def _comparable(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((Path(run_dir) / SUMMARY_NAME).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        get_logger().warning("%s is unreadable (%s); treating the run as unfinished", SUMMARY_NAME, exc)
+        return None
+
+
+def is_complete(summary: Mapping[str, Any] | None) -> bool:
+    return bool(summary and summary.get("completed"))
+
+
+def more_to_train(summary: Mapping[str, Any], epochs: int, max_steps: int) -> bool:
+    """Whether a complete run goes on under these limits: only one that ended on a limit now raised
+    (an early stop, a NaN stop or a callback's stop ends it for good)."""
+    if summary.get("stop_reason") not in EXTENDABLE_STOPS:
+        return False
+    more_rounds = epochs > int(summary.get("rounds_completed") or 0)
+    return more_rounds and (not max_steps or max_steps > int(summary.get("steps") or 0))
+
+
+def remove_leftovers(run_dir: Path) -> list[Path]:
+    """Delete files that an interrupted atomic write left behind (``*.tmp``, ``*.tmp.weights.h5``)."""
+    removed = []
+    for path in sorted(Path(run_dir).iterdir()):
+        if path.is_file() and any(marker in path.name for marker in TMP_MARKERS):
+            path.unlink()
+            removed.append(path)
+    if removed:
+        get_logger().info("removed %d unfinished file(s) of an interrupted write: %s", len(removed),
+                          ", ".join(p.name for p in removed))
+    return removed
