@@ -143,8 +143,9 @@ def test_launch_supervises_a_fit_script_and_restarts_it_after_a_worker_dies(tmp_
     run_dir = tmp_path / "script"
     command = [sys.executable, "-m", "mpi_trainer", "launch", "-n", "3", "--max-restarts", "1", "--run-dir",
                str(run_dir), "--", sys.executable, "tests/mpirun/launch_fit_job.py"]
-    launcher = subprocess.Popen(command, cwd=ROOT, env=ENV, text=True, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT)
+    env = {**ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    launcher = subprocess.Popen(command, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)  # the script imports this checkout's mpi_trainer
     wait_for_rounds(run_dir, 3, launcher)
     os.kill(rank_pid(launcher.pid, 1), signal.SIGKILL)
     code, output = finish(launcher)
