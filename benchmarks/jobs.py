@@ -20,19 +20,22 @@ class JobFailed(RuntimeError):
     """A benchmark job exited non-zero: its output is in the message."""
 
 
-def train_command(ranks: int, config: str, overrides: list[str], run_dir: Path) -> list[str]:
+def train_command(ranks: int, config: str, overrides: list[str], run_dir: Path,
+                  fault_tolerant: bool = False) -> list[str]:
     args = ["train", config, "--run-dir", str(run_dir)]
     for item in overrides:
         args += ["--set", item]
-    return mpirun_command(ranks, args)
+    return mpirun_command(ranks, args, fault_tolerant=fault_tolerant)
 
 
-def run_job(ranks: int, overrides: list[str], config: str = QUICKSTART) -> tuple[dict[str, Any], list[dict], float]:
-    """One job in a fresh run directory: (summary.json, rounds.csv rows, seconds the command took)."""
+def run_job(ranks: int, overrides: list[str], config: str = QUICKSTART,
+            fault_tolerant: bool = False) -> tuple[dict[str, Any], list[dict], float]:
+    """One job in a fresh run directory: (summary.json, rounds.csv rows, seconds the command took).
+    ``fault_tolerant``: on Open MPI's fault-tolerant MPI (what ``fault.survive`` needs)."""
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         run_dir = Path(tmp) / "run"
         started = time.perf_counter()
-        proc = subprocess.run(train_command(ranks, config, overrides, run_dir), cwd=ROOT,
+        proc = subprocess.run(train_command(ranks, config, overrides, run_dir, fault_tolerant), cwd=ROOT,
                               capture_output=True, text=True)
         seconds = time.perf_counter() - started
         if proc.returncode != 0:

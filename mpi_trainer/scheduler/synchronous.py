@@ -8,7 +8,10 @@ broadcast, and the collection (one sum-reduction for ``average`` /
 blocks by throughput (``data.rebalance``), runs the next round during the
 evaluation (``train.overlap_eval``) and gathers optimizer state for
 checkpoints. It applies the outer optimizer to each round's aggregate before
-anything reads it. What happens once a round's weights are in belongs to the
+anything reads it. Under ``fault.survive`` a worker lost during a round
+(:class:`~mpi_trainer.errors.RankLost`) leaves the survivors to redo that round from its
+starting weights on blocks re-planned for them (:meth:`Engine.survive_loss`). What happens
+once a round's weights are in belongs to the
 :class:`~mpi_trainer.scheduler.recorder.RoundRecorder`.
 """
 
