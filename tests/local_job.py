@@ -84,8 +84,9 @@ def build_local_job(run_dir: Path, workers: int = 2, builder: Any = None, resume
     cfg = config_from_dict(table)
     inputs = inputs or JobInputs()
     inputs.builder = builder
-    dataset = load_dataset_for_rank(0, cfg, None, workers, inputs) if inputs.pipeline or cfg.data.stream \
-        else load_dataset(cfg.data, cfg.train.seed)
+    streamed = inputs.pipeline or cfg.data.stream or cfg.data.is_image_folder or cfg.data.is_tfrecord
+    dataset = load_dataset_for_rank(0, cfg, None, workers, inputs) if streamed else load_dataset(cfg.data,
+                                                                                                  cfg.train.seed)
     bounds = (dataset.train.block_bounds(workers) if hasattr(dataset.train, "block_bounds")
               else block_bounds(dataset.num_train, workers))
     model, plan = plan_job(cfg, dataset, inputs, bounds, None)

@@ -31,6 +31,11 @@ BUILTIN_DATASETS = (
 )
 DATA_SUFFIXES = (".npz", ".h5", ".hdf5", ".csv")
 STREAM_SUFFIXES = (".npz", ".h5", ".hdf5")  # data.stream: formats read in batches from disk
+TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords")  # data.source: a TFRecord file or a glob of them
+ColorMode = Literal["grayscale", "rgb", "rgba"]
+COLOR_MODES = get_args(ColorMode)
+FeatureDtype = Literal["uint8", "float32"]
+FEATURE_DTYPES = get_args(FeatureDtype)
 # data.source of a job whose arrays were handed to mpi_trainer.fit (never read from a file).
 ARRAYS_SOURCE = "arrays"
 AggregationMethod = Literal["average", "weighted", "best"]
@@ -160,6 +165,12 @@ class DataConfig(_Section):
     rebalance_smoothing: float = 0.5
     # read the training rows in batches from disk, blocks as row ranges (.h5 / .hdf5 / uncompressed .npz)
     stream: bool = False
+    # an image folder (data.source a directory, laid out as keras.utils.image_dataset_from_directory reads it)
+    image_size: list[int] = field(default_factory=lambda: [256, 256])
+    color_mode: ColorMode = "rgb"
+    # TFRecords: data.features names the feature holding a sample, data.label its class index
+    feature_shape: list[int] = field(default_factory=list)
+    feature_dtype: FeatureDtype = "uint8"
     increment: IncrementConfig = field(default_factory=IncrementConfig)
     augmentation: AugmentationConfig = field(default_factory=AugmentationConfig)
 
@@ -171,7 +182,9 @@ class DataConfig(_Section):
                       "must list 4 array names (x_train, y_train, x_test, y_test) or 2 (x, y)")
         self._require(0 < self.rebalance_smoothing <= 1, "rebalance_smoothing",
                       "must lie in the interval (0, 1]")
-        if self.is_file:
+        if self.is_image_folder or self.is_tfrecord:
+            self._check_pipeline_source()
+        elif self.is_file:
             path = Path(self.source).expanduser()
             self._require(
                 path.suffix.lower() in DATA_SUFFIXES,
@@ -185,10 +198,34 @@ class DataConfig(_Section):
         elif self.source not in (ARRAYS_SOURCE, PIPELINE_SOURCE):
             self._choice("source", BUILTIN_DATASETS)
         for name in ("label", "features"):
-            self._require(self.is_csv or not getattr(self, name), name, "applies to .csv sources only")
+            self._require(self.is_csv or self.is_tfrecord or not getattr(self, name), name,
+                          "applies to .csv and TFRecord sources only")
         self._require(not self.stream or (self.is_file and Path(self.source).suffix.lower() in STREAM_SUFFIXES),
                       "stream", f"applies to data files ending in one of {list(STREAM_SUFFIXES)}; the data.source "
                       f"{self.source!r} is read whole (or pass a pipeline to mpi_trainer.fit)")
+
+    def _check_pipeline_source(self) -> None:
+        """An image folder or TFRecords: read as a tf.data pipeline, which needs its shapes up front."""
+        self._choice("color_mode", COLOR_MODES)
+        self._require(len(self.image_size) == 2 and all(int(s) > 0 for s in self.image_size), "image_size",
+                      "must be [height, width], both > 0")
+        if self.is_tfrecord:
+            self._require(len(self.features) == 1, "features", "must name the one TFRecord feature that holds "
+                                                               "a sample, e.g. ['image']")
+            self._require(bool(self.label), "label", "must name the TFRecord feature that holds the class index")
+            self._require(len(self.feature_shape) > 0 and all(int(s) > 0 for s in self.feature_shape),
+                          "feature_shape", "must give one sample's shape, e.g. [28, 28, 1]")
+            self._choice("feature_dtype", FEATURE_DTYPES)
+
+    @property
+    def is_image_folder(self) -> bool:
+        """``source`` is a directory of class sub-directories of images."""
+        return self.source not in ("", ".") and Path(self.source).expanduser().is_dir()
+
+    @property
+    def is_tfrecord(self) -> bool:
+        """``source`` is a TFRecord file or a glob of them (``data/train-*.tfrecord``)."""
+        return Path(self.source).suffix.lower() in TFRECORD_SUFFIXES
 
     @property
     def scatters(self) -> bool:

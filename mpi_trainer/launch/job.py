@@ -233,7 +233,12 @@ def streamed_dataset(rank: int, cfg: Config, workers: int, inputs: JobInputs | N
     """The dataset of a pipeline input, or None; what the config asks of it is checked first."""
     from mpi_trainer.data.streamed import check_allows, pipeline_dataset
 
-    adapter = None if inputs is None else inputs.pipeline
+    adapter, validation, name = (None, None, "") if inputs is None else (inputs.pipeline, inputs.validation, "")
+    if cfg.data.is_image_folder or cfg.data.is_tfrecord:
+        from mpi_trainer.data.adapters.records import image_folder, tfrecords
+
+        adapter, validation = (image_folder if cfg.data.is_image_folder else tfrecords)(cfg)
+        name = Path(cfg.data.source).name
     if cfg.data.stream:
         from mpi_trainer.data.adapters.files import stream_dataset
 
@@ -244,7 +249,7 @@ def streamed_dataset(rank: int, cfg: Config, workers: int, inputs: JobInputs | N
         return None
     check_allows(cfg, adapter)
     scores = rank == 0 or cfg.aggregation.elects or cfg.evaluation.where == "workers"
-    return pipeline_dataset(adapter.kind, adapter, inputs.validation, cfg, workers, read_val=scores,
+    return pipeline_dataset(name or adapter.kind, adapter, validation, cfg, workers, read_val=scores,
                             read_test=rank == 0 or cfg.evaluation.where == "workers")
 
 

@@ -1,12 +1,13 @@
 """Run by test_mpirun_pipelines.py under ``mpirun -n 3``: one script, several inputs, as users write them.
 
-    python tests/mpirun/pipeline_job.py RUN_DIR
+    python tests/mpirun/pipeline_job.py RUN_DIR DATA_DIR
 
 First a Horovod-style script: the tf.data pipeline of Horovod's Keras MNIST example, unchanged
 (``repeat().shuffle().batch()``, a model built and compiled in the script, ``steps_per_epoch``),
 on the digits. Then a ``keras.utils.PyDataset`` and a generator (each rank's own), then a generator
-on the scheduler with a ``data.increment`` config, which every rank refuses. Rank 0 prints one JSON
-line per job.
+on the scheduler with a ``data.increment`` config, which every rank refuses. Last, sources from the
+config that DATA_DIR holds: an HDF5 file read in batches (``data.stream``), an image folder and
+TFRecord files. Rank 0 prints one JSON line per job.
 """
 
 from __future__ import annotations
@@ -88,5 +89,17 @@ def main(run_dir: str) -> None:
         print(json.dumps({"job": "refused", "rank": placed.rank}), flush=True)
 
 
+def config_sources(run_dir: str, data_dir: str) -> None:
+    sources = {"hdf5": {"source": f"{data_dir}/digits.h5", "stream": True},
+               "images": {"source": f"{data_dir}/images", "image_size": [8, 8], "color_mode": "grayscale"},
+               "tfrecord": {"source": f"{data_dir}/records/digits-*.tfrecord", "features": ["image"],
+                            "label": "label", "feature_shape": [8, 8, 1]}}
+    for name, data in sources.items():
+        result = mpi_trainer.fit("lenet", config={"data": data}, epochs=2, batch_size=16, run_dir=f"{run_dir}/{name}",
+                                 overrides={**OVERRIDES, "model.learning_rate": 0.003})
+        report(name, result)
+
+
 if __name__ == "__main__":
     main(sys.argv[1])
+    config_sources(sys.argv[1], sys.argv[2])

@@ -1,5 +1,6 @@
-"""Pipelines as input under ``mpirun -n 3``: a Horovod-style tf.data script left unchanged, a
-keras.utils.PyDataset, each rank's own generator, and a refused combination, in one job."""
+"""Every input kind under ``mpirun -n 3``, in one script: a Horovod-style tf.data script left unchanged,
+a keras.utils.PyDataset, each rank's own generator, a refused combination, and from the config an HDF5
+file read in batches, an image folder and TFRecord files."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import sys
 from conftest import ROOT
 
 from mpi_trainer.launch.mpirun import find_mpirun
+from tests.unit.data.test_records import image_folder, tfrecord_files
+from tests.unit.data.test_streaming_files import digits_h5
 
 JOB = ROOT / "tests" / "mpirun" / "pipeline_job.py"
 
@@ -22,13 +25,18 @@ def test_tf_data_py_dataset_and_generators_train_and_a_refusal_reaches_every_ran
     # this checkout's package first, whichever one the environment installed
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": path}
-    proc = subprocess.run([*command, sys.executable, str(JOB), str(tmp_path)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    data = tmp_path / "data"
+    data.mkdir()
+    digits_h5(data / "digits.h5")
+    image_folder(data / "images", classes=2)
+    tfrecord_files(data / "records")
+    proc = subprocess.run([*command, sys.executable, str(JOB), str(tmp_path), str(data)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=420)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     jobs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"job"')]
     trained = {job["job"]: job for job in jobs if "history" in job}
-    assert set(trained) == {"tf.data", "PyDataset", "generator"}, output
+    assert set(trained) == {"tf.data", "PyDataset", "generator", "hdf5", "images", "tfrecord"}, output
     for name, job in trained.items():
         accuracy = job["history"]["test_accuracy"]
         assert accuracy[-1] > 0.6, (name, accuracy)  # ten classes: chance is 0.1
@@ -43,3 +51,5 @@ def test_tf_data_py_dataset_and_generators_train_and_a_refusal_reaches_every_ran
     message = ("`data.increment.enabled` draws random rows from the whole training set every round, which a "
                "generator does not allow. Received: data.increment.enabled=True with the data as a generator")
     assert output.count(message) == 3, output
+    streamed = (tmp_path / "hdf5" / "train.log").read_text()
+    assert "worker rank 2: block start 750 end 1500 size 750" in streamed  # x_train rows, a range per worker
