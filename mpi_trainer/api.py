@@ -133,15 +133,26 @@ def fit(model: Any = None, x: Any = None, y: Any = None, *, validation_data: tup
 
     Bad input raises :class:`mpi_trainer.errors.InputError` on every rank before training.
     """
-    from mpi_trainer.comm.transport import Transport
+    from mpi_trainer.launch.failures import fail_together
     from mpi_trainer.launch.job import quiet_backend
 
     quiet_backend()
-    transport = Transport()
-    with _refused_together(transport):
+    transport = _job_transport()
+    with _refused_together(transport), fail_together(transport):
         finished = _run(transport, model, (x, y, validation_data, steps_per_epoch), config, overrides,
                         {"train.epochs": epochs, "train.batch_size": batch_size}, callbacks, run_dir, resume)
     return None if finished is None else _result(*finished)
+
+
+def _job_transport() -> Any:
+    """A transport on a communicator of its own (what a failed job leaves unread stays there), whose
+    waits are bounded from the start by the set-up default (the config may change it)."""
+    from mpi_trainer.algorithms.wait_bounds import SETUP_SECONDS, for_rank
+    from mpi_trainer.comm.transport import Transport
+
+    world = Transport()
+    world.bound = for_rank(world.rank, SETUP_SECONDS)
+    return world.duplicate()
 
 
 def _run(transport: Any, model: Any, data: tuple, config: Any, overrides: Any, shortcuts: dict[str, Any],

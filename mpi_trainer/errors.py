@@ -20,6 +20,10 @@ class DataError(InputError):
     """A dataset cannot be loaded or fails validation."""
 
 
+class AgreedInputError(InputError):
+    """Bad input that every rank knows about: all of them report it and exit together."""
+
+
 class WorkerFailure(RuntimeError):
     """A remote rank failed; the message carries its rank, host and traceback."""
 

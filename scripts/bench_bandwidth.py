@@ -70,7 +70,7 @@ def cluster(*args: str) -> str:
 
 def measure(model: str, rate: str, data: Path, rounds: int, workdir: Path, extra_sets: list[str]) -> Measured:
     cluster("up", "2", "--bandwidth", rate, "--subnet", SUBNET)  # re-shapes the hosts already up
-    state = Path(tempfile.gettempdir()) / f"mpi_trainer-cluster-{PREFIX}"
+    state = next(Path("/run/mpi_trainer-cluster").glob(f"{PREFIX}.*"))  # the script's fresh state directory
     extra = (state / "mpirun_args").read_text().split()
     overrides = [f"data.source='{data}'", f"model.name={model}", f"train.epochs={rounds}",
                  "data.validation_size=0", "checkpoint.every=0", "train.batch_size=32", *extra_sets]

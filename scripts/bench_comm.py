@@ -140,6 +140,7 @@ def run_job(args: argparse.Namespace) -> None:
     from mpi_trainer.comm.transport import Transport
 
     comm, transport = MPI.COMM_WORLD, Transport(MPI.COMM_WORLD)
+    transport.bound = 600.0  # as in a job: every wait bounded, failure notices checked while it sleeps
     result: dict = {"payloads": {}}
     for megabytes in args.payloads_mb:
         result["payloads"][str(megabytes)] = time_payload(comm, transport, megabytes, args.reps, args.nonblocking)

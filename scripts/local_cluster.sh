@@ -14,6 +14,12 @@
 # between runs without restarting); `down` removes exactly what `up` recorded in its state
 # directory, and nothing else.
 #
+# mpirun runs the state directory's agent.sh as root, so nobody else may write there: `up`
+# creates it fresh with mktemp (an unpredictable name, mode 700) under the root-only
+# /run/mpi_trainer-cluster (MPT_CLUSTER_ROOT), and every later use refuses a state directory
+# it did not create (not root's, open to others, a symbolic link, or without its mark) and
+# any symbolic link inside it.
+#
 # Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN), iproute2 and util-linux's unshare.
 # Exit status: 0 done, 1 failure, 2 bad arguments, 77 missing rights or tools (tests skip on it).
 set -euo pipefail
@@ -37,7 +43,55 @@ die() {  # die STATUS MESSAGE
     exit "$1"
 }
 
-state_dir() { echo "${MPT_CLUSTER_DIR:-${TMPDIR:-/tmp}/mpi_trainer-cluster-$PREFIX}"; }
+STATE_ROOT="${MPT_CLUSTER_ROOT:-/run/mpi_trainer-cluster}"
+MARK=".created-by-local_cluster"  # written by `up` into the state directory it creates
+
+check_private() {  # check_private DIR WHAT: a real directory, root's, mode 700, else refuse it
+    [ ! -L "$1" ] || die 1 "$2 $1 is a symbolic link; expected a directory this script created (remove it)"
+    [ -d "$1" ] || die 1 "$2 $1 is not a directory; expected a directory this script created (remove it)"
+    local owner mode
+    owner="$(stat -c %u "$1")" mode="$(stat -c %a "$1")"
+    [ "$owner" = 0 ] && [ "$mode" = 700 ] ||
+        die 1 "$2 $1 was not created by this script. Received: owner uid $owner, mode $mode; expected root's, mode 700 (remove it)"
+}
+
+state_root() {  # the directory that holds every cluster's state; created root-only on first use
+    [ -e "$STATE_ROOT" ] || [ -L "$STATE_ROOT" ] || mkdir -m 700 "$STATE_ROOT" ||
+        die 1 "cannot create the state root $STATE_ROOT; expected a root-only directory (set MPT_CLUSTER_ROOT)"
+    check_private "$STATE_ROOT" "the state root"
+}
+
+find_state() {  # sets STATE to the prefix's state directory made by `up`, or to "" when there is none
+    state_root
+    local -a found=()
+    local entry
+    for entry in "$STATE_ROOT/$PREFIX".*; do
+        [ -e "$entry" ] || [ -L "$entry" ] || continue
+        found+=("$entry")
+    done
+    STATE=""
+    [ "${#found[@]}" -le 1 ] ||
+        die 1 "more than one state directory for prefix $PREFIX: ${found[*]}; expected one (remove the ones no cluster uses)"
+    [ "${#found[@]}" = 1 ] || return 0
+    check_private "${found[0]}" "the state directory"
+    [ -f "${found[0]}/$MARK" ] && [ ! -L "${found[0]}/$MARK" ] ||
+        die 1 "the state directory ${found[0]} was not created by this script (it has no $MARK); expected only directories \`up\` made (remove it)"
+    STATE="${found[0]}"
+    refuse_links
+}
+
+new_state() {  # a fresh state directory with an unpredictable name
+    state_root
+    STATE="$(mktemp -d "$STATE_ROOT/$PREFIX.XXXXXXXX")" || die 1 "cannot create a state directory in $STATE_ROOT"
+    chmod 700 "$STATE"
+    : > "$STATE/$MARK"
+}
+
+refuse_links() {  # nothing in the state directory is followed: a symbolic link there is refused
+    local link
+    link="$(find "$STATE" -mindepth 1 -type l -print -quit)"
+    [ -z "$link" ] || die 1 "$link in the state directory is a symbolic link; expected only the files this script writes"
+}
 
 parse_options() {
     while [ $# -gt 0 ]; do
@@ -224,14 +278,14 @@ cmd_up() {
     shift
     parse_options "$@"
     require_rights
-    STATE="$(state_dir)"
-    if [ -s "$STATE/created" ]; then
+    find_state
+    if [ -n "$STATE" ] && [ -s "$STATE/created" ]; then
         [ "$(existing_hosts)" = "$HOSTS" ] ||
             die 1 "a cluster with prefix $PREFIX is already up with $(existing_hosts) hosts. Received: up $HOSTS; expected \`$0 down --prefix $PREFIX\` first"
         SUBNET="$(sed -n 's/^subnet=//p' "$STATE/cluster.env")"
     else
         check_names_free
-        mkdir -p -m 700 "$STATE"
+        [ -n "$STATE" ] || new_state
         FRESH=1
         create_bridge
         local index
@@ -254,16 +308,17 @@ teardown() {  # removes what $STATE/created lists, newest first, then the state 
             fi
         done < <(tac "$STATE/created")
     fi
-    rm -f "$STATE/created" "$STATE/machinefile" "$STATE/agent.sh" "$STATE/mpirun_args" "$STATE/cluster.env"
+    rm -f "$STATE/created" "$STATE/machinefile" "$STATE/agent.sh" "$STATE/mpirun_args" "$STATE/cluster.env" \
+        "$STATE/$MARK"
     [ ! -d "$STATE" ] || rmdir "$STATE"
 }
 
 cmd_down() {
     parse_options "$@"
     require_rights
-    STATE="$(state_dir)"
-    if [ ! -d "$STATE" ]; then
-        echo "no cluster with prefix $PREFIX is up (no state in $STATE): nothing to remove"
+    find_state
+    if [ -z "$STATE" ]; then
+        echo "no cluster with prefix $PREFIX is up (no state in $STATE_ROOT): nothing to remove"
         return 0
     fi
     teardown

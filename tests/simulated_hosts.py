@@ -35,12 +35,19 @@ def unique_prefix() -> tuple[str, str]:
     return f"mpt{tag}", f"10.88.{20 + tag % 200}.0/24"
 
 
-def cluster_script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
+def cluster_script(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})})
+
+
+STATE_ROOT = Path(os.environ.get("MPT_CLUSTER_ROOT", "/run/mpi_trainer-cluster"))
 
 
 def state_dir(prefix: str) -> Path:
-    return Path(os.environ.get("TMPDIR", "/tmp")) / f"mpi_trainer-cluster-{prefix}"
+    """The state directory ``up`` made for ``prefix`` (its name ends in random characters); a path that
+    does not exist when there is none."""
+    found = sorted(STATE_ROOT.glob(f"{prefix}.*"))
+    return found[0] if found else STATE_ROOT / f"{prefix}.none"
 
 
 def leftovers(prefix: str) -> list[str]:

@@ -10,7 +10,10 @@ copied), as they would be on a wire, and bytes are counted the same way.
 
 When a rank fails, :meth:`LocalTransport.abort` wakes every waiting rank with
 :class:`RankAborted`, so a failure in one thread never leaves the others
-hanging; a wait with a timeout raises ``TimeoutError`` as MPI waits do.
+hanging; a wait with a timeout raises ``TimeoutError`` as MPI waits do, and a
+wait without one lasts at most the transport's ``bound``. A failure notice
+(:meth:`LocalTransport.notify_failure`) wakes the other ranks' waits with
+:class:`~mpi_trainer.comm.transport.PeerFailure`, as over MPI.
 
 A rank can also be lost as under ``fault.survive`` (:meth:`LocalTransport.crash`, the test hook
 of a ``kill -9``): from then on every other rank's waits raise
@@ -29,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from mpi_trainer.comm.transport import RankAccounting, Received, Shrunk
+from mpi_trainer.comm.transport import PeerFailure, RankAccounting, Received, Shrunk
 from mpi_trainer.errors import RankLost
 
 _ANY = -1
@@ -75,6 +78,7 @@ class LocalWorld:
         self.lost: set[int] = set()
         self.shrinking: set[int] = set()
         self.generation = 0
+        self.notices: dict[int, list[tuple[int, str, str]]] = {rank: [] for rank in range(size)}
         self._transports = [LocalTransport(self, rank) for rank in range(size)]
 
     def transports(self) -> list[LocalTransport]:
@@ -85,7 +89,7 @@ class LocalWorld:
         """Block until ``ready()`` returns something truthy; call with ``cond`` held.
 
         ``survivable``: raise RankLost once a rank of the current world is lost (the shrink's own
-        wait is not).
+        wait is not). A timeout names the rank's phase, as the MPI transport's does.
         """
         deadline = None if timeout is None else time.perf_counter() + timeout
         while True:
@@ -94,12 +98,15 @@ class LocalWorld:
             lost = sorted(self.lost & set(self.members))
             if survivable and lost:
                 raise RankLost(f"rank {rank} of {self.size} on local: ranks {lost} (starting ranks) were lost")
+            if self.notices[rank]:
+                raise PeerFailure(*self.notices[rank].pop(0))
             result = ready()
             if result:
                 return result
             left = None if deadline is None else deadline - time.perf_counter()
             if left is not None and left <= 0:
-                raise TimeoutError(f"rank {rank} of {self.size} on local: no {what} within {timeout:g} s")
+                phase = self._transports[rank].phase if rank < len(self._transports) else "a shrunk world"
+                raise TimeoutError(f"rank {rank} of {self.size} on local, {phase}: no {what} within {timeout:g} s")
             self.cond.wait(left)
 
     def run(self, roles: dict[int, Callable[[], Any]], timeout: float = 300.0) -> dict[int, Any]:
@@ -179,11 +186,11 @@ class LocalTransport(RankAccounting):
         started = time.perf_counter()
         with self.world.cond:
             try:
-                return self.world.wait_for(first_match, timeout, f"message (tag {tag})", self.rank)
+                return self.world.wait_for(first_match, self._limit(timeout), f"message (tag {tag})", self.rank)
             finally:
                 self.wait_wall_seconds += time.perf_counter() - started
 
-    def send_object(self, obj: Any, dest: int, tag: int) -> int:
+    def send_object(self, obj: Any, dest: int, tag: int, timeout: float | None = None) -> int:
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         self._post(dest, tag, data, len(data))
         return len(data)
@@ -194,7 +201,7 @@ class LocalTransport(RankAccounting):
         message = self._take(source, tag, timeout)
         return Received(pickle.loads(message.payload), message.source, message.nbytes)
 
-    def send_array(self, buf: np.ndarray, dest: int, tag: int = 0) -> None:
+    def send_array(self, buf: np.ndarray, dest: int, tag: int = 0, timeout: float | None = None) -> None:
         self._post(dest, tag, np.array(buf, copy=True), buf.nbytes)
 
     def recv_array(self, buf: np.ndarray, source: int = _ANY, tag: int = 0,
@@ -209,8 +216,8 @@ class LocalTransport(RankAccounting):
     def send_large_array(self, array: np.ndarray, dest: int, tag: int = 0, timeout: float | None = None) -> None:
         self._post(dest, tag, np.array(array, copy=True), array.nbytes)
 
-    def recv_large_array(self, source: int, tag: int = 0) -> np.ndarray:
-        return self._take(source, tag, None).payload
+    def recv_large_array(self, source: int, tag: int = 0, timeout: float | None = None) -> np.ndarray:
+        return self._take(source, tag, timeout).payload
 
     # -- collectives ------------------------------------------------------------
     def _collective(self) -> _Collective:
@@ -224,7 +231,7 @@ class LocalTransport(RankAccounting):
             slot.deposits[self.rank] = value
             self.world.cond.notify_all()
             return self.world.wait_for(lambda: len(slot.deposits) == self.size and slot.deposits,
-                                       timeout, what, self.rank)
+                                       self._limit(timeout), what, self.rank)
 
     def broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None:
         with self.world.cond:
@@ -234,8 +241,8 @@ class LocalTransport(RankAccounting):
                 self.world.cond.notify_all()
                 self._count(buf.nbytes * (self.size - 1))
                 return
-            self.world.wait_for(lambda: slot.deposits.get(root) is not None, timeout, "weights broadcast",
-                                self.rank)
+            self.world.wait_for(lambda: slot.deposits.get(root) is not None, self._limit(timeout),
+                                "weights broadcast", self.rank)
             buf[...] = slot.deposits[root]
 
     def reduce_sum(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None:
@@ -255,18 +262,40 @@ class LocalTransport(RankAccounting):
         if self.rank == root:
             out[...] = np.stack([deposits[rank] for rank in range(self.size)])
 
-    def bcast_object(self, obj: Any = None, root: int = 0) -> Any:
-        deposits = self._gather_at(pickle.dumps(obj) if self.rank == root else None, None, "set-up broadcast")
+    def bcast_object(self, obj: Any = None, root: int = 0, timeout: float | None = None) -> Any:
+        deposits = self._gather_at(pickle.dumps(obj) if self.rank == root else None, timeout, "set-up broadcast")
         if self.rank == root:
             self._count(len(deposits[root]) * (self.size - 1))
         return pickle.loads(deposits[root])
 
-    def allgather(self, obj: Any) -> list[Any]:
-        deposits = self._gather_at(pickle.dumps(obj), None, "allgather")
+    def allgather(self, obj: Any, timeout: float | None = None) -> list[Any]:
+        deposits = self._gather_at(pickle.dumps(obj), timeout, "allgather")
         return [pickle.loads(deposits[rank]) for rank in range(self.size)]
 
-    def barrier(self) -> None:
-        self._gather_at(True, None, "barrier")
+    def learn_hosts(self) -> list[str]:
+        self.hosts = self.allgather(self.host)
+        return self.hosts
+
+    def barrier(self, timeout: float | None = None) -> None:
+        self._gather_at(True, timeout, "barrier")
+
+    def duplicate(self, timeout: float | None = None) -> LocalTransport:
+        """The same rank: a local world is made for one job."""
+        return self
+
+    # -- failure notices --------------------------------------------------------
+    def notify_failure(self, text: str) -> None:
+        """Wake every other rank's wait with :class:`PeerFailure` naming this rank's ``text``."""
+        with self.world.cond:
+            for rank in range(self.size):
+                if rank != self.rank:
+                    self.world.notices[rank].append((self.rank, self.host, text))
+            self.world.cond.notify_all()
+
+    def check_notices(self) -> None:
+        with self.world.cond:
+            if self.world.notices[self.rank]:
+                raise PeerFailure(*self.world.notices[self.rank].pop(0))
 
     def node_layout(self) -> tuple[int, list[int]]:
         return 1, list(range(self.size))

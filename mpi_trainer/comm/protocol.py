@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from mpi_trainer.algorithms.wait_bounds import for_rank
 from mpi_trainer.comm.transport import Received, Shrunk
 from mpi_trainer.errors import RankLost
 
@@ -88,7 +89,7 @@ class Order:
     order), ``max_steps`` (the last, partial round under ``train.max_steps``),
     ``held_weights`` (no broadcast: the round starts from the weights of the
     last EVALUATE). With EVALUATE: ``round`` and ``score_validation`` (add the
-    validation shard's state).
+    validation shard's state). Every order carries ``bound``.
     """
 
     kind: OrderKind
@@ -104,6 +105,17 @@ class Order:
     held_weights: bool = False
     score_validation: bool = False
     preempted: bool = False  # with STOP: the run stopped for a preemption (every rank exits 75)
+    # The scheduler's wait bound when it sent the order (mpi_trainer.algorithms.wait_bounds): the
+    # worker's waits until its next order last WORKER_FACTOR times as long. None: keep the last.
+    bound: float | None = None
+
+    def describe(self) -> str:
+        """What the worker does for this order, as a timeout names it."""
+        if self.kind == OrderKind.ROUND:
+            return f"round {self.round}"
+        if self.kind == OrderKind.UPDATE:
+            return f"the update at clock {self.clock}"
+        return f"the order {self.kind.value!r}"
 
 
 @dataclass
@@ -160,6 +172,7 @@ class SchedulerLink:
         return self.transport.take_bytes()
 
     def send_order(self, worker: int, order: Order) -> None:
+        order.bound = self.transport.bound
         self.transport.send_object(order, worker, _TAG_ORDER)
 
     def await_ready(self, timeout_at: Any) -> None:
@@ -202,11 +215,11 @@ class SchedulerLink:
         self.send_order(worker, Order(OrderKind.SEND_WEIGHTS))
         return self.transport.recv_array(out, source=worker, tag=_TAG_WEIGHTS, timeout=timeout)
 
-    def send_weights(self, worker: int, weights: np.ndarray) -> None:
-        self.transport.send_array(weights, worker, _TAG_WEIGHTS)
+    def send_weights(self, worker: int, weights: np.ndarray, timeout: float | None = None) -> None:
+        self.transport.send_array(weights, worker, _TAG_WEIGHTS, timeout=timeout)
 
-    def recv_weights(self, worker: int, out: np.ndarray) -> Received:
-        return self.transport.recv_array(out, source=worker, tag=_TAG_WEIGHTS)
+    def recv_weights(self, worker: int, out: np.ndarray, timeout: float | None = None) -> Received:
+        return self.transport.recv_array(out, source=worker, tag=_TAG_WEIGHTS, timeout=timeout)
 
     def send_state(self, worker: int, vector: np.ndarray) -> None:
         self.transport.send_object(vector, worker, _TAG_STATE)
@@ -254,10 +267,12 @@ class MissingRanks(TimeoutError):
 
 
 class WorkerLink:
-    """A worker's side of the conversation (its waits are unbounded: the scheduler's watchdog decides)."""
+    """A worker's side of the conversation. Its waits last ``WORKER_FACTOR`` times the scheduler's bound,
+    which every order carries, so the scheduler names a missing worker before a worker names it."""
 
     def __init__(self, transport: Any) -> None:
         self.transport = transport
+        self.doing = "set-up"  # the last order's work, for the phase a timeout names
 
     @property
     def rank(self) -> int:
@@ -271,7 +286,12 @@ class WorkerLink:
         return self.transport.take_bytes()
 
     def recv_order(self) -> Order:
-        return self.transport.recv_object(0, _TAG_ORDER).payload
+        self.transport.phase = f"waiting for the scheduler's next order (after {self.doing})"
+        order = self.transport.recv_object(0, _TAG_ORDER).payload
+        if order.bound is not None:
+            self.transport.bound = for_rank(self.rank, order.bound)
+        self.doing = self.transport.phase = order.describe()
+        return order
 
     @property
     def world_rank(self) -> int:

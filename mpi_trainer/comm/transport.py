@@ -24,6 +24,16 @@ every participant is known to be there, and then with the blocking call:
 These small messages have their own tags (or are empty on the payload's tag,
 which no payload is) and carry no bytes, so they are neither confused with
 other messages nor counted as traffic.
+
+Every wait is bounded. A verb called without a ``timeout`` waits at most
+``bound`` seconds (the job sets it: a floor during set-up, then what the rounds
+measure), and the timeout names this rank's ``phase`` and the missing ranks
+and their hosts. The set-up collectives (``allgather``, ``bcast_object``,
+``barrier``) meet like the bulk ones: a sleeping rendezvous, then the blocking
+call. A rank that fails in a way it can report (an exception, not a stop) sends
+every other rank a *failure notice* (``notify_failure``); a rank notices it at
+its next wait and raises :class:`PeerFailure`, so nobody waits for orders from
+a rank that has left.
 """
 
 from __future__ import annotations
@@ -44,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from mpi_trainer.errors import EXIT_WORKER_FAILURE, RankLost
+from mpi_trainer.errors import EXIT_WORKER_FAILURE, RankLost, WorkerFailure
 
 # The transport's own hand-shake tags. Message tags belong to mpi_trainer.comm.protocol, which keeps
 # below FIRST_TRANSPORT_TAG; the transport's verbs take the caller's tag.
@@ -53,6 +63,12 @@ TAG_ARRIVED = 17  # collective readiness: a rank reached the collective (to the 
 TAG_PROCEED = 18  # collective readiness: every rank arrived (from the root)
 TAG_CLEAR = 19  # point to point: the receiver is ready for an announced payload
 TAG_GOING = 20  # collective readiness: a rank got "proceed" and enters the collective (to the root)
+TAG_FAILED = 21  # a failure notice: the sender failed and left the job (pickled rank, host, text)
+
+# A failure notice carries at most this many characters of the error (it must stay an eager message).
+NOTICE_CHARS = 2000
+# Seconds a failing rank spends handing its notices to MPI before it gives up on a peer that takes none.
+NOTICE_SECONDS = 5.0
 
 # A blocking transfer held up past the watchdog's timeout ends the job with the
 # watchdog's exit status (mpi_trainer.errors.EXIT_WORKER_FAILURE).
@@ -138,6 +154,48 @@ class TransportTimeout(TimeoutError):
         self.missing = missing
 
 
+class PeerFailure(WorkerFailure):
+    """Another rank failed and said so (a failure notice); ``rank`` is the rank that failed."""
+
+    def __init__(self, rank: int, host: str, text: str) -> None:
+        role = "the scheduler" if rank == 0 else "worker"
+        super().__init__(f"rank {rank} ({role}) on host {host} failed: {text}")
+        self.rank = rank
+
+
+def notice_text(exc: BaseException) -> str:
+    """What a failure notice says about ``exc``: its type and message, cut to ``NOTICE_CHARS``."""
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= NOTICE_CHARS else text[:NOTICE_CHARS - 3] + "..."
+
+
+class StuckGuard:
+    """One sleeping thread per transport that ends the job when a blocking transfer outlives its bound.
+
+    Arming and disarming only set an attribute, so a transfer costs no thread start (a timer per
+    call did, a millisecond and more on a loaded machine); the thread wakes every ``tick`` seconds.
+    """
+
+    def __init__(self, on_stuck: Callable[[str, float], None], tick: float = 0.25) -> None:
+        self.on_stuck, self.tick = on_stuck, tick
+        self.armed: tuple[float, str, float] | None = None  # (deadline, what, timeout)
+        threading.Thread(target=self._watch, name="mpi_trainer-stuck-guard", daemon=True).start()
+
+    def arm(self, timeout: float, what: str) -> None:
+        self.armed = (time.perf_counter() + timeout, what, timeout)
+
+    def disarm(self) -> None:
+        self.armed = None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(self.tick)
+            armed = self.armed
+            if armed is not None and time.perf_counter() > armed[0]:
+                self.on_stuck(armed[1], armed[2])
+                return
+
+
 class RankAccounting:
     """What every transport keeps for its rank: who it is, the bytes it sent, the time it waited.
 
@@ -149,6 +207,11 @@ class RankAccounting:
         self.rank, self.size, self.host = rank, size, host
         self.world_rank = rank  # this rank's number when the job started; a shrink renumbers ``rank`` only
         self.world_ranks = list(range(size))  # the starting rank of each current rank
+        # Seconds a wait without a timeout of its own may last (None: for ever; a job sets it), what
+        # this rank is doing (named when a wait runs out), and every rank's host once learned.
+        self.bound: float | None = None
+        self.phase = "set-up"
+        self.hosts: list[str] | None = None
         self.bytes_sent = 0
         self.total_bytes_sent = 0
         self.wait_wall_seconds = 0.0
@@ -160,6 +223,16 @@ class RankAccounting:
 
     def describe(self) -> str:
         return f"rank {self.rank} of {self.size} on {self.host}"
+
+    def _limit(self, timeout: float | None) -> float | None:
+        """A verb's own ``timeout``, else the transport's ``bound``."""
+        return self.bound if timeout is None else timeout
+
+    def name_ranks(self, ranks: list[int]) -> str:
+        """``rank 2 on host node-b, rank 3 on ...`` (the hosts once every rank's is known)."""
+        if not self.hosts:
+            return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+        return ", ".join(f"rank {rank} on host {self.hosts[rank]}" for rank in ranks)
 
     def _count(self, nbytes: int) -> None:
         self.bytes_sent += nbytes
@@ -176,6 +249,8 @@ class RankAccounting:
         shrunk = Shrunk(survivors, lost, [self.world_ranks[rank] for rank in lost])
         self.world_ranks = [self.world_ranks[rank] for rank in survivors]
         self.rank, self.size = self.world_ranks.index(self.world_rank), len(survivors)
+        if self.hosts:
+            self.hosts = [self.hosts[rank] for rank in survivors]
         return shrunk
 
 
@@ -242,6 +317,7 @@ class Transport(RankAccounting):
         self.max_message_bytes = MAX_MESSAGE_BYTES
         self.announce_bytes = ANNOUNCE_BYTES
         self._failure_classes = {getattr(MPI, name) for name in _FAILURE_CLASSES if hasattr(MPI, name)}
+        self._guard: StuckGuard | None = None
 
     @contextmanager
     def _timed(self) -> Iterator[None]:
@@ -258,19 +334,24 @@ class Transport(RankAccounting):
         """Time a blocking transfer that every peer has entered; past ``timeout``, end the job.
 
         A blocking MPI call cannot time out, and a peer stopped inside it would
-        hold this rank for ever, so a timer names the transfer and aborts.
+        hold this rank for ever, so the transport's :class:`StuckGuard` names the
+        transfer and aborts.
         """
-        guard = None
-        if timeout is not None and self._mpi.Query_thread() >= self._mpi.THREAD_MULTIPLE:
-            guard = threading.Timer(timeout, self._abort_stuck, (what, timeout))
-            guard.daemon = True
-            guard.start()
+        armed = timeout is not None and self._guard_ready()
+        if armed:
+            self._guard.arm(timeout, what)
         try:
             with self._timed():
                 yield
         finally:
-            if guard is not None:
-                guard.cancel()
+            if armed:
+                self._guard.disarm()
+
+    def _guard_ready(self) -> bool:
+        """Whether a guard thread can watch this rank's blocking calls (MPI must allow threads)."""
+        if self._guard is None and self._mpi.Query_thread() >= self._mpi.THREAD_MULTIPLE:
+            self._guard = StuckGuard(self._abort_stuck)
+        return self._guard is not None
 
     def _abort_stuck(self, what: str, timeout: float) -> None:
         sys.stderr.write(f"mpi_trainer: error: {self.describe()}: the {what} did not complete within "
@@ -300,20 +381,44 @@ class Transport(RankAccounting):
                 if due is not None:
                     pause = due_sleep(pause, now, started, due)
                 if pause > 0:
+                    self.check_notices()  # once per sleep: a rank that failed and left is not waited for
                     time.sleep(pause)
 
     def _timeout(self, what: str, timeout: float, missing: list[int]) -> TransportTimeout:
-        named = ""
-        if missing:
-            named = f" (waiting for rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))})"
-        return TransportTimeout(f"{self.describe()}: no {what} within {timeout:g} s{named}", missing)
+        named = f" (waiting for {self.name_ranks(missing)})" if missing else ""
+        return TransportTimeout(f"{self.describe()}, {self.phase}: no {what} within {timeout:g} s{named}", missing)
 
-    def _wait(self, request: Any, what: str = "completion", timeout: float | None = None) -> None:
+    # -- failure notices ----------------------------------------------------
+    def notify_failure(self, text: str) -> None:
+        """Tell every other rank that this one failed with ``text`` and is leaving the job.
+
+        The notice is small, so MPI sends it eagerly even to a peer that is busy or stopped;
+        a peer that takes nothing within ``NOTICE_SECONDS`` is left behind.
+        """
+        data = pickle.dumps((self.rank, self.host, text[:NOTICE_CHARS]), protocol=pickle.HIGHEST_PROTOCOL)
+        requests = [self.comm.Isend([data, self._mpi.BYTE], rank, TAG_FAILED)
+                    for rank in range(self.size) if rank != self.rank]
+        deadline = time.perf_counter() + NOTICE_SECONDS
+        while not all(request.Test() for request in requests) and time.perf_counter() < deadline:
+            time.sleep(1e-3)
+
+    def check_notices(self) -> None:
+        """Raise :class:`PeerFailure` when another rank's failure notice has arrived."""
+        status = self._mpi.Status()
+        if not self.comm.Iprobe(self._mpi.ANY_SOURCE, TAG_FAILED, status):
+            return
+        data = bytearray(status.Get_count(self._mpi.BYTE))
+        self.comm.Recv([data, self._mpi.BYTE], status.Get_source(), TAG_FAILED)
+        raise PeerFailure(*pickle.loads(data))
+
+    def _wait(self, request: Any, what: str = "completion", timeout: float | None = None,
+              peer: int | None = None) -> None:
+        """Wait for ``request``; a timeout names ``peer``, the rank it depends on, when there is one."""
         if self._blocking(timeout):
             with self._timed():
                 request.Wait()
             return
-        self._poll(request.Test, timeout, what)
+        self._poll(request.Test, timeout, what, list if peer is None else lambda: [peer])
 
     def _wait_for_peer(self, peer: int, tag: int, timeout: float | None, what: str) -> None:
         """Sleep until an empty message arrives from ``peer`` on ``tag``.
@@ -413,13 +518,14 @@ class Transport(RankAccounting):
     @_surfacing_failures
     def send_object(self, obj: Any, dest: int, tag: int, timeout: float | None = None) -> int:
         """Send a picklable object; a large one (an optimizer state) is announced first."""
+        timeout = self._limit(timeout)
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         if len(data) >= self.announce_bytes:
             self._announce(dest, tag, timeout, f"receiver for a {len(data)}-byte object")
             with self._bulk(timeout, "object send"):
                 self.comm.Send([data, self._mpi.BYTE], dest, tag)
         else:
-            self._wait(self.comm.Isend([data, self._mpi.BYTE], dest, tag))
+            self._wait(self.comm.Isend([data, self._mpi.BYTE], dest, tag), "object send", timeout, dest)
         self._count(len(data))
         return len(data)
 
@@ -427,6 +533,7 @@ class Transport(RankAccounting):
     def recv_object(self, source: int = -1, tag: int = 0, timeout: float | None = None,
                     due: float | None = None) -> Received:
         """The next object on ``tag``; ``due``: when it is expected (``time.perf_counter()``), if known."""
+        timeout = self._limit(timeout)
         source = self._mpi.ANY_SOURCE if source < 0 else source
         status = self._receive_status(source, tag, timeout, due=due)
         nbytes = status.Get_count(self._mpi.BYTE)
@@ -435,17 +542,11 @@ class Transport(RankAccounting):
             self.comm.Recv([data, self._mpi.BYTE], status.Get_source(), tag)
         return Received(pickle.loads(data), status.Get_source(), nbytes)
 
-    @_surfacing_failures
-    def bcast_object(self, obj: Any = None, root: int = 0) -> Any:
-        """Blocking broadcast, used only during set-up."""
-        if self.rank == root:
-            self._count(len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)) * (self.size - 1))
-        return self.comm.bcast(obj, root=root)
-
     # -- flat float32 buffers ---------------------------------------------
     @_surfacing_failures
     def broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None:
         """Broadcast ``buf`` in place from ``root`` to every rank."""
+        timeout = self._limit(timeout)
         self._rendezvous(root, timeout, "weights broadcast")
         with self._bulk(timeout, "weights broadcast"):
             self.comm.Bcast(buf, root=root)
@@ -455,6 +556,7 @@ class Transport(RankAccounting):
     @_surfacing_failures
     def reduce_sum(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None:
         """Sum every rank's ``buf`` into ``buf`` at ``root`` (whose own ``buf`` is added too)."""
+        timeout = self._limit(timeout)
         self._rendezvous(root, timeout, "weights reduction")
         with self._bulk(timeout, "weights reduction"):
             if self.rank == root:
@@ -468,6 +570,7 @@ class Transport(RankAccounting):
     def gather(self, buf: np.ndarray, out: np.ndarray | None = None, root: int = 0,
                timeout: float | None = None) -> None:
         """Every rank's ``buf`` into row ``rank`` of ``out`` (shape ``(size, *buf.shape)``) at ``root``."""
+        timeout = self._limit(timeout)
         self._rendezvous(root, timeout, "weights gather")
         with self._bulk(timeout, "weights gather"):
             self.comm.Gather(buf, out if self.rank == root else None, root=root)
@@ -478,18 +581,20 @@ class Transport(RankAccounting):
     def send_array(self, buf: np.ndarray, dest: int, tag: int = 0,
                    timeout: float | None = None) -> None:
         """Send ``buf``; from ``announce_bytes`` on, once the receiver is ready for it."""
+        timeout = self._limit(timeout)
         if buf.nbytes >= self.announce_bytes:
             self._announce(dest, tag, timeout, "receiver for the weights")
             with self._bulk(timeout, "weights send"):
                 self.comm.Send(buf, dest, tag)
         else:
-            self._wait(self.comm.Isend(buf, dest, tag), "weights send")
+            self._wait(self.comm.Isend(buf, dest, tag), "weights send", timeout, dest)
         self._count(buf.nbytes)
 
     @_surfacing_failures
     def recv_array(self, buf: np.ndarray, source: int = -1, tag: int = 0,
                    timeout: float | None = None) -> Received:
         """Receive into ``buf``; the message must have exactly ``buf.nbytes`` bytes."""
+        timeout = self._limit(timeout)
         source = self._mpi.ANY_SOURCE if source < 0 else source
         status = self._receive_status(source, tag, timeout, expected=buf.nbytes)
         nbytes = status.Get_count(self._mpi.BYTE)
@@ -510,9 +615,10 @@ class Transport(RankAccounting):
         once the receiver is ready. ``timeout`` bounds that wait (for a small
         array, the wait for each chunk to be taken); TimeoutError after it.
         """
+        timeout = self._limit(timeout)
         array = np.ascontiguousarray(array)
         announced = array.nbytes >= self.announce_bytes and not self._blocking(timeout)
-        self.send_object((array.shape, array.dtype.str, announced), dest, tag)
+        self.send_object((array.shape, array.dtype.str, announced), dest, tag, timeout)
         if announced:
             self._wait_for_peer(dest, TAG_CLEAR, timeout, "receiver for the data")
         flat = array.reshape(-1).view(np.uint8)
@@ -522,42 +628,78 @@ class Transport(RankAccounting):
                 with self._bulk(timeout, "data send"):
                     self.comm.Send(chunk, dest, tag)
             else:
-                self._wait(self.comm.Isend(chunk, dest, tag), "data send", timeout)
+                self._wait(self.comm.Isend(chunk, dest, tag), "data send", timeout, dest)
             self._count(chunk[0].nbytes)
 
     @_surfacing_failures
-    def recv_large_array(self, source: int, tag: int = 0) -> np.ndarray:
+    def recv_large_array(self, source: int, tag: int = 0, timeout: float | None = None) -> np.ndarray:
         """Receive what :meth:`send_large_array` sent, chunk by chunk, whatever the sender's chunk size."""
-        shape, dtype, announced = self.recv_object(source, tag).payload
+        timeout = self._limit(timeout)
+        shape, dtype, announced = self.recv_object(source, tag, timeout).payload
         if announced:
             self._send_nothing(source, TAG_CLEAR)
         array = np.empty(shape, dtype=np.dtype(dtype))
         flat = array.reshape(-1).view(np.uint8)
         filled = 0
         while filled < flat.nbytes:
-            status = self._probe(source, tag, None)
+            status = self._probe(source, tag, timeout)
             size = status.Get_count(self._mpi.BYTE)
-            self.comm.Recv([flat[filled:filled + size], self._mpi.BYTE], source, tag)
+            with self._bulk(timeout, "data receive"):
+                self.comm.Recv([flat[filled:filled + size], self._mpi.BYTE], source, tag)
             filled += size
         return array
 
     # -- set-up collectives -------------------------------------------------
     @_surfacing_failures
-    def allgather(self, obj: Any) -> list[Any]:
-        return self.comm.allgather(obj)
+    def allgather(self, obj: Any, timeout: float | None = None) -> list[Any]:
+        """Every rank's ``obj``, in rank order; the ranks meet first, so a missing one is named."""
+        timeout = self._limit(timeout)
+        self._rendezvous(0, timeout, "set-up agreement")
+        with self._bulk(timeout, "set-up agreement"):
+            return self.comm.allgather(obj)
+
+    @_surfacing_failures
+    def bcast_object(self, obj: Any = None, root: int = 0, timeout: float | None = None) -> Any:
+        """``obj`` from ``root`` on every rank (set-up: the job's plan)."""
+        timeout = self._limit(timeout)
+        if self.rank == root:
+            self._count(len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)) * (self.size - 1))
+        self._rendezvous(root, timeout, "set-up broadcast")
+        with self._bulk(timeout, "set-up broadcast"):
+            return self.comm.bcast(obj, root=root)
+
+    def learn_hosts(self) -> list[str]:
+        """Every rank's host, kept so that a later timeout names where a missing rank runs."""
+        self.hosts = self.allgather(self.host)
+        return self.hosts
 
     def node_layout(self) -> tuple[int, list[int]]:
         """This node's core count and the world ranks that share this node."""
-        local = self.comm.Split_type(self._mpi.COMM_TYPE_SHARED, key=self.rank)
-        try:
-            node_ranks = local.allgather(self.rank)
-        finally:
-            local.Free()
+        timeout = self._limit(None)
+        self._rendezvous(0, timeout, "node layout")
+        with self._bulk(timeout, "node layout"):
+            local = self.comm.Split_type(self._mpi.COMM_TYPE_SHARED, key=self.rank)
+            try:
+                node_ranks = local.allgather(self.rank)
+            finally:
+                local.Free()
         return os.cpu_count() or 1, sorted(node_ranks)
 
     @_surfacing_failures
-    def barrier(self) -> None:
-        self._wait(self.comm.Ibarrier(), "barrier")
+    def barrier(self, timeout: float | None = None) -> None:
+        self._wait(self.comm.Ibarrier(), "barrier", self._limit(timeout))
+
+    def duplicate(self, timeout: float | None = None) -> Transport:
+        """A transport on a new communicator with this one's settings: a job's messages stay in its own.
+
+        A job that fails part-way leaves messages nobody takes (a report, an arrival); in the
+        job's own communicator they cannot reach the next job of the same processes.
+        """
+        comm, request = self.comm.Idup()
+        self._wait(request, "new communicator", self._limit(timeout))
+        twin = Transport(comm, self.max_sleep)
+        twin.bound, twin.phase, twin.hosts = self.bound, self.phase, self.hosts
+        return twin
 
     def abort(self, code: int = 1) -> None:
         self.comm.Abort(code)

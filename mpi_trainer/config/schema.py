@@ -428,14 +428,20 @@ class CommConfig(_Section):
 
 @dataclass
 class WatchdogConfig(_Section):
-    """Seconds without progress before a rank or the launcher gives up; 0 = wait forever."""
+    """Seconds a rank waits for its peers before it names them and ends the job.
+
+    0 = the default bound (mpi_trainer.algorithms.wait_bounds): ``setup_timeout`` 600 s for
+    set-up and the first round; ``worker_timeout`` 10 x the slowest round so far, at least
+    60 s. ``stall_seconds`` (launcher only): seconds without a new round before a restart; 0 = off.
+    """
 
     prefix: ClassVar[str] = "watchdog"
     worker_timeout: float = 0.0
+    setup_timeout: float = 0.0
     stall_seconds: float = 0.0
 
     def __post_init__(self) -> None:
-        self._non_negative("worker_timeout", "stall_seconds")
+        self._non_negative("worker_timeout", "setup_timeout", "stall_seconds")
 
 
 @dataclass
@@ -521,6 +527,9 @@ class DebugConfig(_Section):
     ``crash_rank`` (0 = off) ends that worker (its starting rank) as ``kill -9`` would, in round
     ``crash_round``: at the start of its training (``crash_phase = "train"``) or after it sent its
     report, before its weights go out (``"contribute"``), to exercise ``fault.survive``.
+    ``freeze_rank`` (-1 = off) stops that rank with SIGSTOP, as a hung process would
+    stop: during set-up when ``freeze_round`` is -1, else once its part of round
+    ``freeze_round`` is done (a worker then sits idle; SSP counts its updates).
     """
 
     prefix: ClassVar[str] = "debug"
@@ -534,9 +543,13 @@ class DebugConfig(_Section):
     crash_rank: int = 0
     crash_round: int = 0
     crash_phase: CrashPhase = "contribute"
+    freeze_rank: int = -1
+    freeze_round: int = -1
 
     def __post_init__(self) -> None:
         self._require(self.slow_factor >= 1, "slow_factor", "must be >= 1 (1 = normal speed)")
+        self._require(self.freeze_rank >= -1, "freeze_rank", "must be a rank, or -1 (off)")
+        self._require(self.freeze_round >= -1, "freeze_round", "must be a round, or -1 (during set-up)")
         self._non_negative("batch_delay", "nan_rank", "nan_round", "crash_rank", "crash_round")
         self._choice("crash_phase", CRASH_PHASES)
         self._require(all(rank >= 1 for rank in self.slow_ranks), "slow_ranks",

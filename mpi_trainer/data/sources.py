@@ -259,10 +259,11 @@ def _validate(raw: RawArrays, splits: SplitRows, name: str) -> tuple[int, bool]:
     if raw.y.dtype != np.int32:
         return (int(raw.y.shape[-1]) if raw.y.ndim > 1 else 1), False
     train_classes = int(raw.y[splits.train].max()) + 1
-    highest = int(test_labels[splits.test].max())
-    if highest >= train_classes:
-        raise DataError(f"{name}: test label {highest} is out of range: the training split has classes "
-                        f"0..{train_classes - 1}; labels must be class indices seen in training")
+    for split, labels, rows in (("validation", raw.y, splits.val), ("test", test_labels, splits.test)):
+        highest = int(labels[rows].max()) if len(rows) else -1
+        if highest >= train_classes:
+            raise DataError(f"{name}: {split} label {highest} is out of range: the training split has classes "
+                            f"0..{train_classes - 1}; labels must be class indices seen in training")
     return max(train_classes, 2), True
 
 

@@ -20,14 +20,15 @@ from typing import Any
 import numpy as np
 
 from mpi_trainer.algorithms.early_stopping import watched_metric
-from mpi_trainer.comm.transport import Transport, fault_tolerance_problem, install_abort_on_error
+from mpi_trainer.algorithms.wait_bounds import WaitBounds, for_rank
+from mpi_trainer.comm.transport import PeerFailure, Transport, fault_tolerance_problem, install_abort_on_error
 from mpi_trainer.config import Config, load_config
 from mpi_trainer.config.schema import TrainConfig
 from mpi_trainer.data.readers import RawArrays
 from mpi_trainer.errors import (
     EXIT_INPUT_ERROR,
     EXIT_PREEMPTED,
-    EXIT_WORKER_FAILURE,
+    AgreedInputError,
     ConfigError,
     InputError,
     Preempted,
@@ -45,6 +46,8 @@ from mpi_trainer.launch.devices import (
     discover_gpus,
     refuse_started_backend,
 )
+from mpi_trainer.launch.failures import end_stuck
+from mpi_trainer.launch.freeze import maybe_freeze
 from mpi_trainer.launch.mpirun import FAULT_TOLERANT_OPTIONS
 from mpi_trainer.launch.run_dir import begin_writing, check_against_run, finished_run, open_run_dir
 from mpi_trainer.launch.runtime import (
@@ -91,10 +94,6 @@ def check_fault_tolerance(transport: Transport, cfg: Config) -> None:
                    f"`python -m mpi_trainer launch`, or add `{' '.join(FAULT_TOLERANT_OPTIONS)}` to the mpirun "
                    f"line, or set fault.survive = false")
     agree(transport, problem)
-
-
-class AgreedInputError(InputError):
-    """Bad input that every rank knows about: all of them report it and exit together."""
 
 
 def agree(transport: Transport, error: str | None) -> None:
@@ -330,11 +329,10 @@ def run_scheduler(transport: Transport, cfg: Config, setup_result: tuple, placem
         if calibration[0]:  # data.rebalance (which L-BFGS refuses)
             engine.seed_speeds(*calibration)
         summary = engine.run()
-    except WorkerFailure as exc:
-        get_logger().error("%s", exc)
-        sys.stderr.write(f"mpi_trainer: error: {exc}\n")
-        sys.stderr.flush()
-        transport.abort(EXIT_WORKER_FAILURE)
+    except PeerFailure:
+        raise  # a worker failed and left the job: rank 0 leaves it too, with the worker's error
+    except WorkerFailure as exc:  # a worker stopped answering: only ending the job ends it
+        end_stuck(transport, str(exc))
     if cfg.log.plots and summary.get("completed", True):
         write_report(path)
     print(f"run directory: {path}", flush=True)
@@ -360,6 +358,8 @@ def load_config_everywhere(transport: Transport, config: str | dict | None, over
     cfg, error = None, None
     try:
         cfg = load_config(config, overrides)
+        # set-up waits follow watchdog.setup_timeout from here on, the agreement below included
+        transport.bound = for_rank(transport.rank, WaitBounds(cfg.watchdog.setup_timeout).setup)
     except InputError as exc:
         error = str(exc)
     agree(transport, error)
@@ -372,6 +372,7 @@ def run_job(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str |
     A preempted job raises :class:`~mpi_trainer.errors.Preempted` on every rank (exit status 75).
     """
     cfg, placements = start_rank(transport, cfg)
+    maybe_freeze(cfg.debug, transport.rank, -1)
     watch = preemption()
     watch.install(cfg.checkpoint.preempt_signals, cfg.checkpoint.grace_seconds,
                   lambda: transport.abort(EXIT_PREEMPTED))
@@ -401,11 +402,15 @@ def train_roles(transport: Transport, cfg: Config, inputs: JobInputs, setup_resu
                                         inputs.callbacks, (speeds, time.perf_counter() - calibrating))
         if summary.get("stop_reason") == "preempted":
             raise Preempted()
-        return engine, summary
-    role.run()
-    if getattr(role, "preempted", False):
-        raise Preempted()
-    return None
+        result = engine, summary
+    else:
+        role.run()
+        if getattr(role, "preempted", False):
+            raise Preempted()
+        result = None
+    transport.phase = "teardown"
+    transport.barrier()  # every rank leaves the job together; a rank stuck past its last round is named
+    return result
 
 
 # -- this process's device and threads, fixed once ----------------------------------------------
@@ -436,6 +441,7 @@ def start_rank(transport: Transport, cfg: Config) -> tuple[Config, list[Placemen
     check_world(transport)
     check_fault_tolerance(transport, cfg)
     install_abort_on_error(transport)
+    transport.learn_hosts()
     if _placed is None:
         _placed = ProcessPlacement(place_process(transport, cfg), placement_settings(cfg))
     else:

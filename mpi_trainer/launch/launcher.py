@@ -24,7 +24,14 @@ from mpi_trainer.config import Config
 from mpi_trainer.errors import ConfigError
 from mpi_trainer.launch.mpirun import mpirun_command
 from mpi_trainer.launch.run_dir import RUN_DIR_ENV, default_run_dir
-from mpi_trainer.launch.supervisor import HOST_FAILURES_TO_DROP, Failure, Placement, Supervisor, host_dropper
+from mpi_trainer.launch.supervisor import (
+    HOST_FAILURES_TO_DROP,
+    Failure,
+    Placement,
+    Supervisor,
+    host_dropper,
+    read_machinefile,
+)
 from mpi_trainer.persistence.run_files import ROUNDS_NAME, SUMMARY_NAME, write_json_atomic
 from mpi_trainer.persistence.run_lock import LAUNCHER_ENV, RunLock, holder_id
 
@@ -72,6 +79,8 @@ def check_args(args: argparse.Namespace) -> None:
     if args.machinefile and not Path(args.machinefile).is_file():
         raise ConfigError(f"`--machinefile` must name an existing file. Received: --machinefile "
                           f"{args.machinefile!r}")
+    if args.machinefile:
+        read_machinefile(Path(args.machinefile))  # a malformed line fails here, named, before any job
     program = getattr(args, "program", [])
     if bool(args.config) == bool(program):
         raise ConfigError(f"`launch` supervises a config or a command after `--`, one of them. Received: "

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mpi_trainer.errors import EXIT_INPUT_ERROR, EXIT_PREEMPTED
+from mpi_trainer.errors import EXIT_INPUT_ERROR, EXIT_PREEMPTED, ConfigError
 from mpi_trainer.persistence.run_files import write_atomic
 
 POLL_SECONDS = 0.5
@@ -69,14 +69,20 @@ def hosts_named(lines: Iterable[str]) -> list[str]:
 
 
 def read_machinefile(path: Path) -> list[tuple[str, int]]:
-    """``(host, slots)`` per line of an Open MPI hostfile; a line without ``slots=`` counts one."""
+    """``(host, slots)`` per line of an Open MPI hostfile; a line without ``slots=`` counts one.
+
+    A ``slots`` value that is not a positive integer is refused with its line number."""
     entries = []
-    for line in Path(path).read_text().splitlines():
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
         words = line.split("#", 1)[0].split()
         if not words:
             continue
-        slots = next((int(w.split("=", 1)[1]) for w in words[1:] if w.startswith(("slots=", "slots:"))), 1)
-        entries.append((words[0], slots))
+        given = next((w for w in words[1:] if w.startswith(("slots=", "slots:"))), "slots=1")
+        value = given[len("slots="):]
+        if not value.isdigit() or int(value) < 1:
+            raise ConfigError(f"{path}, line {number}: `{given}` is not a slot count. Received: {line.strip()!r}; "
+                              f"expected 'HOST slots=N' with N a positive integer")
+        entries.append((words[0], int(value)))
     return entries
 
 

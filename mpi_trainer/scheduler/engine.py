@@ -9,6 +9,7 @@ goes through the :class:`~mpi_trainer.comm.protocol.SchedulerLink`.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,14 +18,16 @@ from typing import Any
 import numpy as np
 
 from mpi_trainer.algorithms.rebalance import Measurement, Rebalancer
+from mpi_trainer.algorithms.wait_bounds import WaitBounds
 from mpi_trainer.comm.codec import WeightCodec
-from mpi_trainer.comm.protocol import JobPlan, SchedulerLink
+from mpi_trainer.comm.protocol import JobPlan, Order, SchedulerLink
 from mpi_trainer.comm.wire import WireFormat
 from mpi_trainer.config import Config
 from mpi_trainer.data.partition import block_bounds
 from mpi_trainer.data.placement import moved_rows
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.errors import RankLost, WorkerFailure
+from mpi_trainer.launch.freeze import maybe_freeze
 from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.resume import ResumeState
 from mpi_trainer.scheduler.recorder import RoundRecorder, StopReason
@@ -43,7 +46,8 @@ class Engine(ABC):
         self.wire = WireFormat(cfg.aggregation.wire_dtype)  # what the weights travel as
         transport = link.transport
         hosts = hosts or [transport.host] * transport.size
-        self.watchdog = Watchdog(cfg.watchdog.worker_timeout, hosts)
+        self.watchdog = Watchdog(WaitBounds(cfg.watchdog.setup_timeout, cfg.watchdog.worker_timeout), hosts)
+        self.paced: float | None = None  # when the last round closed (or the rounds began)
         self.recorder = RoundRecorder(cfg, dataset, model, self.codec, plan, run_dir, transport, hosts, resume)
         self.observers = self.recorder.observers
         if resume is not None:
@@ -67,11 +71,15 @@ class Engine(ABC):
         """Every round until a stop, then release the workers and write the end of the run."""
         self.recorder.count_bytes(self.link.take_bytes())  # the set-up broadcast
         self.log.info("%s", self.describe())
+        self.pace(None)
         try:
             self.recorder.begin()
             self.state.stop_reason = self.run_rounds()
             states = self.final_states()
-            self.link.stop(preempted=self.state.stop_reason == StopReason.PREEMPTED)
+            try:
+                self.link.stop(preempted=self.state.stop_reason == StopReason.PREEMPTED)
+            except TimeoutError as exc:
+                raise self.timed_out("take its order to stop", exc, self.workers) from None
             self.recorder.count_bytes(self.link.take_bytes())
             summary = self.recorder.finish(self.weights, states)
             self.weights = self.recorder.kept_weights
@@ -99,6 +107,20 @@ class Engine(ABC):
     def final_states(self) -> dict[int, np.ndarray]:
         """Optimizer state for the final checkpoint (none by default)."""
         return {}
+
+    def pace(self, closed: int | None) -> None:
+        """Round ``closed`` has been recorded (None: the rounds begin): the watchdog learns how long the
+        whole round took, and every wait from here on (this rank's, and through the orders the workers')
+        follows the bound it derives."""
+        now = time.perf_counter()
+        if closed is not None and self.paced is not None:
+            self.watchdog.observe(now - self.paced)
+        self.paced = now
+        transport = self.link.transport
+        transport.bound = self.watchdog.timeout
+        transport.phase = "the rounds" if closed is None else f"after round {closed}"
+        if closed is not None:
+            maybe_freeze(self.cfg.debug, 0, closed)
 
     def close(self) -> None:
         self.recorder.close()
@@ -184,6 +206,13 @@ class Engine(ABC):
             self.rebalancer = Rebalancer(self.plan.block_bounds, self.cfg.data.rebalance_smoothing)
         self.log.info("blocks re-planned for %d workers from round %d: %s", len(self.workers), next_round,
                       ", ".join(f"[{start}, {end})" for start, end in self.plan.block_bounds))
+
+    def send_order(self, worker: int, order: Order) -> None:
+        """An order, which a worker that stopped taking messages cannot hold up for longer than the bound."""
+        try:
+            self.link.send_order(worker, order)
+        except TimeoutError:
+            raise self.watchdog.failure(f"take its order for {order.describe()}", [worker]) from None
 
     def timed_out(self, what: str, error: TimeoutError, ranks: list[int]) -> Exception:
         """The watchdog's failure for a wait that timed out, naming who was missing (else ``ranks``)."""

@@ -77,11 +77,11 @@ class WorkerEvaluator(Evaluator):
     def evaluate(self, weights: np.ndarray, round_index: int = -1) -> tuple[dict[str, float], float]:
         started = time.perf_counter()
         order = Order(OrderKind.EVALUATE, round=round_index, score_validation=self.scores_validation)
-        for worker in self.link.workers:
-            self.link.send_order(worker, order)
         summed = np.zeros(self.state_size * (2 if self.scores_validation else 1), dtype=np.float64)
         what = f"score round {round_index}"
         try:
+            for worker in self.link.workers:
+                self.link.send_order(worker, order)
             # the broadcast's arrival messages name a worker that stopped before scoring
             self.link.broadcast_weights(weights, self.watchdog.timeout)
             self.link.reduce_metric_state(summed, self.watchdog.timeout)

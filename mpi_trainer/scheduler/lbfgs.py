@@ -26,6 +26,7 @@ import numpy as np
 
 from mpi_trainer.algorithms.early_stopping import EarlyStopping
 from mpi_trainer.algorithms.lbfgs import Iterate, LbfgsSettings, Outcome, WireLayout, minimize
+from mpi_trainer.algorithms.wait_bounds import WaitBounds
 from mpi_trainer.comm.codec import WeightCodec
 from mpi_trainer.comm.protocol import JobPlan, SchedulerLink
 from mpi_trainer.config import Config
@@ -139,8 +140,9 @@ class LbfgsScheduler:
         self.placement = placement
 
     @property
-    def worker_timeout(self) -> float | None:
-        return self.cfg.watchdog.worker_timeout or None
+    def worker_timeout(self) -> float:
+        """``watchdog.worker_timeout``, else the set-up bound (iterations are not paced like rounds)."""
+        return self.cfg.watchdog.worker_timeout or getattr(self.transport, "bound", None) or WaitBounds().setup
 
     def elapsed(self) -> float:
         return self.state.wall_offset + time.perf_counter() - self.started
@@ -173,8 +175,10 @@ class LbfgsScheduler:
         try:
             verb(buffer, timeout=self.worker_timeout)
         except TimeoutError:
-            raise WorkerFailure(f"watchdog: the workers did not {what} within watchdog.worker_timeout="
-                                f"{self.worker_timeout:g} s; ending the job") from None
+            given = self.cfg.watchdog.worker_timeout
+            bound = (f"watchdog.worker_timeout={given:g} s" if given else
+                     f"{self.worker_timeout:g} s (the set-up bound; set watchdog.worker_timeout to change it)")
+            raise WorkerFailure(f"watchdog: the workers did not {what} within {bound}; ending the job") from None
 
     def evaluate(self, params: np.ndarray) -> tuple[float, np.ndarray]:
         """One round trip: the mean loss and gradient over every block at ``params``."""

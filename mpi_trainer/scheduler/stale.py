@@ -145,12 +145,15 @@ class StaleEngine(Engine):
     def dispatch(self, worker: int) -> None:
         clock = self.clock.clocks[worker]
         order, moved = self.update_order(worker, clock)
-        self.link.send_order(worker, order)
+        self.send_order(worker, order)
         started = time.perf_counter()
         if moved is not None:
             self.hand_over_rows(worker, moved, clock)
         sent = self.wire.encode(self.weights)
-        self.link.send_weights(worker, sent)
+        try:
+            self.link.send_weights(worker, sent, self.watchdog.timeout)
+        except TimeoutError:
+            raise self.watchdog.failure(f"take the weights of its update at clock {clock}", [worker]) from None
         self.window.comm_seconds += time.perf_counter() - started
         # The worker starts from the weights as they arrive: its delta is taken against the same.
         self.in_flight[worker] = InFlight(clock, self.version, self.wire.decode(sent), self.clock.lead(worker),
@@ -182,7 +185,10 @@ class StaleEngine(Engine):
         except TimeoutError:
             raise self.watchdog.failure("return an update", sorted(self.in_flight)) from None
         started = time.perf_counter()
-        weights = self.link.recv_weights(message.source, self.wire.empty(self.codec.size))
+        try:
+            weights = self.link.recv_weights(message.source, self.wire.empty(self.codec.size), self.watchdog.timeout)
+        except TimeoutError:
+            raise self.watchdog.failure("send the weights of its update", [message.source]) from None
         self.window.comm_seconds += time.perf_counter() - started
         return message.payload, self.wire.decode(weights.payload), message.nbytes + weights.nbytes
 
@@ -255,6 +261,7 @@ class StaleEngine(Engine):
             return self.recorder.on_non_finite(round_index, cause, self.weights, closed.bytes)[0]
         self.state.steps += sum(r.steps for r in reports)
         stop = self.recorder.close_round(closed, self.weights, self.timing(window))
+        self.pace(round_index)
         self.window = Window(time.perf_counter())
         return stop
 

@@ -143,6 +143,7 @@ class SynchronousEngine(Engine):
             # The workers train the next round while this one is evaluated and recorded.
             self.next_started = self.dispatch(round_index + 1)
         stop = self.recorder.close_round(closed, self.weights, self.timing(closed, started, collected))
+        self.pace(round_index)
         if stop:
             self.drain_next(round_index + 1)
             return stop
@@ -224,7 +225,7 @@ class SynchronousEngine(Engine):
         """Start a round on every worker (orders, moved rows, state, "ready", weights); returns when."""
         started = time.perf_counter()
         for worker, order in self.round_orders(round_index).items():
-            self.link.send_order(worker, order)
+            self.send_order(worker, order)
             if self.moved:
                 self.send_moved(worker, round_index)
         self.moved = {}

@@ -4,20 +4,28 @@ from __future__ import annotations
 
 import time
 
+from mpi_trainer.algorithms.wait_bounds import WaitBounds
 from mpi_trainer.errors import WorkerFailure
 
 
 class Watchdog:
-    """``watchdog.worker_timeout`` seconds per round (0: wait forever), and who is where."""
+    """Seconds a round's waits may last (explicit ``watchdog.worker_timeout``, else derived from the
+    rounds: :mod:`mpi_trainer.algorithms.wait_bounds`), and who is where."""
 
-    def __init__(self, worker_timeout: float, hosts: list[str]) -> None:
-        self.timeout = worker_timeout or None
+    def __init__(self, bounds: WaitBounds, hosts: list[str]) -> None:
+        self.bounds = bounds
         self.hosts = hosts
 
-    def remaining(self, started: float) -> float | None:
-        """Seconds left of the allowance for a round that started at ``started`` (None: no watchdog)."""
-        if self.timeout is None:
-            return None
+    @property
+    def timeout(self) -> float:
+        return self.bounds.round
+
+    def observe(self, seconds: float) -> None:
+        """A whole round took ``seconds``: the derived bound follows the slowest."""
+        self.bounds.observe(seconds)
+
+    def remaining(self, started: float) -> float:
+        """Seconds left of the allowance for a round that started at ``started``."""
         return max(1e-3, started + self.timeout - time.perf_counter())
 
     def deadline(self, started: float):  # noqa: ANN201 - a zero-argument callable
@@ -25,5 +33,4 @@ class Watchdog:
 
     def failure(self, what: str, ranks: list[int]) -> WorkerFailure:
         named = ", ".join(f"worker rank {rank} on host {self.hosts[rank]}" for rank in ranks)
-        return WorkerFailure(f"watchdog: {named} did not {what} within watchdog.worker_timeout="
-                             f"{self.timeout:g} s; ending the job")
+        return WorkerFailure(f"watchdog: {named} did not {what} within {self.bounds.describe()}; ending the job")

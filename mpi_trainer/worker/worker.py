@@ -34,6 +34,7 @@ from mpi_trainer.data.placement import HeldRows, WorkerData, peak_rss_mib
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.data.walk import BlockWalk
 from mpi_trainer.errors import RankLost, WorkerFailure
+from mpi_trainer.launch.freeze import maybe_freeze
 from mpi_trainer.logs import get_logger
 from mpi_trainer.models import evaluate_model, flat_metric_state, rebuild_model, summed_metric_state
 from mpi_trainer.models.dry_run import dry_run, reset_optimizer
@@ -200,6 +201,7 @@ class Worker:
         self.phases.add("send", order.round, sending)
         self.log.debug("round %d: loss %.4f acc %.4f in %.2f s on %d samples", order.round,
                        report.train_loss, report.train_accuracy, report.train_seconds, report.samples)
+        maybe_freeze(self.cfg.debug, self.rank, order.round)
 
     # -- scoring a shard of the global model (evaluation.where = "workers") ----------------
     def evaluate(self, order: Order) -> None:
@@ -256,6 +258,7 @@ class Worker:
         self.link.send_report(report)
         self.link.send_weights(self.wire.encode(local))
         self.phases.add("send", order.clock, sending)
+        maybe_freeze(self.cfg.debug, self.rank, order.clock)
 
     # -- training and scoring -----------------------------------------------------------
     def train_and_report(self, round_index: int, max_steps: int | None = None) -> tuple[Report, np.ndarray]:

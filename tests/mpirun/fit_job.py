@@ -1,6 +1,6 @@
 """The script test_mpirun_api.py runs under ``mpirun -n 3``: ``mpi_trainer.fit`` as a user calls it.
 
-    python tests/mpirun/fit_job.py RUN_DIR shared | scattered | mismatch | half_arguments | built | init_built
+    python tests/mpirun/fit_job.py RUN_DIR shared | scattered | mismatch | half_arguments | built | init_built | caught
 
 Rank 0 prints one JSON line with what ``fit`` returned; workers print ``{"worker": rank, "result": null}``.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import keras
 from mpi4py import MPI
@@ -60,6 +61,8 @@ def run(mode: str, run_dir: str, rank: int) -> dict | None:
     if mode == "mismatch":
         mpi_trainer.fit(one_hot_model, x / 16.0, y, epochs=3, **common)
         return {"unreachable": True}
+    if mode == "caught":
+        return sweep(run_dir, x / 16.0, y, common["overrides"])
     if mode == "half_arguments":  # rank 2 alone passes x without y
         mpi_trainer.fit(classifier, x / 16.0, None if rank == 2 else y, epochs=3, **common)
         return {"unreachable": True}
@@ -70,6 +73,34 @@ def run(mode: str, run_dir: str, rank: int) -> dict | None:
     probe = result.model.evaluate(x[:50] / 16.0, y[:50], verbose=0, return_dict=True)
     return {"history": result.history, "summary": result.summary, "epochs_seen": stop.epochs,
             "model_accuracy": probe["accuracy"], "run_dir": str(result.run_dir)}
+
+
+class BreaksAt(keras.callbacks.Callback):
+    """Raises on the scheduler after round ``at``, as a user's callback with a bug would."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at = at
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.at:
+            raise RuntimeError(f"callback broke after round {epoch}")
+
+
+def sweep(run_dir: str, x, y, overrides: dict) -> dict:
+    """Two jobs in a loop that catches each failure, as a hyper-parameter sweep does: the first breaks on
+    rank 0 after round 1, the second trains. What each rank got, and how long it took to get it."""
+    outcomes = []
+    for index, callbacks in enumerate([[BreaksAt(1)], []]):
+        started = time.monotonic()
+        try:
+            result = mpi_trainer.fit(classifier, x, y, epochs=4, batch_size=32, callbacks=callbacks,
+                                     run_dir=f"{run_dir}-{index}", overrides=overrides)
+            outcome = {"rounds": None if result is None else len(result.history["test_loss"])}
+        except Exception as exc:  # noqa: BLE001 - the sweep goes on, as a user's would
+            outcome = {"error": f"{type(exc).__name__}: {exc}", "failed_at": time.time()}
+        outcomes.append({**outcome, "seconds": time.monotonic() - started})
+    return {"jobs": outcomes}
 
 
 def built_model(mode: str, run_dir: str, x, y, overrides: dict) -> dict | None:

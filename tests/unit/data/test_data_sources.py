@@ -153,6 +153,20 @@ def test_test_labels_outside_the_training_classes_are_out_of_range(tmp_path):
         _load(f"data.source={tmp_path / 'd.npz'}")
 
 
+def test_validation_labels_outside_the_training_classes_are_out_of_range(tmp_path):
+    """A class that only the validation split holds is refused before training, as one only in test is."""
+    from mpi_trainer.data.sources import split_positions
+
+    x, y = _images()
+    cfg = load_config(None, ["data.validation_size=0.2"])
+    _, validation = split_positions(100, cfg.data.validation_size, cfg.train.seed + 1)
+    y_train = y[:100].copy()
+    y_train[validation[0]] = 8  # the one row of class 8 lands in the validation split
+    np.savez(tmp_path / "d.npz", x_train=x[:100], y_train=y_train, x_test=x[100:], y_test=y[100:])
+    with pytest.raises(DataError, match="validation label 8 is out of range: the training split has classes 0..2"):
+        _load(f"data.source={tmp_path / 'd.npz'}", "data.validation_size=0.2")
+
+
 def test_empty_split_and_too_few_samples_for_the_workers(tmp_path):
     x, y = _images(2)
     np.savez(tmp_path / "tiny.npz", x=x, y=y)

@@ -92,6 +92,17 @@ def test_launch_refuses_bad_arguments(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("line", ["node-b slots=two", "node-b slots=0", "node-b slots="])
+def test_launch_names_the_machinefile_line_with_a_bad_slot_count(tmp_path, line, capsys):
+    machinefile = tmp_path / "hosts"
+    machinefile.write_text(f"# lab\nnode-a slots=2\n{line}\n")
+    assert main(["launch", "-n", "3", "--machinefile", str(machinefile), "configs/quickstart.toml"]) == 2
+    err = capsys.readouterr().err
+    assert f"{machinefile}, line 3: `{line.split()[1]}` is not a slot count. Received: {line!r}; expected " \
+           "'HOST slots=N' with N a positive integer" in err
+    assert "Traceback" not in err
+
+
 def test_terminating_the_launcher_passes_the_preemption_on_and_leaves_nothing_running(tmp_path):
     """SIGTERM to the launcher: the job (in its own session) gets SIGUSR1, ends, and the launcher exits 75."""
     import os

@@ -5,10 +5,13 @@ These need no mpirun; the ones that create namespaces skip where the script repo
 
 from __future__ import annotations
 
+import os
+import re
+import stat
 import subprocess
 
 import pytest
-from simulated_hosts import EXIT_NO_RIGHTS, cluster_script, leftovers, state_dir, unique_prefix
+from simulated_hosts import EXIT_NO_RIGHTS, STATE_ROOT, cluster_script, leftovers, state_dir, unique_prefix
 
 
 @pytest.mark.parametrize("args, expected", [
@@ -81,3 +84,66 @@ def test_delay_needs_netem_and_says_so(prefix):
         return
     assert result.returncode == 1 and "does not have. Received: --delay=5ms" in result.stderr
     assert leftovers(name) == [] and not state_dir(name).exists()
+
+
+def _root_only(path):
+    path.mkdir(mode=0o700)
+    path.chmod(0o700)
+    return path
+
+
+def _refused(root, *args):
+    """`up` and `down` under state root ``root``; both must refuse before touching the network."""
+    env = {"MPT_CLUSTER_ROOT": str(root)}
+    name, subnet = unique_prefix()
+    up = cluster_script("up", "1", "--prefix", name, "--subnet", subnet, env=env)
+    if up.returncode == EXIT_NO_RIGHTS:
+        pytest.skip(f"needs root: {up.stderr.strip()}")
+    down = cluster_script("down", "--prefix", name, env=env)
+    assert leftovers(name) == []
+    return up, down, name
+
+
+def test_a_state_root_that_is_a_symbolic_link_or_open_to_others_is_refused(tmp_path):
+    target = _root_only(tmp_path / "elsewhere")
+    (tmp_path / "link").symlink_to(target)
+    up, down, _ = _refused(tmp_path / "link")
+    assert up.returncode == 1 and "is a symbolic link; expected a directory this script created" in up.stderr
+    assert down.returncode == 1 and list(target.iterdir()) == []
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    up, _, _ = _refused(shared)
+    assert up.returncode == 1 and "Received: owner uid 0, mode 777; expected root's, mode 700" in up.stderr
+
+
+def test_a_state_directory_up_did_not_create_is_refused_and_never_written(tmp_path):
+    """Someone else's directory named like the prefix's state (no mark, or not root's) is never used."""
+    root = _root_only(tmp_path / "root")
+    name, _ = unique_prefix()
+    planted = _root_only(root / f"{name}.planted1")
+    up, down, _ = _refused(root)
+    assert up.returncode == 1 and "was not created by this script (it has no .created-by-local_cluster)" in up.stderr
+    assert down.returncode == 1 and list(planted.iterdir()) == []  # no agent.sh written there
+    os.chown(planted, 65534, 65534)
+    (planted / ".created-by-local_cluster").touch()
+    up, _, _ = _refused(root)
+    assert up.returncode == 1 and "Received: owner uid 65534, mode 700" in up.stderr
+    assert not (planted / "agent.sh").exists()
+
+
+def test_up_keeps_its_state_in_a_fresh_private_directory_and_down_removes_it(prefix):
+    name = prefix[0]
+    result = _up(prefix, "1")
+    assert result.returncode == 0, result.stderr
+    state = state_dir(name)
+    assert state.parent == STATE_ROOT and re.fullmatch(rf"{name}\.[A-Za-z0-9]{{8}}", state.name)
+    assert f"state in {state}" in result.stdout
+    info = state.stat()
+    assert info.st_uid == 0 and stat.S_IMODE(info.st_mode) == 0o700
+    assert stat.S_IMODE(STATE_ROOT.stat().st_mode) == 0o700
+    (state / "planted").symlink_to("/etc/passwd")  # a link inside is refused, not followed
+    again = _up(prefix, "1")
+    assert again.returncode == 1 and "planted in the state directory is a symbolic link" in again.stderr
+    (state / "planted").unlink()
+    assert cluster_script("down", "--prefix", name).returncode == 0 and not state.exists()

@@ -57,7 +57,8 @@ class FakeWorkers:
         self.last_order[dest] = order
         return 64
 
-    def send_array(self, buf: np.ndarray, dest: int, tag: int = 0) -> None:
+    def send_array(self, buf: np.ndarray, dest: int, tag: int = 0, timeout: float | None = None) -> None:
+        assert timeout is not None, "the scheduler would wait forever for a worker that takes nothing"
         assert self.last_order[dest].kind == OrderKind.UPDATE
         clock = self.last_order[dest].clock
         self.results[dest] = buf + np.float32(self.step * dest)  # each worker learns its own step
