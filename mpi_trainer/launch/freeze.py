@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from typing import Any
 
 from mpi_trainer.logs import get_logger
@@ -18,4 +19,6 @@ def maybe_freeze(debug: Any, rank: int, round_index: int) -> None:
     get_logger().warning("debug: rank %d stops itself (SIGSTOP) %s (debug.freeze_rank)", rank, where)
     for handler in get_logger().handlers:
         handler.flush()
+    sys.stdout.flush()  # a stopped process flushes nothing, and the job's end loses what it buffered
+    sys.stderr.flush()
     os.kill(os.getpid(), signal.SIGSTOP)

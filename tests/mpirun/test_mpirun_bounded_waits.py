@@ -1,6 +1,7 @@
 """Real ``mpirun`` jobs in which one rank stops (SIGSTOP, ``debug.freeze_rank``) or fails: every other rank
 leaves within the bound, naming who and where. Small explicit bounds keep each test short; the times
-measured here fill the reliability table of docs/fault-tolerance.md."""
+measured here fill the reliability table of docs/fault-tolerance.md. The bounds must still cover a
+legitimate first round (it compiles) on a busy 2-core CI machine."""
 
 from __future__ import annotations
 
@@ -42,32 +43,32 @@ def frozen_job(run_dir: Path, *sets: str) -> tuple[int, str, float]:
 
 
 def test_a_worker_stopped_during_set_up_is_named_by_rank_0_within_the_set_up_bound(tmp_path):
-    code, output, seconds = frozen_job(tmp_path / "run", "debug.freeze_rank=2", "watchdog.setup_timeout=8")
+    code, output, seconds = frozen_job(tmp_path / "run", "debug.freeze_rank=2", "watchdog.setup_timeout=15")
     assert code == EXIT_WORKER_FAILURE, output
-    assert (f"mpi_trainer: error: rank 0 of 3 on {HOST}, set-up: no set-up agreement within 8 s "
+    assert (f"mpi_trainer: error: rank 0 of 3 on {HOST}, set-up: no set-up agreement within 15 s "
             f"(waiting for rank 2 on host {HOST}); ending the job") in output
-    assert seconds < 8 + 20
+    assert seconds < 15 + 20
     assert not (tmp_path / "run" / "rounds.csv").exists()
 
 
 def test_an_idle_worker_stopped_under_ssp_is_named_when_its_next_update_goes_out(tmp_path):
     code, output, seconds = frozen_job(tmp_path / "run", "aggregation.ssp=2", "debug.freeze_rank=2",
-                                       "debug.freeze_round=1", "watchdog.worker_timeout=6")
+                                       "debug.freeze_round=1", "watchdog.worker_timeout=10")
     assert code == EXIT_WORKER_FAILURE, output
     # the order goes first; whether it or the weights after it is what MPI cannot hand over depends on its buffers
     assert re.search(rf"mpi_trainer: error: watchdog: worker rank 2 on host {HOST} did not take (its order for the "
-                     rf"update|the weights of its update) at clock 2 within watchdog.worker_timeout=6 s; ending the "
+                     rf"update|the weights of its update) at clock 2 within watchdog.worker_timeout=10 s; ending the "
                      rf"job", output), output
-    assert seconds < 6 + 20
+    assert seconds < 10 + 20
 
 
 def test_a_stopped_scheduler_is_named_by_the_workers_within_twice_the_bound(tmp_path):
     code, output, seconds = frozen_job(tmp_path / "run", "debug.freeze_rank=0", "debug.freeze_round=1",
-                                       "watchdog.worker_timeout=4")
+                                       "watchdog.worker_timeout=10")
     assert code == EXIT_WORKER_FAILURE, output
     assert (f"waiting for the scheduler's next order (after round 1): no message (tag 11) from rank 0 "
-            f"within 8 s (waiting for rank 0 on host {HOST}); ending the job") in output
-    assert seconds < 8 + 20
+            f"within 20 s (waiting for rank 0 on host {HOST}); ending the job") in output
+    assert seconds < 20 + 20
     assert [int(row["round"]) for row in read_rounds(tmp_path / "run" / "rounds.csv")] == [0, 1]
 
 
