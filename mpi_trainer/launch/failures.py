@@ -33,7 +33,10 @@ def fail_together(transport: Any) -> Iterator[None]:
         end_stuck(transport, f"{exc}; ending the job")
         raise
     except BaseException as exc:
-        transport.notify_failure(notice_text(exc))
+        try:
+            transport.notify_failure(notice_text(exc))
+        except Exception:  # noqa: BLE001 - a communicator that failed too: the error itself matters more
+            get_logger().debug("the failure notice could not be sent", exc_info=True)
         raise
 
 

@@ -75,3 +75,13 @@ def test_a_notice_wakes_a_wait_and_says_who_failed_and_why():
     assert caught.value.rank == 2 and len(str(caught.value)) < 2100  # the error is cut, the notice stays small
     with pytest.raises(PeerFailure):
         transports[1].check_notices()
+
+
+def test_the_end_of_a_job_waits_at_most_the_bound_for_a_rank_that_never_gets_there():
+    world = LocalWorld(2)
+    scheduler, _ = world.transports()
+    scheduler.bound, scheduler.phase = 0.2, "teardown"
+    started = time.perf_counter()
+    with pytest.raises(TimeoutError, match=r"rank 0 of 2 on local, teardown: no barrier within 0.2 s"):
+        scheduler.barrier()  # rank 1 never reaches the end of the job
+    assert time.perf_counter() - started < 2.0

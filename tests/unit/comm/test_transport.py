@@ -14,8 +14,10 @@ import pytest
 
 from mpi_trainer.comm.transport import (
     TAG_ARRIVED,
+    TAG_FAILED,
     TAG_GOING,
     TAG_PROCEED,
+    PeerFailure,
     Transport,
     TransportTimeout,
     due_sleep,
@@ -245,7 +247,7 @@ class LateMessageComm(FakeComm):
 
     def Iprobe(self, source, tag, status) -> bool:  # noqa: N802
         self.probes += 1
-        if time.perf_counter() < self.visible_at:
+        if tag == TAG_FAILED or time.perf_counter() < self.visible_at:  # no rank sends a failure notice
             return False
         status.Set_source(1)
         status.Set_elements(_byte(), len(self.data))
@@ -264,3 +266,22 @@ def test_a_message_that_comes_when_due_is_noticed_without_the_back_offs_delay():
     assert received.payload == "report"
     assert late < 0.015
     assert comm.probes < 500  # fine polling lasts from 2 ms before the message, not the whole wait
+
+
+def test_a_set_up_collective_names_the_rank_that_never_arrives_and_its_host():
+    root = Transport(FakeComm(0, 3, arrive=(1,)))
+    root.bound, root.hosts = 0.05, ["node-a", "node-b", "node-c"]
+    with pytest.raises(TransportTimeout, match=r"rank 0 of 3 on \S+, set-up: no set-up agreement within 0.05 s "
+                                               r"\(waiting for rank 2 on host node-c\)"):
+        root.allgather("no error")  # no timeout given: the transport's bound applies
+    assert "Bcast" not in root.comm.calls  # nothing blocking was entered
+
+
+def test_a_failure_notice_ends_a_wait_naming_the_rank_that_failed():
+    comm = FakeComm(1, 3, answer_after=None)
+    notice = pickle.dumps((0, "node-a", "RuntimeError: callback broke"))
+    comm.Iprobe = lambda source, tag, status: tag == TAG_FAILED and (status.Set_source(0) or
+                                                                     status.Set_elements(_byte(), len(notice)) or True)
+    comm.Recv = lambda buf, source, tag, status=None: buf[0].__setitem__(slice(None), notice)
+    with pytest.raises(PeerFailure, match=r"rank 0 \(the scheduler\) on host node-a failed: RuntimeError: callback"):
+        Transport(comm).broadcast(np.zeros(2, np.float32), timeout=5.0)  # waits for "proceed", sleeps, checks
