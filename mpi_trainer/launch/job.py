@@ -115,7 +115,7 @@ def setup(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str | N
     the directory is written before every rank has passed its checks (see :mod:`.run_dir`).
     """
     from mpi_trainer.data.partition import block_bounds
-    from mpi_trainer.models.gradients import check_backend
+    from mpi_trainer.models.gradients import gradient_backend
     from mpi_trainer.worker.slowdown import check_slow_ranks
 
     dataset = model = plan = run = None
@@ -123,7 +123,7 @@ def setup(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str | N
     try:
         check_slow_ranks(cfg.debug, transport.size)
         if uses_lbfgs(cfg):
-            check_backend()  # every rank: each computes with its own backend
+            gradient_backend()  # every rank: each computes with its own backend
         if transport.rank == 0:  # first: a second job on the directory fails before loading anything
             run = open_run_dir(run_dir, inputs.config_path, cfg, resume)
         dataset = load_dataset_for_rank(transport.rank, cfg, inputs.arrays, transport.workers, inputs)

@@ -27,7 +27,7 @@ from mpi_trainer.errors import ConfigError
 SUPPORTED_BACKENDS = ("tensorflow", "jax", "torch")
 
 
-def check_backend() -> str:
+def gradient_backend() -> str:
     """The Keras backend's name, if it can differentiate; a ConfigError otherwise."""
     import keras
 
@@ -169,7 +169,7 @@ class BlockGradient:
     def __init__(self, model: Any, batch_size: int = 4096) -> None:
         self.vector = TrainableVector(model)
         self.batch_size = batch_size
-        self.step = _STEPS[check_backend()](model, per_sample_loss(model), self.vector)
+        self.step = _STEPS[gradient_backend()](model, per_sample_loss(model), self.vector)
 
     @property
     def size(self) -> int:

@@ -17,7 +17,7 @@ from lbfgs_reference import digits_softmax_problem, softmax_regression_objective
 from mpi_trainer.config import ModelConfig
 from mpi_trainer.errors import ConfigError
 from mpi_trainer.models import build_model, evaluate_model
-from mpi_trainer.models.gradients import BlockGradient, check_backend
+from mpi_trainer.models.gradients import BlockGradient, gradient_backend
 
 TESTS = Path(__file__).resolve().parents[2]
 
@@ -112,7 +112,7 @@ def test_regularisation_counts_once_in_the_mean(digits):
 def test_a_backend_without_gradients_is_refused(monkeypatch):
     monkeypatch.setattr(keras.backend, "backend", lambda: "numpy")
     with pytest.raises(ConfigError, match=r"Received: KERAS_BACKEND='numpy'; expected one of"):
-        check_backend()
+        gradient_backend()
 
 
 JAX_CHECK = textwrap.dedent("""
