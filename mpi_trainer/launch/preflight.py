@@ -118,7 +118,7 @@ def gather_reports(transport: Transport, own: RankReport, timeout: float) -> lis
     return reports
 
 
-def format_table(reports: list[RankReport | int], probe_bytes: int) -> str:
+def format_rank_table(reports: list[RankReport | int], probe_bytes: int) -> str:
     """One line per rank: host, pid, peers reached, the sum, the data, the link to rank 0."""
     size = len(reports)
     lines = [f"{'rank':>4}  {'host':<20} {'pid':>7}  {'reaches':<9} {'sum':<8} "
@@ -173,14 +173,14 @@ def scheduler_side(transport: Transport, own: RankReport, probe_bytes: int, time
     reports = gather_reports(transport, own, timeout)
     problem = verdict(reports)
     if problem is not None:
-        print(format_table(reports, probe_bytes), flush=True)
+        print(format_rank_table(reports, probe_bytes), flush=True)
         print(f"preflight: FAILED: {problem}", flush=True)
         transport.abort(EXIT_PREFLIGHT_FAILED)  # a rank may be stuck: end them all, none left waiting
     for worker in range(1, transport.size):
         transport.send_object(True, worker, TAG_VERDICT)
     for worker, seconds in probe_links(transport, probe_bytes, timeout).items():
         reports[worker].probe_seconds = seconds
-    print(format_table(reports, probe_bytes), flush=True)
+    print(format_rank_table(reports, probe_bytes), flush=True)
     hosts = len({r.host for r in reports})
     print(f"preflight: OK: {len(reports)} ranks on {hosts} host(s) reach each other and read the data",
           flush=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpi_trainer.launch.preflight import RankReport, check_data, format_table, verdict
+from mpi_trainer.launch.preflight import RankReport, check_data, format_rank_table, verdict
 
 
 def _report(rank: int, **changes) -> RankReport:
@@ -17,7 +17,7 @@ def _report(rank: int, **changes) -> RankReport:
 def test_all_ranks_passing_gives_no_verdict_and_a_row_each():
     reports = [_report(0), _report(1, probe_seconds=0.5)]
     assert verdict(reports) is None
-    table = format_table(reports, probe_bytes=1_000_000).splitlines()
+    table = format_rank_table(reports, probe_bytes=1_000_000).splitlines()
     assert len(table) == 3
     assert table[2].split()[:5] == ["1", "node1", "101", "1/1", "ok"]
     assert "500.0 ms (4 MB/s)" in table[2]  # 2 MB moved in half a second
@@ -26,7 +26,7 @@ def test_all_ranks_passing_gives_no_verdict_and_a_row_each():
 def test_unreached_peers_missing_reports_and_bad_data_are_named():
     reports = [_report(0, unreached=[2]), _report(1, data_ok=False, data="cannot read: x"), 2]
     assert verdict(reports) == "rank(s) 0, 1, 2 failed (see the table)"
-    table = format_table(reports, probe_bytes=1)
+    table = format_rank_table(reports, probe_bytes=1)
     assert "1/2 (missing 2)" in table and "cannot read: x" in table
     assert "   2  no report within the timeout" in table
 
@@ -34,7 +34,7 @@ def test_unreached_peers_missing_reports_and_bad_data_are_named():
 def test_a_timed_out_sum_fails_that_rank_only_and_the_table_says_why():
     reports = [_report(0), _report(1, collective="timed out after 5 s"), _report(2)]
     assert verdict(reports) == "rank(s) 1 failed (see the table)"
-    row = format_table(reports, probe_bytes=1).splitlines()[2]  # a header line, then one row per rank
+    row = format_rank_table(reports, probe_bytes=1).splitlines()[2]  # a header line, then one row per rank
     assert row.split()[:2] == ["1", "node1"] and "timed out after 5 s" in row
 
 
