@@ -14,14 +14,18 @@ from benchmarks.jobs import QUICKSTART, train_command
 from mpi_trainer.launch.mpirun import rank_pid
 
 QUESTION = "Faults: a dead or silent worker"
-TIMEOUT = 5.0  # watchdog.worker_timeout for the silent worker
+# watchdog.worker_timeout for the silent worker: above the first round (which compiles the model)
+# even on a busy machine, or the watchdog would end the job before the worker is stopped.
+TIMEOUT = 30.0
 
 
-def wait_for_rounds(run_dir: Path, count: int, limit: float = 300.0) -> None:
-    """Until rounds.csv holds ``count`` rows (a header line first)."""
+def wait_for_rounds(proc: subprocess.Popen, run_dir: Path, count: int, limit: float = 600.0) -> None:
+    """Until rounds.csv holds ``count`` rows (a header line first); fails if the job ends before."""
     deadline = time.monotonic() + limit
     path = run_dir / "rounds.csv"
     while not (path.exists() and len(path.read_text().splitlines()) > count):
+        if proc.poll() is not None:
+            raise RuntimeError(f"the job ended (exit {proc.returncode}) before round {count - 1} was written")
         if time.monotonic() > deadline:
             raise TimeoutError(f"no {count} rounds in {run_dir} within {limit} s")
         time.sleep(0.05)
@@ -34,7 +38,7 @@ def seconds_to_exit(sig: int, overrides: list[str]) -> Figures:
         command = train_command(3, QUICKSTART, ["train.epochs=200", *overrides], run_dir)
         proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            wait_for_rounds(run_dir, 2)
+            wait_for_rounds(proc, run_dir, 2)
             pid = rank_pid(proc.pid, 2)
             if pid is None:
                 raise RuntimeError("worker rank 2 not found under mpirun")

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from mpi_trainer.algorithms.wait_bounds import for_rank
+from mpi_trainer.comm.interface import RankTransport
 from mpi_trainer.comm.transport import Received, Shrunk
 from mpi_trainer.errors import RankLost
 
@@ -161,7 +162,7 @@ class Rows:
 class SchedulerLink:
     """Rank 0's side of the conversation. Waits take ``timeout`` (None: forever) and raise TimeoutError."""
 
-    def __init__(self, transport: Any) -> None:
+    def __init__(self, transport: RankTransport) -> None:
         self.transport = transport
 
     @property
@@ -270,7 +271,7 @@ class WorkerLink:
     """A worker's side of the conversation. Its waits last ``WORKER_FACTOR`` times the scheduler's bound,
     which every order carries, so the scheduler names a missing worker before a worker names it."""
 
-    def __init__(self, transport: Any) -> None:
+    def __init__(self, transport: RankTransport) -> None:
         self.transport = transport
         self.doing = "set-up"  # the last order's work, for the phase a timeout names
 

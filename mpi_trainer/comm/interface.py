@@ -1,0 +1,64 @@
+"""What a rank's transport offers, whichever carries the bytes.
+
+:class:`~mpi_trainer.comm.transport.Transport` (MPI) and
+:class:`~mpi_trainer.comm.local.LocalTransport` (threads in one process) both
+satisfy :class:`RankTransport`; the links, engines and set-up speak only these
+verbs, and one contract test (``tests/transport_contract.py``) runs the same
+exchanges through both and expects the same results.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from mpi_trainer.comm.transport import Received
+
+
+@runtime_checkable
+class RankTransport(Protocol):
+    """One rank's verbs: point to point, collectives, byte accounting and failure handling."""
+
+    rank: int
+    size: int
+    host: str
+    max_sleep: float
+
+    @property
+    def workers(self) -> int: ...
+
+    def take_bytes(self) -> int: ...
+
+    def send_object(self, obj: Any, dest: int, tag: int, timeout: float | None = None) -> int: ...
+
+    def recv_object(self, source: int = -1, tag: int = 0, timeout: float | None = None,
+                    due: float | None = None) -> Received: ...
+
+    def send_array(self, buf: np.ndarray, dest: int, tag: int = 0, timeout: float | None = None) -> None: ...
+
+    def recv_array(self, buf: np.ndarray, source: int = -1, tag: int = 0,
+                   timeout: float | None = None) -> Received: ...
+
+    def send_large_array(self, array: np.ndarray, dest: int, tag: int = 0, timeout: float | None = None) -> None: ...
+
+    def recv_large_array(self, source: int, tag: int = 0, timeout: float | None = None) -> np.ndarray: ...
+
+    def broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None: ...
+
+    def reduce_sum(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None: ...
+
+    def gather(self, buf: np.ndarray, out: np.ndarray | None = None, root: int = 0,
+               timeout: float | None = None) -> None: ...
+
+    def bcast_object(self, obj: Any = None, root: int = 0, timeout: float | None = None) -> Any: ...
+
+    def allgather(self, obj: Any, timeout: float | None = None) -> list[Any]: ...
+
+    def barrier(self, timeout: float | None = None) -> None: ...
+
+    def learn_hosts(self) -> list[str]: ...
+
+    def node_layout(self) -> tuple[int, list[int]]: ...
+
+    def abort(self, code: int = 1) -> None: ...

@@ -1,0 +1,74 @@
+"""The transport contract: the same exchanges, run through the MPI and the in-process transport.
+
+:func:`exchange` runs on every rank of a world of any size >= 2 and returns what that rank saw;
+:func:`expected` is what every transport must produce, worked out from the rank and the size alone.
+``tests/unit/comm/test_transport_contract.py`` runs it on the in-process transport and
+``tests/mpirun/contract_job.py`` under ``mpirun -n 3`` on the MPI one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+N = 50_000  # float32 elements: 200 kB, above the size from which the MPI transport announces a payload
+TIMEOUT = 60.0
+
+
+def exchange(transport: Any) -> dict[str, Any]:
+    """Every verb once; values whose float32 sums are exact, so any transport must match to the bit."""
+    rank, size = transport.rank, transport.size
+    pattern = (np.arange(N) % 1000).astype(np.float32)
+    seen: dict[str, Any] = {}
+    weights = pattern + 0.5 if rank == 0 else np.zeros(N, np.float32)
+    transport.broadcast(weights, timeout=TIMEOUT)
+    seen["broadcast"] = bool(np.array_equal(weights, pattern + 0.5))
+    seen["broadcast_bytes"] = transport.take_bytes()
+    summed = pattern * (rank + 1)
+    transport.reduce_sum(summed, timeout=TIMEOUT)
+    seen["reduce_bytes"] = transport.take_bytes()
+    rows = np.zeros((size, 4), np.float32) if rank == 0 else None
+    transport.gather(np.full(4, rank, np.float32), rows, timeout=TIMEOUT)
+    seen["bcast_object"] = transport.bcast_object({"plan": [1, 2]} if rank == 0 else None, timeout=TIMEOUT)
+    seen["allgather"] = transport.allgather(f"rank {rank}", timeout=TIMEOUT)
+    if rank == 0:
+        seen["reduce"] = bool(np.array_equal(summed, pattern * (size * (size + 1) // 2)))
+        seen["gather"] = rows[:, 0].tolist()
+        seen["reports"] = sorted(_collect_reports(transport, size))
+    else:
+        transport.send_object({"from": rank}, 0, tag=7, timeout=TIMEOUT)
+        transport.send_array(pattern * rank, 0, tag=8, timeout=TIMEOUT)
+    transport.take_bytes()
+    transport.barrier(timeout=TIMEOUT)
+    return seen
+
+
+def _collect_reports(transport: Any, size: int) -> list[tuple[int, int, bool]]:
+    """Rank 0: one object and one array from every worker, in whatever order they come."""
+    found = []
+    pattern = (np.arange(N) % 1000).astype(np.float32)
+    for _ in range(size - 1):
+        message = transport.recv_object(tag=7, timeout=TIMEOUT)
+        array = transport.recv_array(np.empty(N, np.float32), source=message.source, tag=8, timeout=TIMEOUT)
+        found.append((message.source, message.payload["from"], bool(np.array_equal(array.payload,
+                                                                                    pattern * message.source))))
+    return found
+
+
+def expected(rank: int, size: int) -> dict[str, Any]:
+    """What ``rank`` of a ``size``-rank world must see, whatever carries the bytes."""
+    weights_bytes = N * 4
+    seen: dict[str, Any] = {
+        "broadcast": True,
+        # the root counts what it sends to every other rank; a rank that only receives counts nothing
+        "broadcast_bytes": weights_bytes * (size - 1) if rank == 0 else 0,
+        # the root receives the sum; every other rank counts its own contribution
+        "reduce_bytes": 0 if rank == 0 else weights_bytes,
+        "bcast_object": {"plan": [1, 2]},
+        "allgather": [f"rank {r}" for r in range(size)],
+    }
+    if rank == 0:
+        seen.update(reduce=True, gather=[float(r) for r in range(size)],
+                    reports=[(r, r, True) for r in range(1, size)])
+    return seen
