@@ -131,7 +131,9 @@ def fit(model: Any = None, x: Any = None, y: Any = None, *, validation_data: tup
         run_dir: where rank 0 writes (default: ``launch``'s, else new); a run there resumes, a complete one
             trains nothing. A preemption signal raises :class:`~mpi_trainer.errors.Preempted` (exit 75).
 
-    Bad input raises :class:`mpi_trainer.errors.InputError` on every rank before training.
+    Bad input raises :class:`mpi_trainer.errors.InputError` on every rank before training. An error on
+    one rank during the job raises on every rank (:class:`~mpi_trainer.comm.transport.PeerFailure`,
+    naming it, on the others); a rank that stops answering ends the job within its wait bound.
     """
     from mpi_trainer.launch.failures import fail_together
     from mpi_trainer.launch.job import quiet_backend

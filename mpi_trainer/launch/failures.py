@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from mpi_trainer.comm.transport import PeerFailure, notice_text
+from mpi_trainer.comm.transport import PeerFailure, TransportTimeout, notice_text
 from mpi_trainer.errors import EXIT_WORKER_FAILURE, AgreedInputError, Preempted
 from mpi_trainer.logs import get_logger
 
@@ -29,7 +29,7 @@ def fail_together(transport: Any) -> Iterator[None]:
         yield
     except (AgreedInputError, PeerFailure, Preempted):
         raise  # agreed by every rank, told by the rank that failed, or every rank's checkpointed stop
-    except TimeoutError as exc:
+    except TransportTimeout as exc:  # a peer that stopped answering (not a user's own timeout)
         end_stuck(transport, f"{exc}; ending the job")
         raise
     except BaseException as exc:
