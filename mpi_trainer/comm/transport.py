@@ -716,7 +716,7 @@ class Transport(RankAccounting):
             pass  # revoked already, by the rank that noticed first
         # Blocking: a polled MPI_Comm_ishrink fails with MPI_ERR_INTERN in Open MPI 5.0. Past ``timeout``
         # (a survivor that never comes) the job ends, as for any stuck transfer.
-        with self._bulk(timeout, "shrink of the communicator to the surviving ranks"):
+        with self._bulk(self._limit(timeout), "shrink of the communicator to the surviving ranks"):
             new = old.Shrink()
         new.Set_errhandler(self._mpi.ERRORS_RETURN)  # failures stay exceptions on the new communicator
         survivors = self._mpi.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())), old.Get_group())
