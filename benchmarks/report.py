@@ -22,7 +22,7 @@ What mpi_trainer costs and gains, one section per question. This page is generat
 measured at, the machine (with its load when the run started) and the command that reproduces
 it. Runs of the variants of one table alternate (A, B, A, B...) so that a change in the
 machine's load hits them alike; a cell is the median of the repeats, with the range
-`[lowest–highest]` when there was more than one. Figures marked *carried over* were measured
+`[lowest–highest]` when the repeats differed. Figures marked *carried over* were measured
 before the harness existed, with the script named in their command as it was at the commit shown
 (`git checkout` that commit to re-run them), and have not been re-measured since; studies that
 need simulated hosts, GPUs or real MNIST digits are still such scripts (`scripts/bench_*.py`).
@@ -47,7 +47,8 @@ def number(value: Any) -> str:
 def cell(value: Any) -> str:
     if isinstance(value, Mapping) and "median" in value:
         runs = value.get("runs", [])
-        spread = f" [{number(value['low'])}–{number(value['high'])}]" if len(runs) > 1 else ""
+        varied = len(runs) > 1 and number(value["low"]) != number(value["high"])
+        spread = f" [{number(value['low'])}–{number(value['high'])}]" if varied else ""
         return number(value["median"]) + spread
     return number(value)
 

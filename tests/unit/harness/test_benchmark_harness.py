@@ -32,15 +32,22 @@ def test_a_missing_or_nan_figure_is_left_out_of_the_median():
 def test_a_saved_result_carries_its_environment_and_renders_with_commit_and_command(tmp_path):
     environment = Environment.here()
     table = run_comparison(Comparison("Bytes per round", "python -m benchmarks run communication",
-                                      {"average": lambda: {"bytes": 276350.0}}, {"bytes": "bytes/round"}),
+                                      {"average": lambda: {"bytes": 276350.0}, "best": iter_figures([2.0, 3.0])},
+                                      {"bytes": "bytes/round"}),
                            repeats=2, log=lambda line: None)
     path = SuiteResult("communication", "q", environment, [table]).save(tmp_path)
     saved = json.loads(path.read_text())
     assert saved["environment"]["cores"] >= 1 and saved["environment"]["versions"]["python"]
     page = render(load_results(tmp_path))
     assert f"commit `{environment.commit}`" in page and "    python -m benchmarks run communication" in page
-    assert "| average | 276,350 [276,350–276,350] |" in page
+    assert "| average | 276,350 |" in page  # the same in every repeat: no range
+    assert "| best | 2.5 [2–3] |" in page
     assert page.startswith("# Performance") and "## Communication" in page
+
+
+def iter_figures(values):
+    figures = iter(values)
+    return lambda: {"bytes": next(figures)}
 
 
 def test_numbers_keep_four_significant_digits():
