@@ -2,6 +2,6 @@
 
 __version__ = "0.1.0"
 
-from mpi_trainer.api import FitResult, Rank, fit, init  # noqa: E402 - after __version__, which setup.cfg reads
+from mpi_trainer.api import Rank, fit, init  # noqa: E402 - after __version__, which setup.cfg reads
 
-__all__ = ["FitResult", "Rank", "__version__", "fit", "init"]
+__all__ = ["Rank", "__version__", "fit", "init"]

@@ -16,7 +16,7 @@ import sys
 import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,23 +24,7 @@ import numpy as np
 
 from mpi_trainer.errors import ConfigError, InputError
 
-__all__ = ["FitResult", "Rank", "fit", "init"]
-
-
-@dataclass
-class FitResult:
-    """What :func:`fit` returns on the scheduler (rank 0).
-
-    ``history`` maps every numeric ``rounds.csv`` column (``test_loss``,
-    ``test_accuracy``, ``train_<metric>``, ``wall_seconds``, ``bytes``...) to its
-    per-round values, like ``keras.callbacks.History.history``. ``model`` holds
-    the final weights (the best ones when early stopping or a NaN stop restored them).
-    """
-
-    history: dict[str, list[float]]
-    model: Any
-    run_dir: Path
-    summary: dict[str, Any] = field(default_factory=dict)
+__all__ = ["Rank", "fit", "init"]
 
 
 @dataclass(frozen=True)
@@ -102,48 +86,46 @@ def _refused_together(transport: Any) -> Iterator[None]:
         raise
 
 
-def fit(model: Any = None, x: Any = None, y: Any = None, *, validation_data: tuple[Any, Any] | None = None,
-        config: str | Path | dict[str, Any] | None = None, overrides: Sequence[str] | dict[str, Any] | None = None,
-        epochs: int | None = None, batch_size: int | None = None, callbacks: Sequence[Any] = (),
-        run_dir: str | Path | None = None, resume: bool = False,
-        steps_per_epoch: int | None = None) -> FitResult | None:
-    """Train ``model`` data-parallel on every rank of the ``mpirun`` job; rank 0 returns the result.
+def fit(model: Any = None, x: Any = None, y: Any = None, batch_size: int | None = None, epochs: int | None = None,
+        verbose: Any = "auto", callbacks: Sequence[Any] | None = None, validation_split: float = 0.0,
+        validation_data: Any = None, shuffle: Any = True, class_weight: dict[int, float] | None = None,
+        sample_weight: Any = None, initial_epoch: int = 0, steps_per_epoch: int | None = None,
+        validation_steps: int | None = None, validation_batch_size: int | None = None, validation_freq: Any = 1,
+        *, config: str | Path | dict[str, Any] | None = None, overrides: Sequence[str] | dict[str, Any] | None = None,
+        run_dir: str | Path | None = None, resume: bool = False) -> Any:
+    """``model.fit(x, y, ...)``, data-parallel over the ``mpirun`` job; every rank calls it and gets the History.
 
-    Args:
-        model: a function ``(input_shape, num_outputs) -> keras.Model`` (compiled or not), a built
-            ``keras.Model``, a zoo name or ``"package.module:function"``; None: the config's ``model.name``.
-            ``num_outputs`` is the number of classes for integer labels, the target width otherwise.
-            A model built in the script is best built after :func:`init`, which places the rank first.
-        x, y: the training data on the scheduler. Workers pass the same arrays (only block
-            indices then travel) or None (their blocks are then sent to them). Without arrays
-            the config's ``data.source`` is read. ``x`` may also be a pipeline that every rank
-            builds: a ``tf.data.Dataset``, a ``dataset_fn(context)`` returning one per worker, a
-            ``keras.utils.PyDataset`` or a generator of ``(x, y)`` batches (then ``y`` is None;
-            see :mod:`mpi_trainer.data.adapters` for how each is cut into blocks).
-        validation_data: ``(x, y)`` or a pipeline, scored after every round (the ``test_*`` columns);
-            without it ``data.test_size`` of ``x, y`` (of a pipeline: its last batches) is held out.
-        steps_per_epoch: a pipeline of unknown or infinite length (a generator, ``repeat()``): the
-            batches one round reads over all workers.
-        config: a TOML path or a dict of sections; ``overrides``: ``"key=value"`` strings or a dict
-            of dotted keys; ``epochs`` (rounds) and ``batch_size`` are shortcuts for train.*.
-        callbacks: Keras callbacks run on the scheduler once per round (see
-            :mod:`mpi_trainer.scheduler.callbacks`); ``model.stop_training = True`` ends the job.
-        run_dir: where rank 0 writes (default: ``launch``'s, else new); a run there resumes, a complete one
-            trains nothing. A preemption signal raises :class:`~mpi_trainer.errors.Preempted` (exit 75).
+    The arguments after ``model`` are ``keras.Model.fit``'s with Keras' meaning; the README's table
+    says what data-parallel training changes (``batch_size`` is each worker's; an epoch is a round;
+    ``callbacks`` run on rank 0 once per round; validation data is scored as ``val_*``; without it
+    nothing is held out). ``model``: a ``keras.Model`` (an unbuilt ``Sequential`` is built from the
+    data), a function ``(input_shape, num_outputs) -> keras.Model``, a zoo name or
+    ``"package.module:function"``. ``x``: arrays (a dict of them for a multi-input model), the same
+    on every rank or None on workers, or a pipeline every rank builds (:mod:`mpi_trainer.data.adapters`);
+    without ``x`` the config's ``data.source``. ``config``: a TOML path or dict; ``overrides``:
+    dotted ``key=value`` pairs; ``run_dir``: where rank 0 writes (default: ``launch``'s, else new); a run
+    there resumes, a complete one trains nothing (a preemption signal raises ``Preempted``, exit 75).
 
-    Bad input raises :class:`mpi_trainer.errors.InputError` on every rank before training. An error on
-    one rank during the job raises on every rank (:class:`~mpi_trainer.comm.transport.PeerFailure`,
+    Returns a ``keras.callbacks.History`` on every rank (``loss``, ``<metric>``, ``val_*``), with
+    ``run_dir``, ``summary`` and ``rounds`` (rounds.csv's numbers) attached; ``model`` then holds the
+    final (or restored best) weights on every rank. Bad input raises
+    :class:`mpi_trainer.errors.InputError` on every rank before training; an unknown keyword ``TypeError``.
+    An error on one rank during the job raises on every rank (:class:`~mpi_trainer.comm.transport.PeerFailure`,
     naming it, on the others); a rank that stops answering ends the job within its wait bound.
     """
     from mpi_trainer.launch.failures import fail_together
     from mpi_trainer.launch.job import quiet_backend
+    from mpi_trainer.launch.keras_args import KerasFitArguments
 
     quiet_backend()
     transport = _job_transport()
+    keras_args = KerasFitArguments(batch_size, epochs, verbose, shuffle, initial_epoch, steps_per_epoch,
+                                   validation_steps, validation_batch_size, validation_freq, validation_split)
+    request = FitRequest(model, (x, y, sample_weight, validation_data), keras_args, class_weight,
+                         list(callbacks or []), config, overrides)
     with _refused_together(transport), fail_together(transport):
-        finished = _run(transport, model, (x, y, validation_data, steps_per_epoch), config, overrides,
-                        {"train.epochs": epochs, "train.batch_size": batch_size}, callbacks, run_dir, resume)
-    return None if finished is None else _result(*finished)
+        finished = _run(transport, request, run_dir, resume)
+        return _history_everywhere(transport, model, finished)
 
 
 def _job_transport() -> Any:
@@ -157,32 +139,123 @@ def _job_transport() -> Any:
     return world.duplicate()
 
 
-def _run(transport: Any, model: Any, data: tuple, config: Any, overrides: Any, shortcuts: dict[str, Any],
-         callbacks: Sequence[Any], run_dir: Any, resume: bool) -> Any:
-    from mpi_trainer.data.adapters import fit_input
+@dataclass
+class FitRequest:
+    """What one ``fit`` call asks for, as every rank passed it."""
+
+    model: Any
+    data: tuple[Any, Any, Any, Any]  # x, y, sample_weight, validation_data
+    keras_args: Any  # keras_args.KerasFitArguments
+    class_weight: Any
+    callbacks: list[Any]
+    config: Any
+    overrides: Any
+
+
+def _run(transport: Any, request: FitRequest, run_dir: Any, resume: bool) -> Any:
     from mpi_trainer.launch.job import JobInputs, agree, load_config_everywhere, run_job
 
-    arrays = builder = pipeline = None
+    arrays = builder = class_weight = pipeline = None
     pairs, error = [], None
     try:  # a bad argument on one rank must fail every rank, not leave them waiting for it
-        pipeline = fit_input(*data)  # None: arrays, or nothing (data.source)
-        arrays = None if pipeline else _as_arrays(*data[:3])
-        builder, model_overrides = _model_source(model)
-        given = [(k, v) for k, v in shortcuts.items() if v is not None]
-        pairs = _pairs(overrides) + given + model_overrides
+        pipeline, arrays, pairs = _arguments(request, transport.size - 1)
+        builder, model_overrides = _model_source(request.model, arrays)
+        pairs += model_overrides
+        class_weight = _class_weight(request.class_weight)
+        _check_callbacks(request.callbacks)
     except InputError as exc:
         error = str(exc)
     agree(transport, error)
     arrays, data_overrides = _agree_on_arrays(transport, arrays) if not _agree_on_pipeline(transport, pipeline) \
         else (None, [("data.source", "pipeline")])
+    config = request.config
     cfg = load_config_everywhere(transport, str(config) if isinstance(config, Path) else config,
                                  pairs + data_overrides)
-    refused = transport.rank == 0 and callbacks and cfg.model.uses_lbfgs
-    agree(transport, "`callbacks` are not available with model.optimizer='lbfgs' (its iterations are not "
-                     "rounds). Received: callbacks with model.optimizer='lbfgs'" if refused else None)
-    inputs = JobInputs(arrays, builder, list(callbacks) if transport.rank == 0 else [],
-                       config if isinstance(config, (str, Path)) else None, pipeline, pipeline and data[2])
+    agree(transport, _refusal(cfg, request, arrays is not None and arrays.sample_weight is not None))
+    inputs = JobInputs(arrays, builder, request.callbacks if transport.rank == 0 else [],
+                       config if isinstance(config, (str, Path)) else None, pipeline,
+                       pipeline and request.data[3], class_weight, request.keras_args.initial_epoch)
     return run_job(transport, cfg, inputs, None if run_dir is None else str(run_dir), resume)
+
+
+def _arguments(request: FitRequest, workers: int) -> tuple[Any, Any, list[tuple[str, Any]]]:
+    """This rank's pipeline or arrays, and the config overrides of every argument (the user's first).
+
+    ``steps_per_epoch`` is the batches of one round over all workers, as Keras counts an epoch's steps:
+    a pipeline's adapter reads that many; with arrays each worker takes its share (``train.sync_every``).
+    """
+    from mpi_trainer.data.adapters import fit_input, is_pipeline
+    from mpi_trainer.launch.keras_args import fit_overrides, rank_data, user_sets
+
+    args = request.keras_args
+    x, y, sample_weight, validation_data = request.data
+    if args.epochs is None and x is not None and not user_sets("train.epochs", request.config, request.overrides):
+        args = replace(args, epochs=1)  # Keras' default
+    pairs = _pairs(request.overrides)
+    if is_pipeline(x):
+        _refuse_with_pipeline(request)
+        pipeline = fit_input(x, y, validation_data, args.steps_per_epoch)
+        return pipeline, None, pairs + fit_overrides(replace(args, steps_per_epoch=None))
+    cap = None
+    if args.validation_steps is not None:
+        cap = args.validation_steps * (args.validation_batch_size or args.batch_size or 32)
+    arrays = rank_data(x, y, sample_weight, args.validation_split, validation_data, cap)
+    if args.steps_per_epoch is not None and workers > 0:
+        args = replace(args, steps_per_epoch=max(1, -(-int(args.steps_per_epoch) // workers)))
+    pairs += fit_overrides(args)
+    if arrays is None and args.validation_split:
+        pairs.append(("data.validation_size", float(args.validation_split)))  # a data.source split at random
+    if arrays is not None and not user_sets("data.test_size", request.config, request.overrides):
+        pairs.append(("data.test_size", 0.0))  # as model.fit: nothing held out unless asked for
+    return None, arrays, pairs
+
+
+def _refuse_with_pipeline(request: FitRequest) -> None:
+    """What a pipeline input cannot take (Keras refuses validation_split and sample_weight with datasets too)."""
+    given = {"validation_split": request.keras_args.validation_split, "sample_weight": request.data[2],
+             "class_weight": request.class_weight}
+    for name, value in given.items():
+        if value:
+            raise ConfigError(f"`{name}` applies to array inputs; a pipeline carries its own labels and weights. "
+                              f"Received: {name} with x of type {type(request.data[0]).__name__}")
+
+
+def _class_weight(class_weight: Any) -> Any:
+    from mpi_trainer.data.weights import check_class_weight
+
+    return check_class_weight(class_weight)
+
+
+def _check_callbacks(callbacks: list[Any]) -> None:
+    from mpi_trainer.scheduler.callbacks import check_callbacks
+
+    check_callbacks(callbacks)
+
+
+def _refusal(cfg: Any, request: FitRequest, has_sample_weight: bool) -> str | None:
+    """What the loaded config cannot do with these arguments (the same on every rank), or None."""
+    lbfgs = cfg.model.uses_lbfgs
+    if lbfgs and request.callbacks:
+        return ("`callbacks` are not available with model.optimizer='lbfgs' (its iterations are not rounds). "
+                "Received: callbacks with model.optimizer='lbfgs'")
+    if lbfgs and (request.class_weight is not None or has_sample_weight):
+        return ("`class_weight` and `sample_weight` are not available with model.optimizer='lbfgs' (its "
+                "gradient is the unweighted loss). Received: weights with model.optimizer='lbfgs'")
+    moving = {"data.placement": cfg.data.placement == "scatter", "data.increment.enabled": cfg.data.increment.enabled,
+              "data.rebalance": cfg.data.rebalance}
+    for key, conflicts in moving.items():
+        if has_sample_weight and conflicts:
+            return (f"`sample_weight` needs every worker to hold the same arrays and keep its block: it cannot be "
+                    f"combined with {key}. Received: sample_weight with {key}={getattr_path(cfg, key)!r}; pass the "
+                    f"same x, y and sample_weight on every rank, or use class_weight")
+    return None
+
+
+def getattr_path(cfg: Any, key: str) -> Any:
+    value = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
 
 
 def _pairs(overrides: Sequence[str] | dict[str, Any] | None) -> list[Any]:
@@ -193,8 +266,10 @@ def _pairs(overrides: Sequence[str] | dict[str, Any] | None) -> list[Any]:
     return list(overrides.items()) if isinstance(overrides, dict) else list(overrides)
 
 
-def _model_source(model: Any) -> tuple[Any, list[tuple[str, Any]]]:
+def _model_source(model: Any, arrays: Any = None) -> tuple[Any, list[tuple[str, Any]]]:
     """(the builder to call, config overrides naming the model)."""
+    if arrays is not None and arrays.input_layout is not None:
+        return _packed_source(model, arrays.input_layout)
     if model is None:
         return None, []
     if isinstance(model, str):
@@ -204,20 +279,6 @@ def _model_source(model: Any) -> tuple[Any, list[tuple[str, Any]]]:
                           f"a zoo name or 'package.module:function'. Received: {type(model).__name__}")
     name = getattr(model, "__qualname__", None) or getattr(model, "name", None) or type(model).__name__
     return model, [("model.name", str(name))]
-
-
-def _as_arrays(x: Any, y: Any, validation_data: Any) -> Any:
-    """This rank's ``x, y`` (and ``validation_data``) as the reader's arrays, or None."""
-    from mpi_trainer.data.readers import RawArrays
-
-    if x is None and y is None:
-        return None
-    if x is None or y is None:
-        raise ConfigError(f"`x` and `y` go together. Received: x={_kind(x)}, y={_kind(y)}")
-    test = validation_data if validation_data is not None else (None, None)
-    if len(test) != 2:
-        raise ConfigError(f"`validation_data` must be a pair (x, y). Received: {len(test)} items")
-    return RawArrays(np.asarray(x), np.asarray(y), *(None if a is None else np.asarray(a) for a in test))
 
 
 def _agree_on_arrays(transport: Any, arrays: Any) -> tuple[Any, list[tuple[str, Any]]]:
@@ -234,6 +295,18 @@ def _agree_on_arrays(transport: Any, arrays: Any) -> tuple[Any, list[tuple[str, 
         ("data.source", "arrays"), ("data.placement", "shared" if shared else "scatter")]
 
 
+def _packed_source(model: Any, layout: list[Any]) -> tuple[Any, list[tuple[str, Any]]]:
+    """Dict inputs: the model behind one packed input (:mod:`mpi_trainer.models.packed`)."""
+    import keras
+
+    from mpi_trainer.models.packed import packed_model
+
+    if not isinstance(model, keras.Model):
+        raise ConfigError(f"`x` as a dict of inputs needs `model` as a keras.Model whose inputs carry those names. "
+                          f"Received: model of type {type(model).__name__}")
+    return (lambda input_shape, num_outputs: packed_model(model, layout)), [("model.name", model.name)]
+
+
 def _agree_on_pipeline(transport: Any, pipeline: Any) -> bool:
     """Whether the data is a pipeline; every rank builds one, of the same kind, or all fail."""
     from mpi_trainer.launch.job import agree
@@ -245,26 +318,82 @@ def _agree_on_pipeline(transport: Any, pipeline: Any) -> bool:
     return kinds[0] is not None
 
 
-def _kind(value: Any) -> str:
-    return "None" if value is None else f"{type(value).__name__} of shape {getattr(value, 'shape', '?')}"
-
-
 def _fingerprint(arrays: Any) -> tuple | None:
     """Shapes, dtypes and a checksum of the labels: equal on ranks that were handed the same data."""
     if arrays is None:
         return None
-    parts = [arrays.x, arrays.y, arrays.x_test, arrays.y_test]
+    parts = [arrays.x, arrays.y, arrays.x_test, arrays.y_test, arrays.x_val, arrays.y_val, arrays.sample_weight]
     shapes = tuple(None if a is None else (a.shape, str(a.dtype)) for a in parts)
     return shapes, zlib.crc32(np.ascontiguousarray(arrays.y).tobytes())
 
 
-def _result(engine: Any, summary: dict[str, Any]) -> FitResult:
+def _history_everywhere(transport: Any, model: Any, finished: Any) -> Any:
+    """Rank 0's History, run figures and final weights, handed to every rank; the user's model (or the
+    rank's own copy of it) takes the weights. Returns this rank's ``keras.callbacks.History``."""
+    import keras
+
+    outcome = _outcome(finished) if transport.rank == 0 else None
+    outcome = transport.bcast_object(outcome)
+    target = model if isinstance(model, keras.Model) else _rank_model(finished)
+    _take_weights(target, outcome)
+    history = keras.callbacks.History()
+    history.history, history.epoch = outcome["history"], outcome["epoch"]
+    history.set_model(target)
+    history.run_dir = None if outcome["run_dir"] is None else Path(outcome["run_dir"])
+    history.summary, history.rounds = outcome["summary"], outcome["rounds"]
+    return history
+
+
+def _outcome(finished: Any) -> dict[str, Any]:
+    """On rank 0: what every rank's History and model are made of."""
+    from mpi_trainer.scheduler.callbacks import keras_logs
+
+    engine, summary = finished
+    model = engine.model
     rounds = engine.rounds
     numeric = [key for key in (rounds[0] if rounds else {}) if _is_number(rounds[0][key])]
-    history = {key: [float(row[key]) for row in rounds] for key in numeric}
-    return FitResult(history, engine.model, Path(engine.run_dir), summary)
+    recorder = getattr(engine, "recorder", None)
+    callbacks = getattr(recorder, "callbacks", None)
+    if callbacks is not None:
+        history, epoch = callbacks.history.history, callbacks.history.epoch
+    else:  # L-BFGS iterations: their rows under Keras' names
+        names = summary.get("metrics") or ["loss"]
+        history, epoch = {}, []
+        for row in rounds:
+            epoch.append(int(row["round"]))
+            for key, value in keras_logs(row, names).items():
+                history.setdefault(key, []).append(value)
+    return {"history": {k: [float(v) for v in values] for k, values in history.items()}, "epoch": list(epoch),
+            "rounds": {key: [float(row[key]) for row in rounds] for key in numeric},
+            "summary": summary, "run_dir": str(engine.run_dir), "weights": model.get_weights(),
+            # a complete run read back (nothing trained) has neither plan nor dataset
+            "spec": getattr(getattr(engine, "plan", None), "model", None),
+            "input_shape": tuple(getattr(getattr(engine, "dataset", None), "input_shape", None)
+                                 or model.input_shape[1:])}
+
+
+def _rank_model(finished: Any) -> Any:
+    """The model this rank trained or scheduled with: rank 0's global model, a worker's local one."""
+    if finished is None:
+        return None
+    if isinstance(finished, tuple):
+        return finished[0].model
+    return getattr(finished, "model", None)
+
+
+def _take_weights(model: Any, outcome: dict[str, Any]) -> None:
+    """Build (an unbuilt model), compile (as the job did, unless the script compiled it) and load the final weights."""
+    from mpi_trainer.models import compile_model
+
+    if model is None:
+        return
+    if not model.built:
+        model.build((None, *outcome["input_shape"]))
+    spec = outcome["spec"]
+    if getattr(model, "optimizer", None) is None and spec is not None and spec.optimizer is not None:
+        compile_model(model, spec)
+    model.set_weights(outcome["weights"])
 
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
-

@@ -21,14 +21,21 @@ def minimised(monitor: str) -> bool:
     return any(part in name for part in _SMALLER_IS_BETTER) or name in _ERROR_ABBREVIATIONS
 
 
-def watched_metric(monitor: str, patience: int, metric_names: list[str]) -> str:
+def watched_metric(monitor: str, patience: int, metric_names: list[str], has_test: bool = True) -> str:
     """The row column early stopping watches for ``early_stopping.monitor`` and the model's metrics.
 
     The default (``test_accuracy``) of a model without accuracy (regression) watches ``test_loss``
-    instead while patience is 0; any other monitor must name a metric the model computes. Every rank
-    derives it from the same config and metric names, so the config itself never changes.
+    instead while patience is 0, and without a test split (``data.test_size = 0``) the validation
+    split's accuracy or loss; any other monitor must name a metric the model computes, on a split that
+    exists. Every rank derives it from the same config and metric names, so the config never changes.
     """
     split, name = monitor.split("_", 1)
+    if split == "test" and not has_test:
+        if monitor == DEFAULT_MONITOR and not patience:
+            return "val_accuracy" if "accuracy" in metric_names else "val_loss"
+        raise ConfigError(f"`early_stopping.monitor` watches the test split, and none is held out. Received: "
+                          f"early_stopping.monitor={monitor!r} with data.test_size=0; expected a val_* monitor "
+                          f"(with validation data) or data.test_size > 0")
     if name in metric_names:
         return monitor
     if monitor == DEFAULT_MONITOR and not patience:
@@ -58,9 +65,10 @@ class EarlyStopping:
     best_weights: np.ndarray | None = None
 
     @classmethod
-    def from_config(cls, settings: EarlyStoppingConfig, metric_names: list[str]) -> EarlyStopping:
+    def from_config(cls, settings: EarlyStoppingConfig, metric_names: list[str],
+                    has_test: bool = True) -> EarlyStopping:
         """From the ``early_stopping`` section, watching :func:`watched_metric` of the model's metrics."""
-        monitor = watched_metric(settings.monitor, settings.patience, metric_names)
+        monitor = watched_metric(settings.monitor, settings.patience, metric_names, has_test)
         return cls(monitor, settings.patience, settings.min_delta, settings.mode)
 
     @property

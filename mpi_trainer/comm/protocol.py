@@ -75,6 +75,8 @@ class JobPlan:
     # What evaluation reports, ``loss`` first (learned from the dry run before round 0).
     metric_names: list[str] = field(default_factory=lambda: ["loss", "accuracy"])
     finished: bool = False  # the run directory holds a complete run and no more rounds are asked for
+    # ``fit``'s class_weight ({class index: weight}): workers weight their training loss by it
+    class_weight: dict[int, float] | None = None
 
 
 @dataclass
@@ -144,6 +146,7 @@ class Report:
     step_rate: float | None = None
     timed_steps: int = 0
     preempt: bool = False  # this worker got a preemption signal: checkpoint and stop after this round
+    learning_rate: float = float("nan")  # the optimizer's learning rate at the start of the worker's training
 
 
 @dataclass

@@ -110,8 +110,8 @@ class _Section:
     def _fraction(self, name: str, low_open: bool = True) -> None:
         value = getattr(self, name)
         ok = (0 < value < 1) if low_open else (0 <= value < 1)
-        interval = "(0, 1)" if low_open else "[0, 1)"
-        self._require(ok, name, f"must lie in the open interval {interval}")
+        interval = "the open interval (0, 1)" if low_open else "the interval [0, 1)"
+        self._require(ok, name, f"must lie in {interval}")
 
     def _choice(self, name: str, choices: tuple[str, ...]) -> None:
         self._require(getattr(self, name) in choices, name, f"must be one of {list(choices)}")
@@ -154,7 +154,7 @@ class AugmentationConfig(_Section):
 class DataConfig(_Section):
     prefix: ClassVar[str] = "data"
     source: str = "digits"
-    test_size: float = 0.2
+    test_size: float = 0.2  # 0: nothing held out for testing (the test_* columns stay empty)
     # 0: no validation split unless best-of or a val_* monitor needs one (then DEFAULT_VALIDATION_SIZE)
     validation_size: float = 0.0
     placement: DataPlacement = "shared"
@@ -175,7 +175,7 @@ class DataConfig(_Section):
     augmentation: AugmentationConfig = field(default_factory=AugmentationConfig)
 
     def __post_init__(self) -> None:
-        self._fraction("test_size")
+        self._fraction("test_size", low_open=False)  # 0: no test split (mpi_trainer.fit's default for arrays)
         self._fraction("validation_size", low_open=False)
         self._choice("placement", PLACEMENTS)
         self._require(len(self.datasets) in (0, 2, 4), "datasets",
@@ -276,6 +276,8 @@ class TrainConfig(_Section):
     epochs: int = 20
     batch_size: int = 32
     seed: int = 0
+    # Each worker visits its block in a new random order every local epoch (false: in row order).
+    shuffle: bool = True
     # Total optimizer steps (batches, summed over workers) after which the run stops; 0 = no limit.
     max_steps: int = 0
     # Local optimizer steps per round (0 = one local epoch per round). At k > 0 each worker walks

@@ -18,24 +18,25 @@ from typing import Any
 import numpy as np
 
 
-def fit_arguments(x: np.ndarray, y: np.ndarray, batch_size: int, rng: np.random.Generator,
-                  backend: str | None = None) -> dict[str, Any]:
-    """Keyword arguments for ``model.fit`` that train one epoch over ``(x, y)`` in a random order.
+def fit_arguments(x: np.ndarray, y: np.ndarray, batch_size: int, rng: np.random.Generator | None,
+                  backend: str | None = None, sample_weight: np.ndarray | None = None) -> dict[str, Any]:
+    """Keyword arguments for ``model.fit`` that train one epoch over ``(x, y)`` in a random order
+    (``rng`` None: in row order, ``fit(shuffle=False)``), each row's loss weighted by ``sample_weight``.
 
     ``backend`` defaults to the running Keras backend.
     """
     import keras
 
-    order = rng.permutation(len(x))
+    order = np.arange(len(x)) if rng is None else rng.permutation(len(x))
     if (backend or keras.backend.backend()) != "tensorflow":
         from mpi_trainer.data.batches import ShuffledBatches
 
-        return {"x": ShuffledBatches(x, y, batch_size, order), "shuffle": False}
+        return {"x": ShuffledBatches(x, y, batch_size, order, sample_weight), "shuffle": False}
     import tensorflow as tf
 
-    features, labels = tf.convert_to_tensor(x), tf.convert_to_tensor(y)
+    columns = [tf.convert_to_tensor(a) for a in (x, y, sample_weight) if a is not None]
     dataset = (tf.data.Dataset.from_tensor_slices(order).batch(batch_size)
-               .map(lambda rows: (tf.gather(features, rows), tf.gather(labels, rows))).prefetch(1))
+               .map(lambda rows: tuple(tf.gather(column, rows) for column in columns)).prefetch(1))
     options = tf.data.Options()
     options.autotune.enabled = False
     return {"x": dataset.with_options(options), "shuffle": False}  # the order above is the shuffle

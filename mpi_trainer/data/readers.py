@@ -36,6 +36,11 @@ class RawArrays:
     tabular: bool = False
     class_names: list[str] | None = None
     keep_open: list[Any] = field(default_factory=list)  # file handles the lazy arrays need
+    # Validation rows given apart from ``x`` (``mpi_trainer.fit``'s ``validation_data``); None: split from ``x``.
+    x_val: Any = None
+    y_val: np.ndarray | None = None
+    sample_weight: np.ndarray | None = None  # one training weight per row of ``x`` (``fit``'s ``sample_weight``)
+    input_layout: list[Any] | None = None  # dict inputs packed into ``x``: models.packed.Column per input
 
 
 # Rows fetched per read: big enough for efficient HDF5 hyperslab reads, small enough that the

@@ -102,6 +102,7 @@ class TrainRows:
     labels: np.ndarray
     rows: np.ndarray
     keep_open: list[Any] = field(default_factory=list)
+    weights: np.ndarray | None = None  # a training weight per source row (``fit``'s ``sample_weight``)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -206,7 +207,9 @@ def read_source(cfg: DataConfig, arrays: RawArrays | None = None) -> RawArrays:
             raise DataError(f"`data.source` = {ARRAYS_SOURCE!r} means the arrays passed to mpi_trainer.fit, and "
                             f"none were passed. Received: data.source={cfg.source!r}; expected a built-in "
                             f"dataset or a data file")
-        return RawArrays(arrays.x, arrays.y, arrays.x_test, arrays.y_test)  # a copy: validation rebinds fields
+        # a copy: validation rebinds fields
+        return RawArrays(arrays.x, arrays.y, arrays.x_test, arrays.y_test, x_val=arrays.x_val, y_val=arrays.y_val,
+                         sample_weight=arrays.sample_weight)
     if cfg.is_file:
         return read_file(cfg)
     if cfg.source in KERAS_BUILTINS:
@@ -228,6 +231,8 @@ def split_rows(raw: RawArrays, cfg: DataConfig, seed: int) -> SplitRows:
         pool, test = split_positions(len(raw.y), cfg.test_size, seed)
     else:
         pool, test = np.arange(len(raw.y)), np.arange(len(raw.y_test))
+    if raw.x_val is not None:  # validation rows given apart: all of the pool trains
+        return SplitRows(pool, np.arange(len(raw.y_val)), test)
     kept, taken = split_positions(len(pool), cfg.validation_size, seed + 1)
     return SplitRows(pool[kept], pool[taken], test)
 
@@ -242,39 +247,45 @@ def _standardise(raw: RawArrays, train_rows: np.ndarray) -> None:
         raw.x_test = (np.asarray(raw.x_test, dtype=np.float64) - mean) / std
 
 
-def _validate(raw: RawArrays, splits: SplitRows, name: str) -> tuple[int, bool]:
-    """Labels, lengths and empty splits; returns (the number of outputs, whether labels are classes)."""
+def _validate(raw: RawArrays, splits: SplitRows, name: str, test_wanted: bool = True) -> tuple[int, bool]:
+    """Labels, lengths and empty splits; returns (the number of outputs, whether labels are classes).
+    ``test_wanted``: an empty test split is an error (False: ``data.test_size = 0`` holds none out)."""
     _check_feature_dtype(raw.x, name)
     raw.y = _as_labels(raw.y, name)
     _check_lengths(raw.x, raw.y, name, "train" if raw.x_test is not None else "all")
-    test_labels = raw.y
-    if raw.x_test is not None:
-        raw.y_test = test_labels = _as_labels(raw.y_test, name)
-        _check_lengths(raw.x_test, raw.y_test, name, "test")
-        _check_same_rows(raw, name)
-    for split in ("train", "test"):
+    held_out = [("val", splits.val, raw.y), ("test", splits.test, raw.y)]  # split from x unless given apart
+    for split in ("test", "val"):
+        if getattr(raw, f"x_{split}") is not None:
+            labels = _as_labels(getattr(raw, f"y_{split}"), name)
+            setattr(raw, f"y_{split}", labels)
+            _check_lengths(getattr(raw, f"x_{split}"), labels, name, split)
+            _check_same_rows(raw, name, split)
+            held_out = [entry for entry in held_out if entry[0] != split] + [(split, getattr(splits, split), labels)]
+    for split in ("train", "test") if test_wanted or raw.x_test is not None else ("train",):
         if len(getattr(splits, split)) == 0:
             raise DataError(f"{name}: the {split} split is empty; check data.test_size, "
                             f"data.validation_size and the number of samples")
     if raw.y.dtype != np.int32:
         return (int(raw.y.shape[-1]) if raw.y.ndim > 1 else 1), False
     train_classes = int(raw.y[splits.train].max()) + 1
-    for split, labels, rows in (("validation", raw.y, splits.val), ("test", test_labels, splits.test)):
+    for split, rows, labels in held_out:
         highest = int(labels[rows].max()) if len(rows) else -1
         if highest >= train_classes:
-            raise DataError(f"{name}: {split} label {highest} is out of range: the training split has classes "
+            what = "validation" if split == "val" else split
+            raise DataError(f"{name}: {what} label {highest} is out of range: the training split has classes "
                             f"0..{train_classes - 1}; labels must be class indices seen in training")
     return max(train_classes, 2), True
 
 
-def _check_same_rows(raw: RawArrays, name: str) -> None:
-    """Train and test rows must have the same feature shape and the same kind of label."""
-    if tuple(raw.x_test.shape[1:]) != tuple(raw.x.shape[1:]):
-        raise DataError(f"{name}: x_test rows have shape {tuple(raw.x_test.shape[1:])} but x_train "
+def _check_same_rows(raw: RawArrays, name: str, split: str = "test") -> None:
+    """Train and held-out (test or validation) rows must have the same feature shape and kind of label."""
+    x_held, y_held = getattr(raw, f"x_{split}"), getattr(raw, f"y_{split}")
+    if tuple(x_held.shape[1:]) != tuple(raw.x.shape[1:]):
+        raise DataError(f"{name}: x_{split} rows have shape {tuple(x_held.shape[1:])} but x_train "
                         f"rows have shape {tuple(raw.x.shape[1:])}; they must match")
-    if raw.y_test.dtype != raw.y.dtype or raw.y_test.shape[1:] != raw.y.shape[1:]:
-        raise DataError(f"{name}: y_test holds labels of shape {raw.y_test.shape[1:]} and dtype "
-                        f"{raw.y_test.dtype} but y_train of shape {raw.y.shape[1:]} and dtype {raw.y.dtype}; "
+    if y_held.dtype != raw.y.dtype or y_held.shape[1:] != raw.y.shape[1:]:
+        raise DataError(f"{name}: y_{split} holds labels of shape {y_held.shape[1:]} and dtype "
+                        f"{y_held.dtype} but y_train of shape {raw.y.shape[1:]} and dtype {raw.y.dtype}; "
                         f"they must match")
 
 
@@ -297,19 +308,21 @@ def load_dataset(cfg: DataConfig, seed: int, read_val: bool = True, read_test: b
     name = Path(cfg.source).name if cfg.is_file else cfg.source
     raw = read_source(cfg, arrays)
     splits = split_rows(raw, cfg, seed)
-    num_outputs, classes = _validate(raw, splits, name)
+    num_outputs, classes = _validate(raw, splits, name, test_wanted=cfg.test_size > 0)
     if raw.tabular or cfg.source in TABULAR_BUILTINS:
         _standardise(raw, splits.train)
     x_test_source = raw.x if raw.x_test is None else raw.x_test
     y_test_source = raw.y if raw.x_test is None else raw.y_test
     val_rows = splits.val if read_val else splits.val[:0]
     test_rows = _chosen(splits.test, read_test)
-    x_val = _as_features(read_rows(raw.x, val_rows))
+    x_val_source, y_val_source = (raw.x, raw.y) if raw.x_val is None else (raw.x_val, raw.y_val)
+    x_val = _as_features(read_rows(x_val_source, val_rows))
     x_test = _as_features(read_rows(x_test_source, test_rows))
     check_finite(x_val, name, "validation")
     check_finite(x_test, name, "test")
-    train = TrainRows(name, raw.x, raw.y, splits.train, raw.keep_open)
-    return Dataset(name, train, x_val, raw.y[val_rows], x_test, y_test_source[test_rows], num_outputs,
+    weights = None if raw.sample_weight is None else np.asarray(raw.sample_weight, dtype=np.float32)
+    train = TrainRows(name, raw.x, raw.y, splits.train, raw.keep_open, weights)
+    return Dataset(name, train, x_val, y_val_source[val_rows], x_test, y_test_source[test_rows], num_outputs,
                    feature_shape(raw.x), raw.class_names, classes,
                    test_part=read_test if isinstance(read_test, tuple) else None)
 

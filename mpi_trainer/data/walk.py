@@ -15,15 +15,16 @@ import numpy as np
 
 
 class BlockWalk:
-    def __init__(self, rng: np.random.Generator) -> None:
+    def __init__(self, rng: np.random.Generator, shuffle: bool = True) -> None:
         self.rng = rng
+        self.shuffle = shuffle  # False: the block in row order every epoch (``fit(shuffle=False)``)
         self.order = np.empty(0, dtype=np.int64)
         self.position = 0
 
     def next_rows(self, block_size: int, batch_size: int) -> np.ndarray:
         """Indices into the block of the next batch; a new shuffle when the epoch is spent or the block changed."""
         if self.position >= len(self.order) or len(self.order) != block_size:
-            self.order = self.rng.permutation(block_size)
+            self.order = self.rng.permutation(block_size) if self.shuffle else np.arange(block_size)
             self.position = 0
         rows = self.order[self.position:self.position + batch_size]
         self.position += len(rows)

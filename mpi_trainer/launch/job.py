@@ -72,6 +72,8 @@ class JobInputs:
     config_path: str | None = None  # names the default run directory
     pipeline: Any = None  # an input adapter (tf.data, PyDataset, generator...), instead of arrays
     validation: Any = None  # the pipeline's validation_data, read by the ranks that score
+    class_weight: dict[int, float] | None = None  # fit's class_weight, for the workers' training loss
+    initial_epoch: int = 0  # fit's initial_epoch: the callbacks' epoch of round 0
 
 
 def uses_lbfgs(cfg: Config) -> bool:
@@ -152,6 +154,7 @@ def plan_job(cfg: Config, dataset: Any, inputs: JobInputs, bounds: list, state: 
     import keras
 
     from mpi_trainer.comm.protocol import JobPlan
+    from mpi_trainer.data.weights import check_class_coverage
     from mpi_trainer.models import build_model
     from mpi_trainer.models.dry_run import SAMPLES, dry_run
     from mpi_trainer.models.gradients import BlockGradient
@@ -161,16 +164,17 @@ def plan_job(cfg: Config, dataset: Any, inputs: JobInputs, bounds: list, state: 
     if uses_lbfgs(cfg):
         BlockGradient(model)  # a loss it cannot differentiate fails here, on every rank
     metric_names = dry_run(model, *dataset.train.read(np.arange(min(SAMPLES, dataset.num_train))))
-    check_monitor(cfg, metric_names)
+    check_monitor(cfg, metric_names, len(dataset.y_test) > 0)
     # Blocks are always planned for the workers present now: a resume may have fewer or more.
+    check_class_coverage(inputs.class_weight, dataset.num_outputs, dataset.classes)
     plan = JobPlan(cfg.to_dict(), spec, bounds, cfg.train.seed, dataset.num_train,
-                   state.next_round if state else 0, metric_names)
+                   state.next_round if state else 0, metric_names, class_weight=inputs.class_weight)
     return model, plan
 
 
-def check_monitor(cfg: Config, metric_names: list[str]) -> None:
-    """``early_stopping.monitor`` must name a metric the compiled model reports."""
-    watched_metric(cfg.early_stopping.monitor, cfg.early_stopping.patience, metric_names)
+def check_monitor(cfg: Config, metric_names: list[str], has_test: bool = True) -> None:
+    """``early_stopping.monitor`` must name a metric the compiled model reports, on a split that exists."""
+    watched_metric(cfg.early_stopping.monitor, cfg.early_stopping.patience, metric_names, has_test)
 
 
 def check(cfg: Config, workers: int | None = None) -> str:
@@ -302,7 +306,7 @@ def log_placements(placements: list[Placement]) -> None:
 
 
 def run_scheduler(transport: Transport, cfg: Config, setup_result: tuple, placements: list[Placement],
-                  callbacks: Sequence[Any] = (), calibration: tuple[Mapping[int, Any], float] = ({}, 0.0)) -> Any:
+                  inputs: JobInputs | None = None, calibration: tuple[Mapping[int, Any], float] = ({}, 0.0)) -> Any:
     """Rank 0's part; returns the engine and the run's summary. A watchdog failure ends the whole job
     with a one-line message, not a traceback. ``calibration``: the workers' timed steps for
     rebalancing, and the seconds they took."""
@@ -324,8 +328,9 @@ def run_scheduler(transport: Transport, cfg: Config, setup_result: tuple, placem
         engine = engine_type(SchedulerLink(transport), cfg, dataset, model, plan, path, hosts, state)
         (engine.recorder if hasattr(engine, "recorder") else engine).fingerprint = run.fingerprint
         engine.record_placement([placement.as_dict() for placement in placements])
-        if callbacks:
-            engine.recorder.use_callbacks(callbacks)
+        if not uses_lbfgs(cfg):  # Keras callbacks, and the History fit returns
+            inputs = inputs or JobInputs()
+            engine.recorder.use_callbacks(list(inputs.callbacks), inputs.initial_epoch)
         if calibration[0]:  # data.rebalance (which L-BFGS refuses)
             engine.seed_speeds(*calibration)
         summary = engine.run()
@@ -367,7 +372,8 @@ def load_config_everywhere(transport: Transport, config: str | dict | None, over
 
 
 def run_job(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str | None, resume: bool) -> Any:
-    """Every rank's whole job; returns (the scheduler's engine, the summary) on rank 0, None on workers.
+    """Every rank's whole job; returns (the scheduler's engine, the summary) on rank 0, the worker (or
+    None) elsewhere.
 
     A preempted job raises :class:`~mpi_trainer.errors.Preempted` on every rank (exit status 75).
     """
@@ -399,7 +405,7 @@ def train_roles(transport: Transport, cfg: Config, inputs: JobInputs, setup_resu
     speeds = calibrate_everywhere(transport, cfg, role)
     if transport.rank == 0:
         engine, summary = run_scheduler(transport, cfg, (dataset, model, plan, run, state), placements,
-                                        inputs.callbacks, (speeds, time.perf_counter() - calibrating))
+                                        inputs, (speeds, time.perf_counter() - calibrating))
         if summary.get("stop_reason") == "preempted":
             raise Preempted()
         result = engine, summary
@@ -407,7 +413,7 @@ def train_roles(transport: Transport, cfg: Config, inputs: JobInputs, setup_resu
         role.run()
         if getattr(role, "preempted", False):
             raise Preempted()
-        result = None
+        result = role
     transport.phase = "teardown"
     transport.barrier()  # every rank leaves the job together; a rank stuck past its last round is named
     return result

@@ -75,11 +75,18 @@ def _given_builder(builder: Any) -> tuple[Any, str | None]:
     import keras
 
     if isinstance(builder, keras.Model):
-        return (lambda input_shape, num_outputs: builder), _module_of(builder)
+        return (lambda input_shape, num_outputs: _built(builder, input_shape)), _module_of(builder)
     if not callable(builder):
         raise ConfigError(f"`model` must be a Keras model, a function (input_shape, num_outputs) -> model, "
                           f"a zoo name or 'package.module:function'. Received: {type(builder).__name__}")
     return builder, _module_of(builder)
+
+
+def _built(model: Any, input_shape: tuple[int, ...]) -> Any:
+    """A model given unbuilt (a ``Sequential`` without ``keras.Input``), built for the data's samples."""
+    if not model.built:
+        model.build((None, *input_shape))
+    return model
 
 
 def _module_of(thing: Any) -> str | None:
@@ -177,9 +184,9 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_outputs: int
     what = f"{num_outputs} classes" if classes else f"targets of width {num_outputs}"
     try:
         model = builder(tuple(input_shape), int(num_outputs))
-    except ValueError as exc:
-        raise ConfigError(f"`model.name` {cfg.name!r} cannot be built for input shape "
-                          f"{tuple(input_shape)} and {what}: {exc}") from None
+    except Exception as exc:  # whatever the user's code or Keras raises: every rank must hear of it
+        raise ConfigError(f"`model` {cfg.name!r} cannot be built for input shape {tuple(input_shape)} and "
+                          f"{what}: {type(exc).__name__}: {exc}") from None
     if not isinstance(model, keras.Model):
         raise ConfigError(f"`model.name` {cfg.name!r} must return a keras.Model. "
                           f"Received: {type(model).__name__}")
@@ -189,9 +196,13 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_outputs: int
     optimizer, loss, metrics, user_compiled = compile_settings(model, cfg, classes)
     if cfg.uses_lbfgs:
         optimizer = None  # L-BFGS moves the weights itself; a user model's own optimizer is not used
-    spec = ModelSpec(model.to_json(), None if optimizer is None else keras.optimizers.serialize(optimizer),
-                     loss, user_module, metrics, user_compiled)
-    compile_model(model, spec)
+    try:
+        spec = ModelSpec(model.to_json(), None if optimizer is None else keras.optimizers.serialize(optimizer),
+                         loss, user_module, metrics, user_compiled)
+        compile_model(model, spec)
+    except Exception as exc:  # an unserialisable layer or a bad compile: every rank must hear of it
+        raise ConfigError(f"`model` {cfg.name!r} cannot be described to the workers or compiled: "
+                          f"{type(exc).__name__}: {exc}") from None
     return model, spec
 
 
@@ -234,6 +245,8 @@ def compile_model(model: Any, spec: ModelSpec) -> None:
 def rebuild_model(spec: ModelSpec) -> Any:
     """Recreate and compile the scheduler's model from its spec (on a worker)."""
     import keras
+
+    import mpi_trainer.models.packed  # noqa: F401 - registers InputColumns, which a dict-input model uses
 
     if spec.user_module:
         importlib.import_module(spec.user_module)  # registers the user's custom objects

@@ -34,7 +34,7 @@ ROUND_FIELDS = [
     "aggregate_seconds", "eval_seconds", "bytes", "test_loss", "test_accuracy", "max_staleness",
     "train_loss", "train_accuracy", "val_loss", "val_accuracy", "samples", "winner", "elapsed_seconds",
     "idle_fraction", "block_sizes", "steps", "worker_train_seconds", "sync_every",
-    "workers",
+    "workers", "learning_rate",
 ]
 BUILT_IN_METRICS = ("loss", "accuracy")  # their columns are always there (empty when not compiled)
 

@@ -28,6 +28,7 @@ class Evaluator:
         # data.validation_size); under best-of the elected worker's own scores fill the val_* columns.
         monitors_validation = cfg.early_stopping.monitor.startswith("val_")
         self.scores_validation = len(dataset.x_val) > 0 and (monitors_validation or not cfg.aggregation.elects)
+        self.scores_test = len(dataset.y_test) > 0  # data.test_size = 0 holds no test split out
 
     def skipped(self) -> dict[str, float]:
         """The columns of a round that ``evaluation.every`` leaves unscored: none (the recorder fills
@@ -43,7 +44,9 @@ class Evaluator:
         and the seconds it took."""
         started = time.perf_counter()
         self.model.set_weights(self.codec.unflatten(weights))
-        out = prefixed("test", evaluate_model(self.model, self.dataset.x_test, self.dataset.y_test, self.batch))
+        out = {}
+        if self.scores_test:
+            out = prefixed("test", evaluate_model(self.model, self.dataset.x_test, self.dataset.y_test, self.batch))
         if self.scores_validation:
             out.update(prefixed("val", evaluate_model(self.model, self.dataset.x_val, self.dataset.y_val,
                                                       self.batch)))
@@ -88,7 +91,7 @@ class WorkerEvaluator(Evaluator):
         except TimeoutError as exc:
             raise self.watchdog.failure(what, getattr(exc, "missing", None) or self.link.workers) from None
         self.held = weights
-        out = prefixed("test", metrics_from_flat(self.model, summed[:self.state_size]))
+        out = prefixed("test", metrics_from_flat(self.model, summed[:self.state_size])) if self.scores_test else {}
         if self.scores_validation:
             out.update(prefixed("val", metrics_from_flat(self.model, summed[self.state_size:])))
         return out, time.perf_counter() - started

@@ -108,7 +108,7 @@ class LbfgsScheduler:
         self.vector = TrainableVector(model)
         self.layout = WireLayout(self.vector.size, transport.workers)
         self.request = self.layout.request()
-        self.early = EarlyStopping.from_config(cfg.early_stopping, plan.metric_names)
+        self.early = EarlyStopping.from_config(cfg.early_stopping, plan.metric_names, len(dataset.y_test) > 0)
         self.state = RunState()
         self.start_iteration = 0  # after a resume, the first iteration this run computes
         self.evaluations_before = 0  # function evaluations of the run before a resume
@@ -227,11 +227,12 @@ class LbfgsScheduler:
     def evaluate_splits(self) -> tuple[dict[str, float], float]:
         started = time.perf_counter()
         batch = max(256, self.cfg.train.batch_size)
-        result = evaluate_model(self.model, self.dataset.x_test, self.dataset.y_test, batch)
         names = dict.fromkeys([*BUILT_IN_METRICS, *self.plan.metric_names])  # the fixed columns always filled
         out = {f"{split}_{name}": math.nan for name in names for split in ("test", "val")}
-        out.update({f"test_{name}": value for name, value in result.items() if name in names})
-        if self.cfg.early_stopping.monitor.startswith("val_") and len(self.dataset.x_val):
+        if len(self.dataset.y_test):  # data.test_size = 0 holds no test split out
+            result = evaluate_model(self.model, self.dataset.x_test, self.dataset.y_test, batch)
+            out.update({f"test_{name}": value for name, value in result.items() if name in names})
+        if len(self.dataset.x_val):
             result = evaluate_model(self.model, self.dataset.x_val, self.dataset.y_val, batch)
             out.update({f"val_{name}": value for name, value in result.items() if name in names})
         return out, time.perf_counter() - started

@@ -107,7 +107,7 @@ class RoundRecorder:
         self.transport_stats = transport_stats  # read-only: the scheduler's wait counters
         self.log = get_logger()
         self.evaluator = Evaluator(cfg, dataset, model, codec)
-        self.early = EarlyStopping.from_config(cfg.early_stopping, plan.metric_names)
+        self.early = EarlyStopping.from_config(cfg.early_stopping, plan.metric_names, len(dataset.y_test) > 0)
         self.metric_names = plan.metric_names
         self.schedule = schedule_for(cfg.train, plan.block_bounds)  # each round's local steps (post-local SGD)
         self.state = RunState()
@@ -119,6 +119,8 @@ class RoundRecorder:
         self.kept_weights: np.ndarray | None = None  # the weights the run ends with, once finished
         self.placement: list[dict[str, Any]] = []  # host, backend and device of every rank; the job sets it
         self.callbacks: RoundCallbacks | None = None  # Keras callbacks from mpi_trainer.fit
+        # the learning rate a callback set on the scheduler's optimizer, for the workers' next round
+        self.callback_rate: float | None = None
         self.summary_written = -math.inf
         # the step from each round's aggregate to the next global model; its state lives here only
         self.outer = OuterOptimizer(OuterSettings.from_config(cfg.aggregation))
@@ -134,13 +136,15 @@ class RoundRecorder:
         # progress, TensorBoard and the timeline: what rank 0 shows of each round besides rounds.csv
         self.observers = RunObservers(cfg, run_dir, self.start_round, hosts, self.state.rounds)
 
-    def use_callbacks(self, callbacks: list[Any]) -> None:
-        self.callbacks = RoundCallbacks(callbacks, self.model, self.cfg.train.epochs)
+    def use_callbacks(self, callbacks: list[Any], initial_epoch: int = 0) -> None:
+        self.callbacks = RoundCallbacks(callbacks, self.model, self.cfg.train.epochs, self.metric_names,
+                                        initial_epoch)
 
     def begin(self) -> None:
         """Before the first round: the callbacks' ``on_train_begin``."""
         if self.callbacks is not None:
             self.callbacks.begin(self.start_round)
+            self.callback_rate = self.callbacks.changed_learning_rate()  # e.g. a scheduler's rate for round 0
 
     def restore(self, resume: ResumeState) -> None:
         """Carry on from a checkpoint: counters, early-stopping state, and the time and bytes spent so far."""
@@ -237,12 +241,27 @@ class RoundRecorder:
         self.maybe_checkpoint(closed.index, weights)
         if stop:
             return StopReason.EARLY_STOPPING
-        if self.callbacks is not None and self.callbacks.round_end(closed.index, row):
-            self.log.info("round %d: a callback set model.stop_training; stopping", closed.index)
+        if self.run_callbacks(closed.index, row, weights, scored):
             return StopReason.CALLBACK
         if self.preempting() and closed.index + 1 < self.cfg.train.epochs and not self.steps_exhausted():
             return StopReason.PREEMPTED
         return None
+
+    def run_callbacks(self, round_index: int, row: dict[str, Any], weights: np.ndarray, scored: bool) -> bool:
+        """The Keras callbacks' ``on_epoch_end`` with the round's weights in the model; True when one asked to
+        stop. A learning rate they set goes to the workers with the next round."""
+        if self.callbacks is None:
+            return False
+        if not scored:  # a scored round left its weights in the model already
+            self.model.set_weights(self.codec.unflatten(weights))
+        stop = self.callbacks.round_end(round_index, row)
+        rate = self.callbacks.changed_learning_rate()
+        if rate is not None:
+            self.log.info("round %d: a callback set the learning rate to %g for the next round", round_index, rate)
+            self.callback_rate = rate
+        if stop:
+            self.log.info("round %d: a callback set model.stop_training; stopping", round_index)
+        return stop
 
     def preempting(self) -> bool:
         """A preemption signal reached this rank or (by its report) a worker."""
@@ -281,6 +300,7 @@ class RoundRecorder:
             "aggregate_seconds": closed.aggregate_seconds, "bytes": closed.bytes + self.discarded_bytes,
             "max_staleness": closed.max_staleness, "samples": samples, "workers": self.workers,
             "train_loss": sum(r.train_loss * r.samples for r in reports) / samples,
+            "learning_rate": _mean_finite([r.learning_rate for r in reports]),
             "winner": closed.winner if closed.winner >= 0 else "",
             # one value per worker, by rank (under SSP the sum of its updates merged in the window)
             "worker_train_seconds": ";".join(f"{sum(r.train_seconds for r in reports if r.rank == w):.4g}"
@@ -381,6 +401,7 @@ class RoundRecorder:
             return summary
         if self.callbacks is not None:
             self.callbacks.end()  # after the files: a callback may change the model's weights (restore best)
+            self.keep_callback_weights()
         if self.state.rounds:
             self.log.info("per-round results:\n%s", format_table(self.state.rounds))
         accuracy = summary["final_test_accuracy"]
@@ -389,6 +410,17 @@ class RoundRecorder:
                       "n/a" if accuracy is None else f"{accuracy:.4f}", summary["wall_seconds"],
                       summary["traffic_bytes"] / 1e6, self.run_dir)
         return summary
+
+    def keep_callback_weights(self) -> None:
+        """A callback that put other weights in the model at the end (``EarlyStopping``'s
+        ``restore_best_weights``): those are the run's final weights, in the model and on disk."""
+        held = self.codec.flatten(self.model.get_weights())
+        if self.kept_weights is not None and np.array_equal(held, self.kept_weights):
+            return
+        self.kept_weights = held
+        self.model.save_weights(self.run_dir / FINAL_WEIGHTS_NAME)
+        self.log.info("a callback restored other weights at the end of training; %s holds them",
+                      FINAL_WEIGHTS_NAME)
 
     def summary(self, final: dict[str, Any] | None = None) -> dict[str, Any]:
         rounds = self.state.rounds
@@ -412,3 +444,8 @@ class RoundRecorder:
     def close(self) -> None:
         self.round_log.close()
         self.observers.close()
+
+
+def _mean_finite(values: list[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else math.nan

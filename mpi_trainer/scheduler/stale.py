@@ -167,7 +167,7 @@ class StaleEngine(Engine):
         keeps its old block), so between a re-cut and the slower worker's next
         update two blocks can overlap or leave rows out for that one update.
         """
-        order = Order(OrderKind.UPDATE, clock=clock, version=self.version)
+        order = Order(OrderKind.UPDATE, clock=clock, version=self.version, learning_rate=self.recorder.callback_rate)
         if self.told[worker] == self.plan.block_bounds:
             return order, None
         order.blocks = self.told[worker] = list(self.plan.block_bounds)

@@ -206,9 +206,12 @@ class SynchronousEngine(Engine):
         if self.cfg.train.max_steps:
             budgets = step_budgets(self.cfg.train.max_steps - self.state.steps, self.full_round_steps(round_index))
         orders, held = {}, self.recorder.evaluator.holds(self.weights)
+        # a NaN rollback's halved rate, else the one a Keras callback set on the scheduler's optimizer
+        rate = self.next_order.learning_rate
+        rate = self.recorder.callback_rate if rate is None else rate
         for worker in self.workers:
             orders[worker] = replace(
-                self.next_order, round=round_index, optimizer_state=worker in self.pending_states,
+                self.next_order, round=round_index, learning_rate=rate, optimizer_state=worker in self.pending_states,
                 max_steps=None if budgets is None else budgets[worker], held_weights=held,
                 blocks=list(self.plan.block_bounds) if self.rebalancer or self.replanned else None,
                 moved_rows=len(self.moved[worker]) if self.moved else None)

@@ -33,6 +33,7 @@ from mpi_trainer.data.feed import fit_arguments
 from mpi_trainer.data.placement import HeldRows, WorkerData, peak_rss_mib
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.data.walk import BlockWalk
+from mpi_trainer.data.weights import training_weights
 from mpi_trainer.errors import RankLost, WorkerFailure
 from mpi_trainer.launch.freeze import maybe_freeze
 from mpi_trainer.logs import get_logger
@@ -57,6 +58,7 @@ class Worker:
         self.model = rebuild_model(plan.model)
         ensure_built(self.model)
         self.codec = WeightCodec.from_weights(self.model.get_weights())
+        self.finalized = layers_with_state(self.model)  # e.g. an adapted Normalization: its stats are weights
         self.global_weights = self.codec.empty()
         self.local = self.codec.empty()  # the trained weights, flattened into the same buffer every round
         self.wire = WireFormat(cfg.aggregation.wire_dtype)
@@ -76,7 +78,8 @@ class Worker:
         self.crash_at = (debug.crash_round, debug.crash_phase) if debug.crash_rank == link.world_rank else None
         self.step_timer = StepTimer(cfg.train.batch_size)  # the speed that rebalancing cuts blocks by
         self.shuffle_rng = np.random.default_rng(worker_seed(cfg.train.seed, self.rank, plan.start_round))
-        self.walk = BlockWalk(self.shuffle_rng)  # k-step rounds; a resumed run starts a fresh walk
+        self.walk = BlockWalk(self.shuffle_rng, cfg.train.shuffle)  # k-step rounds; a resumed run starts a fresh walk
+        self.class_weight = plan.class_weight
         self.schedule = schedule_for(cfg.train, plan.block_bounds)  # steps per round, as the scheduler has it
         self.phases = PhaseLog(cfg.log.timeline)  # this rank's phases, handed on with its next report
         self.preempted = False  # the scheduler's STOP said the run was preempted
@@ -209,7 +212,7 @@ class Worker:
         test split (and of the validation split) and add the metrics' summed state to the scheduler's."""
         started = time.time()
         self.link.recv_broadcast(self.global_weights)
-        self.model.set_weights(self.codec.unflatten(self.global_weights))
+        self.take_weights(self.global_weights)
         shard, batch = self.data.evaluation, max(256, self.cfg.train.batch_size)
         state = summed_metric_state(self.model, shard.x_test, shard.y_test, batch)
         if order.score_validation:
@@ -246,6 +249,8 @@ class Worker:
     def run_update(self, order: Order) -> None:
         """SSP: receive the current global weights, train once, send the report and the weights back."""
         self.follow_blocks(order)
+        if order.learning_rate is not None:  # a Keras callback's rate on the scheduler
+            self.model.optimizer.learning_rate = order.learning_rate
         self.link.take_bytes()
         waited = time.time()
         self.link.recv_weights(self.arriving)
@@ -261,6 +266,23 @@ class Worker:
         maybe_freeze(self.cfg.debug, self.rank, order.clock)
 
     # -- training and scoring -----------------------------------------------------------
+    def take_weights(self, flat: np.ndarray) -> None:
+        """Load flat weights into the local model, and let layers that derive tensors from their weights
+        (an adapted ``Normalization``'s mean and variance) recompute them, as Keras does on loading."""
+        self.model.set_weights(self.codec.unflatten(flat))
+        if self.finalized:  # the scheduler's first weights carry the stats; they never change after
+            finalize_layers(self.finalized, self.model)
+            self.finalized = []
+
+    def sample_weights(self, y: np.ndarray, block_rows: np.ndarray | None = None) -> np.ndarray | None:
+        """The training weights of these labels' rows (``block_rows``: their places in the fixed block,
+        None: the whole block or round), from ``fit``'s ``class_weight`` and ``sample_weight``."""
+        given = getattr(self.dataset.train, "weights", None) if self.dataset is not None else None
+        if given is not None:  # refused with increment, rebalance and scatter: the round's rows are the block
+            given = given[self.dataset.train.rows[self.data.fixed]]
+            given = given if block_rows is None else given[block_rows]
+        return training_weights(y, self.class_weight, given)
+
     def train_and_report(self, round_index: int, max_steps: int | None = None) -> tuple[Report, np.ndarray]:
         """This round's training from the global weights (one local epoch, or k steps); report and new weights."""
         k = self.schedule.steps(round_index)
@@ -269,6 +291,7 @@ class Worker:
             self.x, self.y = self.data.fixed_x, self.data.fixed_y
         else:
             self.x, self.y = self.data.for_round(round_index)
+        learning_rate = current_learning_rate(self.model.optimizer)
         metrics, train_seconds, steps = self.train_steps(k, max_steps) if k else self.train_once(max_steps)
         self.phases.add("train", round_index, time.time() - train_seconds)
         local = self.codec.flatten(self.model.get_weights(), out=self.local)
@@ -276,24 +299,29 @@ class Worker:
         loss = metrics.get("loss", 0.0 if not steps else math.nan)
         report = Report(self.rank, round_index, self.data.units(self.x), loss, metrics.get("accuracy", math.nan),
                         train_seconds, steps=steps, weights_finite=bool(np.isfinite(local).all()),
-                        train_metrics=metrics, preempt=preemption().requested)
+                        train_metrics=metrics, preempt=preemption().requested,
+                        learning_rate=learning_rate)
         if not k and steps:  # k-step rounds are not timed: rebalancing is refused with them
             report.step_rate, report.timed_steps = self.step_timer.finish_round()
         return report, local
 
     def train_once(self, max_steps: int | None = None) -> tuple[dict[str, Any], float, int]:
         """One local epoch on the block (or ``max_steps`` batches of it); metrics, seconds, steps."""
-        self.model.set_weights(self.codec.unflatten(self.global_weights))
+        self.take_weights(self.global_weights)
         batch = self.cfg.train.batch_size
         x, y = self.x, self.y
         if self.data.streams:
             return self.train_streamed(max_steps)
+        weights = self.sample_weights(y)
         if max_steps is not None:
             if max_steps == 0:
                 return {}, 0.0, 0
             rows = np.random.default_rng(self.cfg.train.seed + self.rank).permutation(len(x))[:max_steps * batch]
             x, y = x[rows], y[rows]
-        return self.fit_round(fit_arguments(x, y, batch, self.shuffle_rng), steps_per_round(len(x), batch), len(x))
+            weights = None if weights is None else weights[rows]
+        rng = self.shuffle_rng if self.cfg.train.shuffle else None
+        return self.fit_round(fit_arguments(x, y, batch, rng, sample_weight=weights), steps_per_round(len(x), batch),
+                              len(x))
 
     def train_streamed(self, max_steps: int | None) -> tuple[dict[str, Any], float, int]:
         """One pass over a streamed block (or ``max_steps`` batches of it); metrics, seconds, steps."""
@@ -322,7 +350,7 @@ class Worker:
         ``train_on_batch`` runs the model's compiled train function on one batch: no
         input pipeline is built per round, and the optimizer state carries over.
         """
-        self.model.set_weights(self.codec.unflatten(self.global_weights))
+        self.take_weights(self.global_weights)
         steps = k if max_steps is None else min(max_steps, k)
         totals: dict[str, float] = {}
         seen = 0
@@ -330,7 +358,7 @@ class Worker:
         for _ in range(steps):
             rows = self.step_rows()
             x, y = self.data.batch(rows)
-            for key, value in self.train_step(x, y).items():
+            for key, value in self.train_step(x, y, self.sample_weights(y, rows)).items():
                 totals[key] = totals.get(key, 0.0) + float(value) * len(rows)
             seen += len(rows)
         # the round's metrics are sample-weighted means over its steps, as fit's are over an epoch
@@ -341,8 +369,8 @@ class Worker:
         """Indices into the block of the next step's batch."""
         return self.walk.next_rows(len(self.x), self.cfg.train.batch_size)
 
-    def train_step(self, x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
-        return one_step(self.model, x, y, self.slowdown)
+    def train_step(self, x: np.ndarray, y: np.ndarray, weights: np.ndarray | None = None) -> dict[str, Any]:
+        return one_step(self.model, x, y, self.slowdown, weights)
 
     def maybe_inject_nan(self, round_index: int, local: np.ndarray) -> None:
         """Test hook (debug.nan_rank / debug.nan_round): poison this rank's weights once."""
@@ -362,11 +390,38 @@ class Worker:
         self.phases.add("evaluate", report.round, time.time() - report.eval_seconds)
 
 
-def one_step(model: Any, x: np.ndarray, y: np.ndarray, slowdown: Any | None) -> dict[str, Any]:
+def layers_with_state(model: Any) -> list[Any]:
+    """The layers, nested ones included, that override ``finalize_state`` (computed from their weights)."""
+    found, stack = [], [model]
+    while stack:
+        layer = stack.pop()
+        stack.extend(getattr(layer, "layers", None) or [])
+        if layer is not model and callable(getattr(layer, "finalize_state", None)):
+            found.append(layer)
+    return found
+
+
+def finalize_layers(layers: list[Any], model: Any) -> None:
+    """Recompute the layers' derived tensors; the compiled functions captured the old ones, so they go too."""
+    for layer in layers:
+        layer.finalize_state()
+    model.train_function = model.test_function = model.predict_function = None
+
+
+def current_learning_rate(optimizer: Any) -> float:
+    """The learning rate the optimizer's next step takes (a schedule's value at its step count)."""
+    try:
+        return float(np.asarray(optimizer.learning_rate))
+    except (AttributeError, TypeError, ValueError):
+        return float("nan")
+
+
+def one_step(model: Any, x: np.ndarray, y: np.ndarray, slowdown: Any | None,
+             weights: np.ndarray | None = None) -> dict[str, Any]:
     """One ``train_on_batch``, paused by the debug slowdown's callback when there is one."""
     if slowdown is None:
-        return model.train_on_batch(x, y, return_dict=True)
+        return model.train_on_batch(x, y, sample_weight=weights, return_dict=True)
     slowdown.on_train_batch_begin(0)
-    logs = model.train_on_batch(x, y, return_dict=True)
+    logs = model.train_on_batch(x, y, sample_weight=weights, return_dict=True)
     slowdown.on_train_batch_end(0)
     return logs

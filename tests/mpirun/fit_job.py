@@ -1,8 +1,9 @@
 """The script test_mpirun_api.py runs under ``mpirun -n 3``: ``mpi_trainer.fit`` as a user calls it.
 
-    python tests/mpirun/fit_job.py RUN_DIR shared | scattered | mismatch | half_arguments | built | init_built | caught
+    python tests/mpirun/fit_job.py RUN_DIR shared | scattered | keras | refused | mismatch | half_arguments | built
+                                            | init_built | caught
 
-Rank 0 prints one JSON line with what ``fit`` returned; workers print ``{"worker": rank, "result": null}``.
+Every rank prints one JSON line, ``{"rank": r, "result": ...}``, with what ``fit`` returned there.
 """
 
 from __future__ import annotations
@@ -46,18 +47,33 @@ def one_hot_model(input_shape, num_outputs):
     return model
 
 
+def returned(history, model, x, y) -> dict:
+    """What a rank holds after fit: the History, its run figures, and what its model scores on (x, y)."""
+    probe = model.evaluate(x, y, verbose=0, return_dict=True)
+    return {"history": history.history, "epoch": history.epoch, "rounds": history.rounds,
+            "summary": history.summary, "run_dir": str(history.run_dir), "model_loss": probe["loss"],
+            "model_accuracy": probe.get("accuracy"), "same_model": history.model is model}
+
+
 def run(mode: str, run_dir: str, rank: int) -> dict | None:
     common = {"run_dir": run_dir,
               "overrides": {"log.plots": False, "log.tensorboard": False, "model.learning_rate": 0.01}}
     if mode == "scattered":  # regression; the workers pass no arrays, so their rows are sent to them
         x, y = load_diabetes(return_X_y=True)
-        x, y = ((x - x.mean(0)) / x.std(0), y / 100.0) if rank == 0 else (None, None)
-        result = mpi_trainer.fit(regressor, x, y, epochs=3, config={"model": {"loss": "mse", "metrics": ["mae"]}},
-                                 **common)
-        return None if result is None else {"history": result.history, "summary": result.summary}
+        x, y = (x - x.mean(0)) / x.std(0), y / 100.0
+        mine = (x, y) if rank == 0 else (None, None)
+        history = mpi_trainer.fit(regressor, *mine, epochs=3, validation_split=0.25,
+                                  config={"model": {"loss": "mse", "metrics": ["mae"]}}, **common)
+        return {"history": history.history, "summary": history.summary,
+                "model_mae": history.model.evaluate(x[-100:], y[-100:], verbose=0, return_dict=True)["mae"]}
     x, y = load_digits(return_X_y=True)
     if mode in ("built", "init_built"):
         return built_model(mode, run_dir, x / 16.0, y, common["overrides"])
+    if mode == "keras":
+        return keras_script(run_dir, x / 16.0, y)
+    if mode == "refused":  # a value fit cannot honour, on every rank
+        mpi_trainer.fit(classifier, x / 16.0, y, epochs=3, validation_freq=[1, 3], **common)
+        return {"unreachable": True}
     if mode == "mismatch":
         mpi_trainer.fit(one_hot_model, x / 16.0, y, epochs=3, **common)
         return {"unreachable": True}
@@ -67,12 +83,25 @@ def run(mode: str, run_dir: str, rank: int) -> dict | None:
         mpi_trainer.fit(classifier, x / 16.0, None if rank == 2 else y, epochs=3, **common)
         return {"unreachable": True}
     stop = StopAfter(2)
-    result = mpi_trainer.fit(classifier, x / 16.0, y, epochs=6, batch_size=32, callbacks=[stop], **common)
-    if result is None:
-        return None
-    probe = result.model.evaluate(x[:50] / 16.0, y[:50], verbose=0, return_dict=True)
-    return {"history": result.history, "summary": result.summary, "epochs_seen": stop.epochs,
-            "model_accuracy": probe["accuracy"], "run_dir": str(result.run_dir)}
+    model = classifier((64,), 10)
+    model.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    history = mpi_trainer.fit(model, x / 16.0, y, batch_size=32, epochs=6, callbacks=[stop], **common)
+    return {**returned(history, model, x[:50] / 16.0, y[:50]), "epochs_seen": stop.epochs}
+
+
+def keras_script(run_dir: str, x, y) -> dict:
+    """A Keras script's fit, ported: an unbuilt Sequential, validation data, EarlyStopping on val_loss with
+    the best weights restored, and a LearningRateScheduler the workers must follow."""
+    model = keras.Sequential([keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10, activation="softmax")])
+    model.compile(keras.optimizers.SGD(0.05), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    schedule = keras.callbacks.LearningRateScheduler(lambda epoch: 0.4 if epoch < 2 else 0.8)  # unstable later
+    stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=2, restore_best_weights=True)
+    x_val, y_val = x[-300:], y[-300:]
+    history = mpi_trainer.fit(model, x[:-300], y[:-300], batch_size=16, epochs=8, callbacks=[schedule, stop],
+                              validation_data=(x_val, y_val), shuffle=False, run_dir=run_dir,
+                              overrides={"log.plots": False, "log.tensorboard": False})
+    # callbacks run on rank 0: their own state (best_epoch) is there only
+    return {**returned(history, model, x_val, y_val), "best_epoch": getattr(stop, "best_epoch", None)}
 
 
 class BreaksAt(keras.callbacks.Callback):
@@ -96,7 +125,7 @@ def sweep(run_dir: str, x, y, overrides: dict) -> dict:
         try:
             result = mpi_trainer.fit(classifier, x, y, epochs=4, batch_size=32, callbacks=callbacks,
                                      run_dir=f"{run_dir}-{index}", overrides=overrides)
-            outcome = {"rounds": None if result is None else len(result.history["test_loss"])}
+            outcome = {"rounds": len(result.history["loss"])}
         except Exception as exc:  # noqa: BLE001 - the sweep goes on, as a user's would
             outcome = {"error": f"{type(exc).__name__}: {exc}", "failed_at": time.time()}
         outcomes.append({**outcome, "seconds": time.monotonic() - started})
@@ -112,8 +141,8 @@ def built_model(mode: str, run_dir: str, x, y, overrides: dict) -> dict | None:
         assert placed.is_scheduler == (placed.rank == 0) and placed.device == "cpu"
     model = classifier((64,), 10)
     model.predict(x[:2], verbose=0)
-    result = mpi_trainer.fit(model, x, y, epochs=2, run_dir=run_dir, overrides=overrides)
-    out = None if result is None else {"summary": result.summary}
+    history = mpi_trainer.fit(model, x, y, epochs=2, run_dir=run_dir, overrides=overrides)
+    out = {"summary": history.summary}
     print(json.dumps({"rank": MPI.COMM_WORLD.Get_rank(), "result": out}), flush=True)
     if mode == "init_built":  # a process placed at 1 thread cannot train a job at 2
         mpi_trainer.fit(model, x, y, epochs=1, run_dir=run_dir + "-again", overrides={**overrides, "train.threads": 2})

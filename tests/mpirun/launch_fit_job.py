@@ -2,7 +2,8 @@
 
 It names no run directory: ``fit`` takes the launcher's. Eight rounds of digits, a short sleep
 after every batch so that a test can kill a worker mid-run, a checkpoint every 2 rounds.
-Rank 0 prints one JSON line with the rounds ``fit`` returned and its run directory.
+Rank 0 prints one JSON line with the rounds of the run (``history.rounds``, resumed ones included) and
+its run directory.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 
 import mpi_trainer
 
-mpi_trainer.init()
+placed = mpi_trainer.init()
 
 import keras  # noqa: E402 - after init(), which places the rank first
 from sklearn.datasets import load_digits  # noqa: E402
@@ -23,7 +24,7 @@ def classifier(input_shape, num_outputs):
 
 
 x, y = load_digits(return_X_y=True)
-result = mpi_trainer.fit(classifier, x / 16.0, y, epochs=8, batch_size=32,
-                         overrides={"log.plots": False, "debug.batch_delay": 0.04, "checkpoint.every": 2})
-if result is not None:
-    print(json.dumps({"rounds": len(result.history["test_accuracy"]), "run_dir": str(result.run_dir)}), flush=True)
+history = mpi_trainer.fit(classifier, x / 16.0, y, epochs=8, batch_size=32,
+                          overrides={"log.plots": False, "debug.batch_delay": 0.04, "checkpoint.every": 2})
+if placed.is_scheduler:
+    print(json.dumps({"rounds": len(history.rounds["round"]), "run_dir": str(history.run_dir)}), flush=True)

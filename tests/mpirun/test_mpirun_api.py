@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 from mpi_trainer.launch.mpirun import find_mpirun
@@ -26,27 +27,59 @@ def run_fit(run_dir, mode: str, timeout: float = 240, **env_vars: str) -> tuple[
     return proc.returncode, {line["rank"]: line["result"] for line in lines}, proc.stdout + proc.stderr
 
 
-def test_fit_with_shared_arrays_returns_history_and_model_and_a_callback_stops_every_rank(tmp_path):
+def test_fit_returns_the_same_history_and_trained_model_on_every_rank_and_a_callback_stops_them(tmp_path):
     code, results, output = run_fit(tmp_path / "run", "shared")
     assert code == 0, output
-    assert results[1] is None and results[2] is None  # workers get None, and they did return
+    assert sorted(results) == [0, 1, 2]
     result = results[0]
     assert result["epochs_seen"] == [0, 1] and result["summary"]["stop_reason"] == "callback"
     history = result["history"]
-    assert len(history["test_accuracy"]) == 2 and history["round"] == [0.0, 1.0]
-    assert {"test_loss", "train_loss", "wall_seconds", "bytes"} <= set(history)
-    assert result["model_accuracy"] > 0.7  # the returned model holds the trained weights
+    assert set(history) == {"loss", "accuracy"} and len(history["loss"]) == 2  # no validation data: no val_*
+    assert result["epoch"] == [0, 1] and result["rounds"]["round"] == [0.0, 1.0]
+    assert {"wall_seconds", "bytes", "train_loss"} <= set(result["rounds"])
+    assert result["model_accuracy"] > 0.7 and result["same_model"]  # the model passed in holds the weights
+    for worker in (1, 2):  # every rank: the same History, the same final weights in its own model
+        assert results[worker]["history"] == history and results[worker]["run_dir"] == result["run_dir"]
+        assert abs(results[worker]["model_loss"] - result["model_loss"]) < 1e-6
     log = (tmp_path / "run" / "train.log").read_text()
     assert "scatter: sent" not in log  # both workers had the arrays: only block bounds travelled
+    assert "1797 train / 0 validation / 0 test samples" in log  # as model.fit: nothing held out
+
+
+def test_a_keras_script_ports_unchanged_early_stopping_restores_the_best_round_and_workers_follow_the_lr(tmp_path):
+    code, results, output = run_fit(tmp_path / "run", "keras")
+    assert code == 0, output
+    result = results[0]
+    history = result["history"]
+    # LearningRateScheduler adds learning_rate to the logs, as in model.fit
+    assert set(history) == {"loss", "accuracy", "val_loss", "val_accuracy", "learning_rate"}, history
+    best = min(range(len(history["val_loss"])), key=history["val_loss"].__getitem__)
+    assert result["best_epoch"] == best
+    for rank in (0, 1, 2):  # the unbuilt Sequential was built and holds the best round's weights everywhere
+        assert results[rank]["history"] == history
+        assert abs(results[rank]["model_loss"] - history["val_loss"][best]) < 1e-4, (rank, results[rank], history)
+    # the learning rate each worker trained with, as it reported it: the scheduler callback's, round by round
+    rates = result["rounds"]["learning_rate"]
+    assert rates == pytest.approx([0.4, 0.4] + [0.8] * (len(rates) - 2)), rates
+
+
+def test_an_argument_fit_cannot_honour_fails_every_rank_before_training(tmp_path):
+    code, results, output = run_fit(tmp_path / "run", "refused", timeout=120)
+    assert code != 0 and not results
+    printed = [line for line in output.splitlines() if line.startswith("mpi_trainer: error: `validation_freq` must "
+                                                                        "be an integer")]
+    assert len(printed) == 3 and all("Received: validation_freq=[1, 3]" in line for line in printed), output
+    assert not (tmp_path / "run").exists()
 
 
 def test_fit_with_arrays_only_on_the_scheduler_scatters_them_and_trains_a_regression(tmp_path):
     code, results, output = run_fit(tmp_path / "run", "scattered")
     assert code == 0, output
     result = results[0]
-    mae = result["history"]["test_mae"]
+    mae = result["history"]["val_mae"]
     assert len(mae) == 3 and mae[-1] < mae[0], mae
     assert result["summary"]["metrics"] == ["loss", "mae"]
+    assert results[1]["model_mae"] == result["model_mae"]  # a worker's copy holds the same final weights
     log = (tmp_path / "run" / "train.log").read_text()
     assert log.count("scatter: sent worker rank") == 2
 

@@ -84,5 +84,4 @@ def test_a_failure_caught_on_rank_0_ends_fit_on_every_rank_and_the_sweep_goes_on
     left = max(results[rank]["jobs"][0]["failed_at"] for rank in (1, 2)) - results[0]["jobs"][0]["failed_at"]
     print(f"the workers left fit {left:.2f} s after rank 0's failure")  # for the reliability table
     assert left < 10
-    assert results[0]["jobs"][1]["rounds"] == 4
-    assert results[1]["jobs"][1]["rounds"] is None and results[2]["jobs"][1]["rounds"] is None
+    assert [results[rank]["jobs"][1]["rounds"] for rank in (0, 1, 2)] == [4, 4, 4]  # the History, on every rank

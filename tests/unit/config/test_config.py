@@ -41,9 +41,9 @@ def test_every_contract_key_exists():
     [
         ("train.batch_size=0", "`train.batch_size` must be > 0. Received: train.batch_size=0"),
         ("train.epochs=-1", "`train.epochs` must be > 0. Received: train.epochs=-1"),
-        ("data.test_size=1.5", "`data.test_size` must lie in the open interval (0, 1). "
+        ("data.test_size=1.5", "`data.test_size` must lie in the interval [0, 1). "
                                "Received: data.test_size=1.5"),
-        ("data.test_size=0", "Received: data.test_size=0.0"),
+        ("data.test_size=1", "Received: data.test_size=1.0"),
         ("aggregation.ssp=-2", "`aggregation.ssp` must be >= 0. Received: aggregation.ssp=-2"),
         ("aggregation.method='median'", "`aggregation.method` must be one of ['average', 'weighted', "
                                         "'best']. Received: aggregation.method='median'"),
