@@ -49,7 +49,13 @@ from mpi_trainer.launch.devices import (
 from mpi_trainer.launch.failures import end_stuck
 from mpi_trainer.launch.freeze import maybe_freeze
 from mpi_trainer.launch.mpirun import FAULT_TOLERANT_OPTIONS
-from mpi_trainer.launch.run_dir import begin_writing, check_against_run, finished_run, open_run_dir
+from mpi_trainer.launch.run_dir import (
+    RunDirectory,
+    begin_writing,
+    check_against_run,
+    finished_run,
+    open_run_dir,
+)
 from mpi_trainer.launch.runtime import (
     allowed_cores,
     configure_threads,
@@ -109,25 +115,36 @@ def agree(transport: Transport, error: str | None) -> None:
     raise AgreedInputError(f"{text}{where}")
 
 
-def setup(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str | None,
-          resume: bool = False) -> tuple:
-    """Load data everywhere; on rank 0 lock and read the run directory and build the model.
+def claim_run_dir(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str | None,
+                  resume: bool) -> RunDirectory | None:
+    """Rank 0 locks and reads the run directory before anything slow (the backend's start), so that a
+    second job on it is refused at once, on every rank. Rank 0 gets its :class:`RunDirectory`."""
+    run, error = None, None
+    if transport.rank == 0:
+        try:
+            run = open_run_dir(run_dir, inputs.config_path, cfg, resume)
+        except (InputError, ValueError, OSError) as exc:
+            error = str(exc)
+    agree(transport, error)
+    return run
 
-    Returns (dataset, model, plan, run, state); ``run`` is rank 0's :class:`RunDirectory`. Nothing in
-    the directory is written before every rank has passed its checks (see :mod:`.run_dir`).
+
+def setup(transport: Transport, cfg: Config, inputs: JobInputs, run: RunDirectory | None) -> tuple:
+    """Load data everywhere; on rank 0 build the model and check it against the run directory's run.
+
+    Returns (dataset, model, plan, state). Nothing in the directory is written before every rank
+    has passed its checks (see :mod:`.run_dir`).
     """
     from mpi_trainer.data.partition import block_bounds
     from mpi_trainer.models.gradients import gradient_backend
     from mpi_trainer.worker.slowdown import check_slow_ranks
 
-    dataset = model = plan = run = None
+    dataset = model = plan = None
     error = None
     try:
         check_slow_ranks(cfg.debug, transport.size)
         if uses_lbfgs(cfg):
             gradient_backend()  # every rank: each computes with its own backend
-        if transport.rank == 0:  # first: a second job on the directory fails before loading anything
-            run = open_run_dir(run_dir, inputs.config_path, cfg, resume)
         dataset = load_dataset_for_rank(transport.rank, cfg, inputs.arrays, transport.workers, inputs)
         if dataset is not None:  # every reader fails alike
             bounds = (dataset.train.block_bounds(transport.workers) if hasattr(dataset.train, "block_bounds")
@@ -138,15 +155,10 @@ def setup(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str | N
             plan.finished = run.finished
     except (InputError, ValueError, OSError) as exc:
         error = str(exc)
-    try:
-        agree(transport, error)
-    except AgreedInputError:
-        if run is not None:
-            run.release()
-        raise
+    agree(transport, error)
     if run is not None:
         begin_writing(run)
-    return dataset, model, plan, run, None if run is None else run.state
+    return dataset, model, plan, None if run is None else run.state
 
 
 def plan_job(cfg: Config, dataset: Any, inputs: JobInputs, bounds: list, state: Any) -> tuple[Any, Any]:
@@ -377,14 +389,14 @@ def run_job(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str |
 
     A preempted job raises :class:`~mpi_trainer.errors.Preempted` on every rank (exit status 75).
     """
-    cfg, placements = start_rank(transport, cfg)
-    maybe_freeze(cfg.debug, transport.rank, -1)
+    run = claim_run_dir(transport, cfg, inputs, run_dir, resume)
     watch = preemption()
-    watch.install(cfg.checkpoint.preempt_signals, cfg.checkpoint.grace_seconds,
-                  lambda: transport.abort(EXIT_PREEMPTED))
-    run = None
     try:
-        dataset, model, plan, run, state = setup(transport, cfg, inputs, run_dir, resume)
+        cfg, placements = start_rank(transport, cfg)
+        maybe_freeze(cfg.debug, transport.rank, -1)
+        watch.install(cfg.checkpoint.preempt_signals, cfg.checkpoint.grace_seconds,
+                      lambda: transport.abort(EXIT_PREEMPTED))
+        dataset, model, plan, state = setup(transport, cfg, inputs, run)
         plan = transport.bcast_object(plan)
         if plan.finished:  # a complete run, and no more rounds asked for: every rank leaves
             return finished_run(run, model) if transport.rank == 0 else None

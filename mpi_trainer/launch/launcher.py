@@ -122,13 +122,13 @@ def launch(args: argparse.Namespace, cfg: Config) -> int:
     listen_for_preemption(supervisor, cfg)
     try:
         status = supervisor.run()
+        record_restarts(run_dir / SUMMARY_NAME, supervisor.failures)  # still under the lock
+        return status
     except KeyboardInterrupt:
         supervisor.log("interrupted; the job was ended")
         return 128 + signal.SIGINT
     finally:
         lock.release()
-    record_restarts(run_dir / SUMMARY_NAME, supervisor.failures)
-    return status
 
 
 def listen_for_preemption(supervisor: Supervisor, cfg: Config) -> None:

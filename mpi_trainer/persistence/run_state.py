@@ -22,7 +22,8 @@ import numpy as np
 from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.run_files import SUMMARY_NAME
 
-TMP_MARKERS = (".tmp",)  # a name holding ".tmp" is a write that never finished (see write_atomic)
+# what the atomic writers name a file while they write it: ``<name>.tmp``, ``<stem>.tmp.weights.h5``
+TMP_SUFFIXES = (".tmp", ".tmp.weights.h5")
 # stop reasons after which a larger limit lets the run go on; the others end it for good
 EXTENDABLE_STOPS = ("epochs", "max_steps")
 
@@ -108,7 +109,7 @@ def remove_leftovers(run_dir: Path) -> list[Path]:
     """Delete files that an interrupted atomic write left behind (``*.tmp``, ``*.tmp.weights.h5``)."""
     removed = []
     for path in sorted(Path(run_dir).iterdir()):
-        if path.is_file() and any(marker in path.name for marker in TMP_MARKERS):
+        if path.is_file() and path.name.endswith(TMP_SUFFIXES):
             path.unlink()
             removed.append(path)
     if removed:

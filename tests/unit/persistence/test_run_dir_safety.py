@@ -126,8 +126,9 @@ def test_final_weights_are_replaced_whole_and_leftovers_are_removed(tmp_path):
     assert final.read_bytes() == b"old weights"
     write_atomic(tmp_path / "summary.json", "{}\n")
     (tmp_path / "checkpoint.h5.tmp").write_bytes(b"torn")
+    (tmp_path / "notes.tmpl").write_text("a user's file stays")
     removed = remove_leftovers(tmp_path)
     assert sorted(p.name for p in removed) == ["checkpoint.h5.tmp", "final.tmp.weights.h5"]
     save_weights_atomic(_Model(), final)
     assert final.read_bytes() == b"new weights"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["final.weights.h5", "summary.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final.weights.h5", "notes.tmpl", "summary.json"]
