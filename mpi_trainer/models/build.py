@@ -1,0 +1,141 @@
+"""Building the model: a zoo name, ``package.module:function`` or the caller's own, checked against the data.
+
+The scheduler builds the model once and describes it as a :class:`~.spec.ModelSpec`; workers
+rebuild it from the spec, so every rank trains the same graph.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Any
+
+from mpi_trainer.config import ModelConfig
+from mpi_trainer.errors import ConfigError
+from mpi_trainer.models.compile_settings import compile_model, compile_settings
+from mpi_trainer.models.spec import ModelSpec
+
+
+def _resolve_builder(cfg: ModelConfig, builder: Any = None) -> tuple[Any, str | None]:
+    """The function that builds the model, and the module workers import for its custom objects.
+
+    ``builder`` (from :func:`mpi_trainer.fit`) is a callable or a built model; else ``model.name``.
+    """
+    from mpi_trainer.models.zoo import ZOO
+
+    if builder is not None:
+        return _given_builder(builder)
+    name = cfg.name
+    if name in ZOO:
+        return functools.partial(ZOO[name], activation=cfg.activation), None
+    module_name, sep, function_name = name.partition(":")
+    if not sep or not module_name or not function_name:
+        raise ConfigError(f"`model.name` must be one of {sorted(ZOO)} or `package.module:function`. "
+                          f"Received: model.name={name!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"`model.name` names a module that cannot be imported ({exc}). "
+                          f"Received: model.name={name!r}") from None
+    builder = getattr(module, function_name, None)
+    if not callable(builder):
+        raise ConfigError(f"`model.name`: module {module_name!r} has no function {function_name!r}. "
+                          f"Received: model.name={name!r}")
+    return builder, module_name
+
+
+def _given_builder(builder: Any) -> tuple[Any, str | None]:
+    import keras
+
+    if isinstance(builder, keras.Model):
+        return (lambda input_shape, num_outputs: _built(builder, input_shape)), _module_of(builder)
+    if not callable(builder):
+        raise ConfigError(f"`model` must be a Keras model, a function (input_shape, num_outputs) -> model, "
+                          f"a zoo name or 'package.module:function'. Received: {type(builder).__name__}")
+    return builder, _module_of(builder)
+
+
+def _built(model: Any, input_shape: tuple[int, ...]) -> Any:
+    """A model given unbuilt (a ``Sequential`` without ``keras.Input``), built for the data's samples."""
+    if not model.built:
+        model.build((None, *input_shape))
+    return model
+
+
+def _module_of(thing: Any) -> str | None:
+    """The module a worker imports so that the user's custom layers are registered (not ``__main__``:
+    workers run the same script, which registers them itself)."""
+    module = getattr(thing, "__module__", None) or type(thing).__module__
+    return None if module in ("__main__", "builtins") or module.startswith("keras") else module
+
+
+def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_outputs: int, classes: bool = True,
+                builder: Any = None) -> tuple[Any, ModelSpec]:
+    """Build and compile the configured model on the scheduler; return it and its spec.
+
+    The model function is called as ``function(input_shape, num_outputs)``:
+    ``num_outputs`` is the number of classes for integer labels, the target width otherwise.
+    """
+    import keras
+
+    builder, user_module = _resolve_builder(cfg, builder)
+    what = f"{num_outputs} classes" if classes else f"targets of width {num_outputs}"
+    try:
+        model = builder(tuple(input_shape), int(num_outputs))
+    except Exception as exc:  # whatever the user's code or Keras raises: every rank must hear of it
+        raise ConfigError(f"`model` {cfg.name!r} cannot be built for input shape {tuple(input_shape)} and "
+                          f"{what}: {type(exc).__name__}: {exc}") from None
+    if not isinstance(model, keras.Model):
+        raise ConfigError(f"`model.name` {cfg.name!r} must return a keras.Model. "
+                          f"Received: {type(model).__name__}")
+    check_input(model, cfg.name, input_shape)
+    if classes:
+        check_output(model, cfg.name, num_outputs)
+    optimizer, loss, metrics, user_compiled = compile_settings(model, cfg, classes)
+    if cfg.uses_lbfgs:
+        optimizer = None  # L-BFGS moves the weights itself; a user model's own optimizer is not used
+    try:
+        spec = ModelSpec(model.to_json(), None if optimizer is None else keras.optimizers.serialize(optimizer),
+                         loss, user_module, metrics, user_compiled)
+        compile_model(model, spec)
+    except Exception as exc:  # an unserialisable layer or a bad compile: every rank must hear of it
+        raise ConfigError(f"`model` {cfg.name!r} cannot be described to the workers or compiled: "
+                          f"{type(exc).__name__}: {exc}") from None
+    return model, spec
+
+
+def check_input(model: Any, name: str, input_shape: tuple[int, ...]) -> None:
+    """The model's input must fit one sample of the data (e.g. 3 channels vs 1 is an error)."""
+    expected = tuple(model.inputs[0].shape[1:])
+    data = tuple(input_shape)
+    fits = len(expected) == len(data) and all(e is None or e == d for e, d in zip(expected, data))
+    if not fits:
+        what = ""
+        if len(expected) == len(data) == 3 and expected[-1] not in (None, data[-1]):
+            what = f" ({expected[-1]}-channel model on {data[-1]}-channel data)"
+        raise ConfigError(f"`model.name` {name!r} expects inputs of shape {expected} but the data's "
+                          f"samples have shape {data}{what}; build the model for the data's input shape")
+
+
+def check_output(model: Any, name: str, num_classes: int) -> None:
+    """Integer class labels: a single output needs one unit per class (or one unit for two classes)."""
+    if len(model.outputs) != 1:
+        return
+    units = model.outputs[0].shape[-1]
+    if units not in (num_classes, 1) or (units == 1 and num_classes > 2):
+        raise ConfigError(f"`model.name` {name!r} outputs {units} units but the data has {num_classes} classes "
+                          f"(integer labels are class indices); expected {num_classes} output units (targets "
+                          f"that are not class indices are given as floats, e.g. one-hot or regression values)")
+
+
+def rebuild_model(spec: ModelSpec) -> Any:
+    """Recreate and compile the scheduler's model from its spec (on a worker)."""
+    import keras
+
+    import mpi_trainer.models.packed  # noqa: F401 - registers InputColumns, which a dict-input model uses
+
+    if spec.user_module:
+        importlib.import_module(spec.user_module)  # registers the user's custom objects
+    model = keras.models.model_from_json(spec.architecture)
+    compile_model(model, spec)
+    return model
