@@ -34,6 +34,7 @@ from mpi_trainer.errors import (
     Preempted,
     WorkerFailure,
 )
+from mpi_trainer.hooks import maybe_freeze
 from mpi_trainer.launch.devices import (
     Placement,
     backend_environment,
@@ -47,7 +48,6 @@ from mpi_trainer.launch.devices import (
     refuse_started_backend,
 )
 from mpi_trainer.launch.failures import end_stuck
-from mpi_trainer.launch.freeze import maybe_freeze
 from mpi_trainer.launch.mpirun import FAULT_TOLERANT_OPTIONS
 from mpi_trainer.launch.run_dir import (
     RunDirectory,

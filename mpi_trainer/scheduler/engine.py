@@ -27,7 +27,7 @@ from mpi_trainer.data.partition import block_bounds
 from mpi_trainer.data.placement import moved_rows
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.errors import RankLost, WorkerFailure
-from mpi_trainer.launch.freeze import maybe_freeze
+from mpi_trainer.hooks import maybe_freeze
 from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.resume import ResumeState
 from mpi_trainer.scheduler.recorder import RoundRecorder, StopReason

@@ -35,7 +35,7 @@ from mpi_trainer.data.sources import Dataset
 from mpi_trainer.data.walk import BlockWalk
 from mpi_trainer.data.weights import training_weights
 from mpi_trainer.errors import RankLost, WorkerFailure
-from mpi_trainer.launch.freeze import maybe_freeze
+from mpi_trainer.hooks import maybe_freeze
 from mpi_trainer.logs import get_logger
 from mpi_trainer.models import evaluate_model, flat_metric_state, rebuild_model, summed_metric_state
 from mpi_trainer.models.dry_run import dry_run, reset_optimizer

@@ -12,8 +12,8 @@ import sys
 from conftest import ROOT
 
 from mpi_trainer.launch.mpirun import find_mpirun
-from tests.unit.data.test_records import image_folder, tfrecord_files
 from tests.unit.data.test_streaming_files import digits_h5
+from tests.unit.data.test_tfrecords import image_folder, tfrecord_files
 
 JOB = ROOT / "tests" / "mpirun" / "pipeline_job.py"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[3] / "mpi_trainer"
 # Lower layers never import higher ones; a layer may import its own modules and anything below.
 LAYERS = [
-    {"errors", "logs"},
+    {"errors", "logs", "hooks"},
     {"config"},
     {"algorithms"},
     {"comm"},

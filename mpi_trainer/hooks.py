@@ -1,4 +1,4 @@
-"""``debug.freeze_rank``: a rank that stops itself (SIGSTOP), to test that the others do not wait for ever."""
+"""Test hooks that stop a rank (``debug.freeze_rank``: SIGSTOP), to check that the others do not wait for ever."""
 
 from __future__ import annotations
 
