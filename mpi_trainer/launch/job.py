@@ -324,7 +324,6 @@ def run_scheduler(transport: Transport, cfg: Config, setup_result: tuple, placem
     rebalancing, and the seconds they took."""
     from mpi_trainer.comm.protocol import SchedulerLink
     from mpi_trainer.scheduler import engine_class
-    from mpi_trainer.scheduler.lbfgs import LbfgsScheduler
 
     dataset, model, plan, run, state = setup_result
     path = run.path
@@ -335,7 +334,7 @@ def run_scheduler(transport: Transport, cfg: Config, setup_result: tuple, placem
         get_logger().info("the model function compiled the model: its own optimizer, loss and metrics are used "
                           "(model.optimizer, model.loss and model.metrics do not apply)")
     hosts = [placement.host for placement in placements]
-    engine_type = LbfgsScheduler if uses_lbfgs(cfg) else engine_class(cfg)
+    engine_type = engine_class(cfg)
     try:
         engine = engine_type(SchedulerLink(transport), cfg, dataset, model, plan, path, hosts, state)
         (engine.recorder if hasattr(engine, "recorder") else engine).fingerprint = run.fingerprint

@@ -227,3 +227,5 @@ def test_ssp_zero_uses_the_synchronous_engine_unless_forced():
     assert engine_class(Config()) is SynchronousEngine
     assert engine_class(config_from_dict({"aggregation": {"ssp": 1}})) is StaleEngine
     assert engine_class(config_from_dict({"debug": {"async_engine": True}})) is StaleEngine
+    lbfgs = config_from_dict({"model": {"name": "softmax_regression", "optimizer": "lbfgs"}})
+    assert engine_class(lbfgs).__name__ == "LbfgsScheduler"
