@@ -8,6 +8,10 @@ and a worker's block is a contiguous range of those rows, read from disk one chu
 shuffles the rows inside each chunk, so the order is random at two levels while every read is a
 contiguous slice (the fast way through HDF5). A worker holds one chunk of features and labels at a
 time, whatever the file size; labels are read in slices like the features.
+
+On TensorFlow the chunks enter a ``tf.data`` pipeline (Python runs once per chunk, the batches are
+cut in TensorFlow, and the next batch is prefetched while one trains, as the in-memory feed of
+:mod:`mpi_trainer.data.feed` does); elsewhere Keras reads the block as a ``PyDataset``.
 """
 
 from __future__ import annotations
@@ -83,7 +87,31 @@ class ChunkedBlock(keras.utils.PyDataset, BlockFeed):
         steps = [math.ceil(self.chunk_rows(int(c)) / batch_size) for c in self.chunks]
         self.positions = np.concatenate([[0], np.cumsum(steps)])
         self.cached = None
+        if keras.backend.backend() == "tensorflow":
+            return {"x": self.tf_dataset(max_steps), "shuffle": False}
         return {"x": self, "shuffle": False}
+
+    def chunk_stream(self) -> Any:
+        """The round's chunks in their shuffled order, each shuffled inside and augmented."""
+        from mpi_trainer.data.augmentation import augment
+
+        for slot in range(len(self.chunks)):
+            x, y = self.load(slot)
+            yield augment(x, self.augmenter), y
+
+    def tf_dataset(self, max_steps: int | None) -> Any:
+        import tensorflow as tf
+
+        x, y = self.adapter.first_batch()
+        signature = (tf.TensorSpec((None, *x.shape[1:]), tf.as_dtype(x.dtype)),
+                     tf.TensorSpec((None, *y.shape[1:]), tf.as_dtype(y.dtype)))
+        size = self.batch_size
+        dataset = tf.data.Dataset.from_generator(self.chunk_stream, output_signature=signature).flat_map(
+            lambda a, b: tf.data.Dataset.from_tensor_slices((a, b)).batch(size))
+        dataset = (dataset if max_steps is None else dataset.take(max_steps)).prefetch(1)
+        options = tf.data.Options()
+        options.autotune.enabled = False  # see mpi_trainer.data.feed: autotuning delays the end of a round
+        return dataset.with_options(options)
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         from mpi_trainer.data.augmentation import augment

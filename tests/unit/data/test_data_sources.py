@@ -119,7 +119,7 @@ def test_csv_missing_columns_and_text_features_are_errors(tmp_path):
 
 
 def test_label_and_features_keys_apply_to_csv_only():
-    expected = "`data.label` applies to .csv sources only. Received: data.label='species'"
+    expected = "`data.label` applies to .csv and TFRecord sources only. Received: data.label='species'"
     with pytest.raises(ConfigError, match=expected):
         load_config(None, ["data.source=iris", "data.label=species"])
     with pytest.raises(ConfigError, match=r"Received: data.features=\['petal'\]"):

@@ -182,3 +182,35 @@ def test_each_pipeline_kind_trains_in_process(tmp_path, kind):
     assert float(rounds[-1]["test_accuracy"]) > 0.75
     reports = [report for report, _ in job.trained(0)]
     assert sum(report.samples for report in reports) == job.engine.plan.num_train
+
+
+@pytest.mark.parametrize("table, kind, fragment", [
+    ({"train": {"sync_every": 4}}, "tf.data", r"`train.sync_every` walks a block by random rows"),
+    ({"model": {"optimizer": "lbfgs"}}, "tf.data", r"`model.optimizer` holds each block in memory"),
+    ({"aggregation": {"method": "best"}}, "generator", r"`aggregation.method` has the workers score shared"),
+    ({"evaluation": {"where": "workers"}}, "generator", r"`evaluation.where` has the workers score shared"),
+])
+def test_every_other_refusal_names_the_input(table, kind, fragment):
+    x, y = digits()
+    adapter = (get_input_adapter(tf.data.Dataset.from_tensor_slices((x, y)).batch(32)) if kind == "tf.data"
+               else get_input_adapter(endless(x, y, 32, 0), steps_per_epoch=4))
+    cfg = config_from_dict({"data": {"source": "pipeline"}, **table})
+    with pytest.raises(DataError, match=fragment + r".*which a (tf.data.Dataset|generator) does not allow"):
+        check_allows(cfg, adapter)
+
+
+def test_a_dataset_with_fewer_batches_than_workers_leaves_a_shard_empty():
+    x, y = digits()
+    adapter = get_input_adapter(tf.data.Dataset.from_tensor_slices((x[:40], y[:40])).batch(20))
+    data = pipeline_dataset("tiny", adapter, (x[:10], y[:10]), config(), workers=3)
+    with pytest.raises(DataError, match=r"every worker needs at least one of the batches of the tf.data.Dataset. "
+                                        r"Received: 2 batches for 3 workers"):
+        data.train.block_bounds(3)
+
+
+def test_tf_data_is_refused_off_tensorflow(monkeypatch):
+    x, y = digits()
+    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+    with pytest.raises(DataError, match=r"A tf.data.Dataset is read on the TensorFlow backend only. Received: "
+                                        r"KERAS_BACKEND='jax'"):
+        get_input_adapter(tf.data.Dataset.from_tensor_slices((x, y)).batch(32))

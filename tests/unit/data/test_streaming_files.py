@@ -51,13 +51,16 @@ def test_a_block_is_read_one_shuffled_chunk_at_a_time_and_covers_its_rows_once()
     labels = SliceLog(np.arange(rows) % 7)
     adapter = ArrayAdapter(features, labels, 0, rows, "ids", lambda y: y.astype(np.int32))
     block = adapter.block(3000, 9000, 1, 2)
-    feed = block.fit_input(32, np.random.default_rng(0), None)["x"]
+    feed = block.fit_input(32, np.random.default_rng(0), None)["x"]  # on TensorFlow: a tf.data pipeline
     features.reads.clear()
-    seen = np.concatenate([feed[i][0][:, 0] for i in range(len(feed))])
-    assert len(feed) == 188 and np.array_equal(np.sort(seen), np.arange(3000, 9000))
+    batches = [x[:, 0] for x, _ in feed.as_numpy_iterator()]
+    seen = np.concatenate(batches)
+    assert len(batches) == len(block) == 188 and np.array_equal(np.sort(seen), np.arange(3000, 9000))
     assert not np.array_equal(seen, np.arange(3000, 9000))  # shuffled
     largest = max(read.stop - read.start for read in features.reads)
     assert largest == CHUNK_BATCHES * 32 and len(features.reads) == 6  # six contiguous chunk reads
+    first = block[0][0][:, 0]  # the same block read as a keras.utils.PyDataset (other backends)
+    assert len(first) == 32 and np.all((first >= 3000) & (first < 9000))
 
 
 def test_labels_are_scanned_in_slices():
@@ -103,3 +106,15 @@ def test_a_streamed_hdf5_file_trains_in_process(tmp_path):
     rounds = job.rounds()
     assert len(rounds) == 3 and float(rounds[-1]["test_accuracy"]) > 0.8
     assert [report.samples for report, _ in job.trained(0)] == [750, 750]
+
+
+def test_a_streamed_file_allows_rebalancing_augmentation_and_scoring_on_workers(tmp_path):
+    source = str(digits_h5(tmp_path / "d.h5"))
+    job = run_local_job(tmp_path / "run", 2, data={"source": source, "stream": True, "rebalance": True,
+                                                   "augmentation": {"enabled": True, "shift": 0.1}},
+                        evaluation={"where": "workers"}, train={"epochs": 2, "batch_size": 32},
+                        model={"learning_rate": 0.01})
+    rounds = job.rounds()
+    assert len(rounds) == 2 and float(rounds[-1]["test_accuracy"]) > 0.5
+    for round_index in (0, 1):
+        assert sum(report.samples for report, _ in job.trained(round_index)) == 1500  # re-cut blocks cover x_train
