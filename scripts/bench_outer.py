@@ -81,7 +81,8 @@ def measure(rows: list[dict], target: float) -> tuple[float | None, int | None, 
         if math.isnan(accuracy):
             continue
         scored.append(accuracy)
-        if reached[0] is None and accuracy >= target:
+        # accuracies are logged from float32 (0.96 reads 0.9599999785): compare at that precision
+        if reached[0] is None and accuracy >= target - 1e-6:
             reached = (float(row["elapsed_seconds"]), sent)
     return reached[0], reached[1], scored[-1]
 
