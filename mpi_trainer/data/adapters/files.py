@@ -96,6 +96,16 @@ def _splits(arrays: list[Any], cfg: DataConfig) -> dict[str, tuple[Any, Any, int
     return {"train": (x, y, 0, val_start), "val": (x, y, val_start, train_end), "test": test}
 
 
+def _check_test_labels(test: tuple[Any, Any, int, int], num_outputs: int, classes: bool, name: str) -> None:
+    """Test labels must be classes the training split has (read in slices, like the training labels)."""
+    if not classes:
+        return
+    highest = label_facts(test[1], [test[2:]], name)[0] - 1
+    if highest >= num_outputs:
+        raise DataError(f"{name}: test label {highest} is out of range: the training split has classes "
+                        f"0..{num_outputs - 1}; labels must be class indices seen in training")
+
+
 def stream_dataset(cfg: DataConfig) -> Dataset:
     """The dataset of a file read in batches; nothing but one batch of rows is read here."""
     from mpi_trainer.data.sources import _as_features
@@ -111,6 +121,7 @@ def stream_dataset(cfg: DataConfig) -> Dataset:
             raise DataError(f"{name}: the {split} split is empty; check data.test_size, data.validation_size "
                             f"and the number of samples")
     num_outputs, classes = label_facts(arrays[1], [splits["train"][2:]], name)
+    _check_test_labels(splits["test"], num_outputs, classes, name)
     convert = _convert_labels(classes, name)
     x, y, _, train_end = splits["train"]
     adapter = ArrayAdapter(x, y, 0, train_end, name, convert)

@@ -118,3 +118,14 @@ def test_a_streamed_file_allows_rebalancing_augmentation_and_scoring_on_workers(
     assert len(rounds) == 2 and float(rounds[-1]["test_accuracy"]) > 0.5
     for round_index in (0, 1):
         assert sum(report.samples for report, _ in job.trained(round_index)) == 1500  # re-cut blocks cover x_train
+
+
+def test_a_test_label_the_training_rows_never_have_is_refused(tmp_path):
+    path = tmp_path / "d.h5"
+    with h5py.File(path, "w") as handle:
+        for name, value in (("x_train", np.zeros((20, 4))), ("y_train", np.arange(20) % 3),
+                            ("x_test", np.zeros((5, 4))), ("y_test", np.array([0, 1, 2, 3, 1]))):
+            handle.create_dataset(name, data=value)
+    cfg = config_from_dict({"data": {"source": str(path), "stream": True}})
+    with pytest.raises(DataError, match=r"d.h5: test label 3 is out of range: the training split has classes 0..2"):
+        stream_dataset(cfg.data)
