@@ -195,7 +195,10 @@ def _arguments(request: FitRequest, workers: int) -> tuple[Any, Any, list[tuple[
     if is_pipeline(x):
         _refuse_with_pipeline(request)
         pipeline = fit_input(x, y, validation_data, args.steps_per_epoch)
-        return pipeline, None, pairs + fit_overrides(replace(args, steps_per_epoch=None))
+        pairs += fit_overrides(replace(args, steps_per_epoch=None))
+        if not user_sets("data.test_size", request.config, request.overrides):
+            pairs.append(("data.test_size", 0.0))  # as model.fit: nothing held out unless asked for
+        return pipeline, None, pairs
     cap = None
     if args.validation_steps is not None:
         cap = args.validation_steps * (args.validation_batch_size or args.batch_size or 32)

@@ -3,7 +3,9 @@
 The training units (batches of a pipeline, rows of a file read in batches) are cut into contiguous
 blocks by the block plan; each worker asks the adapter for its block and trains on it as a stream.
 The evaluation splits are the input's tail (``data.test_size``, then ``data.validation_size``, of its
-units, as Keras' ``validation_split`` takes the last samples) or ``validation_data``. Files read in
+units, as Keras' ``validation_split`` takes the last samples) or ``validation_data``. A pipeline handed
+to :func:`mpi_trainer.fit` follows ``model.fit``: its ``validation_data`` is the validation split
+(``val_*``), and nothing is held out of the input unless the config asks for it. Files read in
 batches keep them on disk and evaluation reads them a batch at a time; a pipeline's evaluation split
 is read into memory once, at set-up, on the ranks that score.
 
@@ -103,6 +105,8 @@ def _evaluation_units(adapter: InputAdapter, units: int, cfg: Config, given: boo
     """The split of a pipeline's units; an input without an end to hold out of needs ``validation_data``."""
     if adapter.can_hold_out() and adapter.shard_lengths(1) is None:
         return _split_units(units, cfg, given)
+    if not given and cfg.data.test_size == 0 and cfg.data.validation_size == 0:
+        return units, 0, 0  # nothing to score on, as model.fit without validation data
     if not given:
         raise DataError(f"A {adapter.kind} of this kind has no end to hold a test split out of. Received: "
                         f"validation_data=None; expected validation_data=(x, y), a dataset or a generator")
@@ -114,14 +118,17 @@ def _evaluation_units(adapter: InputAdapter, units: int, cfg: Config, given: boo
 
 
 def pipeline_dataset(name: str, adapter: InputAdapter, validation: Any, cfg: Config, workers: int,
-                     read_val: bool = True, read_test: bool = True) -> Dataset:
+                     read_val: bool = True, read_test: bool = True, keras_validation: bool = False) -> Dataset:
     """The dataset of a pipeline input: its training units stay in the pipeline; the evaluation splits the
-    rank scores on (``read_val``, ``read_test``) are read into memory."""
+    rank scores on (``read_val``, ``read_test``) are read into memory. ``keras_validation``: ``validation``
+    is ``fit``'s ``validation_data``, scored as the validation split (``val_*``) as ``model.fit`` does."""
     from mpi_trainer.data.adapters import read_validation
 
     head = adapter.first_batch()
     shards = adapter.shard_lengths(workers)
     units = sum(shards) if shards is not None else adapter.length()
+    if keras_validation and validation is not None:
+        return _with_validation_data(name, adapter, validation, cfg, (units, shards, head), read_val, read_test)
     train, val, test = _evaluation_units(adapter, units, cfg, validation is not None)
     if train < 1:
         raise DataError(f"{name}: no {adapter.unit} are left to train on once the evaluation splits are held out. "
@@ -137,6 +144,28 @@ def pipeline_dataset(name: str, adapter: InputAdapter, validation: Any, cfg: Con
     if classes:
         y_val, y_test = _as_labels(y_val, name), _as_labels(y_test, name)
     _check_same_shape(head, x_test, name)
+    return Dataset(name, StreamedTrain(name, adapter, train, head, shards), x_val, y_val, x_test, y_test,
+                   num_outputs, tuple(int(d) for d in head[0].shape[1:]), classes=classes)
+
+
+def _with_validation_data(name: str, adapter: InputAdapter, validation: Any, cfg: Config, layout: tuple,
+                          read_val: bool, read_test: bool) -> Dataset:
+    """``fit(dataset, validation_data=...)``: the validation split is ``validation_data``; a test split is
+    held out of the input's tail only when ``data.test_size`` asks for one (and the input has an end)."""
+    from mpi_trainer.data.adapters import read_validation
+
+    units, shards, head = layout
+    test = _holdout(units, cfg.data.test_size) if adapter.can_hold_out() and shards is None else 0
+    train = units - test
+    if train < 1:
+        raise DataError(f"{name}: no {adapter.unit} are left to train on once the test split is held out. "
+                        f"Received: {units} {adapter.unit}, data.test_size={cfg.data.test_size}")
+    x_val, y_val = read_validation(validation) if read_val else _empty_like(head)
+    x_test, y_test = adapter.read_split(train, units) if read_test and test else _empty_like(head)
+    num_outputs, classes = _label_facts([head[1], y_val, y_test], name)
+    if classes:
+        y_val, y_test = _as_labels(y_val, name), _as_labels(y_test, name)
+    _check_same_shape(head, x_val, name)
     return Dataset(name, StreamedTrain(name, adapter, train, head, shards), x_val, y_val, x_test, y_test,
                    num_outputs, tuple(int(d) for d in head[0].shape[1:]), classes=classes)
 

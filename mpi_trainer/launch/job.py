@@ -265,7 +265,8 @@ def streamed_dataset(rank: int, cfg: Config, workers: int, inputs: JobInputs | N
     check_allows(cfg, adapter)
     scores = rank == 0 or cfg.aggregation.elects or cfg.evaluation.where == "workers"
     return pipeline_dataset(name or adapter.kind, adapter, validation, cfg, workers, read_val=scores,
-                            read_test=rank == 0 or cfg.evaluation.where == "workers")
+                            read_test=rank == 0 or cfg.evaluation.where == "workers",
+                            keras_validation=inputs is not None and inputs.pipeline is adapter)
 
 
 def place_training_data(transport: Transport, cfg: Config, dataset: Any, plan: Any) -> tuple[Any, Any]:

@@ -77,7 +77,7 @@ def main(run_dir: str) -> None:
     flat = (x / 16.0).astype(np.float32)
     common = {"epochs": 2, "overrides": {**OVERRIDES, "model.learning_rate": 0.01}}
     report("PyDataset", mpi_trainer.fit(classifier, DigitBatches(flat, y, 32), run_dir=run_dir + "/pydataset",
-                                        **common))
+                                        validation_data=DigitBatches(flat[-300:], y[-300:], 32), **common))
     report("generator", mpi_trainer.fit(classifier, batches_of_my_own(flat, y, placed.rank), steps_per_epoch=30,
                                         validation_data=(flat[-300:], y[-300:]), run_dir=run_dir + "/generator",
                                         **common))
