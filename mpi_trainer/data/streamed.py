@@ -140,12 +140,7 @@ def pipeline_dataset(name: str, adapter: InputAdapter, validation: Any, cfg: Con
     else:
         x_test, y_test = read_validation(validation) if validation is not None else adapter.read_split(train + val,
                                                                                                       units)
-    num_outputs, classes = _label_facts([head[1], y_test, y_val], name)
-    if classes:
-        y_val, y_test = _as_labels(y_val, name), _as_labels(y_test, name)
-    _check_same_shape(head, x_test, name)
-    return Dataset(name, StreamedTrain(name, adapter, train, head, shards), x_val, y_val, x_test, y_test,
-                   num_outputs, tuple(int(d) for d in head[0].shape[1:]), classes=classes)
+    return _assembled(StreamedTrain(name, adapter, train, head, shards), (x_val, y_val), (x_test, y_test))
 
 
 def _with_validation_data(name: str, adapter: InputAdapter, validation: Any, cfg: Config, layout: tuple,
@@ -162,12 +157,20 @@ def _with_validation_data(name: str, adapter: InputAdapter, validation: Any, cfg
                         f"Received: {units} {adapter.unit}, data.test_size={cfg.data.test_size}")
     x_val, y_val = read_validation(validation) if read_val else _empty_like(head)
     x_test, y_test = adapter.read_split(train, units) if read_test and test else _empty_like(head)
-    num_outputs, classes = _label_facts([head[1], y_val, y_test], name)
+    return _assembled(StreamedTrain(name, adapter, train, head, shards), (x_val, y_val), (x_test, y_test))
+
+
+def _assembled(train: StreamedTrain, val: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray]) \
+        -> Dataset:
+    """The dataset, once the evaluation splits are read: label kind and count from every split at hand."""
+    (x_val, y_val), (x_test, y_test), name, head = val, test, train.name, train.head
+    num_outputs, classes = _label_facts([head[1], y_test, y_val], name)
     if classes:
         y_val, y_test = _as_labels(y_val, name), _as_labels(y_test, name)
+    _check_same_shape(head, x_test, name)
     _check_same_shape(head, x_val, name)
-    return Dataset(name, StreamedTrain(name, adapter, train, head, shards), x_val, y_val, x_test, y_test,
-                   num_outputs, tuple(int(d) for d in head[0].shape[1:]), classes=classes)
+    return Dataset(name, train, x_val, y_val, x_test, y_test, num_outputs, tuple(int(d) for d in head[0].shape[1:]),
+                   classes=classes)
 
 
 def _check_same_shape(head: tuple[np.ndarray, np.ndarray], x_test: np.ndarray, name: str) -> None:
