@@ -118,7 +118,7 @@ def test_csv_missing_columns_and_text_features_are_errors(tmp_path):
         _load(f"data.source={path}")
 
 
-def test_label_and_features_keys_apply_to_csv_only():
+def test_label_and_features_keys_apply_to_csv_and_tfrecord_only():
     expected = "`data.label` applies to .csv and TFRecord sources only. Received: data.label='species'"
     with pytest.raises(ConfigError, match=expected):
         load_config(None, ["data.source=iris", "data.label=species"])
