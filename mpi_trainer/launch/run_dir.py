@@ -60,9 +60,11 @@ class RunDirectory:
     summary: dict[str, Any] | None = None  # the earlier job's summary.json
     finished: bool = False  # complete, and this job asks for no more rounds
     fingerprint: dict[str, Any] = field(default_factory=dict)  # this job's, once checked
+    written: bool = False  # every check passed and the job began writing
 
     def release(self) -> None:
-        self.lock.release()
+        """Unlock; a job refused before it wrote anything leaves no directory it created behind."""
+        self.lock.release(unused=not self.written)
 
 
 def chosen_path(run_dir: str | None, config_path: str | None) -> Path:
@@ -80,7 +82,7 @@ def open_run_dir(run_dir: str | None, config_path: str | None, cfg: Config, resu
         summary = read_summary(path)
         state = read_resume_state(path, cfg.to_dict())
     except BaseException:
-        lock.release()
+        lock.release(unused=True)
         raise
     finished = is_complete(summary) and not more_to_train(summary, cfg.train.epochs, cfg.train.max_steps)
     return RunDirectory(path, lock, state, summary, finished)
@@ -96,6 +98,7 @@ def check_against_run(run: RunDirectory, cfg: Config, dataset: Any, model: Any) 
 
 def begin_writing(run: RunDirectory) -> None:
     """Every check passed: clear interrupted writes, cut the round logs back, open the log file."""
+    run.written = True
     remove_leftovers(run.path)
     if not run.finished:
         keep_rounds_through(run.path, run.state)

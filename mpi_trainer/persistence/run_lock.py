@@ -45,6 +45,7 @@ class RunLock:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / LOCK_NAME
         self._fd: int | None = None
+        self.made_dir = False  # this job created the directory (then a refused job leaves none behind)
 
     @property
     def held(self) -> bool:
@@ -53,6 +54,7 @@ class RunLock:
     def acquire(self, allowed_holder: str | None = None) -> RunLock:
         """Take the lock, or pass when ``allowed_holder`` (``host:pid``) holds it; else raise RunDirBusy."""
         try:
+            self.made_dir = not self.run_dir.exists()
             self.run_dir.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
@@ -95,11 +97,19 @@ class RunLock:
                           f"for that job to end, then run the same command again to resume, or choose another "
                           f"run directory)")
 
-    def release(self) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+    def release(self, unused: bool = False) -> None:
+        """Unlock; ``unused``: the job wrote nothing, so a directory it created goes again."""
+        if self._fd is None:
+            return
+        if unused and self.made_dir:
+            self.path.unlink(missing_ok=True)  # unlinked while still held: no other job can have it
+            try:
+                self.run_dir.rmdir()  # only when empty
+            except OSError:
+                pass
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
 
 
 def launcher_holder() -> str | None:
