@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +47,17 @@ def run_mpi(ranks: int, args: list[str], run_dir: Path | None = None, timeout: f
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"mpirun did not finish within {timeout} s:\n{exc.stdout}\n{exc.stderr}")
     return MpiResult(proc.returncode, proc.stdout + proc.stderr, run_dir or ROOT)
+
+
+def wait_for_rounds(run_dir: Path, count: int, proc: subprocess.Popen) -> None:
+    """Until ``proc``'s run has written ``count`` rounds; a job that ends or stalls first fails the test."""
+    deadline = time.monotonic() + MPI_TIMEOUT
+    while time.monotonic() < deadline and proc.poll() is None:
+        path = run_dir / "rounds.csv"
+        if path.exists() and len(read_rounds(path)) >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"job ended or stalled before {count} rounds: {proc.poll()}\n{proc.communicate()[0]}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -8,27 +8,15 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
-from conftest import MPI_TIMEOUT, ROOT, MpiResult, run_mpi
+from conftest import MPI_TIMEOUT, ROOT, MpiResult, run_mpi, wait_for_rounds
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mpi_trainer.launch.mpirun import rank_pid
-from mpi_trainer.persistence.run_files import read_rounds
 
 QUICK = ["configs/quickstart.toml", "--set", "checkpoint.every=2"]
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-
-
-def wait_for_rounds(run_dir: Path, count: int, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + MPI_TIMEOUT
-    while time.monotonic() < deadline and proc.poll() is None:
-        path = run_dir / "rounds.csv"
-        if path.exists() and len(read_rounds(path)) >= count:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"job ended or stalled before {count} rounds: {proc.poll()}")
 
 
 def signal_rank(proc: subprocess.Popen, rank: int, sig: int) -> int:

@@ -6,11 +6,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
-from conftest import MPI_TIMEOUT, ROOT, MpiResult, run_mpi
+from conftest import MPI_TIMEOUT, ROOT, MpiResult, run_mpi, wait_for_rounds
 
 from mpi_trainer.launch.mpirun import mpirun_command, rank_pid
 from mpi_trainer.persistence.checkpoint import load_checkpoint
@@ -29,16 +28,6 @@ def start(args: list[str], run_dir: Path, launcher: bool = False) -> subprocess.
     else:
         command = mpirun_command(3, ["train", *args, "--run-dir", str(run_dir)])
     return subprocess.Popen(command, cwd=ROOT, env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
-def wait_for_rounds(run_dir: Path, count: int, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + MPI_TIMEOUT
-    while time.monotonic() < deadline and proc.poll() is None:
-        path = run_dir / "rounds.csv"
-        if path.exists() and len(read_rounds(path)) >= count:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"job ended or stalled before {count} rounds: {proc.poll()}\n{proc.communicate()[0]}")
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, str]:
