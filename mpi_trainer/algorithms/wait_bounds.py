@@ -68,3 +68,52 @@ class WaitBounds:
             return f"{self.round:g} s ({source}; set watchdog.worker_timeout to change it)"
         return (f"{self.round:.3g} s (the default: {ROUND_MULTIPLE:g} x the slowest round so far, "
                 f"{self.slowest:.3g} s, at least {ROUND_FLOOR:g} s; set watchdog.worker_timeout to change it)")
+
+
+STALL_FACTOR = 3.0
+
+
+@dataclass
+class StallWatch:
+    """The launcher's backstop: how long a job may go without writing a new round to ``rounds.csv``.
+
+    The ranks' own bounds end a job whose rank stops; this one also ends a job that stops as a
+    whole (every process frozen, a node swapping, a hang outside MPI). With ``watchdog.stall_seconds``
+    set, it is that many seconds from the attempt's start or its last row. By default it arms
+    at the attempt's first row (set-up is the ranks' to bound), allows ``STALL_FACTOR`` times the
+    rank bound, measured on the longest gap between rows so far (the first gap counts from the
+    attempt's start, so it holds set-up and compilation), and disarms while the run is complete:
+    a supervised script may go on working after its ``fit`` returns.
+    """
+
+    explicit: float = 0.0  # watchdog.stall_seconds (0: derived)
+    started: float = 0.0  # when the attempt began (monotonic seconds)
+    last: float | None = None  # when rounds.csv last changed
+    longest: float = 0.0  # the longest gap between changes so far
+    complete: bool = False  # the run's summary says it is complete
+
+    def progressed(self, now: float, complete: bool = False) -> None:
+        """rounds.csv changed at ``now``; ``complete``: the run is now marked complete."""
+        self.longest = max(self.longest, now - (self.started if self.last is None else self.last))
+        self.last, self.complete = now, complete
+
+    @property
+    def limit(self) -> float | None:
+        """Seconds without a change before the attempt counts as stalled; None: not armed."""
+        if self.explicit:
+            return self.explicit
+        if self.last is None or self.complete:
+            return None
+        return STALL_FACTOR * max(ROUND_FLOOR, ROUND_MULTIPLE * self.longest)
+
+    def expired(self, now: float) -> bool:
+        limit = self.limit
+        since = self.started if self.last is None else self.last
+        return limit is not None and now - since > limit
+
+    def describe(self) -> str:
+        if self.explicit:
+            return f"{self.explicit:g} s (watchdog.stall_seconds)"
+        return (f"{self.limit or 0:.3g} s (the default: {STALL_FACTOR:g} x {ROUND_MULTIPLE:g} x the longest gap "
+                f"between rounds so far, {self.longest:.3g} s, at least {STALL_FACTOR * ROUND_FLOOR:g} s; set "
+                f"watchdog.stall_seconds to change it)")

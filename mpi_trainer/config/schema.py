@@ -434,7 +434,9 @@ class WatchdogConfig(_Section):
 
     0 = the default bound (mpi_trainer.algorithms.wait_bounds): ``setup_timeout`` 600 s for
     set-up and the first round; ``worker_timeout`` 10 x the slowest round so far, at least
-    60 s. ``stall_seconds`` (launcher only): seconds without a new round before a restart; 0 = off.
+    60 s. ``stall_seconds`` (launcher only): seconds without a new round before a restart; 0 = the
+    default, 3 x 10 x the longest gap between rounds so far, at least 180 s, armed from the first
+    round until the run is complete (wait_bounds.StallWatch).
     """
 
     prefix: ClassVar[str] = "watchdog"

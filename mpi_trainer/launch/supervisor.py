@@ -4,7 +4,8 @@ Separation of concerns: the job (scheduler and workers) trains and checkpoints;
 the supervisor here only starts ``mpirun``, watches it from outside, and
 decides whether to start it again. It counts a death (a non-zero exit, which
 is what mpirun returns when any rank is killed or aborts) or a stall (no new
-row in ``rounds.csv`` within ``watchdog.stall_seconds``) as a failure; it ends
+row in ``rounds.csv`` within the bound of
+:class:`~mpi_trainer.algorithms.wait_bounds.StallWatch`) as a failure; it ends
 the whole process tree of the failed attempt and starts the next one with
 ``--resume``, at most ``--max-restarts`` times. A bad config (exit status 2)
 is not retried: it would fail the same way again. A preemption signal to the
@@ -17,6 +18,7 @@ and the job restarts with fewer workers.
 from __future__ import annotations
 
 import collections
+import json
 import math
 import os
 import re
@@ -31,8 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mpi_trainer.algorithms.wait_bounds import StallWatch
 from mpi_trainer.errors import EXIT_INPUT_ERROR, EXIT_PREEMPTED, ConfigError
-from mpi_trainer.persistence.run_files import write_atomic
+from mpi_trainer.persistence.run_files import SUMMARY_NAME, write_atomic
+from mpi_trainer.persistence.run_state import is_complete
 
 POLL_SECONDS = 0.5
 PREEMPT_MARGIN_SECONDS = 10.0  # beyond the job's grace period, for it to write and exit
@@ -183,7 +187,8 @@ class Supervisor:
         return failure
 
     def watch(self, proc: subprocess.Popen) -> Failure | None:
-        last_seen, last_change = self.progress(), time.monotonic()
+        stall = StallWatch(self.stall_seconds, started=time.monotonic())
+        last_seen = self.progress()
         while True:
             returncode = proc.poll()
             if returncode is not None:
@@ -194,13 +199,19 @@ class Supervisor:
                                f"checkpoint.grace_seconds and was ended", EXIT_PREEMPTED, retry=False)
             seen = self.progress()
             if seen != last_seen:
-                last_seen, last_change = seen, time.monotonic()
-            elif self.stall_seconds and time.monotonic() - last_change > self.stall_seconds:
+                last_seen = seen
+                stall.progressed(time.monotonic(), self.run_complete())
+            elif stall.expired(time.monotonic()):
                 end_process_tree(proc)
-                return Failure(f"stalled: no new round in {self.progress_file.name} for "
-                               f"{self.stall_seconds:g} s (watchdog.stall_seconds)", 1)
+                return Failure(f"stalled: no new round in {self.progress_file.name} for {stall.describe()}", 1)
             time.sleep(POLL_SECONDS)
 
+    def run_complete(self) -> bool:
+        """Whether the run's summary.json (beside rounds.csv) marks it complete."""
+        try:
+            return is_complete(json.loads((self.progress_file.parent / SUMMARY_NAME).read_text()))
+        except (OSError, ValueError):
+            return False
 
     def ended(self, returncode: int) -> Failure | None:
         """An attempt's exit status: success, a failure to retry, or one to stop at."""

@@ -11,7 +11,9 @@ from mpi_trainer.algorithms.wait_bounds import (
     ROUND_FLOOR,
     ROUND_MULTIPLE,
     SETUP_SECONDS,
+    STALL_FACTOR,
     WORKER_FACTOR,
+    StallWatch,
     WaitBounds,
     for_rank,
 )
@@ -50,3 +52,32 @@ def test_the_docs_state_the_defaults_the_code_uses(setting, value):
     """docs/fault-tolerance.md's table of default bounds: one row per constant, with its value."""
     rows = {m.group(1): float(m.group(2)) for m in re.finditer(r"^\| ([a-z -]+) \| ([0-9.]+) ", DOCS.read_text(), re.M)}
     assert rows.get(setting) == value, rows
+
+
+def test_the_launchers_default_stall_bound_arms_at_the_first_round_and_grows_with_the_longest_gap():
+    watch = StallWatch(started=100.0)
+    assert watch.limit is None and not watch.expired(100.0 + 10 * SETUP_SECONDS)  # set-up: the ranks' bounds
+    watch.progressed(130.0)  # the first row, 30 s after the start (set-up and compilation)
+    assert watch.limit == STALL_FACTOR * ROUND_MULTIPLE * 30
+    watch.progressed(132.0)  # a fast round does not shrink it
+    assert watch.limit == 900
+    assert not watch.expired(132.0 + 899) and watch.expired(132.0 + 901)
+    assert "3 x 10 x the longest gap between rounds so far, 30 s" in watch.describe()
+
+
+def test_the_default_stall_bound_has_a_floor_and_disarms_while_the_run_is_complete():
+    watch = StallWatch(started=0.0)
+    watch.progressed(1.0)
+    assert watch.limit == STALL_FACTOR * ROUND_FLOOR  # 10 x 1 s is under the floor
+    watch.progressed(2.0, complete=True)  # fit returned: the script may go on without rounds
+    assert watch.limit is None and not watch.expired(10_000.0)
+    watch.progressed(3.0)  # a second fit on the run directory trains more rounds: armed again
+    assert watch.expired(3.0 + STALL_FACTOR * ROUND_FLOOR + 1)
+
+
+def test_an_explicit_stall_bound_counts_from_the_attempts_start_and_is_named():
+    watch = StallWatch(explicit=5.0, started=0.0)
+    assert watch.expired(5.5) and not watch.expired(4.5)
+    watch.progressed(4.0, complete=True)
+    assert watch.limit == 5.0 and watch.expired(9.5)
+    assert watch.describe() == "5 s (watchdog.stall_seconds)"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from mpi_trainer.algorithms import wait_bounds
 from mpi_trainer.cli import main
 from mpi_trainer.launch.supervisor import (
     Failure,
@@ -52,6 +53,34 @@ def test_stalled_attempt_is_killed_within_stall_seconds_and_restarts_run_out(tmp
     assert [f.cause for f in supervisor.failures] == [
         "stalled: no new round in rounds.csv for 1.5 s (watchdog.stall_seconds)"] * 2
     assert "giving up after 1 restarts" in (tmp_path / "launch.log").read_text()
+
+
+def test_by_default_a_job_that_stops_writing_rounds_is_ended_but_one_still_starting_is_not(tmp_path, monkeypatch):
+    monkeypatch.setattr(wait_bounds, "ROUND_FLOOR", 0.5)  # the derived bound, scaled down: 3 x the
+    monkeypatch.setattr(wait_bounds, "ROUND_MULTIPLE", 1.0)  # longest gap (here set-up's ~3 s), >= 1.5 s
+    progress = tmp_path / "rounds.csv"
+    row = f"open({str(progress)!r}, 'a').write('row\\n')"
+    # attempt 0: 3 s of set-up with no row (not a stall), two rounds 0.1 s apart, then a hang;
+    # attempt 1 (the restart) finishes
+    hang = _python(f"import time; time.sleep(3); {row}; time.sleep(0.1); {row}; time.sleep(120)")
+    attempts = [hang, _python("print('resumed')")]
+    supervisor = Supervisor(lambda attempt: attempts[attempt], progress, stall_seconds=0, max_restarts=1)
+    started = time.monotonic()
+    assert supervisor.run() == 0
+    assert time.monotonic() - started < 40
+    (failure,) = supervisor.failures
+    assert failure.cause.startswith("stalled: no new round in rounds.csv for ") and "the default" in failure.cause
+
+
+def test_a_supervised_script_may_go_on_working_after_its_run_is_complete(tmp_path, monkeypatch):
+    monkeypatch.setattr(wait_bounds, "ROUND_FLOOR", 0.2)
+    monkeypatch.setattr(wait_bounds, "ROUND_MULTIPLE", 1.0)
+    progress, summary = tmp_path / "rounds.csv", tmp_path / "summary.json"
+    script = (f"import time; open({str(progress)!r}, 'a').write('row\\n'); "
+              f"open({str(summary)!r}, 'w').write('{{\"completed\": true}}'); time.sleep(0.1); "
+              f"open({str(progress)!r}, 'a').write('row\\n'); time.sleep(4)")
+    supervisor = Supervisor(lambda attempt: _python(script), progress, stall_seconds=0, max_restarts=0)
+    assert supervisor.run() == 0 and supervisor.failures == []
 
 
 def test_bad_input_is_not_retried(tmp_path):
