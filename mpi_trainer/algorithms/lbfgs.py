@@ -21,6 +21,7 @@ import scipy.optimize
 
 EVALUATE = 1.0  # the request buffer's leading element: compute at these parameters
 STOP = 0.0  # ... or leave the evaluation loop
+PREEMPTED = -1.0  # ... or leave it because the job was preempted (it exits 75 on every rank)
 
 Objective = Callable[[np.ndarray], tuple[float, np.ndarray]]
 
@@ -146,7 +147,7 @@ class WireLayout:
     """The two float64 buffers of one evaluation.
 
     request (scheduler -> all, broadcast): ``[flag, params...]`` with flag
-    :data:`EVALUATE` or :data:`STOP`.
+    :data:`EVALUATE`, :data:`STOP` or :data:`PREEMPTED`.
     contribution (all -> scheduler, sum-reduced):
     ``[loss_sum, samples, seconds_1 .. seconds_W, gradient_sum...]``; worker
     ``r`` writes its compute seconds into slot ``r`` only, so the sum delivers
@@ -163,9 +164,9 @@ class WireLayout:
     def request(self) -> np.ndarray:
         return np.zeros(1 + self.num_params, dtype=np.float64)
 
-    def fill_request(self, request: np.ndarray, params: np.ndarray | None) -> None:
-        """``params`` to evaluate at, or None for the stop request."""
-        request[0] = STOP if params is None else EVALUATE
+    def fill_request(self, request: np.ndarray, params: np.ndarray | None, preempted: bool = False) -> None:
+        """``params`` to evaluate at, or None for the stop request (``preempted``: the job's preemption)."""
+        request[0] = EVALUATE if params is not None else PREEMPTED if preempted else STOP
         if params is not None:
             request[1:] = params
 

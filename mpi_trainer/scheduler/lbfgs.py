@@ -31,11 +31,12 @@ from mpi_trainer.comm.codec import WeightCodec
 from mpi_trainer.comm.protocol import JobPlan, SchedulerLink
 from mpi_trainer.config import Config
 from mpi_trainer.data.sources import Dataset
-from mpi_trainer.errors import WorkerFailure
+from mpi_trainer.errors import EXIT_PREEMPTED, WorkerFailure
 from mpi_trainer.logs import get_logger
 from mpi_trainer.models import evaluate_model
 from mpi_trainer.models.gradients import TrainableVector
 from mpi_trainer.persistence.checkpoint import save_checkpoint
+from mpi_trainer.persistence.preemption import preemption
 from mpi_trainer.persistence.resume import ResumeState
 from mpi_trainer.persistence.run_files import (
     BUILT_IN_METRICS,
@@ -113,6 +114,7 @@ class LbfgsScheduler:
         self.start_iteration = 0  # after a resume, the first iteration this run computes
         self.evaluations_before = 0  # function evaluations of the run before a resume
         self.message = ""  # SciPy's word on how it ended
+        self.preempted = False  # a preemption signal came: checkpointed after an iterate, every rank exits 75
         self.started = time.perf_counter()
         self.clock = IterationClock.start(transport.workers)
         self.last_gradient: tuple[np.ndarray, np.ndarray] | None = None
@@ -219,10 +221,11 @@ class LbfgsScheduler:
         weights = self.codec.flatten(self.model.get_weights())
         stop = self.early.update(iterate.iteration, row[self.early.monitor], weights)
         every = self.cfg.checkpoint.every
-        if every > 0 and (iterate.iteration + 1) % every == 0:
+        self.preempted = preemption().requested and iterate.iteration + 1 < self.cfg.train.epochs
+        if self.preempted or (every > 0 and (iterate.iteration + 1) % every == 0):
             self.checkpoint(iterate.iteration, weights)
         self.clock = IterationClock.start(self.workers)
-        return stop
+        return stop or self.preempted
 
     def evaluate_splits(self) -> tuple[dict[str, float], float]:
         started = time.perf_counter()
@@ -272,7 +275,7 @@ class LbfgsScheduler:
         self.log.debug("checkpoint written after iteration %d", iteration)
 
     def release_workers(self) -> None:
-        self.layout.fill_request(self.request, None)
+        self.layout.fill_request(self.request, None, self.preempted)
         self.collective(self.link.broadcast_weights, self.request, "take the stop request")
         self.state.traffic_bytes += self.transport.take_bytes()
 
@@ -285,23 +288,33 @@ class LbfgsScheduler:
         return rounds[-1] if rounds else None
 
     def finish(self, outcome: Outcome | None) -> dict[str, Any]:
-        self.state.stop_reason = StopReason(outcome.reason) if outcome else StopReason.EPOCHS
+        self.state.stop_reason = (StopReason.PREEMPTED if self.preempted else
+                                  StopReason(outcome.reason) if outcome else StopReason.EPOCHS)
         self.message = outcome.message if outcome else "no iterations left"
         if self.state.stop_reason in (StopReason.NAN, StopReason.ABNORMAL):
             self.log.warning("L-BFGS stopped: %s", self.message)
+        if self.preempted:  # no final weights yet: the checkpoint written after the iterate carries the run on
+            self.log.warning("preempted (%s): checkpoint written after iteration %s; exiting with status %d. "
+                             "Run the same command again to resume", preemption().signal_name,
+                             self.state.rounds[-1]["round"], EXIT_PREEMPTED)
+            return self.write_summary(self.state.rounds[-1])
         final = self.final_round()
         save_weights_atomic(self.model, self.run_dir / FINAL_WEIGHTS_NAME)
         if self.state.rounds:
             self.checkpoint(int(self.state.rounds[-1]["round"]), self.codec.flatten(self.model.get_weights()))
             self.log.info("per-iteration results:\n%s", format_table(self.state.rounds))
-        summary = self.summary(final)
-        write_json_atomic(self.run_dir / SUMMARY_NAME, summary)
+        summary = self.write_summary(final)
         accuracy = summary["final_test_accuracy"]
         self.log.info("done: %s after %d iterations (%d function evaluations), final test accuracy %s, "
                       "%.1f s, %.2f MB sent; run directory %s", summary["stop_reason"],
                       summary["rounds_completed"], self.evaluations,
                       "n/a" if accuracy is None else f"{accuracy:.4f}", summary["wall_seconds"],
                       summary["traffic_bytes"] / 1e6, self.run_dir)
+        return summary
+
+    def write_summary(self, final: dict[str, Any] | None) -> dict[str, Any]:
+        summary = self.summary(final)
+        write_json_atomic(self.run_dir / SUMMARY_NAME, summary)
         return summary
 
     def summary(self, final: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -7,7 +7,8 @@ once (so non-trainable state matches), then serves evaluations: each is one
 broadcast of ``[flag, params]`` and one sum-reduction of
 ``[loss_sum, samples, seconds per worker, gradient_sum]`` (see
 :class:`~mpi_trainer.algorithms.lbfgs.WireLayout`). It makes no MPI calls of
-its own and never decides when to stop: a request with the stop flag ends it.
+its own and never decides when to stop: a request with the stop flag ends it
+(the preemption flag also makes it exit 75 with the scheduler).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from mpi_trainer.algorithms.lbfgs import STOP, WireLayout
+from mpi_trainer.algorithms.lbfgs import EVALUATE, PREEMPTED, WireLayout
 from mpi_trainer.comm.codec import WeightCodec
 from mpi_trainer.comm.protocol import JobPlan, WorkerLink
 from mpi_trainer.config import Config
@@ -42,6 +43,7 @@ class LbfgsWorker:
         self.layout = WireLayout(self.gradient.size, link.workers)
         self.x, self.y = x, y
         self.evaluations = 0
+        self.preempted = False  # the stop request said the job was preempted: this rank exits 75 too
 
     def run(self) -> None:
         """Serve evaluations until the stop flag arrives."""
@@ -50,7 +52,8 @@ class LbfgsWorker:
         contribution = self.layout.contribution()
         while True:
             self.link.recv_broadcast(request)
-            if request[0] == STOP:
+            if request[0] != EVALUATE:
+                self.preempted = bool(request[0] == PREEMPTED)
                 get_logger().debug("stop received after %d evaluations", self.evaluations)
                 return
             self.contribute(request[1:], contribution)

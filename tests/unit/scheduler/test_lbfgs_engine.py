@@ -12,13 +12,14 @@ import pytest
 from lbfgs_reference import scipy_losses, softmax_regression_objective
 from local_job import run_local_job
 
-from mpi_trainer.algorithms.lbfgs import EVALUATE
+from mpi_trainer.algorithms.lbfgs import EVALUATE, PREEMPTED, STOP
 from mpi_trainer.comm.protocol import JobPlan, SchedulerLink, WorkerLink
 from mpi_trainer.config import config_from_dict
 from mpi_trainer.data.partition import block_bounds
 from mpi_trainer.data.sources import load_dataset
 from mpi_trainer.errors import WorkerFailure
 from mpi_trainer.models import build_model
+from mpi_trainer.persistence.preemption import preemption
 from mpi_trainer.persistence.resume import load_resume_state
 from mpi_trainer.persistence.run_files import read_rounds
 from mpi_trainer.scheduler.lbfgs import LbfgsScheduler
@@ -162,6 +163,49 @@ def test_early_stopping_keeps_the_best_iterate(tmp_path):
     assert summary["rounds_completed"] == 2 and summary["final_round"] == 0
     best = engine.early.best_weights
     np.testing.assert_array_equal(engine.codec.flatten(engine.model.get_weights()), best)
+
+
+def test_a_preemption_checkpoints_the_iterate_tells_the_workers_and_resumes_after_it(tmp_path):
+    run_dir = tmp_path / "run"
+    engine = make_engine(run_dir, {"train": {"epochs": 5}})
+    record = engine.record
+
+    def record_then_signal(row: dict) -> None:  # the signal arrives while iteration 1 is recorded
+        record(row)
+        if int(row["round"]) == 1:
+            preemption().request("SIGTERM")
+
+    engine.record = record_then_signal
+    try:
+        summary = engine.run()
+    finally:
+        preemption().uninstall()
+    assert summary["stop_reason"] == "preempted" and summary["completed"] is False
+    assert [int(r["round"]) for r in read_rounds(run_dir / "rounds.csv")] == [0, 1]
+    with h5py.File(run_dir / "checkpoint.h5") as handle:
+        assert json.loads(handle.attrs["meta"])["round"] == 1  # checkpoint.every = 0: written for the signal
+    assert not (run_dir / "final.weights.h5").exists()
+    assert engine.transport.request[0] == PREEMPTED  # the workers' stop request says why: they exit 75 too
+    resumed = make_engine(run_dir, {"train": {"epochs": 5}}, resume=True).run()
+    assert [int(r["round"]) for r in read_rounds(run_dir / "rounds.csv")] == [0, 1, 2, 3, 4]
+    assert resumed["stop_reason"] == "epochs" and resumed["resumed_after_round"] == 1
+
+
+@pytest.mark.parametrize("flag, preempted", [(STOP, False), (PREEMPTED, True)])
+def test_a_worker_leaves_on_the_stop_request_knowing_whether_the_job_was_preempted(tmp_path, flag, preempted):
+    worker = make_engine(tmp_path / "run", {}).transport.peers[0]
+
+    class Requests:  # the initial weights (left as they come), then the stop request
+        received = 0
+
+        def recv_broadcast(self, buffer):
+            self.received += 1
+            if self.received == 2:
+                buffer[0] = flag
+
+    worker.link = Requests()
+    worker.run()
+    assert worker.preempted is preempted and worker.evaluations == 0
 
 
 def test_workers_that_never_answer_end_the_job_with_a_watchdog_message(tmp_path):
