@@ -11,7 +11,7 @@ A synchronous round, as the scheduler sees it::
     send_order(ROUND) to every worker -> [send_rows, when a re-cut moved rows]
     -> [send_state, when resuming optimizer state] -> broadcast_weights
     -> recv_report (every worker)
-    -> reduce_weights (average, weighted) | request_weights(winner) (best)
+    -> sum_weights (average, weighted) | request_weights(winner) (best)
 
 Under ``evaluation.where = "workers"`` a scored round ends with
 ``send_order(EVALUATE)`` to every worker -> broadcast_weights
@@ -40,6 +40,7 @@ import numpy as np
 from mpi_trainer.algorithms.wait_bounds import for_rank
 from mpi_trainer.comm.interface import RankTransport
 from mpi_trainer.comm.transport import Received, Shrunk
+from mpi_trainer.comm.wire_dtype import WireFormat
 from mpi_trainer.errors import RankLost
 
 # Below the transport's own hand-shake tags (transport.FIRST_TRANSPORT_TAG and up).
@@ -199,20 +200,18 @@ class SchedulerLink:
         (``time.perf_counter()``), so that the wait polls finely then instead of sleeping through it."""
         return self.transport.recv_object(tag=_TAG_REPORT, timeout=timeout, due=due)
 
-    def reduce_weights(self, out: np.ndarray, timeout: float | None) -> None:
-        """The sum of the workers' scaled weights, into ``out`` (zeros on entry)."""
+    def sum_weights(self, wire: WireFormat, size: int, timeout: float | None) -> np.ndarray:
+        """The sum of the workers' scaled weights (``size`` float32 values), however ``wire`` carries them."""
+        return wire.sum_to_root(self.transport, np.zeros(size, dtype=np.float32), timeout=timeout)
+
+    def reduce_sum(self, out: np.ndarray, timeout: float | None) -> None:
+        """The sum of the workers' vectors as they are (L-BFGS: float64 loss and gradient sums), into ``out``
+        (zeros on entry)."""
         self.transport.reduce_sum(out, timeout=timeout)
 
     def reduce_metric_state(self, out: np.ndarray, timeout: float | None) -> None:
         """The sum of the workers' metric states (float64, zeros on entry), after an EVALUATE."""
         self.transport.reduce_sum(out, timeout=timeout)
-
-    def gather_weights(self, rows: np.ndarray, timeout: float | None) -> None:
-        """Every worker's scaled weights in a 16-bit wire format, one row each (row 0 is rank 0's zeros).
-
-        MPI cannot sum 16-bit floats, so they are gathered and summed in float32 by the scheduler.
-        """
-        self.transport.gather(np.zeros_like(rows[0]), rows, timeout=timeout)
 
     def request_weights(self, worker: int, out: np.ndarray, timeout: float | None) -> Received:
         """Best-of: the elected worker's candidate weights."""
@@ -324,12 +323,13 @@ class WorkerLink:
     def send_report(self, report: Report) -> None:
         self.transport.send_object(report, 0, _TAG_REPORT)
 
-    def contribute(self, scaled: np.ndarray, gathered: bool = False) -> None:
-        """This worker's scaled weights into the scheduler's sum (``gathered``: a 16-bit wire format)."""
-        if gathered:
-            self.transport.gather(scaled)
-        else:
-            self.transport.reduce_sum(scaled)
+    def contribute_weights(self, scaled: np.ndarray, wire: WireFormat) -> None:
+        """This worker's scaled weights (float32) into the scheduler's :meth:`SchedulerLink.sum_weights`."""
+        wire.sum_to_root(self.transport, scaled)
+
+    def contribute(self, values: np.ndarray) -> None:
+        """This worker's vector as it is into the scheduler's :meth:`SchedulerLink.reduce_sum` (L-BFGS)."""
+        self.transport.reduce_sum(values)
 
     def contribute_metric_state(self, state: np.ndarray) -> None:
         """This worker's metric state (float64) into the scheduler's sum."""

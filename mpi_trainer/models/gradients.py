@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from mpi_trainer.comm.codec import WeightCodec
+from mpi_trainer.comm.flat_weights import WeightCodec
 from mpi_trainer.errors import ConfigError
 
 SUPPORTED_BACKENDS = ("tensorflow", "jax", "torch")

@@ -19,9 +19,9 @@ import numpy as np
 
 from mpi_trainer.algorithms.rebalance import Measurement, Rebalancer
 from mpi_trainer.algorithms.wait_bounds import WaitBounds
-from mpi_trainer.comm.codec import WeightCodec
+from mpi_trainer.comm.flat_weights import WeightCodec
 from mpi_trainer.comm.protocol import JobPlan, Order, SchedulerLink
-from mpi_trainer.comm.wire import WireFormat
+from mpi_trainer.comm.wire_dtype import WireFormat
 from mpi_trainer.config import Config
 from mpi_trainer.data.partition import block_bounds
 from mpi_trainer.data.placement import moved_rows

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from mpi_trainer.comm.codec import WeightCodec
+from mpi_trainer.comm.flat_weights import WeightCodec
 from mpi_trainer.comm.protocol import Order, OrderKind, SchedulerLink
 from mpi_trainer.config import Config
 from mpi_trainer.data.sources import Dataset

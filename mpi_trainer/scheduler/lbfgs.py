@@ -27,7 +27,7 @@ import numpy as np
 from mpi_trainer.algorithms.early_stopping import EarlyStopping
 from mpi_trainer.algorithms.lbfgs import Iterate, LbfgsSettings, Outcome, WireLayout, minimize
 from mpi_trainer.algorithms.wait_bounds import WaitBounds
-from mpi_trainer.comm.codec import WeightCodec
+from mpi_trainer.comm.flat_weights import WeightCodec
 from mpi_trainer.comm.protocol import JobPlan, SchedulerLink
 from mpi_trainer.config import Config
 from mpi_trainer.data.sources import Dataset
@@ -188,7 +188,7 @@ class LbfgsScheduler:
         self.layout.fill_request(self.request, params)
         self.collective(self.link.broadcast_weights, self.request, "take the parameters")
         contribution = self.layout.contribution()  # the scheduler adds zeros
-        self.collective(self.link.reduce_weights, contribution, "complete the gradient reduction")
+        self.collective(self.link.reduce_sum, contribution, "complete the gradient reduction")
         sums = self.layout.unpack(contribution)
         if sums.samples != self.plan.num_train:
             raise RuntimeError(f"the workers summed over {sums.samples} samples; the blocks hold "

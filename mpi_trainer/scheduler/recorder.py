@@ -27,7 +27,7 @@ from mpi_trainer.algorithms import nan_guard
 from mpi_trainer.algorithms.early_stopping import EarlyStopping
 from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
 from mpi_trainer.algorithms.sync_schedule import schedule_for
-from mpi_trainer.comm.codec import WeightCodec
+from mpi_trainer.comm.flat_weights import WeightCodec
 from mpi_trainer.comm.protocol import JobPlan, Report
 from mpi_trainer.config import Config
 from mpi_trainer.config.schema import EVERY_LOCAL_EPOCH

@@ -319,23 +319,11 @@ class SynchronousEngine(Engine):
     def collect_reduced(self, closed: ClosedRound) -> None:
         """average / weighted: reports first (so the watchdog can name a missing rank), then one sum."""
         try:
-            self.weights = self.sum_contributions()
+            self.weights = self.link.sum_weights(self.wire, self.codec.size, self.watchdog.timeout)
         except TimeoutError as exc:
             raise self.timed_out("complete the weights reduction", exc, self.workers) from None
         self.observers.span("aggregate", closed.index)
         closed.bytes += self.wire_bytes * len(self.workers)  # every worker put one model into the sum
-
-    def sum_contributions(self) -> np.ndarray:
-        """The workers' scaled weights summed in float32: one MPI sum, or (16-bit wire) gathered rows."""
-        summed = self.codec.empty()
-        if not self.wire.compressed:
-            self.link.reduce_weights(summed, self.watchdog.timeout)
-            return summed
-        rows = np.zeros((len(self.workers) + 1, self.codec.size), dtype=self.wire.dtype)
-        self.link.gather_weights(rows, self.watchdog.timeout)
-        for row in rows[1:]:
-            summed += self.wire.decode(row)
-        return summed
 
     def collect_best(self, closed: ClosedRound) -> None:
         """best: scores travel first, then only the winner's weights."""

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from mpi_trainer.algorithms.lbfgs import EVALUATE, PREEMPTED, WireLayout
-from mpi_trainer.comm.codec import WeightCodec
+from mpi_trainer.comm.flat_weights import WeightCodec
 from mpi_trainer.comm.protocol import JobPlan, WorkerLink
 from mpi_trainer.config import Config
 from mpi_trainer.logs import get_logger

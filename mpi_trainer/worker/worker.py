@@ -25,9 +25,9 @@ from mpi_trainer.algorithms import aggregation
 from mpi_trainer.algorithms.rebalance import MIN_TIMED_STEPS, Measurement
 from mpi_trainer.algorithms.step_budget import steps_per_round
 from mpi_trainer.algorithms.sync_schedule import schedule_for
-from mpi_trainer.comm.codec import WeightCodec
+from mpi_trainer.comm.flat_weights import WeightCodec
 from mpi_trainer.comm.protocol import JobPlan, Order, OrderKind, Report, WorkerLink
-from mpi_trainer.comm.wire import WireFormat
+from mpi_trainer.comm.wire_dtype import WireFormat
 from mpi_trainer.config import Config
 from mpi_trainer.data.feed import fit_arguments
 from mpi_trainer.data.placement import HeldRows, WorkerData, peak_rss_mib
@@ -63,7 +63,7 @@ class Worker:
         self.local = self.codec.empty()  # the trained weights, flattened into the same buffer every round
         self.wire = WireFormat(cfg.aggregation.wire_dtype)
         # where weights from the scheduler land: the float32 buffer itself, or a 16-bit one decoded into it
-        self.arriving = self.wire.empty(self.codec.size) if self.wire.compressed else self.global_weights
+        self.arriving = self.wire.landing(self.global_weights)
         self.candidate: np.ndarray | None = None
         self.dataset = dataset
         # The block (and, with increment, each round's draw) comes from the data placement.
@@ -200,7 +200,7 @@ class Worker:
         if not elects:
             local *= np.float32(aggregation.contribution_scale(
                 self.cfg.aggregation.method, report.samples, self.data.round_total(order.round), self.link.workers))
-            self.link.contribute(self.wire.encode(local), gathered=self.wire.compressed)
+            self.link.contribute_weights(local, self.wire)
         self.phases.add("send", order.round, sending)
         self.log.debug("round %d: loss %.4f acc %.4f in %.2f s on %d samples", order.round,
                        report.train_loss, report.train_accuracy, report.train_seconds, report.samples)

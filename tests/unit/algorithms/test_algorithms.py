@@ -7,7 +7,7 @@ import pytest
 
 from mpi_trainer.algorithms.aggregation import combine, contribution_scale, elect
 from mpi_trainer.algorithms.early_stopping import EarlyStopping
-from mpi_trainer.comm.codec import WeightCodec
+from mpi_trainer.comm.flat_weights import WeightCodec
 from mpi_trainer.data.partition import block_bounds, shuffled_order
 from mpi_trainer.launch.runtime import threads_for_rank
 

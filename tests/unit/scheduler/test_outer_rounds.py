@@ -13,7 +13,7 @@ from local_job import LocalJob, run_local_job
 
 from mpi_trainer.algorithms import aggregation
 from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
-from mpi_trainer.comm.wire import WireFormat
+from mpi_trainer.comm.wire_dtype import WireFormat
 from mpi_trainer.persistence.checkpoint import load_checkpoint
 
 NESTEROV = {"outer_optimizer": "nesterov", "outer_learning_rate": 0.7, "outer_momentum": 0.9}

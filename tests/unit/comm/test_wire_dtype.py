@@ -1,11 +1,12 @@
-"""Wire formats for weights: exact for float32, within the format's rounding for 16 bits."""
+"""Wire formats for weights: exact for float32, within the format's rounding for 16 bits; one sum verb."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from mpi_trainer.comm.wire import WireFormat
+from mpi_trainer.comm.local import LocalWorld
+from mpi_trainer.comm.wire_dtype import WireFormat
 
 
 def test_float32_passes_weights_through_unchanged():
@@ -48,3 +49,31 @@ def test_decode_writes_into_the_float32_buffer_it_is_given():
 def test_unknown_format_is_refused_naming_the_choices():
     with pytest.raises(ValueError, match=r"one of \['float32', 'float16', 'bfloat16'\]. Received: 'int8'"):
         WireFormat("int8")
+
+
+@pytest.mark.parametrize("name", ["float32", "float16", "bfloat16"])
+def test_sum_to_root_adds_every_rank_in_float32_and_counts_wire_bytes(name):
+    """Halves and quarters are exact in every format, so the root's float32 sum must match to the bit."""
+    wire, size, n = WireFormat(name), 3, 1000
+    world = LocalWorld(size)
+    transports = world.transports()
+    parts = {rank: (np.arange(n) % 64 * (rank + 1) / 4).astype(np.float32) for rank in range(size)}
+
+    def role(rank):
+        summed = wire.sum_to_root(transports[rank], parts[rank].copy(), timeout=30)
+        return summed, transports[rank].take_bytes()
+
+    seen = world.run({rank: (lambda rank=rank: role(rank)) for rank in range(size)}, timeout=60)
+    root_sum, root_bytes = seen[0]
+    assert root_sum.dtype == np.float32 and root_bytes == 0
+    np.testing.assert_array_equal(root_sum, parts[0] + parts[1] + parts[2])
+    for rank in (1, 2):
+        np.testing.assert_array_equal(seen[rank][0], parts[rank])  # a worker's own values are left as they were
+        assert seen[rank][1] == n * wire.itemsize  # 16 bits halve what a worker sends
+
+
+def test_landing_is_the_float32_buffer_itself_only_for_float32():
+    out = np.zeros(5, np.float32)
+    assert WireFormat("float32").landing(out) is out
+    landing = WireFormat("bfloat16").landing(out)
+    assert landing is not out and landing.dtype == np.uint16 and landing.size == 5
