@@ -5,19 +5,26 @@ from __future__ import annotations
 import argparse
 import sys
 
-from benchmarks.harness import Environment, SuiteResult, run_comparison
+from benchmarks.harness import Environment, SuiteResult, prepared, run_comparison, skip_reason
 from benchmarks.report import write_performance
 from benchmarks.suites import SUITES
 
 
-def run_suite(name: str, repeats: int, quick: bool) -> None:
+def run_suite(name: str, repeats: int, quick: bool) -> bool:
+    """Run one suite and save its result; False (nothing run, nothing saved) where it cannot run here."""
     module = SUITES[name]
+    reason = skip_reason(module)
+    if reason:
+        print(f"{name}: skipped: {reason}", flush=True)
+        return False
     environment = Environment.here()
     print(f"{name}: {module.QUESTION} (load average {environment.load_average})", flush=True)
-    tables = [run_comparison(comparison, repeats, lambda line: print(line, flush=True))
-              for comparison in module.comparisons(quick)]
+    with prepared(module):
+        tables = [run_comparison(comparison, repeats, lambda line: print(line, flush=True))
+                  for comparison in module.comparisons(quick)]
     path = SuiteResult(name, module.QUESTION, environment, tables).save()
     print(f"{name}: results in {path}", flush=True)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "list":
         for name, module in SUITES.items():
-            print(f"{name:<14} {module.QUESTION}")
+            reason = skip_reason(module)
+            print(f"{name:<14} {module.QUESTION}" + (f" (cannot run here: {reason})" if reason else ""))
     elif args.command == "run":
         unknown = sorted(set(args.suites) - set(SUITES))
         if unknown:

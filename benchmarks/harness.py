@@ -15,11 +15,12 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +52,8 @@ def _memory_gib() -> float:
         return 0.0
 
 
-def _gpus() -> list[str]:
+def gpu_names() -> list[str]:
+    """The GPUs nvidia-smi lists (none without it)."""
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=10)
@@ -92,7 +94,7 @@ class Environment:
         return cls(commit=_git("rev-parse", "--short", "HEAD"), dirty=bool(_git("status", "--porcelain", "--",
                    "mpi_trainer")), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                    host=platform.node(), cpu=_cpu_model(), cores=os.cpu_count() or 1,
-                   memory_gib=round(_memory_gib(), 1), gpus=_gpus(),
+                   memory_gib=round(_memory_gib(), 1), gpus=gpu_names(),
                    load_average=[round(x, 2) for x in os.getloadavg()], versions=_versions())
 
     def hardware(self) -> str:
@@ -176,5 +178,15 @@ def load_results(folder: Path = RESULTS) -> list[dict[str, Any]]:
     return [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
 
 
-def python() -> str:
-    return sys.executable
+def skip_reason(suite: ModuleType) -> str:
+    """Why a suite cannot run on this machine (no GPU, no rights to make network namespaces...), or "".
+    A suite says so with an ``unavailable()`` function; the others run anywhere mpi_trainer does."""
+    check = getattr(suite, "unavailable", None)
+    return check() if check is not None else ""
+
+
+def prepared(suite: ModuleType) -> AbstractContextManager[Any]:
+    """The suite's ``prepared()`` context (set-up around all its comparisons, undone even on failure),
+    or nothing."""
+    setup = getattr(suite, "prepared", None)
+    return setup() if setup is not None else nullcontext()

@@ -1,8 +1,26 @@
-"""The suites, one per question; each module has ``QUESTION`` and ``comparisons(quick)``."""
+"""The suites, one per question; each module has ``QUESTION`` and ``comparisons(quick)``, and may have
+``unavailable()`` (why it cannot run on this machine, or "") and ``prepared()`` (a context around its runs)."""
 
 from __future__ import annotations
 
-from benchmarks.suites import communication, faults, observability, scaling, stragglers, survive, throughput
+from benchmarks.suites import (
+    accuracy,
+    bandwidth,
+    communication,
+    faults,
+    gpu,
+    keras_fit,
+    lbfgs,
+    observability,
+    run_directory,
+    scaling,
+    schedules,
+    stragglers,
+    survive,
+    throughput,
+    transport,
+)
 
 SUITES = {module.__name__.rsplit(".", 1)[1]: module
-          for module in (throughput, communication, stragglers, faults, survive, observability, scaling)}
+          for module in (throughput, accuracy, scaling, schedules, communication, transport, bandwidth, stragglers,
+                         faults, survive, run_directory, observability, keras_fit, lbfgs, gpu)}

@@ -20,8 +20,8 @@ def traffic(method: str, epochs: int) -> Figures:
     return {"bytes": measured, "minimum": minimum, "ratio": measured / minimum}
 
 
-def waiting(poll_interval: float, epochs: int) -> Figures:
-    summary, _, _ = run_job(WORKERS + 1, [f"comm.poll_interval={poll_interval}", f"train.epochs={epochs}",
+def waiting(poll_interval: float, epochs: int, workers: int = WORKERS) -> Figures:
+    summary, _, _ = run_job(workers + 1, [f"comm.poll_interval={poll_interval}", f"train.epochs={epochs}",
                                           "model.name=lenet"])
     return {"cpu_fraction": summary["scheduler_wait_cpu_fraction"], "wait_seconds": summary["scheduler_wait_seconds"],
             "wall_seconds": summary["wall_seconds"]}
@@ -37,12 +37,16 @@ def comparisons(quick: bool) -> list[Comparison]:
                              for method in ("average", "weighted", "best")},
                    columns={"bytes": "measured bytes/round", "minimum": "minimum", "ratio": "measured / minimum"},
                    notes="Above the minimum: orders, arrival notices and reports (under 1 KiB)."),
-        Comparison(title=f"Scheduler CPU while it waits, LeNet on digits, {WORKERS} workers (3 ranks on the cores)",
+        Comparison(title="Scheduler CPU while it waits, LeNet on digits",
                    command=f"python -m benchmarks run communication{flag}",
-                   variants={"polling waits (default, `comm.poll_interval = 0.005`)": lambda: waiting(0.005, epochs),
-                             "blocking MPI waits (`comm.poll_interval = 0`)": lambda: waiting(0.0, epochs)},
+                   variants={f"{name}, {ranks}": (lambda poll=poll, n=n: waiting(poll, epochs, n))
+                             for n, ranks in ((WORKERS, f"{WORKERS} workers (3 ranks on the cores)"),
+                                              (1, "1 worker (one rank per core)"))
+                             for name, poll in (("polling waits (default)", 0.005), ("blocking MPI waits", 0.0))},
                    columns={"cpu_fraction": "CPU per core while waiting", "wait_seconds": "wait s",
                             "wall_seconds": "training s"},
-                   notes="With more ranks than cores Open MPI's blocking wait yields between its polls, so it "
-                         "costs little here too; with one rank per core it spins a whole core."),
+                   notes="Polling waits sleep `comm.poll_interval` (default 0.005 s) between tests; blocking waits "
+                         "(`comm.poll_interval = 0`) call MPI's. Where a rank has a core to itself Open MPI's "
+                         "blocking wait spins it, taking a core from the workers; with more ranks than cores it "
+                         "yields between its polls."),
     ]

@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from benchmarks.harness import Comparison, Environment, Spread, SuiteResult, load_results, run_comparison
+from benchmarks.jobs import seeded, time_to
 from benchmarks.report import number, render
+from benchmarks.suites import SUITES
 
 
 def test_variants_alternate_and_each_figure_gets_its_median_and_range():
@@ -53,3 +57,63 @@ def iter_figures(values):
 def test_numbers_keep_four_significant_digits():
     assert [number(x) for x in (0.0310, 2.78, 234.44, 3878301, float("nan"), "n/a")] == \
         ["0.031", "2.78", "234.4", "3,878,301", "n/a", "n/a"]
+
+
+def test_list_names_every_suite_and_says_which_cannot_run_here(capsys, monkeypatch):
+    from benchmarks import __main__ as cli
+    from benchmarks.suites import gpu
+
+    monkeypatch.setattr(gpu, "gpu_names", lambda: [])
+    assert cli.main(["list"]) == 0
+    listed = capsys.readouterr().out
+    for name in ("throughput", "accuracy", "schedules", "transport", "bandwidth", "keras_fit", "lbfgs", "gpu",
+                 "run_directory", "scaling", "stragglers"):
+        assert f"\n{name} " in f"\n{listed}", name
+    assert "gpu" in listed and "cannot run here: no GPU" in listed
+
+
+def test_a_suite_that_cannot_run_here_is_skipped_and_saves_nothing(capsys, monkeypatch, tmp_path):
+    from benchmarks import __main__ as cli
+    from benchmarks.suites import bandwidth, gpu
+
+    monkeypatch.setattr(gpu, "gpu_names", lambda: [])
+    monkeypatch.setattr(bandwidth.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(cli.SuiteResult, "save", lambda self, folder=tmp_path: pytest.fail("nothing may be saved"))
+    assert cli.run_suite("gpu", repeats=1, quick=True) is False
+    assert cli.run_suite("bandwidth", repeats=1, quick=True) is False
+    out = capsys.readouterr().out
+    assert "gpu: skipped: no GPU" in out and "bandwidth: skipped: simulated hosts need root" in out
+    assert cli.main(["run", "gpu"]) == 0  # a skipped suite is not an error: `run` with no names runs the rest
+
+
+def test_every_comparison_names_the_command_of_its_own_suite():
+    for name, module in SUITES.items():
+        for comparison in module.comparisons(quick=True):
+            assert comparison.command.startswith(f"python -m benchmarks run {name}"), (name, comparison.command)
+            assert comparison.variants and comparison.columns
+
+
+def test_every_saved_table_is_reproduced_by_a_harness_suite():
+    """Measured or carried over, a figure in docs/performance.md names the suite that measures it now."""
+    for result in load_results():
+        assert result["suite"] in SUITES, result["suite"]
+        for table in result["tables"]:
+            command = table["command"].removeprefix("KERAS_BACKEND=jax ")
+            assert command.split()[:5] == ["python", "-m", "benchmarks", "run", result["suite"]], command
+        assert result.get("carried") or result["environment"]["commit"]
+
+
+def test_settled_answers_are_rendered_under_their_question():
+    page = render([])
+    throughput = page.index("## Throughput")
+    assert page.index("Settled, with the figure that settled it:", throughput) > throughput
+    assert "oneDNN" in page and "commit `3eb03e7`" in page
+
+
+def test_seeded_variants_get_seed_n_on_repeat_n_and_targets_compare_at_float32_precision():
+    seen = []
+    variant = seeded(lambda seed: seen.append(seed) or {"seed": float(seed)})
+    run_comparison(Comparison("t", "cmd", {"a": variant}, {"seed": "seed"}), repeats=3, log=lambda line: None)
+    assert seen == [0, 1, 2]
+    points = [(1.0, 0.9), (2.0, 0.9599999785), (3.0, 0.97)]
+    assert time_to(points, 0.96) == 2.0 and math.isnan(time_to(points, 0.99))
