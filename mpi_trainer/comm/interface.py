@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from mpi_trainer.comm.transport import Received
+from mpi_trainer.comm.accounting import Received
 
 
 @runtime_checkable

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mpi_trainer.comm.transport import RankAccounting, fault_tolerance_problem
+from mpi_trainer.comm.accounting import RankAccounting
+from mpi_trainer.comm.failures import fault_tolerance_problem
 from mpi_trainer.launch.mpirun import FAULT_TOLERANT_OPTIONS, mpirun_command
 
 FT_ENV = {"OMPI_MCA_mpi_ft_enable": "1", "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "tcp,self"}

@@ -12,17 +12,10 @@ import time
 import numpy as np
 import pytest
 
-from mpi_trainer.comm.transport import (
-    TAG_ARRIVED,
-    TAG_FAILED,
-    TAG_GOING,
-    TAG_PROCEED,
-    PeerFailure,
-    Transport,
-    TransportTimeout,
-    due_sleep,
-    poll_sleep,
-)
+from mpi_trainer.comm.failures import TAG_FAILED, PeerFailure
+from mpi_trainer.comm.handshakes import TAG_ARRIVED, TAG_GOING, TAG_PROCEED
+from mpi_trainer.comm.transport import Transport
+from mpi_trainer.comm.waits import TransportTimeout, due_sleep, poll_sleep
 
 
 class FakeRequest:
