@@ -7,6 +7,7 @@ from benchmarks.suites import (
     accuracy,
     bandwidth,
     communication,
+    data_inputs,
     faults,
     gpu,
     keras_fit,
@@ -23,4 +24,4 @@ from benchmarks.suites import (
 
 SUITES = {module.__name__.rsplit(".", 1)[1]: module
           for module in (throughput, accuracy, scaling, schedules, communication, transport, bandwidth, stragglers,
-                         faults, survive, run_directory, observability, keras_fit, lbfgs, gpu)}
+                         faults, survive, run_directory, observability, keras_fit, lbfgs, gpu, data_inputs)}
