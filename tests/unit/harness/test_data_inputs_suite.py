@@ -23,6 +23,14 @@ def test_the_suite_is_registered_and_its_quick_tables_name_their_command_and_tar
     assert data_inputs.comparisons(quick=False)[0].variants.keys() == {"300 MB file", "3,000 MB file"}
 
 
+def test_the_files_a_run_wrote_are_removed_when_it_ends_even_on_failure():
+    with pytest.raises(KeyboardInterrupt), data_inputs.prepared():
+        folder = data_inputs.scratch()
+        (folder / "digits-3000000.h5").write_bytes(b"rows")
+        raise KeyboardInterrupt
+    assert not folder.exists() and data_inputs.scratch.cache_info().currsize == 0
+
+
 def test_a_ratio_row_divides_the_two_variants_of_the_same_repeat():
     speeds = iter([100.0, 50.0, 90.0, 60.0])
     variants = data_inputs.side_by_side(("streamed", lambda: {"rate": next(speeds)}),
