@@ -60,8 +60,7 @@ def run_report(run_dir: str, plots: bool) -> int:
 def train(config: str, overrides: list[str], run_dir: str | None, resume: bool) -> int:
     """``train`` on every rank: :func:`mpi_trainer.fit` with the config file; a refused job exits 2."""
     from mpi_trainer.api import fit
-    from mpi_trainer.errors import EXIT_INPUT_ERROR, EXIT_PREEMPTED, Preempted
-    from mpi_trainer.launch.job import AgreedInputError
+    from mpi_trainer.errors import EXIT_INPUT_ERROR, EXIT_PREEMPTED, AgreedInputError, Preempted
 
     try:
         fit(config=config, overrides=overrides, run_dir=run_dir, resume=resume)
@@ -73,7 +72,7 @@ def train(config: str, overrides: list[str], run_dir: str | None, resume: bool) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mpi_trainer.launch.job import quiet_backend, report_error
+    from mpi_trainer.launch.console import quiet_backend, report_error
     from mpi_trainer.launch.launcher import split_command
 
     argv, program = split_command(sys.argv[1:] if argv is None else list(argv))
@@ -95,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return launch(args, cfg)
         if args.command == "check":
-            from mpi_trainer.launch.job import check
+            from mpi_trainer.launch.console import check
 
             print(f"{args.config}: OK: {check(cfg, args.workers)}")
             print(cfg.to_toml(), end="")

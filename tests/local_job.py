@@ -14,10 +14,10 @@ from mpi_trainer.config import config_from_dict
 from mpi_trainer.data.partition import block_bounds
 from mpi_trainer.data.placement import place_data
 from mpi_trainer.data.sources import load_dataset
-from mpi_trainer.launch.job import JobInputs, load_dataset_for_rank, plan_job
+from mpi_trainer.launch.job_setup import JobInputs, load_dataset_for_rank, plan_job
+from mpi_trainer.launch.roles import pick_roles
 from mpi_trainer.persistence.resume import load_resume_state
 from mpi_trainer.persistence.run_files import read_rounds
-from mpi_trainer.scheduler import engine_class
 from mpi_trainer.worker import Worker
 
 
@@ -95,7 +95,7 @@ def build_local_job(run_dir: Path, workers: int = 2, builder: Any = None, resume
     placed = place(world, cfg, dataset, plan)
     run_dir.mkdir(parents=True, exist_ok=True)
     state = load_resume_state(run_dir, cfg.to_dict()) if resume else None
-    engine = engine_class(cfg)(SchedulerLink(transports[0]), cfg, dataset, model, plan, run_dir, resume=state)
+    engine = pick_roles(cfg).engine(SchedulerLink(transports[0]), cfg, dataset, model, plan, run_dir, resume=state)
     # Built one after another (not in their threads) so that every run seeds its layers alike.
     team = [RecordingWorker(WorkerLink(transports[rank]), plan, placed[rank][1], cfg, placed[rank][0])
             for rank in range(1, workers + 1)]

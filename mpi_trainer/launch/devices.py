@@ -41,7 +41,7 @@ class GpuInventory:
 
 
 @dataclass
-class Placement:
+class RankPlacement:
     """Where one rank runs: the log line and the summary's ``placement`` entry."""
 
     rank: int
@@ -76,7 +76,7 @@ def configured_backend(environ: Mapping[str, str] = os.environ) -> str:
         return "tensorflow"
 
 
-def check_backend(backend: str, installed: Callable[[str], bool]) -> None:
+def check_training_backend(backend: str, installed: Callable[[str], bool]) -> None:
     """Fail before training when the backend cannot train here (not a training backend, or not installed)."""
     if backend not in TRAINING_BACKENDS:
         raise ConfigError(f"`KERAS_BACKEND` must name a Keras backend that can train (has `fit`). Received: "
@@ -142,7 +142,7 @@ def gpu_users(node_ranks: list[int], scheduler_on_gpu: bool) -> list[int]:
 
 
 def choose_placement(rank: int, host: str, node_ranks: list[int], requested: str, scheduler_device: str,
-                     inventory: GpuInventory, backend: str) -> Placement:
+                     inventory: GpuInventory, backend: str) -> RankPlacement:
     """Where ``rank`` runs: GPU ``i mod gpus`` for the i-th GPU user of its node, else the CPU.
 
     ``requested`` is ``train.device`` (auto, cpu, gpu) for workers; the
@@ -151,7 +151,7 @@ def choose_placement(rank: int, host: str, node_ranks: list[int], requested: str
     role = "scheduler" if rank == 0 else "worker"
     want = scheduler_device if rank == 0 else requested
     local_rank = sorted(node_ranks).index(rank)
-    cpu = Placement(rank, host, local_rank, role, backend, "cpu")
+    cpu = RankPlacement(rank, host, local_rank, role, backend, "cpu")
     if want == "cpu" or (want == "auto" and not inventory.ids):
         return cpu
     if not inventory.ids:
@@ -164,7 +164,7 @@ def choose_placement(rank: int, host: str, node_ranks: list[int], requested: str
     return replace(cpu, device=f"cuda:{gpu_id}", gpu_id=gpu_id)
 
 
-def backend_environment(placement: Placement, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+def backend_environment(placement: RankPlacement, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """Variables to set before the backend is imported so that it uses only the chosen device."""
     if placement.gpu_id is None:
         # An empty list hides every GPU: a CPU rank (the scheduler above all) never opens a CUDA context.
@@ -203,7 +203,7 @@ def backend_started(backend: str) -> bool:
     return False
 
 
-def refuse_started_backend(placement: Placement, inventory: GpuInventory) -> None:
+def refuse_started_backend(placement: RankPlacement, inventory: GpuInventory) -> None:
     """A backend that started before the GPUs were dealt sees every GPU of the node: refuse it there."""
     if not inventory.ids:
         return
@@ -229,7 +229,7 @@ def backend_sees_gpu(backend: str) -> bool:
     return bool(tf.config.list_physical_devices("GPU"))
 
 
-def confirm_placement(placement: Placement, requested: str, sees_gpu: Callable[[str], bool]) -> Placement:
+def confirm_placement(placement: RankPlacement, requested: str, sees_gpu: Callable[[str], bool]) -> RankPlacement:
     """Check that the backend really runs on the chosen GPU (a CPU-only build would train on CPU).
 
     ``auto`` falls back to the CPU; an explicit ``gpu`` fails before training.

@@ -1,6 +1,6 @@
 """How a job ends when something goes wrong on one rank, so that no rank is left waiting.
 
-* Bad input is agreed on by every rank before training (:func:`mpi_trainer.launch.job.agree`):
+* Bad input is agreed on by every rank before training (:func:`mpi_trainer.launch.agreement.agree`):
   all of them raise it together.
 * A rank that raises (a bug, a Keras callback, an interrupt) tells every other rank before the
   exception leaves :func:`mpi_trainer.fit`: each of them raises

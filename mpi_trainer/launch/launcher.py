@@ -26,8 +26,8 @@ from mpi_trainer.launch.mpirun import mpirun_command
 from mpi_trainer.launch.run_dir import RUN_DIR_ENV, default_run_dir
 from mpi_trainer.launch.supervisor import (
     HOST_FAILURES_TO_DROP,
+    AttemptHosts,
     Failure,
-    Placement,
     Supervisor,
     host_dropper,
     read_machinefile,
@@ -91,7 +91,7 @@ def check_args(args: argparse.Namespace) -> None:
                           f"own). Received: --set {args.overrides[0]} with a command")
 
 
-def job_command(args: argparse.Namespace, placement: Placement, run_dir: Path,
+def job_command(args: argparse.Namespace, hosts: AttemptHosts, run_dir: Path,
                 fault_tolerant: bool = False) -> Callable[[int], list[str]]:
     """Each attempt's mpirun line; the job learns the launcher and the run directory from its environment."""
     extra = ["-x", LAUNCHER_ENV, "-x", RUN_DIR_ENV, *shlex.split(args.mpirun_args)]
@@ -99,7 +99,7 @@ def job_command(args: argparse.Namespace, placement: Placement, run_dir: Path,
 
     def command_for(attempt: int) -> list[str]:
         train = [] if program else train_args(args, run_dir, attempt > 0)
-        return mpirun_command(placement.ranks, train, placement.machinefile, extra, fault_tolerant,
+        return mpirun_command(hosts.ranks, train, hosts.machinefile, extra, fault_tolerant,
                               program=program or None)
 
     return command_for
@@ -111,11 +111,11 @@ def launch(args: argparse.Namespace, cfg: Config) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.config)
     lock = RunLock(run_dir).acquire()  # a second launcher or job on this directory fails here
     os.environ[LAUNCHER_ENV], os.environ[RUN_DIR_ENV] = holder_id(), str(run_dir)
-    placement = Placement(args.ranks, args.machinefile)
-    supervisor = Supervisor(job_command(args, placement, run_dir, cfg.fault.survive), run_dir / ROUNDS_NAME,
+    hosts = AttemptHosts(args.ranks, args.machinefile)
+    supervisor = Supervisor(job_command(args, hosts, run_dir, cfg.fault.survive), run_dir / ROUNDS_NAME,
                             cfg.watchdog.stall_seconds, args.max_restarts, run_dir / "launch.log")
     if args.drop_failed_hosts:
-        supervisor.on_failure = host_dropper(placement, run_dir, supervisor.log)
+        supervisor.on_failure = host_dropper(hosts, run_dir, supervisor.log)
     if not cfg.checkpoint.every and not cfg.checkpoint.every_seconds:
         supervisor.log("checkpoint.every = 0 and checkpoint.every_seconds = 0: a restart resumes from the "
                        "last finished run's checkpoint only, or starts over")

@@ -76,7 +76,7 @@ def check_data(rank: int, config_path: str, overrides: list[str]) -> tuple[bool,
     """Read the config and the training rows this rank would read; (ok, what was found)."""
     from mpi_trainer.config import load_config
     from mpi_trainer.errors import InputError
-    from mpi_trainer.launch.job import load_dataset_for_rank
+    from mpi_trainer.launch.job_setup import load_dataset_for_rank
 
     try:
         cfg = load_config(config_path, overrides)

@@ -280,7 +280,7 @@ def end_process_tree(proc: subprocess.Popen) -> None:
 
 
 @dataclass
-class Placement:
+class AttemptHosts:
     """Where the next attempt runs: rank count and machinefile (changes when a host is dropped)."""
 
     ranks: int
@@ -288,27 +288,27 @@ class Placement:
     host_failures: collections.Counter = field(default_factory=collections.Counter)
 
 
-def host_dropper(placement: Placement, run_dir: Path,
+def host_dropper(hosts: AttemptHosts, run_dir: Path,
                  log: Callable[[str], None]) -> Callable[[Failure], bool]:
     """on_failure hook: count failures per host; drop one at the second, if workers remain."""
 
     def on_failure(failure: Failure) -> bool:
-        if not placement.machinefile:
+        if not hosts.machinefile:
             return True
-        entries = read_machinefile(Path(placement.machinefile))
+        entries = read_machinefile(Path(hosts.machinefile))
         for host in failure.hosts:
-            placement.host_failures[host] += 1
-            if placement.host_failures[host] < HOST_FAILURES_TO_DROP or host not in dict(entries):
+            hosts.host_failures[host] += 1
+            if hosts.host_failures[host] < HOST_FAILURES_TO_DROP or host not in dict(entries):
                 continue
-            kept, ranks = drop_host(entries, host, placement.ranks)
+            kept, ranks = drop_host(entries, host, hosts.ranks)
             if ranks < 2 or not kept:
-                log(f"host {host} failed {placement.host_failures[host]} times, but dropping it would leave "
+                log(f"host {host} failed {hosts.host_failures[host]} times, but dropping it would leave "
                     f"no worker; keeping it")
                 continue
             path = run_dir / "machinefile.active"
             write_atomic(path, "".join(f"{name} slots={slots}\n" for name, slots in kept))
-            placement.machinefile, placement.ranks, entries = str(path), ranks, kept
-            log(f"host {host} failed {placement.host_failures[host]} times: dropped; restarting on "
+            hosts.machinefile, hosts.ranks, entries = str(path), ranks, kept
+            log(f"host {host} failed {hosts.host_failures[host]} times: dropped; restarting on "
                 f"{ranks} ranks with {path}")
         return True
 

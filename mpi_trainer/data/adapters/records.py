@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mpi_trainer.config import Config
-from mpi_trainer.data.adapters.tf_dataset import TFDatasetAdapter, check_backend
+from mpi_trainer.data.adapters.tf_dataset import TFDatasetAdapter, require_tensorflow_backend
 from mpi_trainer.errors import DataError
 
 IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
@@ -30,7 +30,7 @@ IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
 
 def image_folder(cfg: Config) -> tuple[TFDatasetAdapter, Any]:
     """The training pipeline's adapter and the test pipeline of an image folder."""
-    check_backend("image folder")
+    require_tensorflow_backend("image folder")
     import keras
 
     root = Path(cfg.data.source).expanduser()
@@ -98,7 +98,7 @@ def _batched(files: list[str], counts: dict[str, int], cfg: Config) -> Any:
 
 def tfrecords(cfg: Config) -> tuple[TFDatasetAdapter, Any]:
     """The training files' adapter (one file shard per worker) and the test files' pipeline."""
-    check_backend("TFRecord source")
+    require_tensorflow_backend("TFRecord source")
     files = _files(cfg)
     held = max(1, round(len(files) * cfg.data.test_size))
     train, test = files[:-held], files[-held:]

@@ -34,7 +34,8 @@ def is_tf_dataset(value: Any) -> bool:
                for cls in type(value).__mro__)
 
 
-def check_backend(kind: str = KIND) -> None:
+def require_tensorflow_backend(kind: str = KIND) -> None:
+    """A ``kind`` read through tf.data needs the TensorFlow backend; any other fails before training."""
     import keras
 
     backend = keras.backend.backend()
@@ -75,7 +76,7 @@ class TFDatasetAdapter(InputAdapter):
     kind = KIND
 
     def __init__(self, dataset: Any = None, dataset_fn: Any = None, steps_per_epoch: int | None = None) -> None:
-        check_backend()
+        require_tensorflow_backend()
         self.dataset, self.dataset_fn, self.steps = dataset, dataset_fn, steps_per_epoch
         if dataset_fn is not None:
             self.kind, self.recuttable = "dataset_fn", False  # the function fixes each worker's shard

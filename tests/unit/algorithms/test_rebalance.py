@@ -137,11 +137,13 @@ def test_bad_straggler_keys_name_key_value_and_expectation(override, message):
 @pytest.mark.parametrize("engine", [["aggregation.ssp=2"], ["debug.async_engine=true"]])
 @pytest.mark.parametrize("placement", ["shared", "scatter"])
 def test_rebalancing_runs_on_the_ssp_engine_but_not_with_fixed_step_rounds(engine, placement):
-    from mpi_trainer.scheduler import StaleEngine, engine_class
+    from mpi_trainer.launch.roles import pick_roles
+    from mpi_trainer.scheduler import StaleSynchronousEngine
 
     keys = ["data.rebalance=true", f"data.placement='{placement}'", *engine]
     cfg = load_config(None, keys)
-    assert engine_class(cfg) is StaleEngine and cfg.data.rebalance and cfg.data.scatters == (placement == "scatter")
+    assert pick_roles(cfg).engine is StaleSynchronousEngine and cfg.data.rebalance
+    assert cfg.data.scatters == (placement == "scatter")
     with pytest.raises(ConfigError, match="`data.rebalance` cannot be combined with `train.sync_every` > 0"):
         load_config(None, [*keys, "train.sync_every=4"])
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mpi_trainer.config import ConfigError, config_from_dict, load_config
-from mpi_trainer.launch.job import check
+from mpi_trainer.launch.console import check
 
 ROOT = Path(__file__).resolve().parents[3]
 LBFGS = {"model": {"name": "softmax_regression", "optimizer": "lbfgs"}}

@@ -220,7 +220,7 @@ def test_scatter_rows_give_a_worker_the_same_arrays_as_the_shared_file(tmp_path)
 
 
 def test_under_scatter_only_rank_0_needs_the_file(tmp_path):
-    from mpi_trainer.launch.job import load_dataset_for_rank
+    from mpi_trainer.launch.job_setup import load_dataset_for_rank
 
     missing = tmp_path / "on_rank_0_only.h5"
     with pytest.raises(ConfigError, match="names a data file that does not exist"):
@@ -232,7 +232,7 @@ def test_under_scatter_only_rank_0_needs_the_file(tmp_path):
 
 
 def test_scatter_checks_every_training_row_on_rank_0_before_sending(tmp_path):
-    from mpi_trainer.launch.job import load_dataset_for_rank
+    from mpi_trainer.launch.job_setup import load_dataset_for_rank
 
     x, y = _images()
     x = x.astype(np.float32)

@@ -14,7 +14,7 @@ from mpi_trainer.config import config_from_dict
 from mpi_trainer.data.adapters import fit_input, get_input_adapter
 from mpi_trainer.data.streamed import check_allows, pipeline_dataset
 from mpi_trainer.errors import DataError, InputError
-from mpi_trainer.launch.job import JobInputs
+from mpi_trainer.launch.job_setup import JobInputs
 from tests.local_job import run_local_job
 
 

@@ -12,7 +12,7 @@ from mpi_trainer.data.adapters import ArrayAdapter, LazyRows
 from mpi_trainer.data.adapters.arrays import CHUNK_BATCHES
 from mpi_trainer.data.adapters.files import label_facts, stream_dataset
 from mpi_trainer.errors import ConfigError, DataError
-from mpi_trainer.launch.job import load_dataset_for_rank
+from mpi_trainer.launch.job_setup import load_dataset_for_rank
 from tests.local_job import run_local_job
 
 

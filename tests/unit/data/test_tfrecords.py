@@ -9,7 +9,7 @@ from sklearn.datasets import load_digits
 
 from mpi_trainer.config import config_from_dict
 from mpi_trainer.errors import ConfigError, DataError
-from mpi_trainer.launch.job import load_dataset_for_rank
+from mpi_trainer.launch.job_setup import load_dataset_for_rank
 from tests.local_job import run_local_job
 
 

@@ -10,7 +10,7 @@ from mpi_trainer.errors import ConfigError
 from mpi_trainer.launch.devices import (
     GpuInventory,
     backend_environment,
-    check_backend,
+    check_training_backend,
     choose_placement,
     configured_backend,
     confirm_placement,
@@ -124,7 +124,7 @@ def test_the_backend_comes_from_keras_backend_then_keras_json(tmp_path):
 
 def test_backends_that_cannot_train_or_are_missing_fail_before_training():
     with pytest.raises(ConfigError, match=r"Received: KERAS_BACKEND='numpy'; expected one of"):
-        check_backend("numpy", lambda module: True)
+        check_training_backend("numpy", lambda module: True)
     with pytest.raises(ConfigError, match=r"'jax' is not installed \(pip install 'mpi_trainer\[jax\]'\)"):
-        check_backend("jax", lambda module: module != "jax")
-    check_backend("torch", lambda module: module == "torch")
+        check_training_backend("jax", lambda module: module != "jax")
+    check_training_backend("torch", lambda module: module == "torch")

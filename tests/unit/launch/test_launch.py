@@ -11,8 +11,8 @@ import pytest
 from mpi_trainer.algorithms import wait_bounds
 from mpi_trainer.cli import main
 from mpi_trainer.launch.supervisor import (
+    AttemptHosts,
     Failure,
-    Placement,
     Supervisor,
     drop_host,
     host_dropper,
@@ -101,13 +101,13 @@ def test_host_failing_twice_is_dropped_from_the_machinefile(tmp_path):
     machinefile.write_text("# lab\nnode-a slots=2\nnode-b slots=2\nnode-c\n")
     assert read_machinefile(machinefile) == [("node-a", 2), ("node-b", 2), ("node-c", 1)]
     assert drop_host(read_machinefile(machinefile), "node-b", 5) == ([("node-a", 2), ("node-c", 1)], 3)
-    placement, messages = Placement(5, str(machinefile)), []
-    on_failure = host_dropper(placement, tmp_path, messages.append)
+    hosts, messages = AttemptHosts(5, str(machinefile)), []
+    on_failure = host_dropper(hosts, tmp_path, messages.append)
     on_failure(Failure("died", 1, hosts=["node-b"]))
-    assert placement.ranks == 5 and placement.machinefile == str(machinefile)
+    assert hosts.ranks == 5 and hosts.machinefile == str(machinefile)
     on_failure(Failure("died", 1, hosts=["node-b"]))
-    assert placement.ranks == 3
-    assert Path(placement.machinefile).read_text() == "node-a slots=2\nnode-c slots=1\n"
+    assert hosts.ranks == 3
+    assert Path(hosts.machinefile).read_text() == "node-a slots=2\nnode-c slots=1\n"
     assert "host node-b failed 2 times: dropped" in messages[0]
 
 
@@ -183,7 +183,7 @@ def test_a_supervised_script_runs_under_mpirun_knowing_the_launcher_and_the_run_
     argv, program = split_command(["launch", "-n", "3", "--run-dir", "d", "--", "python", "train.py", "--lr", "1"])
     assert argv == ["launch", "-n", "3", "--run-dir", "d"] and program == ["python", "train.py", "--lr", "1"]
     args = argparse.Namespace(mpirun_args="--mca btl self,tcp", program=program, config=None, overrides=[])
-    command = job_command(args, Placement(3, None), tmp_path)(1)
+    command = job_command(args, AttemptHosts(3, None), tmp_path)(1)
     assert command[-4:] == program  # run again as it is: the script's fit resumes by itself
     assert "-x MPI_TRAINER_LAUNCHER -x MPI_TRAINER_RUN_DIR --mca btl self,tcp" in " ".join(command)
 

@@ -12,9 +12,9 @@ import pytest
 from mpi_trainer.comm.local import LocalTransport, LocalWorld
 from mpi_trainer.comm.transport import install_abort_on_error
 from mpi_trainer.config import load_config
-from mpi_trainer.errors import ConfigError
-from mpi_trainer.launch.devices import GpuInventory, Placement, refuse_started_backend
-from mpi_trainer.launch.job import AgreedInputError, follow_placement
+from mpi_trainer.errors import AgreedInputError, ConfigError
+from mpi_trainer.launch.devices import GpuInventory, RankPlacement, refuse_started_backend
+from mpi_trainer.launch.placement import PlacedProcess, follow_placement, place_or_follow
 from mpi_trainer.launch.runtime import worker_cores
 
 PLACED = {"device": "auto", "scheduler_device": "cpu", "threads": 1, "bind_cores": True}
@@ -39,17 +39,17 @@ def test_a_later_job_that_asks_for_other_threads_or_devices_is_refused():
 
 
 def test_a_backend_started_on_a_node_with_gpus_is_refused_and_on_one_without_it_is_not():
-    placement = Placement(2, "node01", 1, "worker", "tensorflow", "cuda:1", "1")
+    placement = RankPlacement(2, "node01", 1, "worker", "tensorflow", "cuda:1", "1")
     with pytest.raises(ConfigError, match=r"rank 2 on node01: the Keras backend 'tensorflow' started before "
                                           r"mpi_trainer dealt this node's 4 GPUs .* expected `mpi_trainer.init\(\)`"):
         refuse_started_backend(placement, GpuInventory(["0", "1", "2", "3"]))
-    refuse_started_backend(Placement(2, "node01", 1, "worker", "tensorflow", "cpu"), GpuInventory([]))
+    refuse_started_backend(RankPlacement(2, "node01", 1, "worker", "tensorflow", "cpu"), GpuInventory([]))
 
 
 def test_a_placement_names_its_threads_once_they_are_sized():
-    placement = Placement(1, "node01", 0, "worker", "jax", "cpu")
+    placement = RankPlacement(1, "node01", 0, "worker", "jax", "cpu")
     assert placement.describe() == "rank 1 on node01: jax, cpu"
-    sized = Placement(1, "node01", 0, "worker", "jax", "cpu", threads=1)
+    sized = RankPlacement(1, "node01", 0, "worker", "jax", "cpu", threads=1)
     assert sized.describe() == "rank 1 on node01: jax, cpu, 1 thread"
 
 
@@ -93,3 +93,11 @@ def test_each_worker_of_a_node_keeps_to_its_own_run_of_cores():
     assert worker_cores(1, node, 3, cores) is None  # 4 x 3 threads do not fit on 8 cores: nobody binds
     assert worker_cores(1, node, 1, cores) is None  # 4 x 1 leave room for more workers: they stay free
     assert worker_cores(3, [0, 1, 2, 3], 5, list(range(16))) == [10, 11, 12, 13, 14]  # 1 core spare: bound
+
+
+def test_a_placed_process_is_followed_and_kept_by_its_caller_not_placed_again():
+    placed = PlacedProcess(placements=[], settings=PLACED)
+    cfg, kept = place_or_follow(single_rank(), load_config(None, ["train.epochs=3"]), placed)
+    assert kept is placed and cfg.train.threads == 1 and cfg.train.epochs == 3
+    with pytest.raises(AgreedInputError, match=r"Received: train.threads=4; expected 1"):
+        place_or_follow(single_rank(), load_config(None, ["train.threads=4"]), placed)

@@ -12,7 +12,7 @@ from sklearn.datasets import load_digits
 
 from mpi_trainer.config import load_config
 from mpi_trainer.errors import ConfigError
-from mpi_trainer.launch.job import load_dataset_for_rank
+from mpi_trainer.launch.job_setup import load_dataset_for_rank
 
 
 def _one_hot_digits(path):

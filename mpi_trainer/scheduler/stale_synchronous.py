@@ -1,6 +1,6 @@
 """The bounded-staleness (SSP) engine of the scheduler, used when ``aggregation.ssp > 0``.
 
-Separation of concerns: :class:`StaleEngine` decides when each worker gets
+Separation of concerns: :class:`StaleSynchronousEngine` decides when each worker gets
 work and how its update is merged; once a round's updates are in, the
 :class:`~mpi_trainer.scheduler.recorder.RoundRecorder` evaluates, records,
 checks early stopping and checkpoints, exactly as for a synchronous round. The
@@ -81,7 +81,7 @@ class Window:
     leader: Report | None = None  # best: the leading update (its worker may have sent two in the window)
 
 
-class StaleEngine(Engine):
+class StaleSynchronousEngine(Engine):
     def __init__(self, link: SchedulerLink, cfg: Config, dataset: Dataset, model: Any, plan: JobPlan,
                  run_dir: Path, hosts: list[str] | None = None, resume: ResumeState | None = None) -> None:
         super().__init__(link, cfg, dataset, model, plan, run_dir, hosts, resume)

@@ -20,8 +20,9 @@ from mpi_trainer.comm.transport import Received
 from mpi_trainer.config import Config, config_from_dict
 from mpi_trainer.data.sources import Dataset, TrainRows
 from mpi_trainer.errors import WorkerFailure
+from mpi_trainer.launch.roles import pick_roles
 from mpi_trainer.persistence.resume import ResumeState, load_resume_state
-from mpi_trainer.scheduler import StaleEngine, SynchronousEngine, engine_class
+from mpi_trainer.scheduler import LbfgsScheduler, StaleSynchronousEngine, SynchronousEngine
 
 
 @dataclass
@@ -86,7 +87,7 @@ class FakeWorkers:
 
 
 def make_scheduler(tmp_path: Path, transport: FakeWorkers, resume: ResumeState | None = None,
-                   engine: type = StaleEngine, **sections) -> StaleEngine:
+                   engine: type = StaleSynchronousEngine, **sections) -> StaleSynchronousEngine:
     import keras
 
     keras.utils.set_random_seed(0)
@@ -223,9 +224,13 @@ def test_a_worker_that_does_not_take_its_moved_rows_is_named_by_the_watchdog(tmp
         scheduler.send_moved(2, 4)
 
 
-def test_ssp_zero_uses_the_synchronous_engine_unless_forced():
-    assert engine_class(Config()) is SynchronousEngine
-    assert engine_class(config_from_dict({"aggregation": {"ssp": 1}})) is StaleEngine
-    assert engine_class(config_from_dict({"debug": {"async_engine": True}})) is StaleEngine
-    lbfgs = config_from_dict({"model": {"name": "softmax_regression", "optimizer": "lbfgs"}})
-    assert engine_class(lbfgs).__name__ == "LbfgsScheduler"
+def test_one_factory_picks_the_engine_and_the_worker_class():
+    from mpi_trainer.worker import Worker
+    from mpi_trainer.worker.lbfgs import LbfgsWorker
+
+    assert pick_roles(Config()).engine is SynchronousEngine
+    assert pick_roles(config_from_dict({"aggregation": {"ssp": 1}})).engine is StaleSynchronousEngine
+    assert pick_roles(config_from_dict({"debug": {"async_engine": True}})).engine is StaleSynchronousEngine
+    assert pick_roles(Config()).worker is Worker
+    lbfgs = pick_roles(config_from_dict({"model": {"name": "softmax_regression", "optimizer": "lbfgs"}}))
+    assert (lbfgs.engine, lbfgs.worker) == (LbfgsScheduler, LbfgsWorker)

@@ -1,0 +1,208 @@
+"""Every rank's set-up before training: the data it reads, and on rank 0 the model and the job's plan.
+
+Nothing in the run directory is written before every rank has passed its checks (see :mod:`.run_dir`);
+each check's failure is agreed on by every rank (:mod:`.agreement`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mpi_trainer.algorithms.early_stopping import watched_metric
+from mpi_trainer.comm.transport import Transport
+from mpi_trainer.config import Config
+from mpi_trainer.data.readers import RawArrays
+from mpi_trainer.errors import InputError
+from mpi_trainer.launch.agreement import agree
+from mpi_trainer.launch.run_dir import RunDirectory, begin_writing, check_against_run, open_run_dir
+from mpi_trainer.logs import get_logger
+
+
+@dataclass
+class JobInputs:
+    """What a Python caller hands the job besides the config (see :func:`mpi_trainer.fit`)."""
+
+    arrays: RawArrays | None = None  # the data as arrays, instead of data.source
+    builder: Any = None  # a model function or a built model, instead of model.name
+    callbacks: Sequence[Any] = ()  # Keras callbacks, run on rank 0 once per round
+    config_path: str | None = None  # names the default run directory
+    pipeline: Any = None  # an input adapter (tf.data, PyDataset, generator...), instead of arrays
+    validation: Any = None  # the pipeline's validation_data, read by the ranks that score
+    class_weight: dict[int, float] | None = None  # fit's class_weight, for the workers' training loss
+    initial_epoch: int = 0  # fit's initial_epoch: the callbacks' epoch of round 0
+
+
+@dataclass
+class JobSetup:
+    """What :func:`setup` leaves each rank. ``model`` and ``run`` are rank 0's (None elsewhere); ``plan`` is
+    rank 0's until it is broadcast; ``dataset`` is None on a worker whose rows are scattered to it."""
+
+    dataset: Any
+    model: Any
+    plan: Any  # comm.protocol.JobPlan
+    run: RunDirectory | None
+    state: Any  # persistence.resume.ResumeState of the run resumed, or None
+
+
+def claim_run_dir(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str | None,
+                  resume: bool) -> RunDirectory | None:
+    """Rank 0 locks and reads the run directory before anything slow (the backend's start), so that a
+    second job on it is refused at once, on every rank. Rank 0 gets its :class:`RunDirectory`."""
+    run, error = None, None
+    if transport.rank == 0:
+        try:
+            run = open_run_dir(run_dir, inputs.config_path, cfg, resume)
+        except (InputError, ValueError, OSError) as exc:
+            error = str(exc)
+    agree(transport, error)
+    return run
+
+
+def setup(transport: Transport, cfg: Config, inputs: JobInputs, run: RunDirectory | None) -> JobSetup:
+    """Load data everywhere; on rank 0 build the model and check it against the run directory's run."""
+    from mpi_trainer.data.partition import block_bounds
+    from mpi_trainer.models.gradients import gradient_backend
+    from mpi_trainer.worker.slowdown import check_slow_ranks
+
+    dataset = model = plan = None
+    error = None
+    try:
+        check_slow_ranks(cfg.debug, transport.size)
+        if cfg.model.uses_lbfgs:
+            gradient_backend()  # every rank: each computes with its own backend
+        dataset = load_dataset_for_rank(transport.rank, cfg, inputs.arrays, transport.workers, inputs)
+        if dataset is not None:  # every reader fails alike
+            bounds = (dataset.train.block_bounds(transport.workers) if hasattr(dataset.train, "block_bounds")
+                      else block_bounds(dataset.num_train, transport.workers))
+        if transport.rank == 0:
+            model, plan = plan_job(cfg, dataset, inputs, bounds, run.state)
+            check_against_run(run, cfg, dataset, model)
+            plan.finished = run.finished
+    except (InputError, ValueError, OSError) as exc:
+        error = str(exc)
+    agree(transport, error)
+    if run is not None:
+        begin_writing(run)
+    return JobSetup(dataset, model, plan, run, None if run is None else run.state)
+
+
+def plan_job(cfg: Config, dataset: Any, inputs: JobInputs, bounds: list, state: Any) -> tuple[Any, Any]:
+    """Rank 0: build the model, dry-run it on the first training rows, and plan the job."""
+    import keras
+
+    from mpi_trainer.comm.protocol import JobPlan
+    from mpi_trainer.data.weights import check_class_coverage
+    from mpi_trainer.models import build_model
+    from mpi_trainer.models.dry_run import SAMPLES, dry_run
+    from mpi_trainer.models.gradients import BlockGradient
+
+    keras.utils.set_random_seed(cfg.train.seed)
+    model, spec = build_model(cfg.model, dataset.input_shape, dataset.num_outputs, dataset.classes, inputs.builder)
+    if cfg.model.uses_lbfgs:
+        BlockGradient(model)  # a loss it cannot differentiate fails here, on every rank
+    metric_names = dry_run(model, *dataset.train.read(np.arange(min(SAMPLES, dataset.num_train))))
+    check_monitor(cfg, metric_names, len(dataset.y_test) > 0)
+    # Blocks are always planned for the workers present now: a resume may have fewer or more.
+    check_class_coverage(inputs.class_weight, dataset.num_outputs, dataset.classes)
+    plan = JobPlan(cfg.to_dict(), spec, bounds, cfg.train.seed, dataset.num_train,
+                   state.next_round if state else 0, metric_names, class_weight=inputs.class_weight)
+    return model, plan
+
+
+def check_monitor(cfg: Config, metric_names: list[str], has_test: bool = True) -> None:
+    """``early_stopping.monitor`` must name a metric the compiled model reports, on a split that exists."""
+    watched_metric(cfg.early_stopping.monitor, cfg.early_stopping.patience, metric_names, has_test)
+
+
+def load_dataset_for_rank(rank: int, cfg: Config, arrays: RawArrays | None = None, workers: int = 1,
+                          inputs: JobInputs | None = None) -> Any:
+    """The scheduler reads validation and test features; a worker only what it scores on.
+
+    Under ``data.placement = "scatter"`` a worker reads nothing (its node may
+    not see the file): its rows arrive from the scheduler after set-up.
+    A pipeline (``inputs.pipeline``) or a streamed file keeps its training part where it is.
+    """
+    from mpi_trainer.data.augmentation import check_image_input
+    from mpi_trainer.data.sources import load_dataset
+
+    streamed = streamed_dataset(rank, cfg, workers, inputs)
+    if streamed is not None:
+        check_image_input(cfg.data.augmentation, streamed.input_shape)
+        return streamed
+    scatter = cfg.data.scatters
+    if rank != 0 and scatter:
+        return None
+    on_workers = cfg.evaluation.on_workers
+    scores = rank == 0 or cfg.aggregation.elects or on_workers
+    # under evaluation.where = "workers" a worker reads only its part of the test split
+    read_test = True if rank == 0 else (rank - 1, workers) if on_workers else False
+    dataset = load_dataset(cfg.data, cfg.train.seed, read_val=scores, read_test=read_test, arrays=arrays)
+    check_image_input(cfg.data.augmentation, dataset.input_shape)
+    if scatter:
+        dataset.train.check_all()  # bad rows must fail here, not half-way through sending blocks
+    return dataset
+
+
+def streamed_dataset(rank: int, cfg: Config, workers: int, inputs: JobInputs | None) -> Any:
+    """The dataset of a pipeline input, or None; what the config asks of it is checked first."""
+    from mpi_trainer.data.streamed import check_allows, pipeline_dataset
+
+    adapter, validation, name = (None, None, "") if inputs is None else (inputs.pipeline, inputs.validation, "")
+    if cfg.data.is_image_folder or cfg.data.is_tfrecord:
+        from mpi_trainer.data.adapters.records import image_folder, tfrecords
+
+        adapter, validation = (image_folder if cfg.data.is_image_folder else tfrecords)(cfg)
+        name = Path(cfg.data.source).name
+    if cfg.data.stream:
+        from mpi_trainer.data.adapters.files import stream_dataset
+
+        dataset = stream_dataset(cfg.data)
+        check_allows(cfg, dataset.train.adapter)
+        return dataset
+    if adapter is None:
+        return None
+    check_allows(cfg, adapter)
+    scores = rank == 0 or cfg.aggregation.elects or cfg.evaluation.on_workers
+    return pipeline_dataset(name or adapter.kind, adapter, validation, cfg, workers, read_val=scores,
+                            read_test=rank == 0 or cfg.evaluation.on_workers,
+                            keras_validation=inputs is not None and inputs.pipeline is adapter)
+
+
+def place_training_data(transport: Transport, cfg: Config, dataset: Any, plan: Any) -> tuple[Any, Any]:
+    """Workers get their training rows (shared file or scatter); any failure fails every rank.
+
+    Returns (the worker's data or None on rank 0, the dataset this rank goes on with).
+    The scheduler's own scatter errors are not caught: a failure half-way through
+    sending would leave workers waiting for blocks, so it takes the abort path.
+    """
+    from mpi_trainer.comm.protocol import SchedulerLink, WorkerLink
+    from mpi_trainer.data.placement import place_data
+
+    link = SchedulerLink(transport) if transport.rank == 0 else WorkerLink(transport)
+    sender = transport.rank == 0 and cfg.data.scatters
+    placed, error = (None, dataset), None
+    try:
+        placed = place_data(link, transport.rank, cfg, dataset, plan)
+    except (InputError, ValueError) as exc:
+        if sender:
+            raise RuntimeError(f"scatter failed on the scheduler: {exc}") from exc
+        error = str(exc)
+    transport.barrier()  # a polling wait while workers read their blocks, then a quick agreement
+    agree(transport, error)
+    return placed
+
+
+def log_plan(plan: Any, dataset: Any) -> None:
+    log = get_logger()
+    log.info("dataset %s", dataset.describe())
+    if dataset.class_names:
+        log.info("%s: string labels mapped to classes: %s", dataset.name, dataset.label_mapping())
+    unit = getattr(getattr(dataset.train, "adapter", None), "unit", "samples")
+    for index, (start, end) in enumerate(plan.block_bounds):
+        log.info("worker rank %d: block start %d end %d size %d%s", index + 1, start, end, end - start,
+                 "" if unit == "samples" else f" {unit}")

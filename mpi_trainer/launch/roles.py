@@ -1,0 +1,170 @@
+"""The two roles of a job: rank 0 hands the job to a scheduler engine, every other rank builds a worker.
+
+:func:`pick_roles` is the one place that picks both from the config: the L-BFGS engine and workers for
+``model.optimizer = "lbfgs"``, else the synchronous engine at ``aggregation.ssp = 0`` and the
+stale-synchronous one above it, with the gradient-step :class:`~mpi_trainer.worker.Worker`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mpi_trainer.comm.transport import PeerFailure, Transport
+from mpi_trainer.config import Config
+from mpi_trainer.errors import InputError, Preempted, WorkerFailure
+from mpi_trainer.launch.agreement import agree
+from mpi_trainer.launch.devices import RankPlacement
+from mpi_trainer.launch.failures import end_stuck
+from mpi_trainer.launch.job_setup import JobInputs, JobSetup, log_plan, place_training_data
+from mpi_trainer.launch.placement import log_placements
+from mpi_trainer.logs import get_logger
+from mpi_trainer.persistence.run_files import CONFIG_NAME, REPORT_NAME, write_atomic
+
+WorkerBuilder = Callable[[type, Transport, Config, Any, Any, Any], Any]
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Rank 0's engine class, the workers' class, and how a worker of that class is built."""
+
+    engine: type
+    worker: type
+    build_worker: WorkerBuilder  # (worker class, transport, cfg, plan, dataset, worker data) -> worker
+
+
+def pick_roles(cfg: Config) -> Roles:
+    """The engine and worker classes for ``cfg`` (``debug.async_engine`` forces the stale-synchronous
+    engine at ``ssp = 0``, for checks that both engines agree)."""
+    if cfg.model.uses_lbfgs:
+        from mpi_trainer.scheduler.lbfgs import LbfgsScheduler
+        from mpi_trainer.worker.lbfgs import LbfgsWorker
+
+        return Roles(LbfgsScheduler, LbfgsWorker, _full_batch_worker)
+    from mpi_trainer.scheduler.stale_synchronous import StaleSynchronousEngine
+    from mpi_trainer.scheduler.synchronous import SynchronousEngine
+    from mpi_trainer.worker import Worker
+
+    engine = StaleSynchronousEngine if cfg.aggregation.ssp > 0 or cfg.debug.async_engine else SynchronousEngine
+    return Roles(engine, Worker, _gradient_worker)
+
+
+def _full_batch_worker(worker_type: type, transport: Transport, cfg: Config, plan: Any, dataset: Any,
+                       worker_data: Any) -> Any:
+    from mpi_trainer.comm.protocol import WorkerLink
+
+    return worker_type(WorkerLink(transport), plan, cfg, worker_data.fixed_x, worker_data.fixed_y)
+
+
+def _gradient_worker(worker_type: type, transport: Transport, cfg: Config, plan: Any, dataset: Any,
+                     worker_data: Any) -> Any:
+    """A worker seeded for its rank and round, dry-run on its first batch."""
+    import keras
+
+    from mpi_trainer.comm.protocol import WorkerLink
+    from mpi_trainer.persistence.resume import worker_seed
+
+    keras.utils.set_random_seed(worker_seed(cfg.train.seed, transport.rank, plan.start_round))
+    worker = worker_type(WorkerLink(transport), plan, dataset, cfg, worker_data)
+    worker.preflight()
+    return worker
+
+
+def train_roles(transport: Transport, cfg: Config, inputs: JobInputs, job: JobSetup,
+                placements: list[RankPlacement]) -> Any:
+    """Place the data, start the roles, train; rank 0 returns (engine, summary), a worker itself."""
+    worker_data, job.dataset = place_training_data(transport, cfg, job.dataset, job.plan)
+    role = make_worker(transport, cfg, job.plan, job.dataset, worker_data)
+    calibrating = time.perf_counter()
+    speeds = calibrate_everywhere(transport, cfg, role)
+    if transport.rank == 0:
+        engine, summary = run_scheduler(transport, cfg, job, placements, inputs,
+                                        (speeds, time.perf_counter() - calibrating))
+        if summary.get("stop_reason") == "preempted":
+            raise Preempted()
+        result = engine, summary
+    else:
+        role.run()
+        if getattr(role, "preempted", False):
+            raise Preempted()
+        result = role
+    transport.phase = "teardown"
+    transport.barrier()  # every rank leaves the job together; a rank stuck past its last round is named
+    return result
+
+
+def make_worker(transport: Transport, cfg: Config, plan: Any, dataset: Any, worker_data: Any) -> Any:
+    """A worker rank's role, dry-run on its first batch; every rank agrees that all of them passed."""
+    role, error = None, None
+    try:
+        if transport.rank != 0:
+            roles = pick_roles(cfg)
+            role = roles.build_worker(roles.worker, transport, cfg, plan, dataset, worker_data)
+    except (InputError, ValueError) as exc:
+        error = str(exc)
+    agree(transport, error)
+    return role
+
+
+def calibrate_everywhere(transport: Transport, cfg: Config, role: Any) -> dict[int, Any]:
+    """``data.rebalance``: each worker times a few steps; every rank gets ``{worker rank: speed}``.
+
+    The scheduler cuts round 0's blocks from them (:meth:`Engine.seed_speeds`).
+    """
+    if not cfg.data.rebalance or cfg.model.uses_lbfgs:
+        return {}
+    speeds = transport.allgather(role.calibrate() if transport.rank != 0 else None)
+    return {rank: speed for rank, speed in enumerate(speeds) if speed is not None}
+
+
+def run_scheduler(transport: Transport, cfg: Config, job: JobSetup, placements: list[RankPlacement],
+                  inputs: JobInputs | None = None, calibration: tuple[Mapping[int, Any], float] = ({}, 0.0)) -> Any:
+    """Rank 0's part; returns the engine and the run's summary. A watchdog failure ends the whole job
+    with a one-line message, not a traceback. ``calibration``: the workers' timed steps for
+    rebalancing, and the seconds they took."""
+    from mpi_trainer.comm.protocol import SchedulerLink
+
+    path = job.run.path
+    write_atomic(path / CONFIG_NAME, cfg.to_toml())
+    log_placements(placements)
+    log_plan(job.plan, job.dataset)
+    if job.plan.model.user_compiled:
+        get_logger().info("the model function compiled the model: its own optimizer, loss and metrics are used "
+                          "(model.optimizer, model.loss and model.metrics do not apply)")
+    hosts = [placement.host for placement in placements]
+    try:
+        engine = pick_roles(cfg).engine(SchedulerLink(transport), cfg, job.dataset, job.model, job.plan, path,
+                                        hosts, job.state)
+        (engine.recorder if hasattr(engine, "recorder") else engine).fingerprint = job.run.fingerprint
+        engine.record_placement([placement.as_dict() for placement in placements])
+        if not cfg.model.uses_lbfgs:  # Keras callbacks, and the History fit returns
+            inputs = inputs or JobInputs()
+            engine.recorder.use_callbacks(list(inputs.callbacks), inputs.initial_epoch)
+        if calibration[0]:  # data.rebalance (which L-BFGS refuses)
+            engine.seed_speeds(*calibration)
+        summary = engine.run()
+    except PeerFailure:
+        raise  # a worker failed and left the job: rank 0 leaves it too, with the worker's error
+    except WorkerFailure as exc:  # a worker stopped answering: only ending the job ends it
+        end_stuck(transport, str(exc))
+    if cfg.log.plots and summary.get("completed", True):
+        write_report(path)
+    print(f"run directory: {path}", flush=True)
+    return engine, summary
+
+
+def write_report(run_dir: Path) -> None:
+    """The end-of-run plots and report.txt; a plotting failure is logged, the run stays a success."""
+    from mpi_trainer.reporting.report import make_report
+
+    log = get_logger()
+    try:
+        result = make_report(run_dir)
+    except Exception as exc:  # the run's files are complete; only the pictures are missing
+        log.warning("the report could not be written (%s: %s); run `mpi_trainer report %s` to retry",
+                    type(exc).__name__, exc, run_dir)
+        return
+    log.info("report: %s and %d plots in %s", result.run_dir / REPORT_NAME, len(result.plots), run_dir)
