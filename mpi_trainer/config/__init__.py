@@ -1,5 +1,6 @@
-"""Typed configuration: the schema (:mod:`.schema`), the rules across sections
-(:mod:`.rules`) and the loader (:mod:`.loader`)."""
+"""Typed configuration: the schema (:mod:`.schema`, gathering the sections of :mod:`.data_config`,
+:mod:`.training_config` and :mod:`.run_config` and the choices of :mod:`.choices`), the rules across
+sections (:mod:`.rules`) and the loader (:mod:`.loader`)."""
 
 from mpi_trainer.config.loader import all_keys, config_from_dict, load_config, parse_override, read_toml
 from mpi_trainer.config.schema import (

@@ -20,7 +20,7 @@ def _staleness_rules(cfg: Config) -> None:
         raise ConfigError("`train.max_steps` splits the last synchronous round into step budgets and needs "
                           f"aggregation.ssp = 0. Received: train.max_steps={cfg.train.max_steps} with "
                           f"aggregation.ssp={ssp}")
-    if ssp > 0 and cfg.train.nan_policy == "rollback":
+    if ssp > 0 and cfg.train.rolls_back:
         raise ConfigError("`train.nan_policy` = 'rollback' re-runs a synchronous round and needs "
                           f"aggregation.ssp = 0 (under SSP use 'stop'). Received: train.nan_policy='rollback' "
                           f"with aggregation.ssp={ssp}")
@@ -94,7 +94,7 @@ def _lbfgs_conflicts(cfg: Config) -> dict[str, tuple[bool, object, str]]:
     return {
         "aggregation.ssp": (cfg.aggregation.ssp > 0, cfg.aggregation.ssp,
                             "every evaluation needs the gradient of every block at the same point"),
-        "aggregation.method": (cfg.aggregation.method == "best", cfg.aggregation.method,
+        "aggregation.method": (cfg.aggregation.elects, cfg.aggregation.method,
                                "the gradient is the sum over all blocks, not one block's"),
         "debug.async_engine": (debug.async_engine, debug.async_engine, "evaluations are synchronous"),
         "data.increment.enabled": (data.increment.enabled, data.increment.enabled,
@@ -110,7 +110,7 @@ def _lbfgs_conflicts(cfg: Config) -> dict[str, tuple[bool, object, str]]:
         "evaluation.every": (cfg.evaluation.every > 1, cfg.evaluation.every,
                              "every iteration is evaluated (use train.epochs to bound them)"),
         "train.overlap_eval": (train.overlap_eval, train.overlap_eval, "iterations cannot overlap"),
-        "train.nan_policy": (train.nan_policy == "rollback", train.nan_policy,
+        "train.nan_policy": (train.rolls_back, train.nan_policy,
                              "a non-finite loss stops the run with the best iterate"),
         "debug.nan_rank": (debug.nan_rank > 0, debug.nan_rank, "it poisons trained weights, which L-BFGS has none of"),
     }
@@ -148,9 +148,9 @@ def _evaluation_rule(cfg: Config) -> None:
 
 def _outer_optimizer_rule(cfg: Config) -> None:
     """The outer step moves the global model once per synchronous round; refuse where there is none."""
-    outer = cfg.aggregation.outer_optimizer
-    if outer == "none":
+    if not cfg.aggregation.steps_outer:
         return
+    outer = cfg.aggregation.outer_optimizer
     conflicts = {
         "aggregation.ssp": (cfg.aggregation.ssp > 0, cfg.aggregation.ssp, "0",
                             "SSP merges each update as it arrives, so there is no round aggregate to step from"),

@@ -36,7 +36,7 @@ def build_augmenter(cfg: AugmentationConfig, seed: int) -> Any | None:
         transforms.append(layers.RandomRotation(cfg.rotation, fill_mode="nearest", seed=seed + 1))
     if cfg.zoom > 0:
         transforms.append(layers.RandomZoom(cfg.zoom, cfg.zoom, fill_mode="nearest", seed=seed + 2))
-    if cfg.flip != "none":
+    if cfg.flips:
         transforms.append(layers.RandomFlip(cfg.flip, seed=seed + 3))
     return Sequential(transforms, name="augmentation") if transforms else None
 

@@ -187,7 +187,7 @@ def _refusal(key: str, value: Any, why: str, kind: str, instead: str) -> str:
 def refusals(cfg: Config, adapter: InputAdapter) -> list[str]:
     """What the config asks that this input cannot give, one message each."""
     kind, out = adapter.kind, []
-    if cfg.data.placement == "scatter":
+    if cfg.data.scatters:
         out.append(_refusal("data.placement", "scatter", "sends each worker its rows from the scheduler", kind,
                             "'shared': every rank reads the input itself"))
     if cfg.data.increment.enabled:
@@ -204,7 +204,7 @@ def refusals(cfg: Config, adapter: InputAdapter) -> list[str]:
     if cfg.data.augmentation.enabled and not adapter.augments:
         out.append(_refusal("data.augmentation.enabled", True, "transforms batches outside the input", kind,
                             "False, with Keras' preprocessing layers (RandomFlip...) in the pipeline"))
-    if not adapter.shared and (cfg.aggregation.elects or cfg.evaluation.where == "workers"):
+    if not adapter.shared and (cfg.aggregation.elects or cfg.evaluation.on_workers):
         out.append(_refusal("aggregation.method" if cfg.aggregation.elects else "evaluation.where",
                             cfg.aggregation.method if cfg.aggregation.elects else cfg.evaluation.where,
                             "has the workers score shared evaluation data", kind,

@@ -14,8 +14,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from mpi_trainer.comm.transport import Transport
-from mpi_trainer.config import Config
-from mpi_trainer.config.schema import TrainConfig
+from mpi_trainer.config import Config, TrainConfig
 from mpi_trainer.errors import InputError
 from mpi_trainer.launch.agreement import agree
 from mpi_trainer.launch.devices import (

@@ -42,7 +42,7 @@ def implied_loss(model: Any, cfg: ModelConfig | None = None, classes: bool = Tru
 
     name = "cross_entropy" if cfg is None else cfg.loss
     units = model.outputs[0].shape[-1]
-    sigmoid = cfg is not None and cfg.activation == "sigmoid"
+    sigmoid = cfg is not None and cfg.sigmoid_output
     if name == "squared_error":
         return losses.SQUARED_ERROR if classes else "mean_squared_error"
     if name != "cross_entropy":

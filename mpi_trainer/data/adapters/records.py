@@ -64,7 +64,7 @@ def _parser(cfg: Config) -> Any:
     import tensorflow as tf
 
     name, label, shape = cfg.data.features[0], cfg.data.label, list(cfg.data.feature_shape)
-    raw = cfg.data.feature_dtype == "uint8"
+    raw = cfg.data.uint8_features
     spec = {name: tf.io.FixedLenFeature([], tf.string) if raw else tf.io.FixedLenFeature(shape, tf.float32),
             label: tf.io.FixedLenFeature([], tf.int64)}
 

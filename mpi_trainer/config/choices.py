@@ -1,0 +1,61 @@
+"""The values config keys choose from, as ``Literal`` types (with their tuples for messages), and the
+constants the sections share. A leaf: it imports nothing from mpi_trainer."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, get_args
+
+BUILTIN_DATASETS = (
+    "digits",
+    "iris",
+    "wine",
+    "breast_cancer",
+    "mnist",
+    "fashion_mnist",
+    "cifar10",
+)
+DATA_SUFFIXES = (".npz", ".h5", ".hdf5", ".csv")
+STREAM_SUFFIXES = (".npz", ".h5", ".hdf5")  # data.stream: formats read in batches from disk
+TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords")  # data.source: a TFRecord file or a glob of them
+ColorMode = Literal["grayscale", "rgb", "rgba"]
+COLOR_MODES = get_args(ColorMode)
+FeatureDtype = Literal["uint8", "float32"]
+FEATURE_DTYPES = get_args(FeatureDtype)
+# data.source of a job whose arrays were handed to mpi_trainer.fit (never read from a file).
+ARRAYS_SOURCE = "arrays"
+AggregationMethod = Literal["average", "weighted", "best"]
+AGGREGATION_METHODS = get_args(AggregationMethod)
+WireDtype = Literal["float32", "float16", "bfloat16"]
+WIRE_DTYPES = get_args(WireDtype)
+DataPlacement = Literal["shared", "scatter"]
+PLACEMENTS = get_args(DataPlacement)
+FlipMode = Literal["none", "horizontal", "vertical", "horizontal_and_vertical"]
+FLIP_MODES = get_args(FlipMode)
+OutputActivation = Literal["softmax", "sigmoid", "linear"]
+OUTPUT_ACTIVATIONS = get_args(OutputActivation)
+NanPolicy = Literal["stop", "rollback"]
+NAN_POLICIES = get_args(NanPolicy)
+# data.source of a job whose data was handed to mpi_trainer.fit as a pipeline (tf.data, PyDataset, generator).
+PIPELINE_SOURCE = "pipeline"
+MONITOR_PATTERN = re.compile(r"(test|val)_[A-Za-z0-9_]+")
+MonitorMode = Literal["auto", "min", "max"]
+MONITOR_MODES = get_args(MonitorMode)
+EvaluationPlace = Literal["scheduler", "workers"]
+EVALUATION_PLACES = get_args(EvaluationPlace)
+CrashPhase = Literal["train", "contribute"]
+CRASH_PHASES = get_args(CrashPhase)
+EVERY_LOCAL_EPOCH = 0  # evaluation.every: score once per local epoch
+DEFAULT_MONITOR = "test_accuracy"
+# Held out for validation when best-of election or a val_* monitor needs it and data.validation_size is 0.
+DEFAULT_VALIDATION_SIZE = 0.1
+# ``model.optimizer`` value that selects full-batch distributed L-BFGS instead of a Keras optimizer.
+LBFGS = "lbfgs"
+Device = Literal["auto", "cpu", "gpu"]
+DEVICES = get_args(Device)
+SchedulerDevice = Literal["cpu", "gpu"]
+SCHEDULER_DEVICES = get_args(SchedulerDevice)
+OuterOptimizer = Literal["none", "momentum", "nesterov", "adam"]
+OUTER_OPTIMIZERS = get_args(OuterOptimizer)
+# aggregation.outer_learning_rate when left at 0: each outer optimizer's default (docs/outer-optimizer.md)
+OUTER_LEARNING_RATES = {"none": 1.0, "momentum": 1.0, "nesterov": 1.0, "adam": 0.01}
