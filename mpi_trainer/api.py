@@ -113,7 +113,7 @@ def fit(model: Any = None, x: Any = None, y: Any = None, batch_size: int | None 
     An error on one rank during the job raises on every rank (:class:`~mpi_trainer.comm.transport.PeerFailure`,
     naming it, on the others); a rank that stops answering ends the job within its wait bound.
     """
-    from mpi_trainer.launch.failures import fail_together
+    from mpi_trainer.launch.fail_together import fail_together
     from mpi_trainer.launch.job import quiet_backend
     from mpi_trainer.launch.keras_args import KerasFitArguments
 

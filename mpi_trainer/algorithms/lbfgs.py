@@ -52,7 +52,7 @@ class Iterate:
 
 
 @dataclass
-class Outcome:
+class LbfgsResult:
     """How a run ended. ``reason``: epochs, max_evaluations, converged, early_stopping, nan or abnormal."""
 
     params: np.ndarray
@@ -99,7 +99,7 @@ def stop_reason(result: scipy.optimize.OptimizeResult, settings: LbfgsSettings, 
 
 
 def minimize(evaluate: Objective, x0: np.ndarray, settings: LbfgsSettings,
-             on_iteration: Callable[[Iterate], bool] | None = None, first_iteration: int = 0) -> Outcome:
+             on_iteration: Callable[[Iterate], bool] | None = None, first_iteration: int = 0) -> LbfgsResult:
     """Run L-BFGS-B from ``x0``; ``on_iteration`` sees every accepted iterate and returns True to stop.
 
     ``first_iteration`` numbers the iterates of a run that continues an earlier one.
@@ -120,9 +120,9 @@ def minimize(evaluate: Objective, x0: np.ndarray, settings: LbfgsSettings,
         result = scipy.optimize.minimize(objective, last.params, jac=True, method="L-BFGS-B",
                                          callback=callback, options=settings.scipy_options())
     except NonFiniteObjective as exc:
-        return Outcome(last.params, last.loss, last.iteration - first_iteration + 1, objective.evaluations,
+        return LbfgsResult(last.params, last.loss, last.iteration - first_iteration + 1, objective.evaluations,
                        "nan", str(exc))
-    return Outcome(result.x, float(result.fun), last.iteration - first_iteration + 1, objective.evaluations,
+    return LbfgsResult(result.x, float(result.fun), last.iteration - first_iteration + 1, objective.evaluations,
                    stop_reason(result, settings, stopped), str(result.message))
 
 

@@ -14,7 +14,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from mpi_trainer.config.rules import check_config, resolve
+from mpi_trainer.config.rules import check_config, with_derived_values
 from mpi_trainer.config.schema import Config, public_fields, reject
 from mpi_trainer.errors import ConfigError
 
@@ -140,4 +140,4 @@ def config_from_dict(table: dict[str, Any]) -> Config:
     fill in the derived values: the config every rank then holds unchanged."""
     cfg = _build(Config, table, "")
     check_config(cfg)
-    return resolve(cfg)
+    return with_derived_values(cfg)

@@ -2,7 +2,7 @@
 
 Each rule refuses a combination that would otherwise fail, or silently do
 nothing, part-way through a run. The loader applies them once, then fills in
-the values that depend on several sections (:func:`resolve`).
+the values that depend on several sections (:func:`with_derived_values`).
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def check_config(cfg: Config) -> None:
         rule(cfg)
 
 
-def resolve(cfg: Config) -> Config:
+def with_derived_values(cfg: Config) -> Config:
     """A new config with the values that depend on other sections filled in (``cfg`` is left as it is):
     a validation split of ``DEFAULT_VALIDATION_SIZE`` when something reads one and none was asked for."""
     if cfg.data.validation_size == 0 and needs_validation(cfg):

@@ -33,7 +33,7 @@ def check(cfg: Config, workers: int | None = None) -> str:
     from mpi_trainer.data.sources import load_dataset
     from mpi_trainer.launch.devices import check_training_backend, configured_backend
     from mpi_trainer.launch.job_setup import check_monitor, streamed_dataset
-    from mpi_trainer.launch.placement import backend_installed
+    from mpi_trainer.launch.process_placement import backend_installed
     from mpi_trainer.models import build_model
     from mpi_trainer.models.dry_run import SAMPLES, dry_run
 

@@ -1,7 +1,7 @@
 """A job on every rank: start the rank, place its process, set up, then train in its role.
 
 Separation of concerns: :mod:`.agreement` makes every rank fail together on bad input;
-:mod:`.placement` fixes this process's device, threads and cores once; :mod:`.job_setup` reads
+:mod:`.process_placement` fixes this process's device, threads and cores once; :mod:`.job_setup` reads
 the data and, on rank 0, builds the model and plans the job; :mod:`.roles` picks and runs the
 scheduler engine or the worker. This module strings them together.
 
@@ -24,7 +24,7 @@ from mpi_trainer.launch.agreement import agree, check_fault_tolerance, check_wor
 from mpi_trainer.launch.console import quiet_backend, report_error
 from mpi_trainer.launch.devices import RankPlacement
 from mpi_trainer.launch.job_setup import JobInputs, claim_run_dir, setup
-from mpi_trainer.launch.placement import PlacedProcess, place_or_follow
+from mpi_trainer.launch.process_placement import PlacedProcess, place_or_follow
 from mpi_trainer.launch.roles import train_roles
 from mpi_trainer.launch.run_dir import finished_run
 from mpi_trainer.logs import setup_logging

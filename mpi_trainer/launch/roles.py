@@ -18,9 +18,9 @@ from mpi_trainer.config import Config
 from mpi_trainer.errors import InputError, Preempted, WorkerFailure
 from mpi_trainer.launch.agreement import agree
 from mpi_trainer.launch.devices import RankPlacement
-from mpi_trainer.launch.failures import end_stuck
+from mpi_trainer.launch.fail_together import end_stuck
 from mpi_trainer.launch.job_setup import JobInputs, JobSetup, log_plan, place_training_data
-from mpi_trainer.launch.placement import log_placements
+from mpi_trainer.launch.process_placement import log_placements
 from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.run_files import CONFIG_NAME, REPORT_NAME, write_atomic
 

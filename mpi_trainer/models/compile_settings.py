@@ -110,6 +110,6 @@ def compile_model(model: Any, spec: ModelSpec) -> None:
 
     # No optimizer (L-BFGS): the model is compiled only for its loss and evaluation.
     optimizer = None if spec.optimizer is None else keras.optimizers.deserialize(spec.optimizer)
-    loss = keras.losses.deserialize(spec.loss) if isinstance(spec.loss, dict) else losses.resolve(spec.loss)
+    loss = keras.losses.deserialize(spec.loss) if isinstance(spec.loss, dict) else losses.loss_by_name(spec.loss)
     metrics = [keras.metrics.deserialize(m) if isinstance(m, dict) else m for m in spec.metrics]
     model.compile(optimizer=optimizer, loss=loss, metrics=metrics)

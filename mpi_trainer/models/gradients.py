@@ -44,7 +44,7 @@ def per_sample_loss(model: Any) -> Callable[[Any, Any], Any]:
 
     from mpi_trainer.models import losses
 
-    loss = losses.resolve(model.loss)  # our one-hot losses by name
+    loss = losses.loss_by_name(model.loss)  # our one-hot losses by name
     if isinstance(loss, str):
         loss = keras.losses.get(loss)
     elif isinstance(loss, dict) and "class_name" in loss:

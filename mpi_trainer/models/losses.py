@@ -1,6 +1,6 @@
 """Losses on integer class labels for the choices ``model.loss`` and ``model.activation`` offer.
 
-The model spec carries a loss by name; :func:`resolve` turns these names into
+The model spec carries a loss by name; :func:`loss_by_name` turns these names into
 the functions below on every rank, and leaves Keras' own names to Keras.
 """
 
@@ -32,6 +32,6 @@ SIGMOID_CROSS_ENTROPY = "one_hot_binary_crossentropy"
 BY_NAME = {SQUARED_ERROR: one_hot_squared_error, SIGMOID_CROSS_ENTROPY: one_hot_binary_crossentropy}
 
 
-def resolve(loss: object) -> object:
+def loss_by_name(loss: object) -> object:
     """Our one-hot losses by name; anything else is passed to Keras unchanged."""
     return BY_NAME.get(loss, loss) if isinstance(loss, str) else loss

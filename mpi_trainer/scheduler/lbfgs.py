@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from mpi_trainer.algorithms.early_stopping import EarlyStopping
-from mpi_trainer.algorithms.lbfgs import Iterate, LbfgsSettings, Outcome, WireLayout, minimize
+from mpi_trainer.algorithms.lbfgs import Iterate, LbfgsResult, LbfgsSettings, WireLayout, minimize
 from mpi_trainer.algorithms.wait_bounds import WaitBounds
 from mpi_trainer.comm.flat_weights import WeightCodec
 from mpi_trainer.comm.protocol import JobPlan, SchedulerLink
@@ -164,7 +164,7 @@ class LbfgsScheduler:
         finally:
             self.round_log.close()
 
-    def optimize(self) -> Outcome | None:
+    def optimize(self) -> LbfgsResult | None:
         """L-BFGS for the iterations left; None when a resumed run has none left."""
         remaining = self.cfg.train.epochs - self.start_iteration
         if remaining <= 0:
@@ -287,7 +287,7 @@ class LbfgsScheduler:
             return next(r for r in rounds if int(r["round"]) == self.early.best_round)
         return rounds[-1] if rounds else None
 
-    def finish(self, outcome: Outcome | None) -> dict[str, Any]:
+    def finish(self, outcome: LbfgsResult | None) -> dict[str, Any]:
         self.state.stop_reason = (StopReason.PREEMPTED if self.preempted else
                                   StopReason(outcome.reason) if outcome else StopReason.EPOCHS)
         self.message = outcome.message if outcome else "no iterations left"

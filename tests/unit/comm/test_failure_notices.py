@@ -11,7 +11,7 @@ from local_job import build_local_job
 from mpi_trainer.comm.failures import PeerFailure, notice_text
 from mpi_trainer.comm.local import LocalWorld
 from mpi_trainer.comm.protocol import Order, OrderKind, SchedulerLink, WorkerLink
-from mpi_trainer.launch.failures import fail_together
+from mpi_trainer.launch.fail_together import fail_together
 
 
 class BreaksAt(keras.callbacks.Callback):

@@ -124,12 +124,12 @@ def test_rules_across_sections_are_applied_by_the_loader():
 
 def test_resolving_derived_values_builds_a_new_config_and_leaves_the_loaded_one_alone():
     from mpi_trainer.config.loader import _build
-    from mpi_trainer.config.rules import resolve
+    from mpi_trainer.config.rules import with_derived_values
 
     built = _build(Config, {"aggregation": {"method": "best"}}, "")
-    resolved = resolve(built)
+    resolved = with_derived_values(built)
     assert built.data.validation_size == 0.0 and resolved.data.validation_size == 0.1
-    assert resolve(resolved) is resolved
+    assert with_derived_values(resolved) is resolved
 
 
 def test_a_regression_model_watches_test_loss_without_changing_the_config():

@@ -14,7 +14,7 @@ from mpi_trainer.comm.transport import install_abort_on_error
 from mpi_trainer.config import load_config
 from mpi_trainer.errors import AgreedInputError, ConfigError
 from mpi_trainer.launch.devices import GpuInventory, RankPlacement, refuse_started_backend
-from mpi_trainer.launch.placement import PlacedProcess, follow_placement, place_or_follow
+from mpi_trainer.launch.process_placement import PlacedProcess, follow_placement, place_or_follow
 from mpi_trainer.launch.runtime import worker_cores
 
 PLACED = {"device": "auto", "scheduler_device": "cpu", "threads": 1, "bind_cores": True}
