@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from benchmarks.harness import Environment, SuiteResult, prepared, run_comparison, skip_reason
+from benchmarks.harness import Environment, SuiteResult, load_average, prepared, run_comparison, skip_reason
 from benchmarks.report import write_performance
 from benchmarks.suites import SUITES
 
@@ -22,6 +22,7 @@ def run_suite(name: str, repeats: int, quick: bool) -> bool:
     with prepared(module):
         tables = [run_comparison(comparison, repeats, lambda line: print(line, flush=True))
                   for comparison in module.comparisons(quick)]
+    environment.load_average_end = load_average()
     path = SuiteResult(name, module.QUESTION, environment, tables).save()
     print(f"{name}: results in {path}", flush=True)
     return True

@@ -74,6 +74,10 @@ def _versions() -> dict[str, str]:
     return found
 
 
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 @dataclass
 class Environment:
     """Where and on what a result was measured."""
@@ -88,6 +92,7 @@ class Environment:
     gpus: list[str]
     load_average: list[float]  # 1, 5 and 15 minutes, when the suite started
     versions: dict[str, str]
+    load_average_end: list[float] = field(default_factory=list)  # when it ended
 
     @classmethod
     def here(cls) -> Environment:
@@ -95,7 +100,7 @@ class Environment:
                    "mpi_trainer")), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                    host=platform.node(), cpu=_cpu_model(), cores=os.cpu_count() or 1,
                    memory_gib=round(_memory_gib(), 1), gpus=gpu_names(),
-                   load_average=[round(x, 2) for x in os.getloadavg()], versions=_versions())
+                   load_average=load_average(), versions=_versions())
 
     def hardware(self) -> str:
         gpus = ", ".join(self.gpus) if self.gpus else "no GPU"

@@ -83,9 +83,10 @@ def curve(rounds: list[dict]) -> list[tuple[float, float]]:
 
 
 def time_to(points: list[tuple[float, float]], target: float) -> float:
-    """Elapsed seconds at the first score at or above ``target`` (NaN: never reached). Accuracies
-    are logged from float32 (0.96 reads 0.9599999785), so they are compared at that precision."""
-    return next((elapsed for elapsed, accuracy in points if accuracy >= target - 1e-6), float("nan"))
+    """Elapsed seconds at the first score at or above ``target``; infinite if never reached, so that a
+    miss counts as longer than any hit in a median. Accuracies are logged from float32 (0.96 reads
+    0.9599999785), so they are compared at that precision."""
+    return next((elapsed for elapsed, accuracy in points if accuracy >= target - 1e-6), math.inf)
 
 
 def seeded(measure: Callable[[int], Figures]) -> Callable[[], Figures]:

@@ -43,6 +43,8 @@ def number(value: Any) -> str:
         return str(value)
     if value != value:
         return "n/a"
+    if value == float("inf"):
+        return "not reached"
     if abs(value) >= 1000:
         return f"{value:,.0f}"
     return f"{value:.4g}"
@@ -51,6 +53,10 @@ def number(value: Any) -> str:
 def cell(value: Any) -> str:
     if isinstance(value, Mapping) and "median" in value:
         runs = value.get("runs", [])
+        misses = [run for run in runs if run == float("inf")]
+        if misses and len(misses) < len(runs):  # a target some repeats missed: say which reached it
+            hits = ", ".join(number(run) for run in runs if run not in misses)
+            return f"{number(value['median'])} ({len(runs) - len(misses)} of {len(runs)} reached it: {hits})"
         varied = len(runs) > 1 and number(value["low"]) != number(value["high"])
         spread = f" [{number(value['low'])}–{number(value['high'])}]" if varied else ""
         return number(value["median"]) + spread
@@ -62,17 +68,22 @@ def where(environment: Mapping[str, Any], carried: bool) -> str:
         return (f"*Carried over*, measured at commit `{environment['commit']}` ({environment['date']}) on "
                 f"{environment['hardware']}; {environment['load']}.")
     gpus = ", ".join(environment.get("gpus") or []) or "no GPU"
-    load = "/".join(str(x) for x in environment["load_average"])
+    load = "/".join(str(x) for x in environment["load_average"]) + " at the start"
+    if environment.get("load_average_end"):
+        load += ", " + "/".join(str(x) for x in environment["load_average_end"]) + " at the end"
     dirty = " with local changes" if environment.get("dirty") else ""
     return (f"Measured at commit `{environment['commit']}`{dirty} ({environment['date']}) on {environment['cores']} "
-            f"vCPUs ({environment['cpu']}), {environment['memory_gib']} GiB, {gpus}; load average {load} "
-            f"at the start; {', '.join(f'{k} {v}' for k, v in sorted(environment['versions'].items()))}.")
+            f"vCPUs ({environment['cpu']}), {environment['memory_gib']} GiB, {gpus}; load average {load}; "
+            f"{', '.join(f'{k} {v}' for k, v in sorted(environment['versions'].items()))}.")
 
 
-def render_table(table: Mapping[str, Any], environment: Mapping[str, Any], carried: bool) -> list[str]:
+def render_table(table: Mapping[str, Any], command: str | None) -> list[str]:
+    """A table under its title; its command when it differs from the one printed above it."""
     columns = table["columns"]
-    lines = [f"### {table['title']}", "", where(environment, carried), "", f"    {table['command']}", "",
-             "| | " + " | ".join(columns.values()) + " |", "|---" * (len(columns) + 1) + "|"]
+    lines = [f"### {table['title']}", ""]
+    if table["command"] != command:
+        lines += [f"    {table['command']}", ""]
+    lines += ["| | " + " | ".join(columns.values()) + " |", "|---" * (len(columns) + 1) + "|"]
     for name, figures in table["rows"].items():
         lines.append(f"| {name} | " + " | ".join(cell(figures.get(key, "")) for key in columns) + " |")
     if table.get("notes"):
@@ -81,10 +92,15 @@ def render_table(table: Mapping[str, Any], environment: Mapping[str, Any], carri
 
 
 def render_result(result: Mapping[str, Any]) -> list[str]:
-    carried = bool(result.get("carried"))
-    lines = []
-    for table in result["tables"]:
-        lines += render_table(table, result["environment"], carried)
+    """One suite run: where and when it was measured and the command that reproduces it (once, as every
+    table of one run shares them), then its tables."""
+    tables = result["tables"]
+    command = tables[0]["command"] if tables else None
+    lines = [where(result["environment"], bool(result.get("carried"))), ""]
+    if command:
+        lines += [f"    {command}", ""]
+    for table in tables:
+        lines += render_table(table, command)
     return lines
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 
 import pytest
 
 from benchmarks.harness import Comparison, Environment, Spread, SuiteResult, load_results, run_comparison
 from benchmarks.jobs import seeded, time_to
-from benchmarks.report import number, render
+from benchmarks.report import cell, number, render
 from benchmarks.suites import SUITES
 
 
@@ -42,7 +43,11 @@ def test_a_saved_result_carries_its_environment_and_renders_with_commit_and_comm
     path = SuiteResult("communication", "q", environment, [table]).save(tmp_path)
     saved = json.loads(path.read_text())
     assert saved["environment"]["cores"] >= 1 and saved["environment"]["versions"]["python"]
+    environment.load_average_end = [9.5, 4.0, 2.0]
     page = render(load_results(tmp_path))
+    assert "at the start, 9.5/4.0/2.0 at the end" not in page  # saved before the end was known
+    page = render([{**saved, "environment": {**saved["environment"], "load_average_end": [9.5, 4.0, 2.0]}}])
+    assert "at the start, 9.5/4.0/2.0 at the end" in page
     assert f"commit `{environment.commit}`" in page and "    python -m benchmarks run communication" in page
     assert "| average | 276,350 |" in page  # the same in every repeat: no range
     assert "| best | 2.5 [2–3] |" in page
@@ -116,4 +121,8 @@ def test_seeded_variants_get_seed_n_on_repeat_n_and_targets_compare_at_float32_p
     run_comparison(Comparison("t", "cmd", {"a": variant}, {"seed": "seed"}), repeats=3, log=lambda line: None)
     assert seen == [0, 1, 2]
     points = [(1.0, 0.9), (2.0, 0.9599999785), (3.0, 0.97)]
-    assert time_to(points, 0.96) == 2.0 and math.isnan(time_to(points, 0.99))
+    assert time_to(points, 0.96) == 2.0 and math.isinf(time_to(points, 0.99))
+    # a seed that misses the target counts as longer than any that reaches it, and reads so on the page
+    assert Spread.of([time_to(points, 0.99), 2.0, 3.0]).median == 3.0
+    assert Spread.of([math.inf, math.inf, 2.0]).median == math.inf and number(math.inf) == "not reached"
+    assert cell(asdict(Spread.of([math.inf, 2.0, math.inf]))) == "not reached (1 of 3 reached it: 2)"
