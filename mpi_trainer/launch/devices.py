@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from mpi_trainer.errors import ConfigError
 
@@ -47,15 +47,24 @@ class RankPlacement:
     rank: int
     host: str
     local_rank: int
-    role: str
+    role: Literal["scheduler", "worker"]
     backend: str
     device: str
     gpu_id: str | None = None
     threads: int | None = None  # the backend's threads; None: its own default (it had started already)
     cores: list[int] | None = None  # the cores it keeps to (train.bind_cores); None: any
 
+    @property
+    def is_scheduler(self) -> bool:
+        """Rank 0's placement (``train.scheduler_device`` chose its device), not a worker's."""
+        return self.role == "scheduler"
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.device == "cpu"
+
     def describe(self) -> str:
-        role = " (scheduler)" if self.role == "scheduler" else ""
+        role = " (scheduler)" if self.is_scheduler else ""
         threads = "" if self.threads is None else f", {self.threads} thread{'s' if self.threads != 1 else ''}"
         if self.cores:
             threads += f" on core{'s' if len(self.cores) > 1 else ''} {','.join(map(str, self.cores))}"
@@ -238,7 +247,7 @@ def confirm_placement(placement: RankPlacement, requested: str, sees_gpu: Callab
         return placement
     if requested == "auto":
         return replace(placement, device="cpu", gpu_id=None)
-    key = "train.scheduler_device" if placement.role == "scheduler" else "train.device"
+    key = "train.scheduler_device" if placement.is_scheduler else "train.device"
     raise ConfigError(f"`{key}` asks for a GPU and node {placement.host} has GPU {placement.gpu_id}, but the "
                       f"Keras backend {placement.backend!r} sees no GPU (a CPU-only build?). Received: "
                       f"{key}='gpu'; expected a CUDA build of {placement.backend}, or {key}='cpu'")

@@ -104,7 +104,7 @@ def bind_to_cores(placement: RankPlacement, cfg: Config, node_cores: int, node_r
     """``train.bind_cores``: a CPU worker keeps to its own cores, before its backend starts its threads
     (they inherit it). Not where mpirun bound the rank already, nor where the workers do not fit."""
     allowed = allowed_cores()
-    if (not cfg.train.bind_cores or placement.role != "worker" or placement.device != "cpu"
+    if (not cfg.train.bind_cores or placement.is_scheduler or not placement.on_cpu
             or allowed is None or len(allowed) < node_cores):
         return placement
     cores = worker_cores(placement.rank, node_ranks, threads, allowed)
@@ -141,7 +141,7 @@ def confirm_rank(transport: Transport, cfg: Config, placement: RankPlacement) ->
     """Check that each GPU rank's backend sees its GPU; every rank learns where every rank runs."""
     error = None
     try:
-        requested = cfg.train.scheduler_device if placement.role == "scheduler" else cfg.train.device
+        requested = cfg.train.scheduler_device if placement.is_scheduler else cfg.train.device
         placement = confirm_placement(placement, requested, backend_sees_gpu)
     except InputError as exc:
         error = str(exc)
@@ -152,7 +152,7 @@ def confirm_rank(transport: Transport, cfg: Config, placement: RankPlacement) ->
 def log_placements(placements: list[RankPlacement]) -> None:
     log = get_logger()
     for placement in placements:
-        why = f" (aggregates in NumPy, evaluates on {placement.device})" if placement.role == "scheduler" else ""
+        why = f" (aggregates in NumPy, evaluates on {placement.device})" if placement.is_scheduler else ""
         log.info("%s%s%s", placement.describe(), ", the backend's own threads" if placement.threads is None else "",
                  why)
     unsized = [p.rank for p in placements if p.threads is None]
