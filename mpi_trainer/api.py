@@ -161,7 +161,7 @@ def _run(transport: Any, request: FitRequest, run_dir: Any, resume: bool) -> Any
         pipeline, arrays, pairs = _arguments(request, transport.size - 1)
         builder, model_overrides = _model_source(request.model, arrays)
         pairs += model_overrides
-        class_weight = _class_weight(request.class_weight)
+        class_weight = _class_weight(request.class_weight, request.model)
         _check_callbacks(request.callbacks)
     except InputError as exc:
         error = str(exc)
@@ -202,7 +202,7 @@ def _arguments(request: FitRequest, workers: int) -> tuple[Any, Any, list[tuple[
     cap = None
     if args.validation_steps is not None:
         cap = args.validation_steps * (args.validation_batch_size or args.batch_size or 32)
-    arrays = rank_data(x, y, sample_weight, args.validation_split, validation_data, cap)
+    arrays = rank_data(x, y, sample_weight, args.validation_split, validation_data, cap, request.model)
     if args.steps_per_epoch is not None and workers > 0:
         args = replace(args, steps_per_epoch=max(1, -(-int(args.steps_per_epoch) // workers)))
     pairs += fit_overrides(args)
@@ -223,10 +223,10 @@ def _refuse_with_pipeline(request: FitRequest) -> None:
                               f"Received: {name} with x of type {type(request.data[0]).__name__}")
 
 
-def _class_weight(class_weight: Any) -> Any:
+def _class_weight(class_weight: Any, model: Any) -> Any:
     from mpi_trainer.data.weights import check_class_weight
 
-    return check_class_weight(class_weight)
+    return check_class_weight(class_weight, model)
 
 
 def _check_callbacks(callbacks: list[Any]) -> None:
@@ -271,8 +271,12 @@ def _pairs(overrides: Sequence[str] | dict[str, Any] | None) -> list[Any]:
 
 def _model_source(model: Any, arrays: Any = None) -> tuple[Any, list[tuple[str, Any]]]:
     """(the builder to call, config overrides naming the model)."""
-    if arrays is not None and arrays.input_layout is not None:
-        return _packed_source(model, arrays.input_layout)
+    if arrays is not None and arrays.target_layout is not None:  # y per output
+        from mpi_trainer.models.packed_targets import targets_source
+        return targets_source(model, arrays.input_layout, arrays.target_layout)
+    if arrays is not None and arrays.input_layout is not None:  # x as a dict of inputs
+        from mpi_trainer.models.packed import packed_source
+        return packed_source(model, arrays.input_layout)
     if model is None:
         return None, []
     if isinstance(model, str):
@@ -296,18 +300,6 @@ def _agree_on_arrays(transport: Any, arrays: Any) -> tuple[Any, list[tuple[str, 
     shared = all(p == prints[0] for p in prints[1:])
     return (arrays if shared or transport.rank == 0 else None), [
         ("data.source", "arrays"), ("data.placement", "shared" if shared else "scatter")]
-
-
-def _packed_source(model: Any, layout: list[Any]) -> tuple[Any, list[tuple[str, Any]]]:
-    """Dict inputs: the model behind one packed input (:mod:`mpi_trainer.models.packed`)."""
-    import keras
-
-    from mpi_trainer.models.packed import packed_model
-
-    if not isinstance(model, keras.Model):
-        raise ConfigError(f"`x` as a dict of inputs needs `model` as a keras.Model whose inputs carry those names. "
-                          f"Received: model of type {type(model).__name__}")
-    return (lambda input_shape, num_outputs: packed_model(model, layout)), [("model.name", model.name)]
 
 
 def _agree_on_pipeline(transport: Any, pipeline: Any) -> bool:

@@ -72,9 +72,10 @@ def build_local_job(run_dir: Path, workers: int = 2, builder: Any = None, resume
                     inputs: JobInputs | None = None, **sections: Any) -> tuple[Any, list, Any]:
     """The scheduler's engine, the workers (dry-run, not calibrated) and their local world, not yet running.
 
-    Trains on the built-in digits (by default), or on ``inputs.pipeline`` (every rank shares the one
-    adapter here); set-up is the job's own (:func:`plan_job`: build, dry run, metric names); ``builder``
-    is a model function or model as :func:`mpi_trainer.fit` takes it.
+    Trains on the built-in digits (by default), on ``inputs.pipeline`` (every rank shares the one
+    adapter here) or on ``inputs.arrays`` (with ``data={"source": "arrays"}``); set-up is the job's own
+    (:func:`plan_job`: build, dry run, metric names); ``builder`` is a model function or model as
+    :func:`mpi_trainer.fit` takes it.
     ``resume``: the engine carries on from ``run_dir``'s checkpoint (the workers get its weights).
     """
     table = {"data": {"source": "pipeline" if inputs else "digits"}, "train": {"epochs": 2, "batch_size": 64},
@@ -85,8 +86,8 @@ def build_local_job(run_dir: Path, workers: int = 2, builder: Any = None, resume
     inputs = inputs or JobInputs()
     inputs.builder = builder
     streamed = inputs.pipeline or cfg.data.stream or cfg.data.is_image_folder or cfg.data.is_tfrecord
-    dataset = load_dataset_for_rank(0, cfg, None, workers, inputs) if streamed else load_dataset(cfg.data,
-                                                                                                  cfg.train.seed)
+    dataset = load_dataset_for_rank(0, cfg, None, workers, inputs) if streamed else load_dataset(
+        cfg.data, cfg.train.seed, arrays=inputs.arrays)
     bounds = (dataset.train.block_bounds(workers) if hasattr(dataset.train, "block_bounds")
               else block_bounds(dataset.num_train, workers))
     model, plan = plan_job(cfg, dataset, inputs, bounds, None)

@@ -41,6 +41,7 @@ class RawArrays:
     y_val: np.ndarray | None = None
     sample_weight: np.ndarray | None = None  # one training weight per row of ``x`` (``fit``'s ``sample_weight``)
     input_layout: list[Any] | None = None  # dict inputs packed into ``x``: models.packed.Column per input
+    target_layout: list[Any] | None = None  # targets per output packed into ``y``: data.targets.TargetColumn each
 
 
 # Rows fetched per read: big enough for efficient HDF5 hyperslab reads, small enough that the

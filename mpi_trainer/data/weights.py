@@ -17,10 +17,16 @@ import numpy as np
 from mpi_trainer.errors import ConfigError
 
 
-def check_class_weight(class_weight: Any) -> dict[int, float] | None:
-    """``class_weight`` as ``{class index: weight}``; Keras wants the keys 0..n-1, each weight a number >= 0."""
+def check_class_weight(class_weight: Any, model: Any = None) -> dict[int, float] | None:
+    """``class_weight`` as ``{class index: weight}``; Keras wants the keys 0..n-1, each weight a number >= 0,
+    and (``model``: a ``keras.Model``; a function or a name is not known yet) a model with a single output."""
     if class_weight is None:
         return None
+    outputs = getattr(model, "output_names", None)
+    if outputs is not None and len(outputs) > 1:
+        raise ConfigError(f"`class_weight` is only supported for models with a single output, as in Keras. "
+                          f"Received: class_weight={class_weight!r} for a model with outputs {outputs}; expected "
+                          f"class_weight=None (weight the rows with `sample_weight` instead)")
     if not isinstance(class_weight, Mapping) or not class_weight:
         raise ConfigError(f"`class_weight` must be a dict mapping class indices to weights. "
                           f"Received: class_weight={class_weight!r}")

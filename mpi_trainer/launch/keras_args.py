@@ -89,13 +89,14 @@ def _validation_overrides(args: KerasFitArguments) -> list[tuple[str, Any]]:
 
 
 def rank_data(x: Any, y: Any, sample_weight: Any, validation_split: float, validation_data: Any,
-              rows_cap: int | None = None) -> Any:
+              rows_cap: int | None = None, model: Any = None) -> Any:
     """This rank's training and validation arrays (a :class:`RawArrays`), or None when it passed none.
 
     As in ``model.fit``: ``validation_data`` (``(x, y)`` or ``(x, y, None)``) is scored after every
     round as ``val_*``; else ``validation_split`` takes the *last* fraction of ``x``, ``y`` (and
     ``sample_weight``) before any shuffling; else nothing is held out. ``rows_cap`` keeps the first
-    rows of the validation data (``validation_steps`` batches).
+    rows of the validation data (``validation_steps`` batches). ``y`` per output (a dict keyed by the
+    output names of ``model``, or a list in output order) is packed (:mod:`mpi_trainer.data.targets`).
     """
     from mpi_trainer.data.readers import RawArrays
 
@@ -105,13 +106,13 @@ def rank_data(x: Any, y: Any, sample_weight: Any, validation_split: float, valid
                               f"x=None, sample_weight={_kind(sample_weight)}, validation_data={_kind(validation_data)}")
         return None
     x, layout = _features("x", x)
-    y = _array("y", y) if y is not None else None
     if y is None:
         raise ConfigError(f"`x` and `y` go together. Received: x={_kind(x)}, y=None")
+    y, targets = _targets("y", y, model)
     weights = None if sample_weight is None else _sample_weight(sample_weight, len(x))
     x_val = y_val = None
     if validation_data is not None:
-        x_val, y_val = _validation_pair(validation_data, layout)
+        x_val, y_val = _validation_pair(validation_data, layout, model, targets)
     elif validation_split:
         split_at = int(math.floor(len(x) * (1.0 - validation_split)))
         if split_at in (0, len(x)):
@@ -121,7 +122,8 @@ def rank_data(x: Any, y: Any, sample_weight: Any, validation_split: float, valid
         weights = None if weights is None else weights[:split_at]
     if x_val is not None and rows_cap is not None:
         x_val, y_val = x_val[:rows_cap], y_val[:rows_cap]
-    return RawArrays(x, y, x_val=x_val, y_val=y_val, sample_weight=weights, input_layout=layout)
+    return RawArrays(x, y, x_val=x_val, y_val=y_val, sample_weight=weights, input_layout=layout,
+                     target_layout=targets)
 
 
 def _features(name: str, value: Any) -> tuple[np.ndarray, list[Any] | None]:
@@ -133,7 +135,23 @@ def _features(name: str, value: Any) -> tuple[np.ndarray, list[Any] | None]:
     return pack(value, name)
 
 
-def _validation_pair(validation_data: Any, layout: list[Any] | None) -> tuple[np.ndarray, np.ndarray]:
+def _targets(name: str, y: Any, model: Any) -> tuple[np.ndarray, list[Any] | None]:
+    """Labels as one array, and (``y`` per output of a multi-output model) where each output's columns are."""
+    from mpi_trainer.data.targets import by_output, describe, is_structure, output_names, pack_targets
+
+    if not is_structure(y):
+        return _array(name, y), None
+    names = output_names(model)
+    if names is None:
+        raise ConfigError(f"`{name}` per output needs `model` as a keras.Model whose outputs carry those names. "
+                          f"Received: {name}={describe(y)} with model of type {type(model).__name__}")
+    if len(names) == 1:  # one output: its targets as they are
+        return _array(name, by_output(y, names, name)[names[0]]), None
+    return pack_targets(y, names, name)
+
+
+def _validation_pair(validation_data: Any, layout: list[Any] | None, model: Any = None,
+                     targets: list[Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
     if not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3):
         raise ConfigError(f"`validation_data` must be a tuple (x_val, y_val) or (x_val, y_val, "
                           f"val_sample_weight). Received: validation_data={_kind(validation_data)}")
@@ -145,14 +163,26 @@ def _validation_pair(validation_data: Any, layout: list[Any] | None) -> tuple[np
     if val_layout != layout:
         raise ConfigError(f"`validation_data[0]` must hold the same inputs, of the same shapes, as `x`. Received: "
                           f"{_layout_text(val_layout)}; expected {_layout_text(layout)}")
-    return x_val, _array("validation_data[1]", validation_data[1])
+    y_val, val_targets = _targets("validation_data[1]", validation_data[1], model)
+    if val_targets != targets:
+        raise ConfigError(f"`validation_data[1]` must hold the same outputs, of the same shapes and dtypes, as "
+                          f"`y`. Received: {_layout_text(val_targets)}; expected {_layout_text(targets)}")
+    return x_val, y_val
 
 
 def _layout_text(layout: list[Any] | None) -> str:
-    return "one array" if layout is None else str({column.name: column.shape for column in layout})
+    if layout is None:
+        return "one array"
+    return str({c.name: (c.shape, c.dtype) if hasattr(c, "dtype") else c.shape for c in layout})
 
 
 def _sample_weight(sample_weight: Any, rows: int) -> np.ndarray:
+    from mpi_trainer.data.targets import describe, is_structure
+
+    if is_structure(sample_weight):
+        raise ConfigError(f"`sample_weight` per output (a dict or list) is not supported: pass one array, which "
+                          f"weights every output's loss, as Keras does with one array. Received: "
+                          f"sample_weight={describe(sample_weight)}; expected a 1-D array, one weight per row of `x`")
     weights = _array("sample_weight", sample_weight)
     if weights.ndim != 1 or len(weights) != rows or not np.issubdtype(weights.dtype, np.number):
         raise ConfigError(f"`sample_weight` must be a 1-D array of numbers, one per row of `x`. Received: "
@@ -167,8 +197,8 @@ def _array(name: str, value: Any) -> np.ndarray:
     if isinstance(value, Mapping) or (isinstance(value, (list, tuple)) and value and hasattr(value[0], "shape")):
         keys = sorted(value) if isinstance(value, Mapping) else f"{len(value)} arrays"
         raise ConfigError(f"`{name}` as a {type(value).__name__} of arrays is not supported (a multi-input model "
-                          f"takes `x` as a dict keyed by its input names; multi-output models are not supported): "
-                          f"pass one array. Received: {name}={type(value).__name__} with {keys}")
+                          f"takes `x` as a dict keyed by its input names, a multi-output model `y` as a dict keyed "
+                          f"by its output names): pass one array. Received: {name}={type(value).__name__} with {keys}")
     if not hasattr(value, "__len__") and not hasattr(value, "__array__"):
         raise ConfigError(f"`{name}` must be a NumPy array (or array-like). Received: {name}={_kind(value)}")
     return np.asarray(value)

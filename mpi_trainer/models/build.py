@@ -94,14 +94,28 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_outputs: int
     optimizer, loss, metrics, user_compiled = compile_settings(model, cfg, classes)
     if cfg.uses_lbfgs:
         optimizer = None  # L-BFGS moves the weights itself; a user model's own optimizer is not used
+    compile_config = _multi_output_compile(model, cfg, user_compiled)
     try:
         spec = ModelSpec(model.to_json(), None if optimizer is None else keras.optimizers.serialize(optimizer),
-                         loss, user_module, metrics, user_compiled)
+                         None if compile_config else loss, user_module, metrics, user_compiled, compile_config)
         compile_model(model, spec)
     except Exception as exc:  # an unserialisable layer or a bad compile: every rank must hear of it
         raise ConfigError(f"`model` {cfg.name!r} cannot be described to the workers or compiled: "
                           f"{type(exc).__name__}: {exc}") from None
     return model, spec
+
+
+def _multi_output_compile(model: Any, cfg: ModelConfig, user_compiled: bool) -> dict[str, Any] | None:
+    """A multi-output model's own compile config (its losses and metrics per output); None for one output."""
+    if len(model.outputs) < 2:
+        return None
+    if cfg.uses_lbfgs:
+        raise ConfigError(f"`model.optimizer` = 'lbfgs' trains single-output models (its gradient is one loss). "
+                          f"Received: a model with {len(model.outputs)} outputs; expected a Keras optimizer")
+    if not user_compiled:
+        raise ConfigError(f"A multi-output model must be compiled (with a loss for its outputs) before `fit`. "
+                          f"Received: model {cfg.name!r}, not compiled, with {len(model.outputs)} outputs")
+    return model.get_compile_config()
 
 
 def check_input(model: Any, name: str, input_shape: tuple[int, ...]) -> None:
@@ -133,6 +147,7 @@ def rebuild_model(spec: ModelSpec) -> Any:
     import keras
 
     import mpi_trainer.models.packed  # noqa: F401 - registers InputColumns, which a dict-input model uses
+    import mpi_trainer.models.packed_targets  # noqa: F401 - registers PackedTargets (multi-output models)
 
     if spec.user_module:
         importlib.import_module(spec.user_module)  # registers the user's custom objects

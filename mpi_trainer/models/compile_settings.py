@@ -108,6 +108,9 @@ def compile_model(model: Any, spec: ModelSpec) -> None:
 
     from mpi_trainer.models import losses
 
+    if spec.compile_config is not None:  # a multi-output model: Keras' own structures, as the user compiled them
+        model.compile_from_config(spec.compile_config)
+        return
     # No optimizer (L-BFGS): the model is compiled only for its loss and evaluation.
     optimizer = None if spec.optimizer is None else keras.optimizers.deserialize(spec.optimizer)
     loss = keras.losses.deserialize(spec.loss) if isinstance(spec.loss, dict) else losses.loss_by_name(spec.loss)

@@ -35,12 +35,32 @@ def summed_metric_state(model: Any, x: Any, y: Any, batch_size: int) -> list[np.
     total: list[np.ndarray] | None = None
     for start in range(0, len(x), batch_size):
         model.test_on_batch(x[start:start + batch_size], y[start:start + batch_size])
+        count_rows(output_losses(model), len(x[start:start + batch_size]))
         state = metric_state(model)  # of this batch alone: test_on_batch resets the metrics first
         total = state if total is None else [a + b for a, b in zip(total, state)]
     if total is None:  # no rows; a model that has scored before has built all its metrics
         model.reset_metrics()
         total = [np.zeros_like(state) for state in metric_state(model)]
     return total
+
+
+def output_losses(model: Any) -> list[Any]:
+    """A multi-output model's per-output loss trackers (``<output>_loss``; none for one output)."""
+    return list(getattr(getattr(model, "_compile_loss", None), "metrics", None) or [])
+
+
+def count_rows(trackers: list[Any], rows: int) -> None:
+    """Make each tracker's state of one batch count the batch's rows.
+
+    Keras weights a per-output loss by the batch's static size, which a traced step often does not
+    know, and then counts the batch once: summed over batches that would weight a short last batch
+    (or a worker's short shard) like a full one. Counting rows makes the sums means over the samples.
+    """
+    for tracker in trackers:
+        total, count = tracker.variables  # a Mean's (total, count): of this batch's mean loss alone
+        if float(count.numpy()) > 0:
+            total.assign(total.numpy() / count.numpy() * rows)
+            count.assign(np.asarray(rows, dtype=count.dtype))
 
 
 def metric_state(model: Any) -> list[np.ndarray]:

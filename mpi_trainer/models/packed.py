@@ -81,3 +81,12 @@ def packed_model(model: Any, columns: list[Column]) -> Any:
         wrapper.compile(optimizer=model.optimizer, loss=model.loss,
                         metrics=model.get_compile_config().get("metrics"))
     return wrapper
+
+
+def packed_source(model: Any, layout: list[Column]) -> tuple[Any, list[tuple[str, Any]]]:
+    """:func:`mpi_trainer.fit` with dict inputs: the builder of ``model`` behind one packed input, and the
+    config override naming it."""
+    if not isinstance(model, keras.Model):
+        raise ConfigError(f"`x` as a dict of inputs needs `model` as a keras.Model whose inputs carry those names. "
+                          f"Received: model of type {type(model).__name__}")
+    return (lambda input_shape, num_outputs: packed_model(model, layout)), [("model.name", model.name)]

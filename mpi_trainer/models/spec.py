@@ -14,3 +14,6 @@ class ModelSpec:
     user_module: str | None
     metrics: list[Any] = field(default_factory=lambda: ["accuracy"])  # identifiers or serialised metrics
     user_compiled: bool = False  # the model function compiled the model: its own optimizer, loss and metrics
+    # A multi-output model's own compile config (losses, loss weights and metrics per output), as
+    # ``keras.Model.get_compile_config`` gives it; None: compiled from the fields above.
+    compile_config: dict[str, Any] | None = None

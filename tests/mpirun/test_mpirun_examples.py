@@ -36,3 +36,12 @@ def test_the_examples_train_under_mpirun(tmp_path):
     output = run_example("structured_data_classification.py", ["--epochs", "4"], tmp_path)
     recall = re.search(r"held-out rows: accuracy (\S+), recall (\S+)", output)
     assert recall and float(recall.group(1)) > 0.85 and float(recall.group(2)) > 0.8, output
+
+
+def test_the_multi_output_example_trains_under_mpirun(tmp_path):
+    # a functional model with two heads: y as a dict per output, each scored under its Keras name
+    output = run_example("multi_output.py", ["--epochs", "3"], tmp_path)
+    keys = re.findall(r"rank \d: history keys (.+)", output)
+    assert len(keys) == 3 and len(set(keys)) == 1 and "'val_even_auc'" in keys[0], output
+    held_out = re.search(r"held-out images: digit accuracy ([\d.]+), even accuracy ([\d.]+)", output)
+    assert held_out and float(held_out.group(1)) > 0.8 and float(held_out.group(2)) > 0.75, output

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from mpi_trainer.data.targets import describe, is_structure
 from mpi_trainer.errors import DataError
 
 
@@ -77,6 +78,10 @@ def as_pair(element: Any, kind: str) -> tuple[np.ndarray, np.ndarray]:
         got = f"a tuple of {len(element)}" if isinstance(element, (tuple, list)) else type(element).__name__
         raise DataError(f"A {kind} must yield batches `(x, y)` of features and labels. Received: {got}; "
                         f"sample weights and unlabelled batches are not supported")
+    if is_structure(element[1]):  # rows of one label array are what a block, a split and a feed move
+        raise DataError(f"A {kind} must yield labels `y` as one array: targets per output (a dict or list) are "
+                        f"supported with array inputs, `fit(model, x, {{output name: y}})`. Received: batches "
+                        f"with y={describe(element[1])}")
     x, y = (np.asarray(part) for part in element)
     if len(x) != len(y):
         raise DataError(f"A {kind} yielded a batch whose features and labels differ in length. "

@@ -46,7 +46,7 @@ def test_validation_data_wins_over_validation_split_and_validation_steps_caps_it
 
 
 @pytest.mark.parametrize("call, fragment", [
-    (lambda: rank_data(np.zeros((3, 1)), {"a": np.zeros(3)}, None, 0.0, None), "Received: y=dict with ['a']"),
+    (lambda: rank_data(np.zeros((3, 1)), {"a": np.zeros(3)}, None, 0.0, None), "Received: y=dict with keys ['a']"),
     (lambda: rank_data({"a": np.zeros((3, 1))}, np.zeros(3), None, 0.0, (np.zeros((1, 1)), np.zeros(1))),
      "`validation_data[0]` must hold the same inputs"),
     (lambda: rank_data(np.zeros((3, 1)), np.zeros(3), np.ones(2), 0.0, None), "one per row of `x`"),
