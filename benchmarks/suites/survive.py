@@ -11,8 +11,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.data import mnist5k
 from benchmarks.harness import ROOT, Comparison, Figures
-from benchmarks.jobs import QUICKSTART, after_first, run_job
+from benchmarks.jobs import MNIST_LENET, QUICKSTART, after_first, run_job
 from mpi_trainer.launch.mpirun import rank_pid
 from mpi_trainer.persistence.run_files import read_rounds
 
@@ -45,8 +46,9 @@ def watch(launcher: subprocess.Popen, run_dir: Path) -> list[float]:
     return times + [time.monotonic() - started] * max(0, count - len(times))
 
 
-def killed_run(survive: bool, rounds: int) -> Figures:
-    """``launch`` of the quick start with a worker killed in round ``KILL_ROUND``.
+def killed_run(survive: bool, rounds: int, lenet: bool = False) -> Figures:
+    """``launch`` of the quick start (``lenet``: LeNet on 5,000 real MNIST digits) with a worker killed
+    in round ``KILL_ROUND``.
 
     ``lost``: the killed round's interval (from the previous round's row to its own) minus the
     median interval of the rounds before it, i.e. what the failure added to the run.
@@ -55,7 +57,9 @@ def killed_run(survive: bool, rounds: int) -> Figures:
         run_dir = Path(tmp) / "run"
         sets = [f"train.epochs={rounds}", "checkpoint.every=1", "log.plots=false",
                 f"fault.survive={str(survive).lower()}"]
-        command = [sys.executable, "-m", "mpi_trainer", "launch", "-n", str(RANKS), "--max-restarts", "2", QUICKSTART,
+        sets += [f"data.source={mnist5k()}"] if lenet else []
+        config = MNIST_LENET if lenet else QUICKSTART
+        command = [sys.executable, "-m", "mpi_trainer", "launch", "-n", str(RANKS), "--max-restarts", "2", config,
                    *[x for item in sets for x in ("--set", item)], "--run-dir", str(run_dir)]
         started = time.perf_counter()
         launcher = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -84,6 +88,17 @@ def comparisons(quick: bool) -> list[Comparison]:
     flag = " --quick" if quick else ""
     command = f"python -m benchmarks run survive{flag}"
     return [
+        Comparison(title=f"Worker rank {KILLED_RANK} killed (SIGKILL) in round {KILL_ROUND}: LeNet on 5,000 real MNIST "
+                         f"digits (4,000 train), {RANKS - 1} workers, {rounds} rounds, `checkpoint.every = 1`, through "
+                         f"`launch`",
+                   command=command,
+                   variants={"`fault.survive = true`: the job shrinks and redoes the round":
+                                 lambda: killed_run(True, rounds, lenet=True),
+                             "default: the job dies, `launch` restarts it with `--resume`":
+                                 lambda: killed_run(False, rounds, lenet=True)},
+                   columns={"lost": "s the failure added", "normal": "s per round before it",
+                            "wall": "s for the whole launch", "workers_after": "workers at the end"},
+                   notes="The target: surviving costs at most one round + 5 s, and under half of a restart."),
         Comparison(title=f"Worker rank {KILLED_RANK} killed (SIGKILL) in round {KILL_ROUND}: MLP on digits, "
                          f"{RANKS - 1} workers, {rounds} rounds, `checkpoint.every = 1`, through `launch`",
                    command=command,
