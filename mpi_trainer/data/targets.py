@@ -79,7 +79,7 @@ def pack_targets(y: Any, names: list[str], what: str = "y") -> tuple[np.ndarray,
     lengths = {name: len(array) if array.ndim else 0 for name, array in arrays.items()}
     if len(set(lengths.values())) != 1:
         raise ConfigError(f"`{what}`: every output's targets must have the same number of rows. "
-                          f"Received: {lengths}")
+                          f"Received: {lengths}; expected one row per sample of `x` for every output")
     columns, parts, start = [], [], 0
     for name in names:
         array = arrays[name]

@@ -144,7 +144,8 @@ def _targets(name: str, y: Any, model: Any) -> tuple[np.ndarray, list[Any] | Non
     names = output_names(model)
     if names is None:
         raise ConfigError(f"`{name}` per output needs `model` as a keras.Model whose outputs carry those names. "
-                          f"Received: {name}={describe(y)} with model of type {type(model).__name__}")
+                          f"Received: {name}={describe(y)} with model of type {type(model).__name__}; expected "
+                          f"model as a keras.Model (built, compiled) or {name} as one array")
     if len(names) == 1:  # one output: its targets as they are
         return _array(name, by_output(y, names, name)[names[0]]), None
     return pack_targets(y, names, name)

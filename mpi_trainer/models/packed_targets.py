@@ -49,7 +49,7 @@ class PackedTargets(keras.Model):
         """The packed targets of a batch as ``{output name: targets}``, each of its shape and dtype."""
         if y is None:
             return None
-        return {c.name: keras.ops.cast(keras.ops.reshape(y[:, c.start:c.end], (-1, *c.shape)), c.dtype)
+        return {c.name: keras.ops.cast(keras.ops.reshape(y[:, c.start:c.end], (-1, *c.shape)), device_dtype(c.dtype))
                 for c in self.target_columns}
 
     def compute_loss(self, x: Any = None, y: Any = None, y_pred: Any = None, sample_weight: Any = None,
@@ -68,6 +68,17 @@ class PackedTargets(keras.Model):
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(config.pop("inner"), custom_objects=custom_objects)
         return cls(inner, **config)
+
+
+def device_dtype(dtype: str) -> str:
+    """The dtype a backend holds targets of ``dtype`` in: JAX (without x64) has no 64-bit types, and Keras'
+    own input pipeline hands it 32-bit ones; the other backends keep the dtype."""
+    if keras.backend.backend() != "jax":
+        return dtype
+    import jax
+
+    return dtype if jax.config.jax_enable_x64 else {"int64": "int32", "uint64": "uint32", "float64": "float32"}.get(
+        dtype, dtype)
 
 
 def targets_source(model: Any, input_layout: list[Any] | None,

@@ -81,7 +81,7 @@ def as_pair(element: Any, kind: str) -> tuple[np.ndarray, np.ndarray]:
     if is_structure(element[1]):  # rows of one label array are what a block, a split and a feed move
         raise DataError(f"A {kind} must yield labels `y` as one array: targets per output (a dict or list) are "
                         f"supported with array inputs, `fit(model, x, {{output name: y}})`. Received: batches "
-                        f"with y={describe(element[1])}")
+                        f"with y={describe(element[1])}; expected (x, y) with y one array, or x and y as arrays")
     x, y = (np.asarray(part) for part in element)
     if len(x) != len(y):
         raise DataError(f"A {kind} yielded a batch whose features and labels differ in length. "
