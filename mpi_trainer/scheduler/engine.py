@@ -30,7 +30,8 @@ from mpi_trainer.errors import RankLost, WorkerFailure
 from mpi_trainer.hooks import maybe_freeze
 from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.resume import ResumeState
-from mpi_trainer.scheduler.recorder import RoundRecorder, StopReason
+from mpi_trainer.scheduler.evaluation import Evaluator
+from mpi_trainer.scheduler.recorder import RoundRecorder, RoundSources, StopReason
 from mpi_trainer.scheduler.watchdog import Watchdog
 
 
@@ -48,11 +49,17 @@ class Engine(ABC):
         hosts = hosts or [transport.host] * transport.size
         self.watchdog = Watchdog(WaitBounds(cfg.watchdog.setup_timeout, cfg.watchdog.worker_timeout), hosts)
         self.paced: float | None = None  # when the last round closed (or the rounds began)
-        self.recorder = RoundRecorder(cfg, dataset, model, self.codec, plan, run_dir, transport, hosts, resume)
+        self.recorder = RoundRecorder(cfg, dataset, model, self.codec, plan, run_dir, transport, hosts,
+                                      self.round_sources(), resume)
         self.observers = self.recorder.observers
         if resume is not None:
             self.weights = resume.weights
         self.workers = link.workers
+
+    def round_sources(self) -> RoundSources:
+        """What the recorder is built with: the scheduler scores the global model itself, and checkpoints
+        hold no optimizer state (an engine that gathers them overrides this)."""
+        return RoundSources(Evaluator(self.cfg, self.dataset, self.model, self.codec))
 
     @property
     def state(self) -> Any:

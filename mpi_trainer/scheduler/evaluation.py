@@ -5,6 +5,7 @@ its shard, with the metrics' summed state reduced to the scheduler."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -35,8 +36,9 @@ class Evaluator:
         every metric column with NaN before it adds what was measured)."""
         return {}
 
-    def holds(self, weights: np.ndarray) -> bool:
-        """Whether the workers already hold ``weights`` (only after they scored them)."""
+    def holds(self, version: int) -> bool:
+        """Whether the workers already hold the global weights at ``version`` (the engine's count of
+        changes to them): never, when the scheduler scores them itself."""
         return False
 
     def evaluate(self, weights: np.ndarray, round_index: int = -1) -> tuple[dict[str, float], float]:
@@ -62,20 +64,25 @@ class WorkerEvaluator(Evaluator):
     state over its shard, and one float64 sum-reduction gives the exact state of
     the whole split. The workers keep the weights, so the next round starts
     without another broadcast (:meth:`holds`).
+
+    It sends: an EVALUATE order to every worker, the broadcast, and the reduction.
+    ``version()`` gives the engine's count of changes to its global weights; the
+    workers hold the weights of the version they scored last, until it changes.
     """
 
     def __init__(self, cfg: Config, dataset: Dataset, model: Any, codec: WeightCodec, link: SchedulerLink,
-                 watchdog: Watchdog) -> None:
+                 watchdog: Watchdog, version: Callable[[], int]) -> None:
         super().__init__(cfg, dataset, model, codec)
-        self.link, self.watchdog = link, watchdog
+        self.link, self.watchdog, self.version = link, watchdog, version
         self.state_size = sum(int(np.size(part)) for part in metric_state(model))
-        self.held: np.ndarray | None = None
+        self.held_version: int | None = None  # the version the workers scored last (None: none yet)
         get_logger().info("evaluation.where = workers: each of %d workers scores its part of the %d test%s rows",
                           len(link.workers), len(dataset.y_test),
                           f" and {len(dataset.y_val)} validation" if self.scores_validation else "")
 
-    def holds(self, weights: np.ndarray) -> bool:
-        return weights is self.held
+    def holds(self, version: int) -> bool:
+        """True when the workers' last EVALUATE broadcast carried ``version`` of the global weights."""
+        return self.held_version == version
 
     def evaluate(self, weights: np.ndarray, round_index: int = -1) -> tuple[dict[str, float], float]:
         started = time.perf_counter()
@@ -90,11 +97,19 @@ class WorkerEvaluator(Evaluator):
             self.link.reduce_metric_state(summed, self.watchdog.timeout)
         except TimeoutError as exc:
             raise self.watchdog.failure(what, getattr(exc, "missing", None) or self.link.workers) from None
-        self.held = weights
+        self.held_version = self.version()
         out = prefixed("test", metrics_from_flat(self.model, summed[:self.state_size])) if self.scores_test else {}
         if self.scores_validation:
             out.update(prefixed("val", metrics_from_flat(self.model, summed[self.state_size:])))
         return out, time.perf_counter() - started
+
+
+def make_evaluator(cfg: Config, dataset: Dataset, model: Any, codec: WeightCodec, link: SchedulerLink,
+                   watchdog: Watchdog, version: Callable[[], int]) -> Evaluator:
+    """The evaluator ``evaluation.where`` asks for: the scheduler's own, or the workers' (:class:`WorkerEvaluator`)."""
+    if cfg.evaluation.on_workers:
+        return WorkerEvaluator(cfg, dataset, model, codec, link, watchdog, version)
+    return Evaluator(cfg, dataset, model, codec)
 
 
 def prefixed(split: str, metrics: dict[str, float]) -> dict[str, float]:

@@ -7,8 +7,11 @@ produces the round's aggregated (or elected) weights. The
 evaluation, the ``rounds.csv`` row and ``summary.json``, early stopping,
 checkpoints, and the end of the run (final weights, summary, table). It owns
 the run's counters (:class:`RunState`) and is the only writer of the run
-directory. It sends nothing: what it needs from workers (optimizer state for
-a checkpoint) it asks the engine for through a callable.
+directory. It sends nothing itself, but what it is built with may
+(:class:`RoundSources`): the evaluator (under ``evaluation.where = "workers"``
+it sends the workers an order, the weights and a reduction) and the
+optimizer-state source a checkpoint calls (the synchronous engine asks every
+worker for its state).
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -34,18 +36,13 @@ from mpi_trainer.config.schema import EVERY_LOCAL_EPOCH
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.errors import EXIT_PREEMPTED
 from mpi_trainer.logs import get_logger
-from mpi_trainer.persistence.checkpoint import load_checkpoint, save_checkpoint
-from mpi_trainer.persistence.optimizer_state import ARRAY_PREFIX
 from mpi_trainer.persistence.preemption import preemption
-from mpi_trainer.persistence.resume import ResumeState, worker_seed
+from mpi_trainer.persistence.resume import ResumeState
 from mpi_trainer.persistence.run_files import (
-    BUILT_IN_METRICS,
-    CHECKPOINT_NAME,
     FINAL_WEIGHTS_NAME,
     ROUNDS_NAME,
     SUMMARY_NAME,
     RoundLog,
-    backup_path,
     round_fields,
     save_weights_atomic,
     write_json_atomic,
@@ -61,52 +58,33 @@ from mpi_trainer.persistence.run_record import (
 from mpi_trainer.reporting.observers import RunObservers
 from mpi_trainer.reporting.table import format_table
 from mpi_trainer.scheduler.callbacks import RoundCallbacks
+from mpi_trainer.scheduler.checkpointing import RecorderCheckpoints
 from mpi_trainer.scheduler.evaluation import Evaluator
+from mpi_trainer.scheduler.round_row import ClosedRound, Outcome, Retry, round_row
 
-
-class Retry(Enum):
-    """A round's outcome that is not a stop: run the same round again (after a NaN rollback)."""
-
-    ROUND = "retry"
-
-
-# What closing a round decides: stop (why), run it again, or go on (None).
-Outcome = StopReason | Retry | None
 SUMMARY_EVERY_SECONDS = 1.0  # how often summary.json is rewritten during a run (always at the end)
 
 
+
+
 @dataclass
-class ClosedRound:
-    """A round's results as an engine hands them over: reports in rank order, bytes, seconds."""
+class RoundSources:
+    """What the recorder gets from the engine's side, given when it is built: who scores the global model,
+    and where a checkpoint gets the workers' optimizer states (by default none: checkpoints hold none)."""
 
-    index: int
-    reports: list[Report]
-    bytes: int
-    aggregate_seconds: float
-    winner: int = -1
-    elected: Report | None = None  # best under SSP: the winning update (its worker may have sent two)
-    max_staleness: int = 0
+    evaluator: Evaluator
+    optimizer_states: Callable[[], dict[int, np.ndarray]] = dict
 
 
-def train_metrics(reports: list[Report], names: list[str]) -> dict[str, float]:
-    """``train_<name>``: each metric of the workers' local training, weighted by their samples
-    (a report without the metric, e.g. from a worker that ran no step, is left out)."""
-    out = {}
-    for name in names:
-        pairs = [(r.train_metrics[name], r.samples) for r in reports if name in r.train_metrics]
-        total = sum(samples for _, samples in pairs)
-        out[f"train_{name}"] = sum(v * n for v, n in pairs) / total if total else math.nan
-    return out
-
-
-class RoundRecorder:
+class RoundRecorder(RecorderCheckpoints):
     def __init__(self, cfg: Config, dataset: Dataset, model: Any, codec: WeightCodec, plan: JobPlan,
-                 run_dir: Path, transport_stats: Any, hosts: list[str], resume: ResumeState | None = None) -> None:
+                 run_dir: Path, transport_stats: Any, hosts: list[str], sources: RoundSources,
+                 resume: ResumeState | None = None) -> None:
         self.cfg, self.dataset, self.model, self.codec, self.plan = cfg, dataset, model, codec, plan
         self.run_dir = run_dir
         self.transport_stats = transport_stats  # read-only: the scheduler's wait counters
         self.log = get_logger()
-        self.evaluator = Evaluator(cfg, dataset, model, codec)
+        self.evaluator, self.optimizer_states = sources.evaluator, sources.optimizer_states
         self.early = EarlyStopping.from_config(cfg.early_stopping, plan.metric_names, len(dataset.y_test) > 0)
         self.metric_names = plan.metric_names
         self.schedule = schedule_for(cfg.train, plan.block_bounds)  # each round's local steps (post-local SGD)
@@ -114,7 +92,6 @@ class RoundRecorder:
         self.started = time.perf_counter()
         self.start_round = 0
         self.discarded_bytes = 0  # traffic of rounds rolled back, counted with the next recorded round
-        self.optimizer_states: Callable[[], dict[int, np.ndarray]] = dict  # the engine sets how to gather them
         self.initial_weights = codec.flatten(model.get_weights())
         self.kept_weights: np.ndarray | None = None  # the weights the run ends with, once finished
         self.placement: list[dict[str, Any]] = []  # host, backend and device of every rank; the job sets it
@@ -205,19 +182,6 @@ class RoundRecorder:
                          round_index)
         return Retry.ROUND, weights
 
-    def last_good_weights(self) -> tuple[np.ndarray, int]:
-        """The latest checkpoint's weights and round, or the initial weights (round -1) before one.
-
-        The outer optimizer goes back with them: to the checkpoint's state, or fresh before one.
-        """
-        path = self.run_dir / CHECKPOINT_NAME
-        if path.exists() or backup_path(path).exists():
-            arrays, meta = load_checkpoint(path)
-            self.outer.load_state(arrays, self.codec.size)
-            return arrays["weights"].astype(np.float32), int(meta["round"])
-        self.outer.reset()
-        return self.initial_weights.copy(), -1
-
     # -- closing a round --------------------------------------------------------
     def close_round(self, closed: ClosedRound, weights: np.ndarray,
                     timing: Callable[[float], dict[str, Any]]) -> StopReason | None:
@@ -233,7 +197,9 @@ class RoundRecorder:
                                     else (self.evaluator.skipped(), 0.0))
         if scored:
             self.observers.span("evaluate", closed.index, time.perf_counter() - eval_seconds)
-        row = self.round_row(closed, evaluation)
+        row = round_row(closed, evaluation, self.metric_names, self.workers, self.schedule.steps(closed.index),
+                        self.discarded_bytes)
+        self.discarded_bytes = 0
         row.update(eval_seconds=eval_seconds, **timing(time.perf_counter()))
         self.record(row)
         # early stopping counts scored rounds only: an unscored round has nothing to compare
@@ -286,34 +252,6 @@ class RoundRecorder:
             due = (round_index - self.schedule.warmup_rounds + 1) % every == 0
         return due or last or self.checkpoint_due(round_index)
 
-    def round_row(self, closed: ClosedRound, evaluation: dict[str, float]) -> dict[str, Any]:
-        """One row of rounds.csv, but for the engine's timing columns."""
-        reports = closed.reports
-        train_times = [r.train_seconds for r in reports]
-        samples = sum(r.samples for r in reports)
-        names = dict.fromkeys([*BUILT_IN_METRICS, *self.metric_names])  # the fixed columns are always filled
-        row = {f"{split}_{name}": math.nan for name in names for split in ("test", "val", "train")}
-        row.update(train_metrics(reports, self.metric_names))
-        row.update({
-            "round": closed.index, "train_seconds_max": max(train_times), "train_seconds_min": min(train_times),
-            "sync_every": self.schedule.steps(closed.index),
-            "aggregate_seconds": closed.aggregate_seconds, "bytes": closed.bytes + self.discarded_bytes,
-            "max_staleness": closed.max_staleness, "samples": samples, "workers": self.workers,
-            "train_loss": sum(r.train_loss * r.samples for r in reports) / samples,
-            "learning_rate": _mean_finite([r.learning_rate for r in reports]),
-            "winner": closed.winner if closed.winner >= 0 else "",
-            # one value per worker, by rank (under SSP the sum of its updates merged in the window)
-            "worker_train_seconds": ";".join(f"{sum(r.train_seconds for r in reports if r.rank == w):.4g}"
-                                             for w in range(1, self.workers + 1)),
-        })
-        self.discarded_bytes = 0
-        if closed.winner >= 0:
-            best = closed.elected or next(r for r in reports if r.rank == closed.winner)
-            row.update(val_loss=best.val_loss, val_accuracy=best.val_accuracy)
-            row.update({f"val_{name}": value for name, value in best.val_metrics.items()})
-        row.update(evaluation)
-        return row
-
     def record(self, row: dict[str, Any]) -> None:
         self.state.traffic_bytes += row["bytes"]
         row["elapsed_seconds"] = self.elapsed()
@@ -326,53 +264,6 @@ class RoundRecorder:
         if time.perf_counter() - self.summary_written >= SUMMARY_EVERY_SECONDS:
             write_json_atomic(self.run_dir / SUMMARY_NAME, self.summary())
             self.summary_written = time.perf_counter()
-
-    # -- checkpoints ----------------------------------------------------------------
-    def checkpoint_due(self, round_index: int) -> bool:
-        """Every ``checkpoint.every`` rounds, after ``every_seconds``, or on preemption; decided once a round
-        (the engine asks before the round closes, the evaluation and the checkpoint while it does)."""
-        if self.due is not None and self.due[0] == round_index:
-            return self.due[1]
-        every, seconds = self.cfg.checkpoint.every, self.cfg.checkpoint.every_seconds
-        due = ((every > 0 and (round_index + 1) % every == 0) or self.preempting()
-               or (seconds > 0 and time.monotonic() - self.last_checkpoint >= seconds))
-        self.due = (round_index, due)
-        return due
-
-    def maybe_checkpoint(self, round_index: int, weights: np.ndarray) -> None:
-        if self.checkpoint_due(round_index):
-            self.checkpoint(round_index, weights, self.optimizer_states())
-
-    def checkpoint(self, round_index: int, weights: np.ndarray, states: dict[int, np.ndarray]) -> None:
-        begun = time.perf_counter()
-        arrays = {"weights": weights}
-        if self.early.best_weights is not None:
-            arrays["best_weights"] = self.early.best_weights
-        arrays.update({f"{ARRAY_PREFIX}{rank}": vector for rank, vector in states.items()})
-        arrays.update(self.outer.state_arrays())
-        save_checkpoint(self.run_dir / CHECKPOINT_NAME, arrays, self.checkpoint_meta(round_index))
-        self.last_checkpoint, self.last_checkpoint_round = time.monotonic(), round_index
-        self.observers.span("checkpoint", round_index, begun)
-        self.log.debug("checkpoint written after round %d", round_index)
-
-    def checkpoint_meta(self, round_index: int) -> dict[str, Any]:
-        workers = range(1, self.workers + 1)
-        return {"round": round_index, "rounds_completed": round_index + 1,
-                "best_value": self.early.best_value, "best_round": self.early.best_round,
-                "wait": self.early.wait, "monitor": self.early.monitor,
-                "block_bounds": self.plan.block_bounds, "shuffle_seed": self.plan.shuffle_seed,
-                "traffic_bytes": self.state.traffic_bytes, "config": self.cfg.to_dict(),
-                "steps": self.state.steps, "lr_scale": self.state.lr_scale, "wall_seconds": self.elapsed(),
-                "rollbacks": self.state.rollbacks, "workers": self.workers, "fingerprint": self.fingerprint,
-                "rng_seeds": {"train": self.cfg.train.seed, "shuffle": self.plan.shuffle_seed,
-                              "workers": [worker_seed(self.cfg.train.seed, w, self.start_round) for w in workers]}}
-
-    def needs_final_checkpoint(self) -> bool:
-        """False when the last round's checkpoint already holds what the end would write."""
-        if not self.state.rounds:
-            return False
-        last = int(self.state.rounds[-1]["round"])
-        return self.last_checkpoint_round != last or self.state.stop_reason in KEEPS_BEST
 
     # -- the end ----------------------------------------------------------------------
     def final_weights(self, weights: np.ndarray) -> tuple[np.ndarray, dict[str, Any] | None]:
@@ -444,8 +335,3 @@ class RoundRecorder:
     def close(self) -> None:
         self.round_log.close()
         self.observers.close()
-
-
-def _mean_finite(values: list[float]) -> float:
-    finite = [v for v in values if math.isfinite(v)]
-    return sum(finite) / len(finite) if finite else math.nan

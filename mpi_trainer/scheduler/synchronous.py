@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from mpi_trainer.algorithms import aggregation
 from mpi_trainer.algorithms.rebalance import Rebalancer, measured
 from mpi_trainer.algorithms.staleness import idle_fraction
 from mpi_trainer.algorithms.step_budget import step_budgets, steps_per_round
@@ -37,11 +36,25 @@ from mpi_trainer.errors import RankLost
 from mpi_trainer.persistence.optimizer_state import assign_states
 from mpi_trainer.persistence.resume import ResumeState
 from mpi_trainer.scheduler.engine import Engine
-from mpi_trainer.scheduler.evaluation import WorkerEvaluator
-from mpi_trainer.scheduler.recorder import ClosedRound, Outcome, Retry, StopReason
+from mpi_trainer.scheduler.evaluation import make_evaluator
+from mpi_trainer.scheduler.recorder import RoundSources, StopReason
+from mpi_trainer.scheduler.round_row import ClosedRound, Outcome, Retry
+from mpi_trainer.scheduler.sync_collection import RoundCollection
 
 
-class SynchronousEngine(Engine):
+class SynchronousEngine(RoundCollection, Engine):
+    weights_version = 0  # how many times the global weights were replaced (the workers may hold one version)
+
+    @property
+    def weights(self) -> np.ndarray:
+        """The global model; every assignment is a new version (:meth:`Evaluator.holds` compares them)."""
+        return self._weights
+
+    @weights.setter
+    def weights(self, value: np.ndarray) -> None:
+        self._weights = value
+        self.weights_version += 1
+
     def __init__(self, link: SchedulerLink, cfg: Config, dataset: Dataset, model: Any, plan: JobPlan,
                  run_dir: Path, hosts: list[str] | None = None, resume: ResumeState | None = None) -> None:
         super().__init__(link, cfg, dataset, model, plan, run_dir, hosts, resume)
@@ -57,12 +70,16 @@ class SynchronousEngine(Engine):
                        if (cfg.data.rebalance or cfg.fault.survive) and cfg.data.scatters else None)
         self.replanned = False  # fault.survive: the next orders carry the blocks re-planned for the survivors
         self.moved: dict[int, np.ndarray] = {}
-        self.recorder.optimizer_states = self.gather_optimizer_states
-        if cfg.evaluation.on_workers:
-            self.recorder.evaluator = WorkerEvaluator(cfg, dataset, model, self.codec, link, self.watchdog)
         if resume is not None:
             self.resume_from(resume)
         self.warn_inside_warmup()
+
+    def round_sources(self) -> RoundSources:
+        """The recorder scores with the evaluator ``evaluation.where`` asks for, and a checkpoint takes
+        every worker's optimizer state."""
+        evaluator = make_evaluator(self.cfg, self.dataset, self.model, self.codec, self.link, self.watchdog,
+                                   lambda: self.weights_version)
+        return RoundSources(evaluator, self.gather_optimizer_states)
 
     def resume_from(self, resume: ResumeState) -> None:
         self.pending_states = assign_states(resume.optimizer_states, self.workers)
@@ -205,7 +222,7 @@ class SynchronousEngine(Engine):
         budgets = None
         if self.cfg.train.max_steps:
             budgets = step_budgets(self.cfg.train.max_steps - self.state.steps, self.full_round_steps(round_index))
-        orders, held = {}, self.recorder.evaluator.holds(self.weights)
+        orders, held = {}, self.recorder.evaluator.holds(self.weights_version)
         # a NaN rollback's halved rate, else the one a Keras callback set on the scheduler's optimizer
         rate = self.next_order.learning_rate
         rate = self.recorder.callback_rate if rate is None else rate
@@ -235,7 +252,7 @@ class SynchronousEngine(Engine):
         for worker, vector in self.pending_states.items():
             self.link.send_state(worker, vector)
         self.pending_states = {}
-        if not self.recorder.evaluator.holds(self.weights):
+        if not self.recorder.evaluator.holds(self.weights_version):
             # the broadcast's arrival messages name a worker that stopped before it
             self.send_weights(round_index)
         else:  # the workers scored these weights and kept them: only "ready" says they are there
@@ -284,61 +301,6 @@ class SynchronousEngine(Engine):
         self.replanned, self.pending_states = True, {}
         if self.ledger is not None:
             self.moved = self.ledger.recut(self.plan, next_round)
-
-    # -- collecting a round --------------------------------------------------------
-    def collect(self, started: float, round_index: int) -> ClosedRound:
-        reports, received = self.recv_reports(started, round_index)
-        self.observers.span("wait", round_index)
-        self.observers.worker_phases(reports)
-        closed = ClosedRound(round_index, reports, received, 0.0)
-        if self.cfg.aggregation.elects:
-            self.collect_best(closed)
-        else:
-            self.collect_reduced(closed)
-        return closed
-
-    def recv_reports(self, started: float, round_index: int) -> tuple[list[Report], int]:
-        """Every worker's report, sorted by rank, and their bytes.
-
-        Rounds of a few steps come at a steady pace: the reports are expected as long after the
-        round's start as the last round's came, and the wait polls finely around then.
-        """
-        reports, received = [], 0
-        due = None if self.report_lag is None else started + self.report_lag
-        for _ in self.workers:
-            try:
-                message = self.link.recv_report(self.watchdog.remaining(started), due)
-            except TimeoutError:
-                missing = sorted(set(self.workers) - {r.rank for r in reports})
-                raise self.watchdog.failure(f"report round {round_index}", missing) from None
-            reports.append(message.payload)
-            received += message.nbytes + message.payload.bytes_before_report
-        self.report_lag = time.perf_counter() - started
-        return sorted(reports, key=lambda r: r.rank), received
-
-    def collect_reduced(self, closed: ClosedRound) -> None:
-        """average / weighted: reports first (so the watchdog can name a missing rank), then one sum."""
-        try:
-            self.weights = self.link.sum_weights(self.wire, self.codec.size, self.watchdog.timeout)
-        except TimeoutError as exc:
-            raise self.timed_out("complete the weights reduction", exc, self.workers) from None
-        self.observers.span("aggregate", closed.index)
-        closed.bytes += self.wire_bytes * len(self.workers)  # every worker put one model into the sum
-
-    def collect_best(self, closed: ClosedRound) -> None:
-        """best: scores travel first, then only the winner's weights."""
-        started = time.perf_counter()
-        winner = aggregation.elect({r.rank: (r.val_accuracy, r.val_loss) for r in closed.reports})
-        try:
-            message = self.link.request_weights(winner, self.wire.empty(self.codec.size), self.watchdog.timeout)
-        except TimeoutError:
-            raise self.watchdog.failure(f"send its weights for round {closed.index}", [winner]) from None
-        self.weights = self.wire.decode(message.payload)
-        self.observers.span("aggregate", closed.index, started)
-        closed.winner, closed.bytes = winner, closed.bytes + message.nbytes
-        closed.aggregate_seconds = time.perf_counter() - started
-        scores = ", ".join(f"rank {r.rank} {r.val_accuracy:.4f}" for r in closed.reports)
-        self.log.info("round %d election: %s -> rank %d", closed.index, scores, winner)
 
     # -- optimizer state for checkpoints ---------------------------------------------
     def final_states(self) -> dict[int, np.ndarray]:

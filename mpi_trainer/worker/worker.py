@@ -10,45 +10,40 @@ method wants (a scaled contribution to a reduction, or a scored candidate for
 election; under SSP, its weights point to point). With rebalancing the order
 names the block to train on, and under scatter the rows that changed owner
 follow it. It never decides when to stop and never writes files. It speaks
-only through its :class:`~mpi_trainer.comm.protocol.WorkerLink`.
+only through its :class:`~mpi_trainer.comm.protocol.WorkerLink`. The training
+itself (one local epoch, k steps, scoring) is :class:`~mpi_trainer.worker.training.LocalTraining`'s.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from typing import Any
 
 import numpy as np
 
 from mpi_trainer.algorithms import aggregation
 from mpi_trainer.algorithms.rebalance import MIN_TIMED_STEPS, Measurement
-from mpi_trainer.algorithms.step_budget import steps_per_round
 from mpi_trainer.algorithms.sync_schedule import schedule_for
 from mpi_trainer.comm.flat_weights import WeightCodec
-from mpi_trainer.comm.protocol import JobPlan, Order, OrderKind, Report, WorkerLink
+from mpi_trainer.comm.protocol import JobPlan, Order, OrderKind, WorkerLink
 from mpi_trainer.comm.wire_dtype import WireFormat
 from mpi_trainer.config import Config
-from mpi_trainer.data.feed import fit_arguments
 from mpi_trainer.data.placement import HeldRows, WorkerData, peak_rss_mib
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.data.walk import BlockWalk
-from mpi_trainer.data.weights import training_weights
 from mpi_trainer.errors import RankLost, WorkerFailure
 from mpi_trainer.hooks import maybe_freeze
 from mpi_trainer.logs import get_logger
-from mpi_trainer.models import evaluate_model, flat_metric_state, rebuild_model, summed_metric_state
+from mpi_trainer.models import flat_metric_state, rebuild_model, summed_metric_state
 from mpi_trainer.models.dry_run import dry_run, reset_optimizer
 from mpi_trainer.persistence.optimizer_state import ensure_built, load_state_vector, state_vector
-from mpi_trainer.persistence.preemption import preemption
 from mpi_trainer.persistence.resume import worker_seed
-from mpi_trainer.reporting.progress import with_batch_progress
 from mpi_trainer.reporting.timeline import PhaseLog
 from mpi_trainer.worker.slowdown import make_slowdown
 from mpi_trainer.worker.step_timer import StepTimer
+from mpi_trainer.worker.training import LocalTraining, layers_with_state, one_step
 
 
-class Worker:
+class Worker(LocalTraining):
     def __init__(self, link: WorkerLink, plan: JobPlan, dataset: Dataset, cfg: Config,
                  data: WorkerData | None = None) -> None:
         self.link = link
@@ -264,164 +259,3 @@ class Worker:
         self.link.send_weights(self.wire.encode(local))
         self.phases.add("send", order.clock, sending)
         maybe_freeze(self.cfg.debug, self.rank, order.clock)
-
-    # -- training and scoring -----------------------------------------------------------
-    def take_weights(self, flat: np.ndarray) -> None:
-        """Load flat weights into the local model, and let layers that derive tensors from their weights
-        (an adapted ``Normalization``'s mean and variance) recompute them, as Keras does on loading."""
-        self.model.set_weights(self.codec.unflatten(flat))
-        if self.finalized:  # the scheduler's first weights carry the stats; they never change after
-            finalize_layers(self.finalized, self.model)
-            self.finalized = []
-
-    def sample_weights(self, y: np.ndarray, block_rows: np.ndarray | None = None) -> np.ndarray | None:
-        """The training weights of these labels' rows (``block_rows``: their places in the fixed block,
-        None: the whole block or round), from ``fit``'s ``class_weight`` and ``sample_weight``."""
-        given = getattr(self.dataset.train, "weights", None) if self.dataset is not None else None
-        if given is not None:  # refused with increment, rebalance and scatter: the round's rows are the block
-            given = given[self.dataset.train.rows[self.data.fixed]]
-            given = given if block_rows is None else given[block_rows]
-        return training_weights(y, self.class_weight, given)
-
-    def train_and_report(self, round_index: int, max_steps: int | None = None) -> tuple[Report, np.ndarray]:
-        """This round's training from the global weights (one local epoch, or k steps); report and new weights."""
-        k = self.schedule.steps(round_index)
-        if k:
-            # k-step rounds walk the fixed block (the config refuses data increment), augmenting per batch
-            self.x, self.y = self.data.fixed_x, self.data.fixed_y
-        else:
-            self.x, self.y = self.data.for_round(round_index)
-        learning_rate = current_learning_rate(self.model.optimizer)
-        metrics, train_seconds, steps = self.train_steps(k, max_steps) if k else self.train_once(max_steps)
-        self.phases.add("train", round_index, time.time() - train_seconds)
-        local = self.codec.flatten(self.model.get_weights(), out=self.local)
-        self.maybe_inject_nan(round_index, local)
-        loss = metrics.get("loss", 0.0 if not steps else math.nan)
-        report = Report(self.rank, round_index, self.data.units(self.x), loss, metrics.get("accuracy", math.nan),
-                        train_seconds, steps=steps, weights_finite=bool(np.isfinite(local).all()),
-                        train_metrics=metrics, preempt=preemption().requested,
-                        learning_rate=learning_rate)
-        if not k and steps:  # k-step rounds are not timed: rebalancing is refused with them
-            report.step_rate, report.timed_steps = self.step_timer.finish_round()
-        return report, local
-
-    def train_once(self, max_steps: int | None = None) -> tuple[dict[str, Any], float, int]:
-        """One local epoch on the block (or ``max_steps`` batches of it); metrics, seconds, steps."""
-        self.take_weights(self.global_weights)
-        batch = self.cfg.train.batch_size
-        x, y = self.x, self.y
-        if self.data.streams:
-            return self.train_streamed(max_steps)
-        weights = self.sample_weights(y)
-        if max_steps is not None:
-            if max_steps == 0:
-                return {}, 0.0, 0
-            rows = np.random.default_rng(self.cfg.train.seed + self.rank).permutation(len(x))[:max_steps * batch]
-            x, y = x[rows], y[rows]
-            weights = None if weights is None else weights[rows]
-        rng = self.shuffle_rng if self.cfg.train.shuffle else None
-        return self.fit_round(fit_arguments(x, y, batch, rng, sample_weight=weights), steps_per_round(len(x), batch),
-                              len(x))
-
-    def train_streamed(self, max_steps: int | None) -> tuple[dict[str, Any], float, int]:
-        """One pass over a streamed block (or ``max_steps`` batches of it); metrics, seconds, steps."""
-        batch, feed = self.cfg.train.batch_size, self.x
-        steps = feed.steps(batch) if max_steps is None else min(max_steps, feed.steps(batch))
-        if steps == 0:
-            return {}, 0.0, 0
-        return self.fit_round(feed.fit_input(batch, self.shuffle_rng, max_steps), steps)  # full batches: timed
-
-    def fit_round(self, arguments: dict[str, Any], steps: int, rows: int | None = None) -> tuple[dict[str, Any],
-                                                                                                 float, int]:
-        """``model.fit`` for one local epoch of ``steps`` batches (of ``rows`` samples); metrics, seconds, steps."""
-        started = time.perf_counter()
-        callbacks = [self.slowdown] if self.slowdown is not None else None
-        callbacks = with_batch_progress(callbacks, self.cfg.log.verbosity, steps)
-        self.step_timer.start_round(steps * self.cfg.train.batch_size if rows is None else rows)
-        callbacks = [*(callbacks or []), self.step_timer.callback()]  # last: it times the slowdown's pause too
-        history = self.model.fit(**arguments, epochs=1, verbose=0, callbacks=callbacks)
-        metrics = {k: float(v[-1]) for k, v in history.history.items()}
-        return metrics, time.perf_counter() - started, steps
-
-    def train_steps(self, k: int, max_steps: int | None = None) -> tuple[dict[str, Any], float, int]:
-        """``k`` steps, the round's share of the sync schedule (fewer under a ``max_steps`` budget);
-        metrics, seconds, steps.
-
-        ``train_on_batch`` runs the model's compiled train function on one batch: no
-        input pipeline is built per round, and the optimizer state carries over.
-        """
-        self.take_weights(self.global_weights)
-        steps = k if max_steps is None else min(max_steps, k)
-        totals: dict[str, float] = {}
-        seen = 0
-        started = time.perf_counter()
-        for _ in range(steps):
-            rows = self.step_rows()
-            x, y = self.data.batch(rows)
-            for key, value in self.train_step(x, y, self.sample_weights(y, rows)).items():
-                totals[key] = totals.get(key, 0.0) + float(value) * len(rows)
-            seen += len(rows)
-        # the round's metrics are sample-weighted means over its steps, as fit's are over an epoch
-        metrics = {key: total / seen for key, total in totals.items()}
-        return metrics, time.perf_counter() - started, steps
-
-    def step_rows(self) -> np.ndarray:
-        """Indices into the block of the next step's batch."""
-        return self.walk.next_rows(len(self.x), self.cfg.train.batch_size)
-
-    def train_step(self, x: np.ndarray, y: np.ndarray, weights: np.ndarray | None = None) -> dict[str, Any]:
-        return one_step(self.model, x, y, self.slowdown, weights)
-
-    def maybe_inject_nan(self, round_index: int, local: np.ndarray) -> None:
-        """Test hook (debug.nan_rank / debug.nan_round): poison this rank's weights once."""
-        if self.nan_round == round_index:
-            self.log.warning("debug: injecting NaN into the weights of round %d", round_index)
-            local[:] = np.nan
-            self.nan_round = None
-
-    def score(self, report: Report) -> None:
-        """Best-of election: score this round's weights on the shared validation split."""
-        started = time.perf_counter()
-        result = evaluate_model(self.model, self.dataset.x_val, self.dataset.y_val,
-                                max(256, self.cfg.train.batch_size))
-        report.val_loss, report.val_accuracy = result["loss"], result.get("accuracy", math.nan)
-        report.val_metrics = result
-        report.eval_seconds = time.perf_counter() - started
-        self.phases.add("evaluate", report.round, time.time() - report.eval_seconds)
-
-
-def layers_with_state(model: Any) -> list[Any]:
-    """The layers, nested ones included, that override ``finalize_state`` (computed from their weights)."""
-    found, stack = [], [model]
-    while stack:
-        layer = stack.pop()
-        stack.extend(getattr(layer, "layers", None) or [])
-        if layer is not model and callable(getattr(layer, "finalize_state", None)):
-            found.append(layer)
-    return found
-
-
-def finalize_layers(layers: list[Any], model: Any) -> None:
-    """Recompute the layers' derived tensors; the compiled functions captured the old ones, so they go too."""
-    for layer in layers:
-        layer.finalize_state()
-    model.train_function = model.test_function = model.predict_function = None
-
-
-def current_learning_rate(optimizer: Any) -> float:
-    """The learning rate the optimizer's next step takes (a schedule's value at its step count)."""
-    try:
-        return float(np.asarray(optimizer.learning_rate))
-    except (AttributeError, TypeError, ValueError):
-        return float("nan")
-
-
-def one_step(model: Any, x: np.ndarray, y: np.ndarray, slowdown: Any | None,
-             weights: np.ndarray | None = None) -> dict[str, Any]:
-    """One ``train_on_batch``, paused by the debug slowdown's callback when there is one."""
-    if slowdown is None:
-        return model.train_on_batch(x, y, sample_weight=weights, return_dict=True)
-    slowdown.on_train_batch_begin(0)
-    logs = model.train_on_batch(x, y, sample_weight=weights, return_dict=True)
-    slowdown.on_train_batch_end(0)
-    return logs

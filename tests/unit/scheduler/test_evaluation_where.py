@@ -53,6 +53,21 @@ def test_the_next_round_starts_from_the_scored_weights_without_another_broadcast
         assert float(ours["test_loss"]) == pytest.approx(float(theirs["test_loss"]), abs=1e-6)
 
 
+def test_workers_hold_the_version_of_the_weights_they_scored_until_the_engine_replaces_them(tmp_path):
+    from mpi_trainer.scheduler.evaluation import WorkerEvaluator
+
+    job = run_local_job(tmp_path / "run", workers=2, train={"epochs": 2}, evaluation={"where": "workers"})
+    engine, evaluator = job.engine, job.engine.recorder.evaluator
+    assert isinstance(evaluator, WorkerEvaluator)  # built into the recorder, not swapped in later
+    scored = evaluator.held_version
+    assert scored is not None and evaluator.holds(scored)
+    # the run's end put the kept weights in place: a new version, which the workers do not hold
+    assert engine.weights_version > scored and not evaluator.holds(engine.weights_version)
+    before = engine.weights_version
+    engine.weights = engine.weights  # any replacement counts, even by the same array (a rollback may do that)
+    assert engine.weights_version == before + 1
+
+
 def test_a_worker_reads_only_its_part_of_the_test_split():
     cfg = load_config(None, ["data.source=digits", "evaluation.where=workers"])
     whole = load_dataset_for_rank(0, cfg, workers=3).x_test
