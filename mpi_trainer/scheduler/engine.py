@@ -58,7 +58,8 @@ class Engine(ABC):
 
     def round_sources(self) -> RoundSources:
         """What the recorder is built with: the scheduler scores the global model itself, and checkpoints
-        hold no optimizer state (an engine that gathers them overrides this)."""
+        hold no optimizer state (an engine that gathers them overrides this). Called while the base engine
+        is built, before a subclass's own attributes exist."""
         return RoundSources(Evaluator(self.cfg, self.dataset, self.model, self.codec))
 
     @property

@@ -1,11 +1,11 @@
 """One round, written once: what happens after a round's updates are in, whichever engine ran it.
 
-Separation of concerns: an engine (:mod:`.synchronous` or :mod:`.stale`)
+Separation of concerns: an engine (:mod:`.synchronous` or :mod:`.stale_synchronous`)
 decides when workers run and what they get, collects their reports and
 produces the round's aggregated (or elected) weights. The
 :class:`RoundRecorder` does everything after that: the NaN policy, the
 evaluation, the ``rounds.csv`` row and ``summary.json``, early stopping,
-checkpoints, and the end of the run (final weights, summary, table). It owns
+checkpoints (:mod:`.checkpointing`), and the end of the run (final weights, summary, table). It owns
 the run's counters (:class:`RunState`) and is the only writer of the run
 directory. It sends nothing itself, but what it is built with may
 (:class:`RoundSources`): the evaluator (under ``evaluation.where = "workers"``
