@@ -203,3 +203,15 @@ def test_lbfgs_is_refused_for_a_multi_output_model():
     cfg = config_from_dict({"model": {"optimizer": "lbfgs"}})
     message = _refusal(lambda: build_model(cfg.model, (64,), 2, False, builder))
     assert "`model.optimizer` = 'lbfgs' trains single-output models" in message and "2 outputs" in message
+
+
+def test_one_sample_weight_array_weights_every_output_as_in_plain_keras():
+    model, (x, y) = two_heads(), digits()
+    weights = np.linspace(0.0, 2.0, 64).astype(np.float32)
+    arrays = rank_data(x[:64], {k: v[:64] for k, v in y.items()}, weights, 0.0, None, model=model)
+    wrapped = targets_source(model, None, arrays.target_layout)[0]((64,), 11)
+    ours = wrapped.test_on_batch(arrays.x, arrays.y, sample_weight=arrays.sample_weight, return_dict=True)
+    plain = model.test_on_batch(x[:64], {k: v[:64] for k, v in y.items()}, sample_weight=weights, return_dict=True)
+    assert set(ours) == set(plain)
+    for name in plain:
+        assert ours[name] == pytest.approx(plain[name], abs=1e-6), name
