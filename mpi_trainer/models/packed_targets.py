@@ -59,6 +59,17 @@ class PackedTargets(keras.Model):
     def compute_metrics(self, x: Any, y: Any, y_pred: Any, sample_weight: Any = None) -> Any:
         return super().compute_metrics(x, self.unpack(y), y_pred, sample_weight)
 
+    # Files hold the wrapped model, as the user built it: what ModelCheckpoint, the run's final weights
+    # and a callback's model.save write reloads into the user's model (the wrapper adds no weights).
+    def save(self, filepath: Any, overwrite: bool = True, **kwargs: Any) -> Any:
+        return self.inner.save(filepath, overwrite=overwrite, **kwargs)
+
+    def save_weights(self, filepath: Any, overwrite: bool = True, **kwargs: Any) -> Any:
+        return self.inner.save_weights(filepath, overwrite=overwrite, **kwargs)
+
+    def load_weights(self, filepath: Any, **kwargs: Any) -> Any:
+        return self.inner.load_weights(filepath, **kwargs)
+
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "inner": keras.saving.serialize_keras_object(self.inner),
                 "columns": [c.to_config() for c in self.target_columns], "output_names": list(self.output_names)}

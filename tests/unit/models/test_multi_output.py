@@ -215,3 +215,21 @@ def test_one_sample_weight_array_weights_every_output_as_in_plain_keras():
     assert set(ours) == set(plain)
     for name in plain:
         assert ours[name] == pytest.approx(plain[name], abs=1e-6), name
+
+
+def test_files_the_wrapped_model_writes_reload_into_the_users_model(tmp_path):
+    # ModelCheckpoint, the run's final weights and model.save on rank 0 see the wrapped model
+    model, (x, y) = two_heads(), digits()
+    arrays = rank_data(x[:64], {k: v[:64] for k, v in y.items()}, None, 0.0, None, model=model)
+    wrapped = targets_source(model, None, arrays.target_layout)[0]((64,), 11)
+    wrapped.fit(arrays.x, arrays.y, epochs=1, verbose=0)
+    checkpoint = keras.callbacks.ModelCheckpoint(str(tmp_path / "w.weights.h5"), save_weights_only=True)
+    checkpoint.set_model(wrapped)
+    checkpoint.on_epoch_end(0, {"loss": 1.0})
+    wrapped.save(tmp_path / "m.keras")
+    fresh = two_heads()
+    fresh.load_weights(tmp_path / "w.weights.h5")
+    for ours, theirs in zip(fresh.get_weights(), wrapped.get_weights(), strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+    reloaded = keras.models.load_model(tmp_path / "m.keras")
+    assert reloaded.output_names == ["digit", "even"] and type(reloaded).__name__ == "Functional"
