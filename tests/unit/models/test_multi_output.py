@@ -233,3 +233,22 @@ def test_files_the_wrapped_model_writes_reload_into_the_users_model(tmp_path):
         np.testing.assert_array_equal(ours, theirs)
     reloaded = keras.models.load_model(tmp_path / "m.keras")
     assert reloaded.output_names == ["digit", "even"] and type(reloaded).__name__ == "Functional"
+
+
+def test_dict_inputs_and_outputs_together_score_as_plain_keras():
+    keras.utils.set_random_seed(0)
+    left, right = keras.Input((32,), name="left"), keras.Input((32,), name="right")
+    hidden = keras.layers.Dense(16, activation="relu")(keras.layers.concatenate([left, right]))
+    model = keras.Model({"left": left, "right": right}, [keras.layers.Dense(10, activation="softmax", name="digit")(
+        hidden), keras.layers.Dense(1, activation="sigmoid", name="even")(hidden)])
+    model.compile("adam", loss=["sparse_categorical_crossentropy", "binary_crossentropy"],
+                  metrics=[["accuracy"], ["accuracy"]])
+    x, y = digits()
+    inputs, targets = {"left": x[:96, :32], "right": x[:96, 32:]}, [y["digit"][:96], y["even"][:96]]
+    arrays = rank_data(inputs, targets, None, 0.0, None, model=model)
+    wrapped = targets_source(model, arrays.input_layout, arrays.target_layout)[0]((64,), 11)
+    ours = wrapped.test_on_batch(arrays.x, arrays.y, return_dict=True)
+    plain = model.test_on_batch(inputs, targets, return_dict=True)
+    assert set(ours) == set(plain) == {"loss", "digit_loss", "even_loss", "digit_accuracy", "even_accuracy"}
+    for name in plain:
+        assert ours[name] == pytest.approx(plain[name], abs=1e-6), name
