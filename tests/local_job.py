@@ -29,6 +29,7 @@ class RecordingWorker(Worker):
         self.trained: list[tuple[Report, np.ndarray]] = []
         self.step_rows_by_round: list[list[np.ndarray]] = []  # train.sync_every > 0: each step's block rows
         self.started_from: list[np.ndarray] = []  # the global weights each round trained from
+        self.scored_rounds: list[int] = []  # evaluation.where = "workers": the rounds it scored a shard of
 
     def train_and_report(self, round_index: int, max_steps: int | None = None) -> tuple[Report, np.ndarray]:
         self.step_rows_by_round.append([])
@@ -36,6 +37,10 @@ class RecordingWorker(Worker):
         report, local = super().train_and_report(round_index, max_steps)
         self.trained.append((report, local.copy()))
         return report, local
+
+    def evaluate(self, order: Any) -> None:
+        super().evaluate(order)
+        self.scored_rounds.append(order.round)
 
     def step_rows(self) -> np.ndarray:
         rows = super().step_rows()

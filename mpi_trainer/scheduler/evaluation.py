@@ -68,6 +68,11 @@ class WorkerEvaluator(Evaluator):
     It sends: an EVALUATE order to every worker, the broadcast, and the reduction.
     ``version()`` gives the engine's count of changes to its global weights; the
     workers hold the weights of the version they scored last, until it changes.
+
+    Under ``fault.survive``, once a worker is lost its shard has no other reader
+    (each worker read only its own part of the test split), so the scheduler,
+    which read the whole split, scores every later round itself: the scores stay
+    exact, and every round after the loss starts with a broadcast of the weights.
     """
 
     def __init__(self, cfg: Config, dataset: Dataset, model: Any, codec: WeightCodec, link: SchedulerLink,
@@ -76,15 +81,28 @@ class WorkerEvaluator(Evaluator):
         self.link, self.watchdog, self.version = link, watchdog, version
         self.state_size = sum(int(np.size(part)) for part in metric_state(model))
         self.held_version: int | None = None  # the version the workers scored last (None: none yet)
+        self.scorers = len(link.workers)  # the workers that hold a shard; fewer after a loss
+        self.moved = False  # scoring moved to the scheduler after a loss (said once in the log)
         get_logger().info("evaluation.where = workers: each of %d workers scores its part of the %d test%s rows",
                           len(link.workers), len(dataset.y_test),
                           f" and {len(dataset.y_val)} validation" if self.scores_validation else "")
 
+    @property
+    def on_workers(self) -> bool:
+        """False once the job lost a worker (``fault.survive``): its shard would go unscored."""
+        return len(self.link.workers) == self.scorers
+
     def holds(self, version: int) -> bool:
         """True when the workers' last EVALUATE broadcast carried ``version`` of the global weights."""
-        return self.held_version == version
+        return self.on_workers and self.held_version == version
 
     def evaluate(self, weights: np.ndarray, round_index: int = -1) -> tuple[dict[str, float], float]:
+        if not self.on_workers:
+            if not self.moved:
+                get_logger().warning("round %d: a worker and its test shard were lost; the scheduler scores the "
+                                     "global model from now on", round_index)
+                self.moved = True
+            return super().evaluate(weights, round_index)
         started = time.perf_counter()
         order = Order(OrderKind.EVALUATE, round=round_index, score_validation=self.scores_validation)
         summed = np.zeros(self.state_size * (2 if self.scores_validation else 1), dtype=np.float64)

@@ -12,6 +12,7 @@ from mpi_trainer.config import config_from_dict
 from mpi_trainer.errors import ConfigError, RankLost, WorkerFailure
 from mpi_trainer.persistence.checkpoint import load_checkpoint
 from mpi_trainer.persistence.run_files import CHECKPOINT_NAME
+from mpi_trainer.scheduler.evaluation import Evaluator
 
 
 def survive(crash_rank: int = 2, crash_round: int = 1, phase: str = "contribute", **fault: object) -> dict:
@@ -65,6 +66,30 @@ def test_the_redone_round_starts_from_the_rounds_global_weights(tmp_path):
                                atol=1e-5)
 
 
+@pytest.mark.parametrize("crash_round", [0, 1])
+def test_with_evaluation_on_workers_the_scheduler_scores_after_a_loss(tmp_path, crash_round):
+    job = run_local_job(tmp_path, workers=3, train={"epochs": 3}, evaluation={"where": "workers"},
+                        **survive(crash_round=crash_round))
+    rows = job.rounds()
+    assert [int(r["round"]) for r in rows] == [0, 1, 2] and int(rows[-1]["workers"]) == 2
+    # every round is scored, before the loss by the workers' shards and after it by the scheduler
+    assert all(0.0 < float(r["test_accuracy"]) <= 1.0 for r in rows)
+    evaluator = job.engine.recorder.evaluator
+    assert not evaluator.on_workers and evaluator.moved
+    scored_by_workers = {report_round for w in job.workers for report_round in w.scored_rounds}
+    assert scored_by_workers == set(range(crash_round))  # none after the loss: their shards no longer cover the split
+    if crash_round == 1:  # the redone round starts from round 0's global weights, broadcast again after the loss
+        after_round_0 = np.mean([local for _, local in job.trained(0)], axis=0)
+        for worker in (w for w in job.workers if w.link.transport.world_rank != 2):
+            for weights, (report, _) in zip(worker.started_from, worker.trained):
+                if report.round == 1:
+                    np.testing.assert_allclose(weights, after_round_0, atol=1e-5)
+    # the last row's scores are the final weights' on the whole test split
+    plain = Evaluator(job.engine.cfg, job.engine.dataset, job.engine.model, job.engine.codec)
+    scores, _ = plain.evaluate(job.engine.weights)
+    assert float(rows[-1]["test_accuracy"]) == pytest.approx(scores["test_accuracy"])
+
+
 def test_scatter_sends_the_lost_workers_rows_to_the_survivors(tmp_path):
     job = run_local_job(tmp_path, workers=3, train={"epochs": 2}, data={"placement": "scatter"},
                         **survive(crash_round=0, phase="train"))
@@ -99,7 +124,7 @@ def test_summary_names_the_lost_worker(tmp_path):
 
 
 @pytest.mark.parametrize("section, key, value", [
-    ("aggregation", "ssp", 2), ("evaluation", "where", "workers"), ("train", "overlap_eval", True),
+    ("aggregation", "ssp", 2), ("train", "overlap_eval", True),
     ("debug", "async_engine", True),
 ])
 def test_fault_survive_refuses_what_it_cannot_shrink(section, key, value):
