@@ -24,9 +24,9 @@ reproduces it. The variants of a table run alternately (A, B, A, B...) so that a
 machine's load hits them alike; a cell is the median of the repeats, with the range
 `[lowest–highest]` when the repeats differed. On a machine shared with other jobs the load says
 how far to trust a table's seconds; bytes, rounds and accuracies do not depend on it. A table
-marked *carried over* could not be re-measured where this page was last generated (it needs a
-GPU, an idle machine or hours); it was measured at the commit shown by an earlier form of the
-study that its command runs now. "Settled" lines are finished studies whose answer is now a
+marked *carried over* was not re-measured when this page was last generated (it needs a GPU, an
+idle machine or more hours than that run had); it was measured at the commit shown by an earlier
+form of the study that its command runs now. "Settled" lines are finished studies whose answer is now a
 default, with the figure that settled it.
 
 Re-measure with `python -m benchmarks run [SUITE ...] [--repeats N] [--quick]`, then
