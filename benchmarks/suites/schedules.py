@@ -18,8 +18,8 @@ SETTLED = [
     "commit `3279c59`), though on digits upsampled to 28x28 (12 local steps per epoch) it reached 0.95 a pass "
     "earlier (7 against 8; commit `cdb9187`).",
     "`aggregation.outer_optimizer` stays `\"none\"`: on MNIST Nesterov reached 96 % in 5 of 6 runs against plain "
-    "averaging's 3 of 6 (3 seeds, two schedules), but on digits plain averaging needed the fewest bytes at both "
-    "schedules (commits `e6dfdf3`, `c204418`).",
+    "averaging's 3 of 6 (3 seeds, two schedules; commit `346c997`), but on digits plain averaging needed the "
+    "fewest bytes to 95 % at both schedules (`--quick`).",
     "Outer Adam needs `outer_learning_rate` near 0.01: at 0.001 the MLP on digits reached 37 % after 10 local "
     "epochs (commit `c204418`).",
     "Reports that come at a steady pace are polled every 50 µs from 2 ms before they are due: with the plain 5 ms "
