@@ -112,7 +112,7 @@ def test_class_weight_and_an_uncompiled_model_are_refused_as_keras_refuses_them(
     assert "must be compiled" in message and "not compiled, with outputs ['digit', 'even']" in message
 
 
-def _job(tmp_path, where: str, placement: str):
+def _job(tmp_path, where: str, placement: str, sync_every: int):
     """fit(model, x, y_dict, validation_data=(xv, yv)) as the job runs it: 3 worker threads, real Keras."""
     model, (x, y) = two_heads(), digits()
     val = {k: v[1500:] for k, v in y.items()}
@@ -123,7 +123,7 @@ def _job(tmp_path, where: str, placement: str):
     job = run_local_job(tmp_path / where, workers=3, builder=builder, callbacks=[history],
                         inputs=JobInputs(arrays=arrays), data={"source": "arrays", "test_size": 0.0,
                                                                "placement": placement},
-                        train={"epochs": 2, "batch_size": 32}, evaluation={"where": where})
+                        train={"epochs": 2, "batch_size": 32, "sync_every": sync_every}, evaluation={"where": where})
     return job, history, model, (x[1500:], val)
 
 
@@ -134,14 +134,16 @@ def _plain_keras_names(x: np.ndarray, y: dict[str, np.ndarray]) -> set[str]:
     return set(fitted.history)
 
 
-@pytest.mark.parametrize("where, placement", [("scheduler", "shared"), ("workers", "scatter")])
-def test_logs_carry_plain_keras_names_and_the_per_output_scores_equal_keras_evaluate(tmp_path, where, placement):
-    job, history, model, (x_val, y_val) = _job(tmp_path, where, placement)
+# a round is one local epoch of model.fit, or (train.sync_every = steps_per_epoch) that many train_on_batch steps
+@pytest.mark.parametrize("where, placement, sync_every", [("scheduler", "shared", 0), ("workers", "scatter", 8)])
+def test_logs_carry_plain_keras_names_and_the_per_output_scores_equal_keras_evaluate(tmp_path, where, placement,
+                                                                                      sync_every):
+    job, history, model, (x_val, y_val) = _job(tmp_path, where, placement, sync_every)
     x, y = digits()
     expected_names = _plain_keras_names(x, y)
     assert "val_even_auc" in expected_names and "digit_loss" in expected_names
     assert set(history.history) == expected_names
-    assert len(history.history["val_digit_accuracy"]) == 2
+    assert len(history.history["digit_loss"]) == len(job.rounds()) == 2 and history.history["val_digit_accuracy"]
     # the scores are the global model's, per output, as model.evaluate gives them on the validation data
     # (in one batch: Keras weights each batch's per-output loss alike, a short last batch too, where the
     # job's figures are means over the samples)
@@ -150,7 +152,7 @@ def test_logs_carry_plain_keras_names_and_the_per_output_scores_equal_keras_eval
     for name, value in scores.items():
         assert history.history[f"val_{name}"][-1] == pytest.approx(value, abs=1e-5), name
     assert float(job.rounds()[-1]["val_even_auc"]) == pytest.approx(scores["even_auc"], abs=1e-5)
-    assert scores["digit_accuracy"] > 0.5  # the workers trained both heads
+    assert scores["digit_accuracy"] > 0.3  # the workers trained the heads (chance: 0.1)
 
 
 def test_sharded_metric_state_of_the_wrapped_model_adds_up_per_output():
