@@ -59,16 +59,24 @@ class PackedTargets(keras.Model):
     def compute_metrics(self, x: Any, y: Any, y_pred: Any, sample_weight: Any = None) -> Any:
         return super().compute_metrics(x, self.unpack(y), y_pred, sample_weight)
 
-    # Files hold the wrapped model, as the user built it: what ModelCheckpoint, the run's final weights
-    # and a callback's model.save write reloads into the user's model (the wrapper adds no weights).
+    # Files hold the user's model as it was built: what ModelCheckpoint, the run's final weights and a
+    # callback's model.save write reloads into the user's model (the wrappers add no weights).
     def save(self, filepath: Any, overwrite: bool = True, **kwargs: Any) -> Any:
-        return self.inner.save(filepath, overwrite=overwrite, **kwargs)
+        return self.users_model().save(filepath, overwrite=overwrite, **kwargs)
 
     def save_weights(self, filepath: Any, overwrite: bool = True, **kwargs: Any) -> Any:
-        return self.inner.save_weights(filepath, overwrite=overwrite, **kwargs)
+        return self.users_model().save_weights(filepath, overwrite=overwrite, **kwargs)
 
     def load_weights(self, filepath: Any, **kwargs: Any) -> Any:
-        return self.inner.load_weights(filepath, **kwargs)
+        return self.users_model().load_weights(filepath, **kwargs)
+
+    def users_model(self) -> Any:
+        """The wrapped model, or behind packed inputs (:mod:`.packed`) the one model nested in that wrapper."""
+        from mpi_trainer.models.packed import InputColumns
+
+        nested = [layer for layer in self.inner.layers if isinstance(layer, keras.Model)]
+        packed = any(isinstance(layer, InputColumns) for layer in self.inner.layers)
+        return nested[0] if packed and len(nested) == 1 else self.inner
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "inner": keras.saving.serialize_keras_object(self.inner),

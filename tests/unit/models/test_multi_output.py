@@ -237,7 +237,7 @@ def test_files_the_wrapped_model_writes_reload_into_the_users_model(tmp_path):
     assert reloaded.output_names == ["digit", "even"] and type(reloaded).__name__ == "Functional"
 
 
-def test_dict_inputs_and_outputs_together_score_as_plain_keras():
+def test_dict_inputs_and_outputs_together_score_as_plain_keras(tmp_path):
     keras.utils.set_random_seed(0)
     left, right = keras.Input((32,), name="left"), keras.Input((32,), name="right")
     hidden = keras.layers.Dense(16, activation="relu")(keras.layers.concatenate([left, right]))
@@ -254,3 +254,7 @@ def test_dict_inputs_and_outputs_together_score_as_plain_keras():
     assert set(ours) == set(plain) == {"loss", "digit_loss", "even_loss", "digit_accuracy", "even_accuracy"}
     for name in plain:
         assert ours[name] == pytest.approx(plain[name], abs=1e-6), name
+    wrapped.save_weights(tmp_path / "w.weights.h5")  # the user's model's weights, not the wrappers'
+    model.set_weights([np.zeros_like(w) for w in model.get_weights()])
+    model.load_weights(tmp_path / "w.weights.h5")
+    assert model.test_on_batch(inputs, targets, return_dict=True)["loss"] == pytest.approx(plain["loss"], abs=1e-6)
