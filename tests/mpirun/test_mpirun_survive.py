@@ -15,8 +15,9 @@ KILL = ["--set", "debug.crash_rank=2", "--set", "debug.crash_round=2"]
 
 
 def test_a_killed_worker_leaves_two_that_finish_every_round_without_a_restart(tmp_path):
-    survived = run_mpi(4, ["train", *QUICK, *SURVIVE, *KILL], tmp_path / "survived",
-                       mpirun_args=FAULT_TOLERANT_OPTIONS)
+    # the workers score their test shards until the loss, then the scheduler scores the whole split
+    survived = run_mpi(4, ["train", *QUICK, *SURVIVE, *KILL, "--set", "evaluation.where=workers"],
+                       tmp_path / "survived", mpirun_args=FAULT_TOLERANT_OPTIONS)
     assert survived.returncode == 0, survived.output[-4000:]
     rows = survived.rounds()
     assert [int(r["round"]) for r in rows] == list(range(EPOCHS))  # each once: round 2 is not logged twice
@@ -25,6 +26,7 @@ def test_a_killed_worker_leaves_two_that_finish_every_round_without_a_restart(tm
     assert summary["workers"] == 2 and summary.get("restarts") is None
     assert [lost["rank"] for lost in summary["lost_workers"]] == [2]
     assert "round 2: worker rank 2 on host" in survived.output and "was lost" in survived.output
+    assert "the scheduler scores the global model from now on" in survived.output
     undisturbed = run_mpi(4, ["train", *QUICK, *SURVIVE], tmp_path / "undisturbed", mpirun_args=FAULT_TOLERANT_OPTIONS)
     assert undisturbed.returncode == 0, undisturbed.output[-4000:]
     assert [int(r["workers"]) for r in undisturbed.rounds()] == [3] * EPOCHS
