@@ -82,7 +82,7 @@ def render_table(table: Mapping[str, Any], command: str | None) -> list[str]:
     columns = table["columns"]
     lines = [f"### {table['title']}", ""]
     if table["command"] != command:
-        lines += [f"    {table['command']}", ""]
+        lines += [f"Reproduce with `{table['command']}`.", ""]
     lines += ["| | " + " | ".join(columns.values()) + " |", "|---" * (len(columns) + 1) + "|"]
     for name, figures in table["rows"].items():
         lines.append(f"| {name} | " + " | ".join(cell(figures.get(key, "")) for key in columns) + " |")
@@ -96,9 +96,8 @@ def render_result(result: Mapping[str, Any]) -> list[str]:
     table of one run shares them), then its tables."""
     tables = result["tables"]
     command = tables[0]["command"] if tables else None
-    lines = [where(result["environment"], bool(result.get("carried"))), ""]
-    if command:
-        lines += [f"    {command}", ""]
+    reproduce = f" Reproduce with `{command}`." if command else ""
+    lines = [where(result["environment"], bool(result.get("carried"))) + reproduce, ""]
     for table in tables:
         lines += render_table(table, command)
     return lines
