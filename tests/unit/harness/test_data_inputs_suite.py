@@ -17,7 +17,7 @@ from mpi_trainer.config import load_config
 def test_the_suite_is_registered_and_its_quick_tables_name_their_command_and_targets():
     assert SUITES["data_inputs"] is data_inputs
     tables = data_inputs.comparisons(quick=True)
-    assert [len(table.variants) for table in tables] == [2, 3, 3, 3]
+    assert [len(table.variants) for table in tables] == [2, 3, 3, 4]
     assert {table.command for table in tables} == {"python -m benchmarks run data_inputs --quick"}
     assert all("Target" in table.notes for table in tables)
     assert data_inputs.comparisons(quick=False)[0].variants.keys() == {"300 MB file", "3,000 MB file"}
