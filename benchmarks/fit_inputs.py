@@ -1,11 +1,11 @@
-"""One rank of the ``fit`` race in the data_inputs suite: LeNet on real digits, as a tf.data pipeline or as arrays.
+"""One rank of the ``fit`` race in the pipelines suite: LeNet on real digits, as a tf.data pipeline or as arrays.
 
-    mpirun -n 3 python -m benchmarks.fit_inputs {tf.data|tf.data-no-autotune|arrays} DIGITS.npz RUN_DIR ROUNDS
+    mpirun -n 3 python -m benchmarks.fit_inputs {tf.data|arrays} DIGITS.npz RUN_DIR ROUNDS
 
 Every rank runs this script, as in a Horovod script. Both kinds train on the same 4,000 training
 digits in batches of 64 and score the same 1,000 test digits (``validation_data``) every round;
-the suite reads the times and accuracies from ``RUN_DIR/rounds.csv``. ``tf.data-no-autotune`` is the
-same pipeline with ``tf.data.Options().autotune.enabled = False``, as mpi_trainer's in-memory feed runs.
+the suite reads the times and accuracies from ``RUN_DIR/rounds.csv``. The pipeline is written as a
+Horovod script writes it, with no options of its own.
 """
 
 from __future__ import annotations
@@ -31,19 +31,15 @@ def fit(kind: str, digits: Path, run_dir: Path, rounds: int) -> None:
         validation = (scaled(data["x_test"]), data["y_test"])
     common = {"validation_data": validation, "epochs": rounds, "run_dir": run_dir,
               "overrides": {"log.plots": False, "checkpoint.every": 0, "train.seed": 0}}
-    if kind.startswith("tf.data"):
+    if kind == "tf.data":
         import tensorflow as tf
 
         dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(y), seed=0).batch(BATCH)
-        if kind == "tf.data-no-autotune":
-            options = tf.data.Options()
-            options.autotune.enabled = False
-            dataset = dataset.with_options(options)
         mpi_trainer.fit("lenet", dataset, **common)
     elif kind == "arrays":
         mpi_trainer.fit("lenet", x, y, batch_size=BATCH, **common)
     else:
-        raise SystemExit(f"unknown input kind {kind!r}; expected 'tf.data', 'tf.data-no-autotune' or 'arrays'")
+        raise SystemExit(f"unknown input kind {kind!r}; expected 'tf.data' or 'arrays'")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from benchmarks.suites import (
     keras_fit,
     lbfgs,
     observability,
+    pipelines,
     run_directory,
     scaling,
     schedules,
@@ -24,4 +25,5 @@ from benchmarks.suites import (
 
 SUITES = {module.__name__.rsplit(".", 1)[1]: module
           for module in (throughput, accuracy, scaling, schedules, communication, transport, bandwidth, stragglers,
-                         faults, survive, run_directory, observability, keras_fit, lbfgs, gpu, data_inputs)}
+                         faults, survive, run_directory, observability, keras_fit, lbfgs, gpu, data_inputs,
+                         pipelines)}

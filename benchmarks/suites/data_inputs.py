@@ -1,14 +1,15 @@
 """What do streamed files, pipelines, image folders and TFRecords cost against in-memory arrays?
 
-Four tables, LeNet on real MNIST digits (:mod:`benchmarks.digits`), 2 workers (``mpirun -n 3``):
+Three tables, LeNet on real MNIST digits (:mod:`benchmarks.digits`), 2 workers (``mpirun -n 3``):
 
 1. a worker's peak RSS while it streams an HDF5 file (``data.stream = true``) at two file sizes, the
    larger about 3 GB: ``train.max_steps`` batches, then the peak each worker logs when it stops;
 2. throughput of the same HDF5 file streamed and loaded into memory (``data.stream = false``);
 3. final test accuracy on the same digits as arrays (``.npz``), an image folder of PNGs and TFRecord
-   files, with the same train/test split; repeat *r* trains with ``train.seed = r``;
-4. ``mpi_trainer.fit`` on a ``tf.data`` pipeline and on the same digits as arrays: seconds until the
-   test accuracy first reaches 96 %.
+   files, with the same train/test split; repeat *r* trains with ``train.seed = r``.
+
+The pipelines suite (:mod:`benchmarks.suites.pipelines`) races ``fit`` on a ``tf.data`` pipeline
+against arrays with this module's files and helpers.
 
 Ratio rows divide the figures of the two variants measured next to each other in the same repeat.
 The files are written once per run under the system's temporary folder and deleted when it ends
@@ -267,9 +268,8 @@ def comparisons(quick: bool) -> list[Comparison]:
     command = f"python -m benchmarks run data_inputs{' --quick' if quick else ''}"
     sizes, steps = ((8, 24), 5) if quick else ((300, 3000), 60)
     samples, rounds = (3000, 2) if quick else (20000, 3)
-    epochs, race = (2, 2) if quick else (8, 10)
-    return [memory(command, sizes, steps), speed(command, samples, rounds), accuracy(command, epochs),
-            fit_time(command, race)]
+    epochs = 2 if quick else 8
+    return [memory(command, sizes, steps), speed(command, samples, rounds), accuracy(command, epochs)]
 
 
 def memory(command: str, sizes: tuple[int, ...], steps: int) -> Comparison:
@@ -317,12 +317,11 @@ def fit_time(command: str, rounds: int) -> Comparison:
         title=f"`mpi_trainer.fit` on a `tf.data` pipeline against arrays: LeNet on 4,000 real MNIST digits, "
               f"{WORKERS} workers, batch 64, the 1,000 test digits scored every round, {rounds} rounds",
         command=command,
-        variants={**side_by_side(("tf.data", lambda: fit_race("tf.data", rounds)),
-                                 ("arrays", lambda: fit_race("arrays", rounds))),
-                  "tf.data, autotuning off": lambda: fit_race("tf.data-no-autotune", rounds)},
+        variants=side_by_side(("tf.data", lambda: fit_race("tf.data", rounds)),
+                              ("arrays", lambda: fit_race("arrays", rounds))),
         columns={"seconds_to_target": f"s to {TARGET:.0%} test accuracy", "rounds_to_target": "rounds to it",
                  "final_accuracy": "final test accuracy", "seconds_per_round": "s per round",
                  "command_seconds": "whole command s"},
         notes=f"Target: the pipeline reaches {TARGET:.0%} in at most 1.05x the arrays' seconds. Seconds count "
               f"from the job's start (elapsed_seconds in rounds.csv); n/a: not reached in {rounds} rounds. The "
-              f"last row is the same pipeline with `options.autotune.enabled = False` (as the in-memory feed runs).")
+              f"pipeline sets no options: mpi_trainer runs a worker's block without tf.data's autotuning.")

@@ -14,6 +14,10 @@ rank draws the same order and the blocks do not overlap.
 
 Each round starts the block's pipeline afresh: a finite dataset is one local epoch per round; an
 infinite one (``repeat()``) needs ``steps_per_epoch``, the batches one round reads over all workers.
+Because of that, tf.data's autotuning is off in a worker's block unless the pipeline sets it
+(``dataset.options().autotune.enabled``): the autotuning thread of a pipeline that ``fit`` drops
+at the end of each round holds the round up (the in-memory feed, :mod:`mpi_trainer.data.feed`,
+does the same); ``AUTOTUNE`` parallelism then takes the worker's cores.
 """
 
 from __future__ import annotations
@@ -64,9 +68,20 @@ def unknown_length(what: str, count: int) -> DataError:
                      f"dataset.apply(tf.data.experimental.assert_cardinality(n)))")
 
 
+def without_autotuning(dataset: Any) -> Any:
+    """``dataset`` with tf.data's autotuning off, unless the pipeline itself says whether it wants it."""
+    import tensorflow as tf
+
+    if dataset.options().autotune.enabled is not None:
+        return dataset
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
+
+
 class DatasetBlock(BlockFeed):
     def __init__(self, dataset: Any, size: int) -> None:
-        self.dataset, self.units = dataset, size
+        self.dataset, self.units = without_autotuning(dataset), size
 
     def fit_input(self, batch_size: int, rng: np.random.Generator, max_steps: int | None) -> dict[str, Any]:
         return {"x": self.dataset if max_steps is None else self.dataset.take(max_steps), "shuffle": False}

@@ -65,6 +65,20 @@ def test_tf_dataset_blocks_are_contiguous_ranges_of_its_batches():
     assert data.num_outputs == 10 and data.classes and data.input_shape == (64,)
 
 
+@pytest.mark.parametrize("chosen", [None, True])
+def test_a_workers_block_runs_without_autotuning_unless_the_pipeline_chose(chosen):
+    x, y = digits()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(100).prefetch(tf.data.AUTOTUNE)
+    if chosen is not None:
+        options = tf.data.Options()
+        options.autotune.enabled = chosen
+        dataset = dataset.with_options(options)
+    block = get_input_adapter(dataset).block(0, 5, 1, 3)
+    fed = block.fit_input(100, np.random.default_rng(0), None)["x"]
+    assert fed.options().autotune.enabled is (False if chosen is None else chosen)
+    assert len(list(fed.as_numpy_iterator())) == 5  # the same batches either way
+
+
 def test_dataset_fn_receives_each_workers_input_context():
     x, y = digits()
     seen = []

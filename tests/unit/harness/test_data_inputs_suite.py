@@ -10,17 +10,24 @@ import pytest
 
 from benchmarks import digits as real
 from benchmarks.harness import Comparison, run_comparison
-from benchmarks.suites import SUITES, data_inputs
+from benchmarks.suites import SUITES, data_inputs, pipelines
 from mpi_trainer.config import load_config
 
 
 def test_the_suite_is_registered_and_its_quick_tables_name_their_command_and_targets():
     assert SUITES["data_inputs"] is data_inputs
     tables = data_inputs.comparisons(quick=True)
-    assert [len(table.variants) for table in tables] == [2, 3, 3, 4]
+    assert [len(table.variants) for table in tables] == [2, 3, 3]
     assert {table.command for table in tables} == {"python -m benchmarks run data_inputs --quick"}
     assert all("Target" in table.notes for table in tables)
     assert data_inputs.comparisons(quick=False)[0].variants.keys() == {"300 MB file", "3,000 MB file"}
+
+
+def test_the_pipelines_suite_races_a_tf_data_pipeline_against_arrays_with_the_same_files():
+    assert SUITES["pipelines"] is pipelines and pipelines.prepared is data_inputs.prepared
+    (race,) = pipelines.comparisons(quick=False)
+    assert list(race.variants) == ["tf.data", "arrays", "ratio tf.data / arrays"]
+    assert race.command == "python -m benchmarks run pipelines" and "1.05x" in race.notes
 
 
 def test_the_files_a_run_wrote_are_removed_when_it_ends_even_on_failure():
