@@ -176,8 +176,6 @@ def _fault_rule(cfg: Config) -> None:
                                "the stale-synchronous engine does not shrink the job yet"),
         "model.optimizer": (cfg.model.uses_lbfgs, cfg.model.optimizer, "a Keras optimizer",
                             "full-batch L-BFGS needs the gradient of every block at each iteration"),
-        "train.overlap_eval": (cfg.train.overlap_eval, cfg.train.overlap_eval, "False",
-                               "a round redone after a loss cannot already be running"),
     }
     for key, (conflicts_with, value, expected, why) in conflicts.items():
         if conflicts_with:

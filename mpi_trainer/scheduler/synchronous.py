@@ -131,7 +131,8 @@ class SynchronousEngine(RoundCollection, Engine):
         try:
             return self.run_round(round_index)
         except RankLost as error:
-            self.weights, self.state.steps = before, steps
+            # under train.overlap_eval the next round may have been handed out: it is dropped with this one
+            self.weights, self.state.steps, self.next_started = before, steps, None
             self.recorder.outer.state = outer_state  # a loss after the outer step must not count the round twice
             self.recorder.count_bytes(self.link.take_bytes())  # the lost round's traffic: in the total only
             if self.ledger is not None:
