@@ -166,14 +166,10 @@ def _outer_optimizer_rule(cfg: Config) -> None:
 
 
 def _fault_rule(cfg: Config) -> None:
-    """``fault.survive`` re-plans and redoes synchronous rounds; refuse what it cannot carry on with."""
+    """``fault.survive`` shrinks the job and re-plans the blocks; refuse what cannot carry on that way."""
     if not cfg.fault.survive:
         return
     conflicts = {
-        "aggregation.ssp": (cfg.aggregation.ssp > 0, cfg.aggregation.ssp, "0",
-                            "the stale-synchronous engine does not shrink the job yet"),
-        "debug.async_engine": (cfg.debug.async_engine, cfg.debug.async_engine, "False",
-                               "the stale-synchronous engine does not shrink the job yet"),
         "model.optimizer": (cfg.model.uses_lbfgs, cfg.model.optimizer, "a Keras optimizer",
                             "full-batch L-BFGS needs the gradient of every block at each iteration"),
     }

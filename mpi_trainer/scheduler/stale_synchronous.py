@@ -22,12 +22,20 @@ With ``data.rebalance`` every merged update's measured speed goes to the same
 :class:`~mpi_trainer.algorithms.rebalance.Rebalancer` as between synchronous
 rounds; a re-cut reaches each worker with its next ``UPDATE`` order (and,
 under scatter, the rows it lacks follow that order).
+
+Under ``fault.survive`` a lost worker (:class:`~mpi_trainer.errors.RankLost`, met
+while taking an update in or handing work out) leaves the survivors to carry on:
+the job shrinks, the blocks are re-planned for them, and the updates they were
+computing are dropped (each had started from a version the merges since have
+moved past; none reaches the global model in part). The updates merged before
+the loss stay, each whole; the survivors keep their clocks and get fresh work.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +56,7 @@ from mpi_trainer.config import Config
 from mpi_trainer.data.increment import round_samples
 from mpi_trainer.data.placement import ScatterLedger
 from mpi_trainer.data.sources import Dataset
+from mpi_trainer.errors import RankLost
 from mpi_trainer.persistence.resume import ResumeState, trim_rounds
 from mpi_trainer.persistence.run_files import UPDATE_FIELDS, UPDATES_NAME, RoundLog
 from mpi_trainer.scheduler.engine import Engine
@@ -99,8 +108,9 @@ class StaleSynchronousEngine(Engine):
         self.update_log = RoundLog(run_dir / UPDATES_NAME, UPDATE_FIELDS)
         self.rebalancer = Rebalancer(plan.block_bounds, cfg.data.rebalance_smoothing) if cfg.data.rebalance else None
         # Under scatter a re-cut moves rows: the ledger knows who holds what.
+        # (fault.survive: a lost worker's rows go to the survivors.)
         self.ledger = (ScatterLedger(cfg, plan, self.workers)
-                       if cfg.data.rebalance and cfg.data.scatters else None)
+                       if (cfg.data.rebalance or cfg.fault.survive) and cfg.data.scatters else None)
         self.told = {worker: list(plan.block_bounds) for worker in self.workers}  # the blocks each one trains on
 
     def describe(self) -> str:
@@ -115,25 +125,55 @@ class StaleSynchronousEngine(Engine):
     # -- the rounds -------------------------------------------------------------
     def run_rounds(self) -> StopReason:
         reason = self.run_windows()
-        self.drain()
+        self.surviving(self.drain, int(self.rounds[-1]["round"]) + 1 if self.rounds else self.recorder.start_round)
         return reason
 
     def run_windows(self) -> StopReason:
         """Merge updates as they arrive; every ``W`` of them close a round."""
-        self.dispatch_ready()
         round_index = self.recorder.start_round
+        self.surviving(self.dispatch_ready, round_index)
         while round_index < self.cfg.train.epochs:
-            self.merge_next(round_index)
-            full = len(self.window.records) == len(self.workers)
+            # after a loss the window may already hold as many updates as there are workers left
+            if len(self.window.records) < len(self.workers) and \
+                    not self.surviving(partial(self.merge_next, round_index), round_index):
+                continue
+            full = len(self.window.records) >= len(self.workers)
             if full and self.cfg.aggregation.elects:
                 self.elect()
-            self.dispatch_ready()  # before evaluating, so that workers do not wait on it
+            self.surviving(self.dispatch_ready, round_index)  # before evaluating, so workers do not wait on it
             if full:
                 reason = self.close_round(round_index)
                 if reason:
                     return reason
                 round_index += 1
         return StopReason.EPOCHS
+
+    # -- surviving a lost worker (fault.survive) -------------------------------
+    def surviving(self, step: Any, round_index: int) -> bool:
+        """Run ``step``; False when a worker was lost in it and the survivors carry on without it."""
+        try:
+            step()
+            return True
+        except RankLost as error:
+            self.in_flight.clear()  # the survivors drop the updates they were computing
+            self.recorder.count_bytes(self.link.take_bytes())
+            self.survive_loss(error, round_index, f"round {round_index}")
+            self.told = {}  # every next order carries the re-planned blocks
+            self.update_budget = self.dispatched + (self.cfg.train.epochs - round_index) * len(self.workers)
+            self.log.warning("round %d: the updates under way were dropped; %d workers carry on", round_index,
+                             len(self.workers))
+            self.surviving(self.dispatch_ready, round_index)
+            return False
+
+    def renumber(self, survivors: list[int]) -> None:
+        """Clocks, busy spans and held rows follow the survivors' new numbers (index in ``survivors``)."""
+        clocks = self.clock.clocks
+        self.clock = StalenessClock(range(1, len(survivors)), self.cfg.aggregation.ssp)
+        self.clock.clocks = {new: clocks[old] for new, old in enumerate(survivors) if new}
+        self.window.busy = {new: self.window.busy[old] for new, old in enumerate(survivors)
+                            if new and old in self.window.busy}
+        if self.ledger is not None:
+            self.ledger.held = {new: self.ledger.held[old] for new, old in enumerate(survivors) if new}
 
     # -- handing out work ---------------------------------------------------
     def dispatch_ready(self) -> None:
@@ -168,7 +208,7 @@ class StaleSynchronousEngine(Engine):
         update two blocks can overlap or leave rows out for that one update.
         """
         order = Order(OrderKind.UPDATE, clock=clock, version=self.version, learning_rate=self.recorder.callback_rate)
-        if self.told[worker] == self.plan.block_bounds:
+        if self.told.get(worker) == self.plan.block_bounds:
             return order, None
         order.blocks = self.told[worker] = list(self.plan.block_bounds)
         if self.ledger is None:

@@ -251,11 +251,13 @@ class Worker(LocalTraining):
         self.link.recv_weights(self.arriving)
         self.wire.decode(self.arriving, self.global_weights)
         self.phases.add("wait", order.clock, waited)
+        self.maybe_crash(order.clock, "train")
         report, local = self.train_and_report(order.clock)
         if self.cfg.aggregation.elects:
             self.score(report)
         report.phases, sending = self.phases.take(), time.time()
         self.link.send_report(report)
+        self.maybe_crash(order.clock, "contribute")
         self.link.send_weights(self.wire.encode(local))
         self.phases.add("send", order.clock, sending)
         maybe_freeze(self.cfg.debug, self.rank, order.clock)

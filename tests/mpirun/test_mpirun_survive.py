@@ -33,6 +33,20 @@ def test_a_killed_worker_leaves_two_that_finish_every_round_without_a_restart(tm
     assert abs(summary["final_test_accuracy"] - undisturbed.summary()["final_test_accuracy"]) <= 0.01
 
 
+def test_under_ssp_a_killed_worker_leaves_the_others_to_finish_every_round(tmp_path):
+    survived = run_mpi(4, ["train", *QUICK, *SURVIVE, *KILL, "--set", "aggregation.ssp=1"], tmp_path / "ssp",
+                       mpirun_args=FAULT_TOLERANT_OPTIONS)
+    assert survived.returncode == 0, survived.output[-4000:]
+    rows = survived.rounds()
+    assert [int(r["round"]) for r in rows] == list(range(EPOCHS))
+    workers = [int(r["workers"]) for r in rows]
+    assert workers == sorted(workers, reverse=True) and workers[-1] == 2
+    summary = survived.summary()
+    assert [lost["rank"] for lost in summary["lost_workers"]] == [2] and summary.get("restarts") is None
+    assert "the updates under way were dropped; 2 workers carry on" in survived.output
+    assert summary["final_test_accuracy"] > 0.9
+
+
 def test_fault_survive_is_refused_on_every_rank_without_the_fault_tolerant_options(tmp_path):
     result = run_mpi(3, ["train", *QUICK, *SURVIVE], tmp_path / "refused")
     assert result.returncode == 2
