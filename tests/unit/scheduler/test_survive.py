@@ -108,9 +108,12 @@ def test_with_overlapped_evaluation_the_round_under_way_is_redone_once(tmp_path,
             np.testing.assert_allclose(weights, after, atol=1e-5)
 
 
-@pytest.mark.parametrize("phase, placement", [("train", "shared"), ("contribute", "shared"), ("train", "scatter")])
-def test_under_ssp_the_survivors_carry_on_and_every_round_is_recorded_once(tmp_path, phase, placement):
-    job = run_local_job(tmp_path, workers=3, train={"epochs": 4}, aggregation={"ssp": 1},
+@pytest.mark.parametrize("phase, placement, method", [
+    ("train", "shared", "average"), ("contribute", "shared", "weighted"), ("train", "scatter", "average"),
+    ("contribute", "shared", "best"),
+])
+def test_under_ssp_the_survivors_carry_on_and_every_round_is_recorded_once(tmp_path, phase, placement, method):
+    job = run_local_job(tmp_path, workers=3, train={"epochs": 4}, aggregation={"ssp": 1, "method": method},
                         data={"placement": placement}, **survive(crash_round=1, phase=phase))
     rows = job.rounds()
     assert [int(r["round"]) for r in rows] == [0, 1, 2, 3]
