@@ -18,6 +18,7 @@ from mpi_trainer.launch.job_setup import JobInputs, load_dataset_for_rank, plan_
 from mpi_trainer.launch.roles import pick_roles
 from mpi_trainer.persistence.resume import load_resume_state
 from mpi_trainer.persistence.run_files import read_rounds
+from mpi_trainer.persistence.run_record import RunContext
 from mpi_trainer.worker import Worker
 
 
@@ -74,7 +75,8 @@ def place(world: LocalWorld, cfg: Any, dataset: Any, plan: JobPlan) -> dict[int,
 
 
 def build_local_job(run_dir: Path, workers: int = 2, builder: Any = None, resume: bool = False,
-                    inputs: JobInputs | None = None, **sections: Any) -> tuple[Any, list, Any]:
+                    inputs: JobInputs | None = None, callbacks: Any = None,
+                    **sections: Any) -> tuple[Any, list, Any]:
     """The scheduler's engine, the workers (dry-run, not calibrated) and their local world, not yet running.
 
     Trains on the built-in digits (by default), on ``inputs.pipeline`` (every rank shares the one
@@ -101,7 +103,9 @@ def build_local_job(run_dir: Path, workers: int = 2, builder: Any = None, resume
     placed = place(world, cfg, dataset, plan)
     run_dir.mkdir(parents=True, exist_ok=True)
     state = load_resume_state(run_dir, cfg.to_dict()) if resume else None
-    engine = pick_roles(cfg).engine(SchedulerLink(transports[0]), cfg, dataset, model, plan, run_dir, resume=state)
+    context = RunContext(callbacks=None if callbacks is None else tuple(callbacks))  # Keras callbacks on rank 0
+    engine = pick_roles(cfg).engine(SchedulerLink(transports[0]), cfg, dataset, model, plan, run_dir, resume=state,
+                                    context=context)
     # Built one after another (not in their threads) so that every run seeds its layers alike.
     team = [RecordingWorker(WorkerLink(transports[rank]), plan, placed[rank][1], cfg, placed[rank][0])
             for rank in range(1, workers + 1)]
@@ -113,9 +117,7 @@ def build_local_job(run_dir: Path, workers: int = 2, builder: Any = None, resume
 def run_local_job(run_dir: Path, workers: int = 2, builder: Any = None, callbacks: Any = (),
                   resume: bool = False, inputs: JobInputs | None = None, **sections: Any) -> LocalJob:
     """Train with ``workers`` worker threads (see :func:`build_local_job`); returns the finished job."""
-    engine, team, world = build_local_job(run_dir, workers, builder, resume, inputs, **sections)
-    if callbacks:
-        engine.recorder.use_callbacks(list(callbacks))
+    engine, team, world = build_local_job(run_dir, workers, builder, resume, inputs, callbacks or None, **sections)
     # data.rebalance: round 0's blocks are cut from each worker's timed steps, as run_job does
     engine.seed_speeds({worker.rank: speed for worker in team if (speed := worker.calibrate()) is not None})
     results = world.run({0: engine.run, **{w.rank: w.run for w in team}})

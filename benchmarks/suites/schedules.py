@@ -60,13 +60,15 @@ def outer(spec: str) -> list[str]:
     return [f"aggregation.outer_optimizer={name}", *(f"{k}={v}" for k, v in zip(OUTER_KEYS, numbers))]
 
 
-def to_target(setup: dict, sync: str, spec: str, seed: int) -> Figures:
+def to_target(setup: dict, sync: str, spec: str, seed: int, mpirun_args: list[str] | None = None) -> Figures:
+    """One run to the task's target: rounds, local epochs, megabytes and seconds to it (infinite if missed).
+    ``mpirun_args`` place the ranks (the bandwidth suite's simulated hosts)."""
     steps = math.ceil(math.ceil(setup["train"] / WORKERS) / setup["batch"])  # the larger block's, per epoch
     all_steps = sum(math.ceil((end - start) / setup["batch"]) for start, end in block_bounds(setup["train"], WORKERS))
     overrides = [*setup["set"], f"train.batch_size={setup['batch']}", f"train.seed={seed}", "checkpoint.every=0",
                  "evaluation.every=0", "log.plots=false", "log.tensorboard=false",
                  *schedule(sync, setup["epochs"], steps), *outer(spec)]
-    summary, rounds, _ = run_job(WORKERS + 1, overrides, config=setup["config"])
+    summary, rounds, _ = run_job(WORKERS + 1, overrides, config=setup["config"], mpirun_args=mpirun_args)
     points, sent = curve(rounds), 0
     reached = {"rounds": math.inf, "epochs": math.inf, "megabytes": math.inf}  # a miss: longer than any hit
     for row in rounds:

@@ -23,6 +23,7 @@ from mpi_trainer.launch.job_setup import JobInputs, JobSetup, log_plan, place_tr
 from mpi_trainer.launch.process_placement import log_placements
 from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.run_files import CONFIG_NAME, REPORT_NAME, write_atomic
+from mpi_trainer.persistence.run_record import RunContext
 
 WorkerBuilder = Callable[[type, Transport, Config, Any, Any, Any], Any]
 
@@ -136,13 +137,13 @@ def run_scheduler(transport: Transport, cfg: Config, job: JobSetup, placements: 
                           "(model.optimizer, model.loss and model.metrics do not apply)")
     hosts = [placement.host for placement in placements]
     try:
+        inputs = inputs or JobInputs()
+        context = RunContext(placement=tuple(placement.as_dict() for placement in placements),
+                             fingerprint=job.run.fingerprint,  # Keras callbacks, and the History fit returns:
+                             callbacks=None if cfg.model.uses_lbfgs else tuple(inputs.callbacks),
+                             initial_epoch=inputs.initial_epoch)
         engine = pick_roles(cfg).engine(SchedulerLink(transport), cfg, job.dataset, job.model, job.plan, path,
-                                        hosts, job.state)
-        (engine.recorder if hasattr(engine, "recorder") else engine).fingerprint = job.run.fingerprint
-        engine.record_placement([placement.as_dict() for placement in placements])
-        if not cfg.model.uses_lbfgs:  # Keras callbacks, and the History fit returns
-            inputs = inputs or JobInputs()
-            engine.recorder.use_callbacks(list(inputs.callbacks), inputs.initial_epoch)
+                                        hosts, job.state, context)
         if calibration[0]:  # data.rebalance (which L-BFGS refuses)
             engine.seed_speeds(*calibration)
         summary = engine.run()

@@ -43,6 +43,22 @@ KEEPS_BEST = (StopReason.EARLY_STOPPING, StopReason.NAN)
 UNFINISHED = (StopReason.RUNNING, StopReason.PREEMPTED)
 
 
+@dataclass(frozen=True)
+class RunContext:
+    """What the job knows of a run before its scheduler engine is built, given to the engine with it:
+    every rank's host, backend and device (summary.json), the model's and data's fingerprint
+    (checkpoints), and the Keras callbacks of :func:`mpi_trainer.fit` with the epoch they count from
+    (None: no Keras callbacks run, and no History is kept)."""
+
+    placement: tuple[Mapping[str, Any], ...] = ()
+    fingerprint: Mapping[str, Any] = field(default_factory=dict)
+    callbacks: tuple[Any, ...] | None = None
+    initial_epoch: int = 0
+
+
+NO_CONTEXT = RunContext()  # a run built without a job around it (frozen, so one serves every such run)
+
+
 @dataclass
 class RunState:
     """What the scheduler knows about the run so far (carried over a resume by the checkpoint)."""

@@ -30,6 +30,7 @@ from mpi_trainer.errors import RankLost, WorkerFailure
 from mpi_trainer.hooks import maybe_freeze
 from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.resume import ResumeState
+from mpi_trainer.persistence.run_record import NO_CONTEXT, RunContext
 from mpi_trainer.scheduler.evaluation import Evaluator
 from mpi_trainer.scheduler.recorder import RoundRecorder, RoundSources, StopReason
 from mpi_trainer.scheduler.watchdog import Watchdog
@@ -39,7 +40,8 @@ class Engine(ABC):
     rebalancer: Rebalancer | None = None  # data.rebalance: the engine's own, cutting blocks by speed
 
     def __init__(self, link: SchedulerLink, cfg: Config, dataset: Dataset, model: Any, plan: JobPlan,
-                 run_dir: Path, hosts: list[str] | None = None, resume: ResumeState | None = None) -> None:
+                 run_dir: Path, hosts: list[str] | None = None, resume: ResumeState | None = None,
+                 context: RunContext = NO_CONTEXT) -> None:
         self.link, self.cfg, self.dataset, self.model, self.plan = link, cfg, dataset, model, plan
         self.log = get_logger()
         self.codec = WeightCodec.from_weights(model.get_weights())
@@ -50,7 +52,7 @@ class Engine(ABC):
         self.watchdog = Watchdog(WaitBounds(cfg.watchdog.setup_timeout, cfg.watchdog.worker_timeout), hosts)
         self.paced: float | None = None  # when the last round closed (or the rounds began)
         self.recorder = RoundRecorder(cfg, dataset, model, self.codec, plan, run_dir, transport, hosts,
-                                      self.round_sources(), resume)
+                                      self.round_sources(), resume, context)
         self.observers = self.recorder.observers
         if resume is not None:
             self.weights = resume.weights
@@ -99,10 +101,6 @@ class Engine(ABC):
     def wire_bytes(self) -> int:
         """Bytes of one copy of the weights on the wire."""
         return self.codec.size * self.wire.itemsize
-
-    def record_placement(self, placement: list[dict[str, Any]]) -> None:
-        """Every rank's host, backend and device, for summary.json (the job learns them at set-up)."""
-        self.recorder.placement = placement
 
     def describe(self) -> str:
         return (f"{len(self.workers)} workers, {self.cfg.aggregation.method} aggregation, model "

@@ -51,6 +51,8 @@ from mpi_trainer.persistence.run_files import (
 )
 from mpi_trainer.persistence.run_record import (
     KEEPS_BEST,
+    NO_CONTEXT,
+    RunContext,
     RunState,
     RunSummary,
     StopReason,
@@ -99,11 +101,12 @@ class IterationClock:
 
 class LbfgsScheduler:
     def __init__(self, link: SchedulerLink, cfg: Config, dataset: Dataset, model: Any, plan: JobPlan,
-                 run_dir: Path, hosts: list[str] | None = None, resume: ResumeState | None = None) -> None:
+                 run_dir: Path, hosts: list[str] | None = None, resume: ResumeState | None = None,
+                 context: RunContext = NO_CONTEXT) -> None:
         self.link, self.cfg, self.dataset, self.model = link, cfg, dataset, model
         self.transport = transport = link.transport  # read only: byte and wait counters
         self.plan, self.run_dir = plan, run_dir
-        self.fingerprint: dict[str, Any] = {}  # the model's and data's, kept in checkpoints; the job sets it
+        self.fingerprint = dict(context.fingerprint)  # the model's and data's, kept in checkpoints
         self.log = get_logger()
         self.codec = WeightCodec.from_weights(model.get_weights())
         self.vector = TrainableVector(model)
@@ -118,7 +121,7 @@ class LbfgsScheduler:
         self.started = time.perf_counter()
         self.clock = IterationClock.start(transport.workers)
         self.last_gradient: tuple[np.ndarray, np.ndarray] | None = None
-        self.placement: list[dict[str, Any]] = []
+        self.placement = [dict(rank) for rank in context.placement]  # host, backend and device of every rank
         if resume is not None:
             self.restore(resume)
         self.round_log = RoundLog(run_dir / ROUNDS_NAME, round_fields(plan.metric_names) + LBFGS_COLUMNS)
@@ -136,10 +139,6 @@ class LbfgsScheduler:
     @property
     def workers(self) -> int:
         return self.transport.workers
-
-    def record_placement(self, placement: list[dict[str, Any]]) -> None:
-        """Every rank's host, backend and device, for summary.json (the job learns them at set-up)."""
-        self.placement = placement
 
     @property
     def worker_timeout(self) -> float:

@@ -49,6 +49,8 @@ from mpi_trainer.persistence.run_files import (
 )
 from mpi_trainer.persistence.run_record import (
     KEEPS_BEST,
+    NO_CONTEXT,
+    RunContext,
     RunState,
     RunSummary,
     StopReason,
@@ -79,7 +81,7 @@ class RoundSources:
 class RoundRecorder(RecorderCheckpoints):
     def __init__(self, cfg: Config, dataset: Dataset, model: Any, codec: WeightCodec, plan: JobPlan,
                  run_dir: Path, transport_stats: Any, hosts: list[str], sources: RoundSources,
-                 resume: ResumeState | None = None) -> None:
+                 resume: ResumeState | None = None, context: RunContext = NO_CONTEXT) -> None:
         self.cfg, self.dataset, self.model, self.codec, self.plan = cfg, dataset, model, codec, plan
         self.run_dir = run_dir
         self.transport_stats = transport_stats  # read-only: the scheduler's wait counters
@@ -94,15 +96,17 @@ class RoundRecorder(RecorderCheckpoints):
         self.discarded_bytes = 0  # traffic of rounds rolled back, counted with the next recorded round
         self.initial_weights = codec.flatten(model.get_weights())
         self.kept_weights: np.ndarray | None = None  # the weights the run ends with, once finished
-        self.placement: list[dict[str, Any]] = []  # host, backend and device of every rank; the job sets it
-        self.callbacks: RoundCallbacks | None = None  # Keras callbacks from mpi_trainer.fit
+        self.placement = [dict(rank) for rank in context.placement]  # host, backend and device of every rank
+        self.callbacks = (None if context.callbacks is None else  # Keras callbacks from mpi_trainer.fit
+                          RoundCallbacks(list(context.callbacks), model, cfg.train.epochs, self.metric_names,
+                                         context.initial_epoch))
         # the learning rate a callback set on the scheduler's optimizer, for the workers' next round
         self.callback_rate: float | None = None
         self.summary_written = -math.inf
         # the step from each round's aggregate to the next global model; its state lives here only
         self.outer = OuterOptimizer(OuterSettings.from_config(cfg.aggregation))
         self.lost_workers: list[dict[str, Any]] = []  # fault.survive: who was lost, on which host, when
-        self.fingerprint: dict[str, Any] = {}  # the model's and data's, kept in checkpoints; the job sets it
+        self.fingerprint = dict(context.fingerprint)  # the model's and data's, kept in checkpoints
         self.last_checkpoint = time.monotonic()  # checkpoint.every_seconds counts from here
         self.last_checkpoint_round = -1
         self.due: tuple[int, bool] | None = None  # (round, whether it checkpoints): decided once a round
@@ -112,10 +116,6 @@ class RoundRecorder(RecorderCheckpoints):
         self.round_log = RoundLog(run_dir / ROUNDS_NAME, round_fields(self.metric_names))
         # progress, TensorBoard and the timeline: what rank 0 shows of each round besides rounds.csv
         self.observers = RunObservers(cfg, run_dir, self.start_round, hosts, self.state.rounds)
-
-    def use_callbacks(self, callbacks: list[Any], initial_epoch: int = 0) -> None:
-        self.callbacks = RoundCallbacks(callbacks, self.model, self.cfg.train.epochs, self.metric_names,
-                                        initial_epoch)
 
     def begin(self) -> None:
         """Before the first round: the callbacks' ``on_train_begin``."""

@@ -59,6 +59,7 @@ from mpi_trainer.data.sources import Dataset
 from mpi_trainer.errors import RankLost
 from mpi_trainer.persistence.resume import ResumeState, trim_rounds
 from mpi_trainer.persistence.run_files import UPDATE_FIELDS, UPDATES_NAME, RoundLog
+from mpi_trainer.persistence.run_record import NO_CONTEXT, RunContext
 from mpi_trainer.scheduler.engine import Engine
 from mpi_trainer.scheduler.recorder import ClosedRound, StopReason
 
@@ -92,8 +93,9 @@ class Window:
 
 class StaleSynchronousEngine(Engine):
     def __init__(self, link: SchedulerLink, cfg: Config, dataset: Dataset, model: Any, plan: JobPlan,
-                 run_dir: Path, hosts: list[str] | None = None, resume: ResumeState | None = None) -> None:
-        super().__init__(link, cfg, dataset, model, plan, run_dir, hosts, resume)
+                 run_dir: Path, hosts: list[str] | None = None, resume: ResumeState | None = None,
+                 context: RunContext = NO_CONTEXT) -> None:
+        super().__init__(link, cfg, dataset, model, plan, run_dir, hosts, resume, context)
         start = self.recorder.start_round
         # Resumed: clocks go on from the checkpoint's next round (the round a worker's data draw
         # follows), and update numbers from the updates kept for the rounds already recorded.

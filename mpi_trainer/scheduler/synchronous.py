@@ -35,6 +35,7 @@ from mpi_trainer.data.sources import Dataset
 from mpi_trainer.errors import RankLost
 from mpi_trainer.persistence.optimizer_state import assign_states
 from mpi_trainer.persistence.resume import ResumeState
+from mpi_trainer.persistence.run_record import NO_CONTEXT, RunContext
 from mpi_trainer.scheduler.engine import Engine
 from mpi_trainer.scheduler.evaluation import make_evaluator
 from mpi_trainer.scheduler.recorder import RoundSources, StopReason
@@ -56,8 +57,9 @@ class SynchronousEngine(RoundCollection, Engine):
         self.weights_version += 1
 
     def __init__(self, link: SchedulerLink, cfg: Config, dataset: Dataset, model: Any, plan: JobPlan,
-                 run_dir: Path, hosts: list[str] | None = None, resume: ResumeState | None = None) -> None:
-        super().__init__(link, cfg, dataset, model, plan, run_dir, hosts, resume)
+                 run_dir: Path, hosts: list[str] | None = None, resume: ResumeState | None = None,
+                 context: RunContext = NO_CONTEXT) -> None:
+        super().__init__(link, cfg, dataset, model, plan, run_dir, hosts, resume, context)
         self.next_order = Order(OrderKind.ROUND)  # fields every worker's next order carries
         self.pending_states: dict[int, np.ndarray] = {}
         self.next_started: float | None = None  # set while the next round runs ahead (overlap_eval)

@@ -27,8 +27,7 @@ class BreaksAt(keras.callbacks.Callback):
 
 
 def test_a_failure_on_rank_0_ends_fit_on_every_worker_with_an_error_naming_it(tmp_path):
-    engine, team, world = build_local_job(tmp_path, workers=2, train={"epochs": 5})
-    engine.recorder.use_callbacks([BreaksAt(1)])
+    engine, team, world = build_local_job(tmp_path, workers=2, callbacks=[BreaksAt(1)], train={"epochs": 5})
     transports = world.transports()
 
     def caught(rank, run):  # as a sweep loop calls fit: inside try/except
