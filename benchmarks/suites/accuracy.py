@@ -31,9 +31,9 @@ def plain(feed: str, epochs: int, target: float, seed: int) -> Figures:
                                            "--feed", feed, "--seed", str(seed)]), target)
 
 
-def trainer(workers: int, threads: int, epochs: int, target: float, seed: int) -> Figures:
+def trainer(workers: int, threads: int, epochs: int, target: float, seed: int, extra: tuple[str, ...] = ()) -> Figures:
     overrides = [f"data.source={mnist5k()}", *LENET, f"train.epochs={epochs}", f"train.threads={threads}",
-                 f"train.seed={seed}", "checkpoint.every=0", "log.plots=false", "log.tensorboard=false"]
+                 f"train.seed={seed}", "checkpoint.every=0", "log.plots=false", "log.tensorboard=false", *extra]
     summary, rounds, _ = run_job(workers + 1, overrides, config=MNIST_LENET)
     elapsed = [float(row["elapsed_seconds"]) for row in rounds]
     points = curve(rounds)
@@ -73,7 +73,10 @@ def comparisons(quick: bool) -> list[Comparison]:
         "plain Keras, `fit(x, y)` on arrays": seeded(lambda seed: plain("arrays", epochs, target, seed)),
         "plain Keras, `fit` on a tf.data feed": seeded(lambda seed: plain("tfdata", epochs, target, seed)),
         "mpi_trainer, 1 worker": seeded(lambda seed: trainer(1, 0, epochs, target, seed)),
-        "mpi_trainer, 2 workers": seeded(lambda seed: trainer(2, 0, epochs, target, seed)),
+        "mpi_trainer, 2 workers, outer `none`": seeded(lambda seed: trainer(
+            2, 0, epochs, target, seed, ("aggregation.outer_optimizer=none",))),
+        "mpi_trainer, 2 workers, outer `nesterov`": seeded(lambda seed: trainer(
+            2, 0, epochs, target, seed, ("aggregation.outer_optimizer=nesterov",))),
         "mpi_trainer, 1 worker at `train.threads = 1`": seeded(lambda seed: trainer(1, 1, epochs, target, seed)),
     }
     notes = ("Repeat n runs with seed n (initial weights and shuffle), so a cell is the median over seeds; "
