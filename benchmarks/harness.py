@@ -93,6 +93,7 @@ class Environment:
     load_average: list[float]  # 1, 5 and 15 minutes, when the suite started
     versions: dict[str, str]
     load_average_end: list[float] = field(default_factory=list)  # when it ended
+    backend: str = "tensorflow"  # the Keras backend the jobs trained on (KERAS_BACKEND)
 
     @classmethod
     def here(cls) -> Environment:
@@ -100,7 +101,8 @@ class Environment:
                    "mpi_trainer")), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                    host=platform.node(), cpu=_cpu_model(), cores=os.cpu_count() or 1,
                    memory_gib=round(_memory_gib(), 1), gpus=gpu_names(),
-                   load_average=load_average(), versions=_versions())
+                   load_average=load_average(), versions=_versions(),
+                   backend=os.environ.get("KERAS_BACKEND", "tensorflow"))
 
     def hardware(self) -> str:
         gpus = ", ".join(self.gpus) if self.gpus else "no GPU"
@@ -172,8 +174,11 @@ class SuiteResult:
     conclusions: list[str] = field(default_factory=list)
 
     def save(self, folder: Path = RESULTS) -> Path:
+        """``<suite>.json``, or ``<suite>-<backend>.json`` for a run on another Keras backend than TensorFlow
+        (kept beside the TensorFlow run, not in its place)."""
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{self.suite}.json"
+        backend = self.environment.backend
+        path = folder / (f"{self.suite}.json" if backend == "tensorflow" else f"{self.suite}-{backend}.json")
         path.write_text(json.dumps(asdict(self), indent=1, sort_keys=False) + "\n")
         return path
 

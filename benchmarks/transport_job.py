@@ -1,13 +1,11 @@
 """Run under mpirun by the transport suite: mpi_trainer's transport verbs against blocking mpi4py calls.
 
-    mpirun -n R python -m benchmarks.transport_job times --payload-mb 2 [--reps 11]
-    mpirun -n R python -m benchmarks.transport_job waiting --slow-seconds 5
+    mpirun -n R python -m benchmarks.transport_job --payload-mb 2 [--reps 11]
 
-``times``: on one float32 buffer, the transport's ``reduce_sum``, ``broadcast`` and
+On one float32 buffer, the transport's ``reduce_sum``, ``broadcast`` and
 ``send_array``/``recv_array`` alternate with blocking ``Reduce``, ``Bcast`` and ``Send``/``Recv``;
 a call's time is the longest any rank spent in it (from a barrier), and rank 0 prints the median
-milliseconds of each. ``waiting``: rank 0's CPU, as a fraction of a core, while it waits in
-``reduce_sum`` and in a blocking ``Reduce`` for a last rank that comes ``--slow-seconds`` late.
+milliseconds of each.
 """
 
 from __future__ import annotations
@@ -23,8 +21,6 @@ import numpy as np
 from mpi4py import MPI
 
 from mpi_trainer.comm.transport import Transport
-
-LENET_BYTES = 1.85e6
 
 
 def calls(comm: Any, transport: Transport, buf: np.ndarray) -> dict[str, Callable[[], None]]:
@@ -69,31 +65,15 @@ def times(comm: Any, transport: Transport, megabytes: float, reps: int) -> dict[
     return {name: 1e3 * statistics.median(values) for name, values in spent.items()}
 
 
-def waiting(comm: Any, transport: Transport, slow_seconds: float) -> dict[str, float]:
-    named = calls(comm, transport, np.ones(int(LENET_BYTES) // 4, np.float32))
-    fractions = {}
-    for name in ("reduce", "Reduce"):
-        comm.Barrier()
-        if comm.Get_rank() == comm.Get_size() - 1:
-            time.sleep(slow_seconds)
-        wall, cpu = time.perf_counter(), time.process_time()
-        named[name]()
-        fractions[name] = (time.process_time() - cpu) / (time.perf_counter() - wall)
-    return fractions
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["times", "waiting"])
     parser.add_argument("--payload-mb", type=float, default=2.0)
     parser.add_argument("--reps", type=int, default=11)
-    parser.add_argument("--slow-seconds", type=float, default=5.0)
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     transport = Transport(comm)
     transport.bound = 600.0  # as in a job: every wait bounded, failure notices checked while it sleeps
-    result = (times(comm, transport, args.payload_mb, args.reps) if args.mode == "times"
-              else waiting(comm, transport, args.slow_seconds))
+    result = times(comm, transport, args.payload_mb, args.reps)
     if comm.Get_rank() == 0:
         print(json.dumps(result), flush=True)
 

@@ -45,10 +45,10 @@ def test_a_saved_result_carries_its_environment_and_renders_with_commit_and_comm
     assert saved["environment"]["cores"] >= 1 and saved["environment"]["versions"]["python"]
     environment.load_average_end = [9.5, 4.0, 2.0]
     page = render(load_results(tmp_path))
-    assert "at the start, 9.5/4.0/2.0 at the end" not in page  # saved before the end was known
+    assert "→ 9.5/4.0/2.0" not in page  # saved before the end was known
     page = render([{**saved, "environment": {**saved["environment"], "load_average_end": [9.5, 4.0, 2.0]}}])
-    assert "at the start, 9.5/4.0/2.0 at the end" in page
-    assert f"commit `{environment.commit}`" in page
+    assert "→ 9.5/4.0/2.0" in page
+    assert f"Commit `{environment.commit}`" in page
     assert "Reproduce with `python -m benchmarks run communication`" in page
     assert "| average | 276,350 |" in page  # the same in every repeat: no range
     assert "| best | 2.5 [2–3] |" in page
@@ -100,13 +100,13 @@ def test_every_comparison_names_the_command_of_its_own_suite():
 
 
 def test_every_saved_table_is_reproduced_by_a_harness_suite():
-    """Measured or carried over, a figure in docs/performance.md names the suite that measures it now."""
+    """Every figure in docs/performance.md names the suite that measures it, and the commit it was measured at."""
     for result in load_results():
         assert result["suite"] in SUITES, result["suite"]
         for table in result["tables"]:
-            command = table["command"].removeprefix("KERAS_BACKEND=jax ")
+            command = table["command"]
             assert command.split()[:5] == ["python", "-m", "benchmarks", "run", result["suite"]], command
-        assert result.get("carried") or result["environment"]["commit"]
+        assert result["environment"]["commit"] and not result.get("carried")
 
 
 def test_settled_answers_are_rendered_under_their_question():
@@ -127,3 +127,32 @@ def test_seeded_variants_get_seed_n_on_repeat_n_and_targets_compare_at_float32_p
     assert Spread.of([time_to(points, 0.99), 2.0, 3.0]).median == 3.0
     assert Spread.of([math.inf, math.inf, 2.0]).median == math.inf and number(math.inf) == "not reached"
     assert cell(asdict(Spread.of([math.inf, 2.0, math.inf]))) == "not reached (1 of 3 reached it: 2)"
+
+
+def test_a_run_on_another_keras_backend_is_kept_beside_the_tensorflow_run_and_says_so(tmp_path, monkeypatch):
+    table = run_comparison(Comparison("Scaling", "python -m benchmarks run scaling", {"one": lambda: {"s": 1.0}},
+                                      {"s": "s"}), repeats=1, log=lambda line: None)
+    monkeypatch.delenv("KERAS_BACKEND", raising=False)
+    tensorflow = SuiteResult("scaling", "q", Environment.here(), [table]).save(tmp_path)
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    jax = SuiteResult("scaling", "q", Environment.here(), [table]).save(tmp_path)
+    assert (tensorflow.name, jax.name) == ("scaling.json", "scaling-jax.json")
+    page = render(load_results(tmp_path))
+    section = page[page.index("## Scaling"):]
+    assert section.count("### Scaling") == 2 and section.count("Keras backend jax") == 1
+    assert section.index("Keras backend jax") > section.index("### Scaling")  # the TensorFlow run first
+
+
+def test_comparisons_of_one_run_that_share_their_columns_render_as_one_table_headed_by_each_title():
+    def table(title, value):
+        return {"title": title, "command": "python -m benchmarks run survive", "columns": {"s": "s added"},
+                "rows": {"survive": {"s": {"median": value, "low": value, "high": value, "runs": [value]}}},
+                "notes": "The target: one round."}
+
+    environment = {**asdict(Environment.here()), "commit": "abc1234"}
+    page = render([{"suite": "survive", "question": "q", "environment": environment,
+                    "tables": [table("Killed in round 3: LeNet, 3 workers", 0.5),
+                               table("Killed in round 3: MLP, 3 workers", 0.25)]}])
+    assert page.count("| | s added |") == 1 and page.count("The target: one round.") == 1
+    assert "### Killed in round 3\n" in page
+    assert "| **Killed in round 3: LeNet, 3 workers** | |" in page and "| survive | 0.25 |" in page
