@@ -17,13 +17,22 @@ def format_round_line(row: Mapping[str, Any], epochs: int) -> str:
             f"{_num(row, 'bytes') / 1e6:.2f} MB")
 
 
+def _score(row: Mapping[str, Any], key: str) -> float:
+    """A score, NaN where the round has none (not scored, or no such split)."""
+    try:
+        return float(row.get(key, math.nan))
+    except (TypeError, ValueError):  # "" in a row read back from rounds.csv
+        return math.nan
+
+
 def _scores(row: Mapping[str, Any]) -> str:
-    """Test accuracy and loss; only the loss for a model without accuracy; nothing for a round that
-    ``evaluation.every`` left unscored."""
-    accuracy, loss = _num(row, "test_accuracy"), _num(row, "test_loss")
-    if math.isnan(loss):
-        return "not scored"
-    return ("" if math.isnan(accuracy) else f"acc {accuracy:.4f}  ") + f"loss {loss:.4f}"
+    """Test accuracy and loss (only the loss for a model without accuracy); without a test split, the
+    validation split's, marked ``val``; nothing for a round that ``evaluation.every`` left unscored."""
+    for split, label in (("test", ""), ("val", "val ")):
+        accuracy, loss = (_score(row, f"{split}_{name}") for name in ("accuracy", "loss"))
+        if not math.isnan(loss):
+            return ("" if math.isnan(accuracy) else f"{label}acc {accuracy:.4f}  ") + f"{label}loss {loss:.4f}"
+    return "not scored"
 
 
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:

@@ -71,6 +71,9 @@ def test_round_line_and_table():
     assert format_round_line(unscored, 10) == "round 2/10  not scored  0.50 s  1.00 MB"
     regression = {**rows[1], "test_accuracy": "nan"}
     assert format_round_line(regression, 10) == "round 2/10  loss 0.2000  0.50 s  1.00 MB"
+    validated = {**unscored, "val_accuracy": 0.875, "val_loss": 0.25}  # fit(validation_data=...), no test split
+    assert format_round_line(validated, 10) == "round 2/10  val acc 0.8750  val loss 0.2500  0.50 s  1.00 MB"
+    assert format_round_line({**validated, "val_loss": ""}, 10) == "round 2/10  not scored  0.50 s  1.00 MB"
     table = format_table(rows)
     assert "total" in table and "2.00" in table and "3.000" in table
 
