@@ -146,6 +146,7 @@ def rebuild_model(spec: ModelSpec) -> Any:
     """Recreate and compile the scheduler's model from its spec (on a worker)."""
     import keras
 
+    import mpi_trainer.models.nested  # noqa: F401 - registers NestedModel, the wrapper of a dict-input model
     import mpi_trainer.models.packed  # noqa: F401 - registers InputColumns, which a dict-input model uses
     import mpi_trainer.models.packed_targets  # noqa: F401 - registers PackedTargets (multi-output models)
 

@@ -3,7 +3,8 @@
 Blocks, shuffles and scatter move rows of one array. ``fit(model, {"a": xa, "b": xb}, y)`` packs the
 named inputs side by side (in sorted order of their names, so every rank packs alike) and trains a
 wrapper whose first layers cut each input's columns back out and reshape them; the user's model is
-nested inside it, so the wrapper's weights are the user model's, in the same order.
+nested inside it, so the wrapper's weights are the user model's, in the same order, and the files it
+writes hold the user's model (:mod:`.nested`).
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ class InputColumns(keras.layers.Layer):
         return {**super().get_config(), "start": self.start, "end": self.end, "shape": list(self.shape)}
 
 
-def packed_model(model: Any, columns: list[Column]) -> Any:
-    """``model`` (whose inputs are named as the packed columns) behind one packed input, compiled as it was."""
+def packed_functional(model: Any, columns: list[Column]) -> Any:
+    """``model`` (whose inputs are named as the packed columns) behind one packed input, as a functional model
+    whose first layers cut each input's columns back out."""
     names = {column.name for column in columns}
     inputs = {tensor.name if hasattr(tensor, "name") else str(tensor) for tensor in model.inputs}
     expected = sorted(getattr(model, "input_names", None) or inputs)
@@ -76,7 +78,15 @@ def packed_model(model: Any, columns: list[Column]) -> Any:
                           f"expected the model's inputs {expected}")
     packed = keras.Input((columns[-1].end,), name="packed_inputs")
     parts = {c.name: InputColumns(c.start, c.end, c.shape, name=f"columns_{c.name}")(packed) for c in columns}
-    wrapper = keras.Model(packed, model(parts), name=f"{model.name}_packed")
+    return keras.Model(packed, model(parts), name=f"{model.name}_packed")
+
+
+def packed_model(model: Any, columns: list[Column]) -> Any:
+    """:func:`packed_functional` as the model a job trains, compiled as ``model`` was; the files it writes
+    hold ``model`` (:class:`~mpi_trainer.models.nested.NestedModel`)."""
+    from mpi_trainer.models.nested import NestedModel
+
+    wrapper = NestedModel(packed_functional(model, columns), name=f"{model.name}_inputs")
     if getattr(model, "optimizer", None) is not None and getattr(model, "loss", None) is not None:
         wrapper.compile(optimizer=model.optimizer, loss=model.loss,
                         metrics=model.get_compile_config().get("metrics"))

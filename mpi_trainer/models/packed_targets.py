@@ -17,33 +17,17 @@ import keras
 
 from mpi_trainer.data.targets import TargetColumn, output_names
 from mpi_trainer.errors import ConfigError
+from mpi_trainer.models.nested import NestedModel
 
 
 @keras.saving.register_keras_serializable(package="mpi_trainer")
-class PackedTargets(keras.Model):
+class PackedTargets(NestedModel):
     """``inner``'s outputs, trained and scored against the packed target matrix's ``columns``."""
 
     def __init__(self, inner: Any, columns: list[Any], output_names: list[str], **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.inner = inner
+        super().__init__(inner, **kwargs)
         self.target_columns = [c if isinstance(c, TargetColumn) else TargetColumn.from_config(c) for c in columns]
         self.output_names = [str(name) for name in output_names]  # Keras names losses and metrics after them
-        self.built = inner.built
-
-    @property
-    def inputs(self) -> Any:
-        return self.inner.inputs
-
-    @property
-    def outputs(self) -> Any:
-        return self.inner.outputs
-
-    @property
-    def input_shape(self) -> Any:
-        return self.inner.input_shape
-
-    def call(self, inputs: Any, training: bool = False) -> Any:
-        return self.inner(inputs, training=training)
 
     def unpack(self, y: Any) -> Any:
         """The packed targets of a batch as ``{output name: targets}``, each of its shape and dtype."""
@@ -59,34 +43,9 @@ class PackedTargets(keras.Model):
     def compute_metrics(self, x: Any, y: Any, y_pred: Any, sample_weight: Any = None) -> Any:
         return super().compute_metrics(x, self.unpack(y), y_pred, sample_weight)
 
-    # Files hold the user's model as it was built: what ModelCheckpoint, the run's final weights and a
-    # callback's model.save write reloads into the user's model (the wrappers add no weights).
-    def save(self, filepath: Any, overwrite: bool = True, **kwargs: Any) -> Any:
-        return self.users_model().save(filepath, overwrite=overwrite, **kwargs)
-
-    def save_weights(self, filepath: Any, overwrite: bool = True, **kwargs: Any) -> Any:
-        return self.users_model().save_weights(filepath, overwrite=overwrite, **kwargs)
-
-    def load_weights(self, filepath: Any, **kwargs: Any) -> Any:
-        return self.users_model().load_weights(filepath, **kwargs)
-
-    def users_model(self) -> Any:
-        """The wrapped model, or behind packed inputs (:mod:`.packed`) the one model nested in that wrapper."""
-        from mpi_trainer.models.packed import InputColumns
-
-        nested = [layer for layer in self.inner.layers if isinstance(layer, keras.Model)]
-        packed = any(isinstance(layer, InputColumns) for layer in self.inner.layers)
-        return nested[0] if packed and len(nested) == 1 else self.inner
-
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "inner": keras.saving.serialize_keras_object(self.inner),
-                "columns": [c.to_config() for c in self.target_columns], "output_names": list(self.output_names)}
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> PackedTargets:
-        config = dict(config)
-        inner = keras.saving.deserialize_keras_object(config.pop("inner"), custom_objects=custom_objects)
-        return cls(inner, **config)
+        return {**super().get_config(), "columns": [c.to_config() for c in self.target_columns],
+                "output_names": list(self.output_names)}
 
 
 def device_dtype(dtype: str) -> str:
@@ -105,7 +64,7 @@ def targets_source(model: Any, input_layout: list[Any] | None,
     """:func:`mpi_trainer.fit` with ``y`` per output: the function ``(input_shape, num_outputs) -> model``
     that builds the job's model, ``model`` (behind its packed inputs when ``x`` was a dict) wrapped for
     packed targets, and the config override naming it."""
-    from mpi_trainer.models.packed import packed_model
+    from mpi_trainer.models.packed import packed_functional
 
     names = output_names(model)
     compile_config = model.get_compile_config() if getattr(model, "optimizer", None) is not None else {}
@@ -115,7 +74,7 @@ def targets_source(model: Any, input_layout: list[Any] | None,
                           f"expected model.compile(optimizer, loss={{name: loss for each output}}) first")
 
     def build(input_shape: tuple[int, ...], num_outputs: int) -> Any:
-        inner = model if input_layout is None else packed_model(model, input_layout)
+        inner = model if input_layout is None else packed_functional(model, input_layout)
         wrapper = PackedTargets(inner, columns, names, name=f"{model.name}_targets")
         wrapper.compile_from_config(compile_config)
         return wrapper
