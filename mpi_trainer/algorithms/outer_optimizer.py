@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpi_trainer.config.schema import OUTER_OPTIMIZERS, AggregationConfig
+from mpi_trainer.config.schema import OUTER_OPTIMIZERS, Config
 
 STATE_PREFIX = "outer_"  # the state's arrays in a checkpoint: outer_velocity, outer_m, ...
 
@@ -43,9 +43,11 @@ class OuterSettings:
     epsilon: float = 1e-7
 
     @classmethod
-    def from_config(cls, cfg: AggregationConfig) -> OuterSettings:
-        return cls(cfg.outer_optimizer, cfg.outer_learning_rate, cfg.outer_momentum, cfg.outer_beta_1,
-                   cfg.outer_beta_2, cfg.outer_epsilon)
+    def from_config(cls, cfg: Config) -> OuterSettings:
+        """The outer optimizer in effect (``"auto"`` resolved) with ``aggregation.outer_*``."""
+        section = cfg.aggregation
+        return cls(cfg.outer_optimizer, section.outer_learning_rate, section.outer_momentum, section.outer_beta_1,
+                   section.outer_beta_2, section.outer_epsilon)
 
     def describe(self) -> str:
         if self.name == "none":
@@ -59,9 +61,9 @@ class OuterOptimizer:
     """Moves the global weights from each round's aggregate; holds its state between rounds."""
 
     def __init__(self, settings: OuterSettings) -> None:
-        if settings.name not in OUTER_OPTIMIZERS:
-            raise ValueError(f"outer optimizer must be one of {list(OUTER_OPTIMIZERS)}. "
-                             f"Received: name={settings.name!r}")
+        named = [name for name in OUTER_OPTIMIZERS if name != "auto"]  # "auto" is resolved by the config
+        if settings.name not in named:
+            raise ValueError(f"outer optimizer must be one of {named}. Received: name={settings.name!r}")
         self.settings = settings
         self.state: dict[str, np.ndarray] = {}
 

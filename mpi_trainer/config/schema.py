@@ -23,6 +23,7 @@ import tomli_w
 from mpi_trainer.config.choices import (
     AGGREGATION_METHODS,
     ARRAYS_SOURCE,
+    AUTO_OUTER_OPTIMIZER,
     BUILTIN_DATASETS,
     COLOR_MODES,
     CRASH_PHASES,
@@ -167,6 +168,18 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     # Test hooks: settable, validated, never shown (see DebugConfig).
     debug: DebugConfig = field(default_factory=DebugConfig, metadata={HIDDEN: True})
+
+    @property
+    def outer_optimizer(self) -> str:
+        """The outer optimizer in effect: ``aggregation.outer_optimizer``, where ``"auto"`` is Nesterov for
+        averaged synchronous rounds and none where there is no round average to step from (SSP, best-of
+        election, L-BFGS)."""
+        chosen = self.aggregation.outer_optimizer
+        if chosen != "auto":
+            return chosen
+        averaged = not (self.aggregation.ssp > 0 or self.debug.async_engine or self.aggregation.elects
+                        or self.model.uses_lbfgs)
+        return AUTO_OUTER_OPTIMIZER if averaged else "none"
 
     def to_dict(self) -> dict[str, Any]:
         """The public config, test hooks left out (what run directories and ``check`` show)."""

@@ -124,7 +124,7 @@ class AggregationConfig(Section):
     wire_dtype: WireDtype = "float32"
     # The step from each round's aggregate to the next global model (docs/outer-optimizer.md);
     # outer_learning_rate = 0 takes the outer optimizer's own default (OUTER_LEARNING_RATES).
-    outer_optimizer: OuterOptimizer = "none"
+    outer_optimizer: OuterOptimizer = "auto"
     outer_learning_rate: float = 0.0
     outer_momentum: float = 0.5
     outer_beta_1: float = 0.9
@@ -147,8 +147,9 @@ class AggregationConfig(Section):
 
     @property
     def steps_outer(self) -> bool:
-        """``outer_optimizer`` is not ``"none"``: an outer optimizer steps from each round's aggregate."""
-        return self.outer_optimizer != "none"
+        """An outer optimizer was chosen by name (not ``"none"`` or ``"auto"``): it steps from each round's
+        aggregate, and a run without round aggregates is refused."""
+        return self.outer_optimizer not in ("none", "auto")
 
     @property
     def elects(self) -> bool:

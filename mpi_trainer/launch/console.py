@@ -28,6 +28,7 @@ def check(cfg: Config, workers: int | None = None) -> str:
     """``mpi_trainer check``: validate without MPI (load the data, build the model); a one-line description."""
     import numpy as np
 
+    from mpi_trainer.algorithms.outer_optimizer import OuterSettings
     from mpi_trainer.data.augmentation import check_image_input
     from mpi_trainer.data.partition import block_bounds
     from mpi_trainer.data.sources import load_dataset
@@ -51,4 +52,7 @@ def check(cfg: Config, workers: int | None = None) -> str:
             block_bounds(dataset.num_train, workers)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    return f"{dataset.describe()}; model {cfg.model.name} with {model.count_params()} parameters"
+    outer = OuterSettings.from_config(cfg).describe()
+    if cfg.aggregation.outer_optimizer == "auto":
+        outer += ", chosen by aggregation.outer_optimizer = \"auto\""
+    return f"{dataset.describe()}; model {cfg.model.name} with {model.count_params()} parameters; {outer}"

@@ -8,10 +8,10 @@ from conftest import run_mpi
 ROUNDS = ["--set", "train.epochs=4", "--set", "checkpoint.every=2"]
 
 
-def test_nesterov_trains_and_sends_what_plain_averaging_sends_each_round(tmp_path):
-    plain = run_mpi(3, ["train", "configs/quickstart.toml", *ROUNDS], tmp_path / "none")
-    outer = run_mpi(3, ["train", "configs/quickstart.toml", *ROUNDS, "--set", "aggregation.outer_optimizer=nesterov"],
-                    tmp_path / "nesterov")
+def test_nesterov_by_default_trains_and_sends_what_plain_averaging_sends_each_round(tmp_path):
+    plain = run_mpi(3, ["train", "configs/quickstart.toml", *ROUNDS, "--set", "aggregation.outer_optimizer=none"],
+                    tmp_path / "none")
+    outer = run_mpi(3, ["train", "configs/quickstart.toml", *ROUNDS], tmp_path / "nesterov")  # "auto": Nesterov
     assert plain.returncode == 0, plain.output
     assert outer.returncode == 0, outer.output
     summary = outer.summary()

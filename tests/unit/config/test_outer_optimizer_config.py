@@ -14,8 +14,13 @@ from mpi_trainer.errors import ConfigError
 QUICKSTART = "configs/quickstart.toml"
 
 
-def test_the_default_is_plain_averaging_and_each_optimizer_brings_its_learning_rate():
-    assert Config().aggregation.outer_optimizer == "none"
+def test_the_default_steps_nesterov_on_averaged_rounds_only_and_each_optimizer_brings_its_learning_rate():
+    assert Config().aggregation.outer_optimizer == "auto" and Config().outer_optimizer == "nesterov"
+    for other in ("aggregation.ssp=1", "aggregation.method='best'", "model.optimizer='lbfgs'",
+                  "aggregation.outer_optimizer='none'"):  # no round average to step from, or asked for none
+        assert load_config(QUICKSTART, [other]).outer_optimizer == "none", other
+    assert load_config(QUICKSTART, ["aggregation.method='weighted'"]).outer_optimizer == "nesterov"
+    assert load_config(QUICKSTART, ["aggregation.outer_optimizer='adam'"]).outer_optimizer == "adam"
     for name, rate in OUTER_LEARNING_RATES.items():
         cfg = load_config(QUICKSTART, [f"aggregation.outer_optimizer='{name}'"])
         assert cfg.aggregation.outer_learning_rate == rate
@@ -26,8 +31,9 @@ def test_the_default_is_plain_averaging_and_each_optimizer_brings_its_learning_r
 @pytest.mark.parametrize(
     "override, fragment",
     [
-        ("aggregation.outer_optimizer='sgd'", "`aggregation.outer_optimizer` must be one of ['none', 'momentum', "
-                                              "'nesterov', 'adam']. Received: aggregation.outer_optimizer='sgd'"),
+        ("aggregation.outer_optimizer='sgd'", "`aggregation.outer_optimizer` must be one of ['auto', 'none', "
+                                              "'momentum', 'nesterov', 'adam']. Received: "
+                                              "aggregation.outer_optimizer='sgd'"),
         ("aggregation.outer_learning_rate=-1", "`aggregation.outer_learning_rate` must be > 0, or 0 for the outer "
                                                "optimizer's default. Received: aggregation.outer_learning_rate=-1.0"),
         ("aggregation.outer_momentum=1", "`aggregation.outer_momentum` must lie in the interval [0, 1). "
@@ -49,7 +55,7 @@ def test_an_outer_optimizer_without_synchronous_rounds_is_refused_naming_both_ke
         load_config(QUICKSTART, ["aggregation.outer_optimizer='nesterov'", other])
     message = str(info.value)
     assert "`aggregation.outer_optimizer` = 'nesterov'" in message and f"with {key}=" in message
-    load_config(QUICKSTART, [other])  # fine with plain averaging
+    load_config(QUICKSTART, [other])  # fine with the default, which takes no outer step there
 
 
 def test_check_shows_the_outer_settings_and_refuses_a_bad_combination():
@@ -58,6 +64,11 @@ def test_check_shows_the_outer_settings_and_refuses_a_bad_combination():
     assert ok.returncode == 0, ok.stderr
     assert 'outer_optimizer = "nesterov"' in ok.stdout and "outer_learning_rate = 1.0" in ok.stdout
     assert "outer_momentum = 0.5" in ok.stdout
+    default = subprocess.run([sys.executable, "-m", "mpi_trainer", "check", QUICKSTART], capture_output=True, text=True)
+    assert default.returncode == 0, default.stderr
+    assert 'outer_optimizer = "auto"' in default.stdout
+    assert ("outer optimizer nesterov (learning rate 1, momentum 0.5), chosen by aggregation.outer_optimizer = "
+            '"auto"') in default.stdout
     bad = subprocess.run([sys.executable, "-m", "mpi_trainer", "check", QUICKSTART, "--set",
                           "aggregation.outer_optimizer=adam", "--set", "aggregation.ssp=2"],
                          capture_output=True, text=True)

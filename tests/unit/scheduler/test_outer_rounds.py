@@ -21,7 +21,7 @@ SGD = {"optimizer": "sgd", "learning_rate": 0.05}
 
 
 def fresh_outer(job: LocalJob) -> OuterOptimizer:
-    return OuterOptimizer(OuterSettings.from_config(job.engine.cfg.aggregation))
+    return OuterOptimizer(OuterSettings.from_config(job.engine.cfg))
 
 
 def last_trained(job: LocalJob, round_index: int) -> list[tuple]:
@@ -71,7 +71,7 @@ def test_each_round_takes_the_outer_step_and_the_workers_train_from_its_result(t
 
 
 def test_traffic_per_round_is_what_plain_averaging_sends(tmp_path):
-    plain = run_local_job(tmp_path / "none", train={"epochs": 3})
+    plain = run_local_job(tmp_path / "none", train={"epochs": 3}, aggregation={"outer_optimizer": "none"})
     outer = run_local_job(tmp_path / "nesterov", train={"epochs": 3}, aggregation=NESTEROV)
     model_bytes = plain.summary["model_bytes"]
     for a, b in zip(plain.rounds(), outer.rounds(), strict=True):

@@ -14,6 +14,9 @@ from mpi_trainer.persistence.checkpoint import load_checkpoint
 from mpi_trainer.persistence.run_files import CHECKPOINT_NAME, read_rounds
 from mpi_trainer.scheduler.evaluation import Evaluator
 
+# plain averaging: the global model is the survivors' mean (the outer step with a loss: test_outer_rounds)
+PLAIN = {"outer_optimizer": "none"}
+
 
 def survive(crash_rank: int = 2, crash_round: int = 1, phase: str = "contribute", **fault: object) -> dict:
     return {"fault": {"survive": True, **fault},
@@ -29,7 +32,7 @@ def last_trained(job, round_index: int) -> list[tuple]:
 @pytest.mark.parametrize("phase", ["train", "contribute"])
 @pytest.mark.parametrize("method", ["average", "weighted", "best"])
 def test_a_lost_worker_leaves_the_survivors_to_redo_the_round(tmp_path, method, phase):
-    job = run_local_job(tmp_path, workers=3, train={"epochs": 3}, aggregation={"method": method},
+    job = run_local_job(tmp_path, workers=3, train={"epochs": 3}, aggregation={"method": method, **PLAIN},
                         **survive(phase=phase))
     rows = job.rounds()
     assert [int(r["round"]) for r in rows] == [0, 1, 2]  # every round once, the redone one included
@@ -54,7 +57,7 @@ def test_a_lost_worker_leaves_the_survivors_to_redo_the_round(tmp_path, method, 
 
 
 def test_the_redone_round_starts_from_the_rounds_global_weights(tmp_path):
-    job = run_local_job(tmp_path, workers=3, train={"epochs": 2}, **survive(crash_round=1))
+    job = run_local_job(tmp_path, workers=3, train={"epochs": 2}, aggregation=PLAIN, **survive(crash_round=1))
     after_round_0 = np.mean([local for _, local in job.trained(0)], axis=0)
     # both survivors trained round 1 twice, each time from round 0's global weights
     for worker in (w for w in job.workers if w.link.transport.world_rank != 2):
@@ -68,7 +71,7 @@ def test_the_redone_round_starts_from_the_rounds_global_weights(tmp_path):
 
 @pytest.mark.parametrize("crash_round", [0, 1])
 def test_with_evaluation_on_workers_the_scheduler_scores_after_a_loss(tmp_path, crash_round):
-    job = run_local_job(tmp_path, workers=3, train={"epochs": 3}, evaluation={"where": "workers"},
+    job = run_local_job(tmp_path, workers=3, train={"epochs": 3}, evaluation={"where": "workers"}, aggregation=PLAIN,
                         **survive(crash_round=crash_round))
     rows = job.rounds()
     assert [int(r["round"]) for r in rows] == [0, 1, 2] and int(rows[-1]["workers"]) == 2
@@ -93,7 +96,7 @@ def test_with_evaluation_on_workers_the_scheduler_scores_after_a_loss(tmp_path, 
 @pytest.mark.parametrize("phase, crash_round", [("train", 1), ("contribute", 1), ("train", 2)])
 def test_with_overlapped_evaluation_the_round_under_way_is_redone_once(tmp_path, phase, crash_round):
     # round k + 1 is handed out before round k is scored: a loss in it surfaces in its own collection
-    job = run_local_job(tmp_path, workers=3, train={"epochs": 4, "overlap_eval": True},
+    job = run_local_job(tmp_path, workers=3, train={"epochs": 4, "overlap_eval": True}, aggregation=PLAIN,
                         checkpoint={"every_seconds": 0}, **survive(crash_round=crash_round, phase=phase))
     rows = job.rounds()
     assert [int(r["round"]) for r in rows] == [0, 1, 2, 3]

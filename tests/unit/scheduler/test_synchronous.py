@@ -18,7 +18,7 @@ ONE_ROUND = {"train": {"epochs": 1}}
 
 
 def test_a_synchronous_round_averages_what_the_workers_trained(tmp_path):
-    job = run_local_job(tmp_path, workers=3, **ONE_ROUND)
+    job = run_local_job(tmp_path, workers=3, aggregation={"outer_optimizer": "none"}, **ONE_ROUND)
     trained = job.trained(0)
     np.testing.assert_allclose(job.engine.weights, np.mean([local for _, local in trained], axis=0), atol=1e-6)
     (row,) = job.rounds()
