@@ -84,9 +84,11 @@ def build_local_job(run_dir: Path, workers: int = 2, builder: Any = None, resume
     (:func:`plan_job`: build, dry run, metric names); ``builder`` is a model function or model as
     :func:`mpi_trainer.fit` takes it.
     ``resume``: the engine carries on from ``run_dir``'s checkpoint (the workers get its weights).
+    Rounds are plain averages unless ``aggregation`` names an outer optimizer (``"auto"`` included), so
+    that a test can check the global model against the workers' weights by hand.
     """
     table = {"data": {"source": "pipeline" if inputs else "digits"}, "train": {"epochs": 2, "batch_size": 64},
-             "log": {"verbosity": 0}}
+             "aggregation": {"outer_optimizer": "none"}, "log": {"verbosity": 0}}
     for name, values in sections.items():
         table[name] = {**table.get(name, {}), **values}
     cfg = config_from_dict(table)

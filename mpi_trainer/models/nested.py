@@ -15,6 +15,11 @@ from typing import Any
 import keras
 
 
+class Unpacking(keras.layers.Layer):
+    """A weightless layer that cuts a wrapper's packed input back apart (:class:`.packed.InputColumns`):
+    a model built on such layers around one nested model is a wrapper, and that model is the user's."""
+
+
 @keras.saving.register_keras_serializable(package="mpi_trainer")
 class NestedModel(keras.Model):
     """``inner``'s inputs, outputs and weights; files hold the user's model (:meth:`users_model`)."""
@@ -50,10 +55,8 @@ class NestedModel(keras.Model):
 
     def users_model(self) -> Any:
         """The wrapped model, or behind packed inputs (:mod:`.packed`) the one model nested in that wrapper."""
-        from mpi_trainer.models.packed import InputColumns
-
         nested = [layer for layer in self.inner.layers if isinstance(layer, keras.Model)]
-        packed = any(isinstance(layer, InputColumns) for layer in self.inner.layers)
+        packed = any(isinstance(layer, Unpacking) for layer in self.inner.layers)
         return nested[0] if packed and len(nested) == 1 else self.inner
 
     def get_config(self) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import keras
 import numpy as np
 
 from mpi_trainer.errors import ConfigError
+from mpi_trainer.models.nested import NestedModel, Unpacking
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ def pack(inputs: Mapping[str, Any], what: str = "x") -> tuple[np.ndarray, list[C
 
 
 @keras.saving.register_keras_serializable(package="mpi_trainer")
-class InputColumns(keras.layers.Layer):
+class InputColumns(Unpacking):
     """Columns ``[start, end)`` of the packed matrix, reshaped to one input's per-sample ``shape``."""
 
     def __init__(self, start: int, end: int, shape: tuple[int, ...], **kwargs: Any) -> None:
@@ -84,8 +85,6 @@ def packed_functional(model: Any, columns: list[Column]) -> Any:
 def packed_model(model: Any, columns: list[Column]) -> Any:
     """:func:`packed_functional` as the model a job trains, compiled as ``model`` was; the files it writes
     hold ``model`` (:class:`~mpi_trainer.models.nested.NestedModel`)."""
-    from mpi_trainer.models.nested import NestedModel
-
     wrapper = NestedModel(packed_functional(model, columns), name=f"{model.name}_inputs")
     if getattr(model, "optimizer", None) is not None and getattr(model, "loss", None) is not None:
         wrapper.compile(optimizer=model.optimizer, loss=model.loss,

@@ -70,6 +70,19 @@ def test_each_round_takes_the_outer_step_and_the_workers_train_from_its_result(t
     assert job.summary["outer_optimizer"] == "nesterov"
 
 
+def test_the_default_steps_nesterov_from_averaged_rounds_and_nothing_from_elected_ones(tmp_path):
+    job = run_local_job(tmp_path / "average", model=SGD, aggregation={"outer_optimizer": "auto"}, train={"epochs": 3})
+    assert job.summary["outer_optimizer"] == "nesterov"
+    outer = OuterOptimizer(OuterSettings(name="nesterov", learning_rate=1.0, momentum=0.5))
+    expected = by_hand(job, range(3), job.engine.recorder.initial_weights, outer)
+    np.testing.assert_allclose(job.engine.weights, expected[-1], atol=2e-5)
+    best = run_local_job(tmp_path / "best", aggregation={"outer_optimizer": "auto", "method": "best"},
+                         train={"epochs": 1})
+    assert best.summary["outer_optimizer"] == "none"
+    winner = dict((report.rank, local) for report, local in best.trained(0))[int(best.rounds()[0]["winner"])]
+    np.testing.assert_array_equal(best.engine.weights, winner)
+
+
 def test_traffic_per_round_is_what_plain_averaging_sends(tmp_path):
     plain = run_local_job(tmp_path / "none", train={"epochs": 3}, aggregation={"outer_optimizer": "none"})
     outer = run_local_job(tmp_path / "nesterov", train={"epochs": 3}, aggregation=NESTEROV)
