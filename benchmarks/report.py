@@ -50,9 +50,11 @@ def cell(value: Any) -> str:
     if isinstance(value, Mapping) and "median" in value:
         runs = value.get("runs", [])
         misses = [run for run in runs if run == float("inf")]
-        if misses and len(misses) < len(runs):  # a target some repeats missed: say which reached it
-            hits = ", ".join(number(run) for run in runs if run not in misses)
-            return f"{number(value['median'])} ({len(runs) - len(misses)} of {len(runs)} reached it: {hits})"
+        if misses and len(misses) < len(runs):  # a target some repeats missed: how many reached it, and where
+            hits = sorted({number(run) for run in runs if run not in misses}, key=lambda text: float(
+                text.replace(",", "")))
+            where = f": {hits[0]}" if len(hits) == 1 else f": {hits[0]}–{hits[-1]}"
+            return f"{number(value['median'])} ({len(runs) - len(misses)} of {len(runs)} reached it{where})"
         varied = len(runs) > 1 and number(value["low"]) != number(value["high"])
         spread = f" [{number(value['low'])}–{number(value['high'])}]" if varied else ""
         return number(value["median"]) + spread
@@ -102,8 +104,8 @@ def heading(group: Sequence[Mapping[str, Any]]) -> str:
     if len(group) == 1:
         return group[0]["title"]
     shared = os.path.commonprefix([table["title"] for table in group])
-    return shared[:max(shared.rfind(":"), shared.rfind(","), 0)].strip() or "; ".join(
-        table["title"].split(" on ")[0] for table in group)
+    return shared[:max(shared.rfind(":"), shared.rfind(", "), 0)].strip() or "; ".join(
+        table["title"].split(", ")[0] for table in group)
 
 
 def render_group(group: Sequence[Mapping[str, Any]], command: str | None) -> list[str]:

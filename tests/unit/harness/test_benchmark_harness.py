@@ -127,6 +127,8 @@ def test_seeded_variants_get_seed_n_on_repeat_n_and_targets_compare_at_float32_p
     assert Spread.of([time_to(points, 0.99), 2.0, 3.0]).median == 3.0
     assert Spread.of([math.inf, math.inf, 2.0]).median == math.inf and number(math.inf) == "not reached"
     assert cell(asdict(Spread.of([math.inf, 2.0, math.inf]))) == "not reached (1 of 3 reached it: 2)"
+    assert cell(asdict(Spread.of([12.0, 10.0, math.inf]))) == "12 (2 of 3 reached it: 10–12)"
+    assert cell(asdict(Spread.of([6.0, 6.0, math.inf]))) == "6 (2 of 3 reached it: 6)"
 
 
 def test_a_run_on_another_keras_backend_is_kept_beside_the_tensorflow_run_and_says_so(tmp_path, monkeypatch):
