@@ -17,10 +17,10 @@ SETTLED = [
     "per-epoch averaging to 96 % (1.16x against 0.99x the best plain Keras run's time, median of 3 seeds; "
     "commit `3279c59`), though on digits upsampled to 28x28 (12 local steps per epoch) it reached 0.95 a pass "
     "earlier (7 against 8; commit `cdb9187`).",
-    "`aggregation.outer_optimizer = \"auto\"` (the default) is Nesterov (1, 0.5) on averaged rounds: on MNIST it "
-    "reached 96 % in all 3 seeds after 5 local epochs, 0.67x plain averaging's time (which reached it in 2 of 3, "
-    "after 6); on digits it needed one local epoch more to 95 % (5 against 4, 1.10x the time; commit `c7a4b40`, "
-    "the table above).",
+    "`aggregation.outer_optimizer = \"auto\"` (the default) is Nesterov (1, 0.5) on rounds averaging 2+ workers: "
+    "on MNIST it reached 96 % in all 3 seeds after 5 local epochs, 0.67x plain averaging's time (which reached it "
+    "in 2 of 3, after 6); on digits it needed one local epoch more to 95 % (5 against 4, 1.10x the time; commit "
+    "`c7a4b40`, the table above).",
     "Outer Adam needs `outer_learning_rate` near 0.01: at 0.001 the MLP on digits reached 37 % after 10 local "
     "epochs (commit `c204418`).",
     "Reports that come at a steady pace are polled every 50 µs from 2 ms before they are due: with the plain 5 ms "

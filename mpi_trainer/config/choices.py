@@ -57,7 +57,7 @@ SchedulerDevice = Literal["cpu", "gpu"]
 SCHEDULER_DEVICES = get_args(SchedulerDevice)
 OuterOptimizer = Literal["auto", "none", "momentum", "nesterov", "adam"]
 OUTER_OPTIMIZERS = get_args(OuterOptimizer)
-# aggregation.outer_optimizer = "auto" (the default): Nesterov where rounds are averaged, else none
+# aggregation.outer_optimizer = "auto" (the default): Nesterov where rounds average 2+ workers, else none
 # (docs/outer-optimizer.md says why: it reached a target in fewer local epochs on real MNIST).
 AUTO_OUTER_OPTIMIZER = "nesterov"
 # aggregation.outer_learning_rate when left at 0: each outer optimizer's default (docs/outer-optimizer.md)

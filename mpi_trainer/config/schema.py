@@ -169,16 +169,15 @@ class Config:
     # Test hooks: settable, validated, never shown (see DebugConfig).
     debug: DebugConfig = field(default_factory=DebugConfig, metadata={HIDDEN: True})
 
-    @property
-    def outer_optimizer(self) -> str:
-        """The outer optimizer in effect: ``aggregation.outer_optimizer``, where ``"auto"`` is Nesterov for
-        averaged synchronous rounds and none where there is no round average to step from (SSP, best-of
-        election, L-BFGS)."""
+    def outer_optimizer_for(self, workers: int) -> str:
+        """The outer optimizer in effect with ``workers`` workers: ``aggregation.outer_optimizer``, where
+        ``"auto"`` is Nesterov for synchronous rounds that average two or more workers, and none where no
+        average is stepped from (one worker, SSP, best-of election, L-BFGS)."""
         chosen = self.aggregation.outer_optimizer
         if chosen != "auto":
             return chosen
-        averaged = not (self.aggregation.ssp > 0 or self.debug.async_engine or self.aggregation.elects
-                        or self.model.uses_lbfgs)
+        averaged = workers > 1 and not (self.aggregation.ssp > 0 or self.debug.async_engine
+                                        or self.aggregation.elects or self.model.uses_lbfgs)
         return AUTO_OUTER_OPTIMIZER if averaged else "none"
 
     def to_dict(self) -> dict[str, Any]:

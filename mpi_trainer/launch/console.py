@@ -52,7 +52,8 @@ def check(cfg: Config, workers: int | None = None) -> str:
             block_bounds(dataset.num_train, workers)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    outer = OuterSettings.from_config(cfg).describe()
+    outer = OuterSettings.from_config(cfg, 2 if workers is None else workers).describe()
     if cfg.aggregation.outer_optimizer == "auto":
-        outer += ", chosen by aggregation.outer_optimizer = \"auto\""
+        outer += ", chosen by aggregation.outer_optimizer = \"auto\"" + (" (none with one worker)"
+                                                                         if workers is None else "")
     return f"{dataset.describe()}; model {cfg.model.name} with {model.count_params()} parameters; {outer}"

@@ -328,7 +328,7 @@ class LbfgsScheduler:
             resumed_after_round=self.start_iteration - 1 if self.start_iteration else None,
             traffic_bytes=self.state.traffic_bytes, checkpoint_bytes=0, model_bytes=self.codec.nbytes,
             stop_reason=self.state.stop_reason, workers=self.workers, optimizer=self.cfg.model.optimizer,
-            aggregation=self.cfg.aggregation.method, outer_optimizer=self.cfg.outer_optimizer,
+            aggregation=self.cfg.aggregation.method, outer_optimizer=self.cfg.outer_optimizer_for(self.workers),
             ssp=self.cfg.aggregation.ssp, scheduler_wait_seconds=self.transport.wait_wall_seconds,
             scheduler_wait_cpu_seconds=self.transport.wait_cpu_seconds, dataset=self.dataset.describe(),
             placement=self.placement, function_evaluations=self.evaluations, optimizer_message=self.message,

@@ -104,7 +104,7 @@ class RoundRecorder(RecorderCheckpoints):
         self.callback_rate: float | None = None
         self.summary_written = -math.inf
         # the step from each round's aggregate to the next global model; its state lives here only
-        self.outer = OuterOptimizer(OuterSettings.from_config(cfg))
+        self.outer = OuterOptimizer(OuterSettings.from_config(cfg, len(plan.block_bounds)))
         self.lost_workers: list[dict[str, Any]] = []  # fault.survive: who was lost, on which host, when
         self.fingerprint = dict(context.fingerprint)  # the model's and data's, kept in checkpoints
         self.last_checkpoint = time.monotonic()  # checkpoint.every_seconds counts from here
@@ -327,7 +327,7 @@ class RoundRecorder(RecorderCheckpoints):
             traffic_bytes=self.state.traffic_bytes, checkpoint_bytes=self.state.checkpoint_bytes,
             model_bytes=self.codec.nbytes, stop_reason=self.state.stop_reason, workers=self.workers,
             optimizer=self.cfg.model.optimizer, aggregation=self.cfg.aggregation.method,
-            outer_optimizer=self.cfg.outer_optimizer, ssp=self.cfg.aggregation.ssp,
+            outer_optimizer=self.outer.settings.name, ssp=self.cfg.aggregation.ssp,
             scheduler_wait_seconds=stats.wait_wall_seconds, scheduler_wait_cpu_seconds=stats.wait_cpu_seconds,
             dataset=self.dataset.describe(), placement=self.placement, lost_workers=self.lost_workers,
         ).as_dict()

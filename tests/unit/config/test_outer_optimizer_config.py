@@ -15,12 +15,14 @@ QUICKSTART = "configs/quickstart.toml"
 
 
 def test_the_default_steps_nesterov_on_averaged_rounds_only_and_each_optimizer_brings_its_learning_rate():
-    assert Config().aggregation.outer_optimizer == "auto" and Config().outer_optimizer == "nesterov"
+    assert Config().aggregation.outer_optimizer == "auto" and Config().outer_optimizer_for(2) == "nesterov"
+    assert Config().outer_optimizer_for(1) == "none"  # one worker: nothing is averaged
     for other in ("aggregation.ssp=1", "aggregation.method='best'", "model.optimizer='lbfgs'",
                   "aggregation.outer_optimizer='none'"):  # no round average to step from, or asked for none
-        assert load_config(QUICKSTART, [other]).outer_optimizer == "none", other
-    assert load_config(QUICKSTART, ["aggregation.method='weighted'"]).outer_optimizer == "nesterov"
-    assert load_config(QUICKSTART, ["aggregation.outer_optimizer='adam'"]).outer_optimizer == "adam"
+        assert load_config(QUICKSTART, [other]).outer_optimizer_for(3) == "none", other
+    assert load_config(QUICKSTART, ["aggregation.method='weighted'"]).outer_optimizer_for(3) == "nesterov"
+    adam = load_config(QUICKSTART, ["aggregation.outer_optimizer='adam'"])
+    assert adam.outer_optimizer_for(1) == adam.outer_optimizer_for(3) == "adam"  # a named one is taken as named
     for name, rate in OUTER_LEARNING_RATES.items():
         cfg = load_config(QUICKSTART, [f"aggregation.outer_optimizer='{name}'"])
         assert cfg.aggregation.outer_learning_rate == rate
@@ -68,7 +70,7 @@ def test_check_shows_the_outer_settings_and_refuses_a_bad_combination():
     assert default.returncode == 0, default.stderr
     assert 'outer_optimizer = "auto"' in default.stdout
     assert ("outer optimizer nesterov (learning rate 1, momentum 0.5), chosen by aggregation.outer_optimizer = "
-            '"auto"') in default.stdout
+            '"auto" (none with one worker)') in default.stdout
     bad = subprocess.run([sys.executable, "-m", "mpi_trainer", "check", QUICKSTART, "--set",
                           "aggregation.outer_optimizer=adam", "--set", "aggregation.ssp=2"],
                          capture_output=True, text=True)

@@ -21,7 +21,7 @@ SGD = {"optimizer": "sgd", "learning_rate": 0.05}
 
 
 def fresh_outer(job: LocalJob) -> OuterOptimizer:
-    return OuterOptimizer(OuterSettings.from_config(job.engine.cfg))
+    return OuterOptimizer(OuterSettings.from_config(job.engine.cfg, len(job.workers)))
 
 
 def last_trained(job: LocalJob, round_index: int) -> list[tuple]:
