@@ -62,8 +62,11 @@ def run(mode: str, run_dir: str, rank: int) -> dict | None:
         x, y = load_diabetes(return_X_y=True)
         x, y = (x - x.mean(0)) / x.std(0), y / 100.0
         mine = (x, y) if rank == 0 else (None, None)
+        # plain averaging: with Adam at 0.01 each round nearly converges, and the outer Nesterov step overshot
+        # (validation MAE 0.82, 1.05, 0.87 over the 3 rounds)
         history = mpi_trainer.fit(regressor, *mine, epochs=3, validation_split=0.25,
-                                  config={"model": {"loss": "mse", "metrics": ["mae"]}}, **common)
+                                  config={"model": {"loss": "mse", "metrics": ["mae"]},
+                                          "aggregation": {"outer_optimizer": "none"}}, **common)
         return {"history": history.history, "summary": history.summary,
                 "model_mae": history.model.evaluate(x[-100:], y[-100:], verbose=0, return_dict=True)["mae"]}
     x, y = load_digits(return_X_y=True)
