@@ -82,7 +82,8 @@ def where(environment: Mapping[str, Any], common: Mapping[str, str], command: st
     other = [f"{k} {v}" for k, v in sorted(environment["versions"].items()) if common.get(k) != v]
     extra = "".join(f"; {part}" for part in ([f"Keras backend {backend}"] if backend != "tensorflow" else [])
                     + ([", ".join(other)] if other else []))
-    reproduce = f" Reproduce with `{command}`." if command else ""
+    prefix = f"KERAS_BACKEND={backend} " if backend != "tensorflow" else ""
+    reproduce = f" Reproduce with `{prefix}{command}`." if command else ""
     return (f"Commit `{environment['commit']}`{dirty}, {environment['date']}, {environment['cores']} vCPUs "
             f"({environment['cpu']}), {environment['memory_gib']} GiB, {gpus}; load average {load}{extra}."
             + reproduce)

@@ -12,8 +12,6 @@ QUESTION = "Scaling: CPU workers on one node"
 SETTLED = [
     "CPU workers keep to their own cores where they fill the node (`train.bind_cores`, default on): JAX trained "
     "1.072x and TensorFlow 1.029x as many samples/s bound as free (commit `87d5178`).",
-    "Two independent plain JAX processes at one thread each reach 0.68 of twice one alone on 2 vCPUs: the ceiling "
-    "of any 2-process efficiency there (commit `e9a0af3`).",
     "A worker's memory follows its block, not the file: on a 300 MB HDF5 file under `data.placement = "
     "\"shared\"` 3 workers peaked at 0.68x one worker's RSS (commit `0fe78b9`).",
 ]

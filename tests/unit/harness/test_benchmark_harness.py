@@ -143,6 +143,7 @@ def test_a_run_on_another_keras_backend_is_kept_beside_the_tensorflow_run_and_sa
     section = page[page.index("## Scaling"):]
     assert section.count("### Scaling") == 2 and section.count("Keras backend jax") == 1
     assert section.index("Keras backend jax") > section.index("### Scaling")  # the TensorFlow run first
+    assert "Reproduce with `KERAS_BACKEND=jax python -m benchmarks run scaling`." in section
 
 
 def test_comparisons_of_one_run_that_share_their_columns_render_as_one_table_headed_by_each_title():
