@@ -138,8 +138,9 @@ def run_scheduler(transport: Transport, cfg: Config, job: JobSetup, placements: 
     hosts = [placement.host for placement in placements]
     try:
         inputs = inputs or JobInputs()
+        # Keras callbacks and the History fit returns, except under L-BFGS (it has no Keras rounds)
         context = RunContext(placement=tuple(placement.as_dict() for placement in placements),
-                             fingerprint=job.run.fingerprint,  # Keras callbacks, and the History fit returns:
+                             fingerprint=job.run.fingerprint,
                              callbacks=None if cfg.model.uses_lbfgs else tuple(inputs.callbacks),
                              initial_epoch=inputs.initial_epoch)
         engine = pick_roles(cfg).engine(SchedulerLink(transport), cfg, job.dataset, job.model, job.plan, path,

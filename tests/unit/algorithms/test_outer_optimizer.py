@@ -102,3 +102,5 @@ def test_a_checkpoint_of_another_outer_optimizer_starts_fresh_and_a_wrong_size_i
 def test_an_unknown_name_is_refused():
     with pytest.raises(ValueError, match="Received: name='sgd'"):
         OuterOptimizer(OuterSettings(name="sgd"))
+    with pytest.raises(ValueError, match="Received: name='auto'"):  # the config resolves "auto" first
+        OuterOptimizer(OuterSettings(name="auto"))
