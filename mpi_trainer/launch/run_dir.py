@@ -28,7 +28,13 @@ from mpi_trainer.persistence.resume import (
     parse_rows,
     read_resume_state,
 )
-from mpi_trainer.persistence.run_files import FINAL_WEIGHTS_NAME, LOG_NAME, ROUNDS_NAME, read_rounds
+from mpi_trainer.persistence.run_files import (
+    FINAL_WEIGHTS_NAME,
+    LOG_NAME,
+    ROUNDS_NAME,
+    read_rounds,
+    verify_digest,
+)
 from mpi_trainer.persistence.run_lock import RunLock, launcher_holder
 from mpi_trainer.persistence.run_state import (
     fingerprint,
@@ -126,6 +132,13 @@ def finished_run(run: RunDirectory, model: Any) -> tuple[FinishedRun, dict[str, 
     """The results of the complete run in ``run``: its rounds, its final weights in ``model``, its summary."""
     weights = run.path / FINAL_WEIGHTS_NAME
     if weights.exists():
+        try:
+            verify_digest(weights)
+        except ValueError as exc:
+            raise ConfigError(f"The complete run's final weights are damaged: {exc}. Received: "
+                              f"run_dir={str(run.path)!r}; expected the weights the run wrote (restore "
+                              f"{FINAL_WEIGHTS_NAME}, or remove summary.json to train again from the "
+                              f"checkpoint)") from None
         model.load_weights(weights)
     rows = parse_rows(read_rounds(run.path / ROUNDS_NAME)) if (run.path / ROUNDS_NAME).exists() else []
     print(f"run directory: {run.path} (complete; nothing trained)", flush=True)

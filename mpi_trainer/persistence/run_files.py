@@ -6,11 +6,20 @@ drops a row torn by a crash); ``train.log`` and ``launch.log`` are appended
 line by line; everything else is replaced atomically (written beside as
 ``<name>.tmp`` or ``<stem>.tmp.weights.h5``, synced, renamed), and a job
 starting on the directory deletes such leftovers of an interrupted write.
+
+No file here is written through a symbolic link: a new file is created with
+``O_CREAT | O_EXCL | O_NOFOLLOW`` (a leftover of that name is unlinked first, which
+removes a planted link, not what it points to), a file appended to is opened with
+``O_NOFOLLOW``, and a rename replaces a link itself, never its target. Files whose
+contents a job reads back (the final weights) get a ``<name>.sha256`` beside them
+in ``sha256sum`` format, which the reader checks.
 """
 
 from __future__ import annotations
 
 import csv
+import errno
+import hashlib
 import io
 import json
 import os
@@ -55,6 +64,88 @@ def backup_path(path: Path) -> Path:
     return path.with_name(path.name + BACKUP_SUFFIX)
 
 
+DIGEST_SUFFIX = ".sha256"
+_CHUNK = 1 << 20
+
+
+class UnsafeFileError(OSError):
+    """A run-directory file is a symbolic link (or otherwise cannot be opened without following one)."""
+
+
+def _refuse_link(path: Path, exc: OSError) -> UnsafeFileError:
+    if exc.errno in (errno.ELOOP, errno.EMLINK):
+        return UnsafeFileError(exc.errno, f"{path} is a symbolic link; mpi_trainer never writes through one. "
+                                          f"Received: a link to {os.readlink(path)!r}; expected a regular "
+                                          f"file (or none) there")
+    return UnsafeFileError(exc.errno, f"{path}: {exc.strerror}")
+
+
+def create_new(path: Path, mode: int = 0o644) -> int:
+    """A new, empty regular file at ``path`` (a leftover file or link of that name is unlinked first);
+    returns its descriptor, opened for writing. Never follows a link."""
+    path = Path(path)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        raise _refuse_link(path, exc) from None
+
+
+def prepare_new(path: Path) -> Path:
+    """:func:`create_new`, closed again: for writers that open by name (HDF5, Keras, matplotlib)."""
+    os.close(create_new(path))
+    return Path(path)
+
+
+def open_append(path: Path, mode: int = 0o644) -> int:
+    """``path`` opened for appending (created if missing), refused when it is a symbolic link."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        raise _refuse_link(Path(path), exc) from None
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def digest_path(path: Path) -> Path:
+    return path.with_name(path.name + DIGEST_SUFFIX)
+
+
+def write_digest(path: Path) -> str:
+    """Record ``path``'s SHA-256 in ``<path>.sha256`` (``sha256sum -c`` reads it); returns the digest."""
+    digest = file_sha256(path)
+    write_atomic(digest_path(path), f"{digest}  {Path(path).name}\n")
+    return digest
+
+
+def verify_digest(path: Path) -> None:
+    """Raise ValueError when ``path`` does not match the digest recorded beside it (none recorded: pass)."""
+    recorded_file = digest_path(path)
+    if not recorded_file.exists():
+        return
+    recorded = recorded_file.read_text(encoding="utf-8").split()[0]
+    actual = file_sha256(path)
+    if actual != recorded:
+        raise ValueError(f"{path} is damaged: its SHA-256 is {actual}, {recorded_file.name} records {recorded}")
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -66,7 +157,7 @@ def fsync_dir(path: Path) -> None:
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` so a reader sees the old or the new file, never half of one."""
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
+    with os.fdopen(create_new(tmp), "w", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
@@ -75,17 +166,19 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def save_weights_atomic(model: Any, path: Path) -> None:
-    """``model.save_weights(path)`` that leaves the old file or the new one, never half of one.
+    """``model.save_weights(path)`` that leaves the old file or the new one, never half of one, and
+    records its SHA-256 beside it (``<name>.sha256``) for :func:`verify_digest`.
 
     Keras wants the name to end in ``.weights.h5``, hence ``<stem>.tmp.weights.h5`` beside it.
     """
     path = Path(path)
-    tmp = path.with_name(path.name.replace(".weights.h5", "") + ".tmp.weights.h5")
+    tmp = prepare_new(path.with_name(path.name.replace(".weights.h5", "") + ".tmp.weights.h5"))
     model.save_weights(tmp)
-    with tmp.open("rb+") as raw:
-        os.fsync(raw.fileno())
+    fsync_file(tmp)
+    digest = file_sha256(tmp)
     os.replace(tmp, path)
     fsync_dir(path.parent)
+    write_atomic(digest_path(path), f"{digest}  {path.name}\n")
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -101,7 +194,7 @@ class RoundLog:
         is_new = not path.exists() or path.stat().st_size == 0
         if not is_new:
             self._adopt_columns()
-        self._handle = path.open("a", newline="", encoding="utf-8")
+        self._handle = os.fdopen(open_append(path), "a", newline="", encoding="utf-8")
         self._writer = csv.DictWriter(self._handle, fieldnames=self.fieldnames, extrasaction="raise")
         if is_new:
             self._writer.writeheader()

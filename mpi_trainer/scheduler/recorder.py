@@ -309,7 +309,7 @@ class RoundRecorder(RecorderCheckpoints):
         if self.kept_weights is not None and np.array_equal(held, self.kept_weights):
             return
         self.kept_weights = held
-        self.model.save_weights(self.run_dir / FINAL_WEIGHTS_NAME)
+        save_weights_atomic(self.model, self.run_dir / FINAL_WEIGHTS_NAME)
         self.log.info("a callback restored other weights at the end of training; %s holds them",
                       FINAL_WEIGHTS_NAME)
 

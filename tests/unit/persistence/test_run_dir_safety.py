@@ -131,4 +131,5 @@ def test_final_weights_are_replaced_whole_and_leftovers_are_removed(tmp_path):
     assert sorted(p.name for p in removed) == ["checkpoint.h5.tmp", "final.tmp.weights.h5"]
     save_weights_atomic(_Model(), final)
     assert final.read_bytes() == b"new weights"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["final.weights.h5", "notes.tmpl", "summary.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final.weights.h5", "final.weights.h5.sha256",
+                                                          "notes.tmpl", "summary.json"]

@@ -1,0 +1,102 @@
+"""Checksummed checkpoints and final weights: a damaged file that still parses is not trained from."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+
+from mpi_trainer.persistence.checkpoint import load_checkpoint, save_checkpoint
+from mpi_trainer.persistence.run_files import (
+    digest_path,
+    file_sha256,
+    save_weights_atomic,
+    verify_digest,
+    write_atomic,
+)
+
+
+def _two_checkpoints(path):
+    save_checkpoint(path, {"weights": np.full(64, 1.0, np.float32),
+                           "optimizer_rank_1": np.arange(8, dtype=np.float32)}, {"round": 1})
+    save_checkpoint(path, {"weights": np.full(64, 2.0, np.float32),
+                           "optimizer_rank_1": np.arange(8, dtype=np.float32) + 1}, {"round": 2})
+
+
+def _flip_a_bit(path, dataset, byte=5):
+    with h5py.File(path, "r") as handle:
+        offset = handle[dataset].id.get_offset()
+    raw = bytearray(path.read_bytes())
+    raw[offset + byte] ^= 0x10
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("dataset", ["weights", "optimizer_rank_1"])
+def test_a_flipped_bit_in_the_latest_checkpoint_falls_back_to_the_backup_naming_the_file(tmp_path, caplog,
+                                                                                      dataset):
+    path = tmp_path / "checkpoint.h5"
+    _two_checkpoints(path)
+    _flip_a_bit(path, dataset)
+    with h5py.File(path, "r") as handle:
+        handle[dataset][()]  # it still parses
+    arrays, meta = load_checkpoint(path)
+    assert meta["round"] == 1 and arrays["weights"].tolist() == [1.0] * 64
+    assert f"checkpoint {path} is damaged" in caplog.text and "SHA-256" in caplog.text
+
+
+def test_garbage_of_the_same_shape_is_noticed(tmp_path, caplog):
+    path = tmp_path / "checkpoint.h5"
+    _two_checkpoints(path)
+    with h5py.File(path, "r+") as handle:
+        handle["weights"][...] = np.random.default_rng(0).standard_normal(64).astype(np.float32)
+    arrays, meta = load_checkpoint(path)
+    assert meta["round"] == 1 and "damaged" in caplog.text
+
+
+def test_changed_metadata_is_noticed(tmp_path):
+    path = tmp_path / "checkpoint.h5"
+    _two_checkpoints(path)
+    with h5py.File(path, "r+") as handle:
+        handle.attrs["meta"] = handle.attrs["meta"].replace('"round": 2', '"round": 7')
+    assert load_checkpoint(path)[1]["round"] == 1
+
+
+def test_both_damaged_fails_naming_both(tmp_path):
+    path = tmp_path / "checkpoint.h5"
+    _two_checkpoints(path)
+    _flip_a_bit(path, "weights")
+    _flip_a_bit(path.with_name("checkpoint.h5.bak"), "weights")
+    with pytest.raises(FileNotFoundError, match=r"checkpoint\.h5: .*SHA-256.*checkpoint\.h5\.bak: .*SHA-256"):
+        load_checkpoint(path)
+
+
+class _Model:
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+
+    def save_weights(self, path):
+        with open(path, "wb") as handle:
+            handle.write(self.payload)
+
+
+def test_final_weights_record_their_digest_and_a_damaged_copy_is_refused(tmp_path):
+    path = tmp_path / "final.weights.h5"
+    save_weights_atomic(_Model(b"weights" * 100), path)
+    assert digest_path(path).read_text() == f"{file_sha256(path)}  final.weights.h5\n"
+    verify_digest(path)
+    raw = bytearray(path.read_bytes())
+    raw[10] ^= 1
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="final.weights.h5 is damaged"):
+        verify_digest(path)
+
+
+def test_no_file_is_written_through_a_planted_link(tmp_path):
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("keep me")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "summary.json.tmp").symlink_to(target)
+    write_atomic(run_dir / "summary.json", "{}")
+    assert target.read_text() == "keep me" and (run_dir / "summary.json").read_text() == "{}"
+    assert not (run_dir / "summary.json").is_symlink()
