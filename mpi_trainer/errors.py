@@ -1,4 +1,4 @@
-"""Exception types raised for bad input, before training starts, and the exit codes they map to."""
+"""The exceptions a user of mpi_trainer may catch, and the exit codes they map to."""
 
 # Exit statuses of `mpi_trainer train` (and of mpirun, which passes the first non-zero one on).
 EXIT_INPUT_ERROR = 2  # bad config, data, arguments or run directory: retrying cannot help
@@ -26,6 +26,19 @@ class AgreedInputError(InputError):
 
 class WorkerFailure(RuntimeError):
     """A remote rank failed; the message carries its rank, host and traceback."""
+
+
+class PeerFailure(WorkerFailure):
+    """Another rank failed and said so; ``rank`` is the rank that failed.
+
+    Raised on every other rank when one rank of a job fails (a user's ``fit`` script catches it to go
+    on after the job ended); the rank that failed raises its own exception.
+    """
+
+    def __init__(self, rank: int, host: str, text: str) -> None:
+        role = "the scheduler" if rank == 0 else "worker"
+        super().__init__(f"rank {rank} ({role}) on host {host} failed: {text}")
+        self.rank = rank
 
 
 class RankLost(RuntimeError):

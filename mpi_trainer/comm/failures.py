@@ -2,7 +2,7 @@
 
 A rank that fails in a way it can report (an exception, not a stop) sends
 every other rank a *failure notice* (``notify_failure``); a rank notices it at
-its next wait and raises :class:`PeerFailure`, so nobody waits for orders from
+its next wait and raises :class:`~mpi_trainer.errors.PeerFailure`, so nobody waits for orders from
 a rank that has left. Under ``fault.survive`` a lost peer surfaces as
 :class:`~mpi_trainer.errors.RankLost` (:func:`surfacing_failures`), and the
 survivors ``shrink`` to a communicator of their own and ``agree`` on it. An
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mpi_trainer.comm.accounting import Shrunk
-from mpi_trainer.errors import RankLost, WorkerFailure
+from mpi_trainer.errors import PeerFailure, RankLost
 
 # After the hand-shake tags of mpi_trainer.comm.handshakes.
 TAG_FAILED = 21  # a failure notice: the sender failed and left the job (pickled rank, host, text)
@@ -32,15 +32,6 @@ TAG_FAILED = 21  # a failure notice: the sender failed and left the job (pickled
 NOTICE_CHARS = 2000
 # Seconds a failing rank spends handing its notices to MPI before it gives up on a peer that takes none.
 NOTICE_SECONDS = 5.0
-
-
-class PeerFailure(WorkerFailure):
-    """Another rank failed and said so (a failure notice); ``rank`` is the rank that failed."""
-
-    def __init__(self, rank: int, host: str, text: str) -> None:
-        role = "the scheduler" if rank == 0 else "worker"
-        super().__init__(f"rank {rank} ({role}) on host {host} failed: {text}")
-        self.rank = rank
 
 
 def notice_text(exc: BaseException) -> str:

@@ -13,7 +13,7 @@ When a rank fails, :meth:`LocalTransport.abort` wakes every waiting rank with
 hanging; a wait with a timeout raises ``TimeoutError`` as MPI waits do, and a
 wait without one lasts at most the transport's ``bound``. A failure notice
 (:meth:`LocalTransport.notify_failure`) wakes the other ranks' waits with
-:class:`~mpi_trainer.comm.failures.PeerFailure`, as over MPI.
+:class:`~mpi_trainer.errors.PeerFailure`, as over MPI.
 
 A rank can also be lost as under ``fault.survive`` (:meth:`LocalTransport.crash`, the test hook
 of a ``kill -9``): from then on every other rank's waits raise
@@ -33,8 +33,7 @@ from typing import Any
 import numpy as np
 
 from mpi_trainer.comm.accounting import RankAccounting, Received, Shrunk
-from mpi_trainer.comm.failures import PeerFailure
-from mpi_trainer.errors import RankLost
+from mpi_trainer.errors import PeerFailure, RankLost
 
 _ANY = -1
 

@@ -4,7 +4,7 @@
   all of them raise it together.
 * A rank that raises (a bug, a Keras callback, an interrupt) tells every other rank before the
   exception leaves :func:`mpi_trainer.fit`: each of them raises
-  :class:`~mpi_trainer.comm.transport.PeerFailure` naming it at its next wait. A script that catches
+  :class:`~mpi_trainer.errors.PeerFailure` naming it at its next wait. A script that catches
   the exception (a sweep loop) goes on with every rank out of the job, none waiting for orders.
 * A rank that stops answering cannot be told anything: the first wait to run out of its bound
   names it (rank, host, phase) and ends the whole job with ``MPI_Abort``, exit status 3.
@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from mpi_trainer.comm.transport import PeerFailure, TransportTimeout, notice_text
-from mpi_trainer.errors import EXIT_WORKER_FAILURE, AgreedInputError, Preempted
+from mpi_trainer.comm.transport import TransportTimeout, notice_text
+from mpi_trainer.errors import EXIT_WORKER_FAILURE, AgreedInputError, PeerFailure, Preempted
 from mpi_trainer.logs import get_logger
 
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mpi_trainer.comm.transport import PeerFailure, Transport
+from mpi_trainer.comm.transport import Transport
 from mpi_trainer.config import Config
-from mpi_trainer.errors import InputError, Preempted, WorkerFailure
+from mpi_trainer.errors import InputError, PeerFailure, Preempted, WorkerFailure
 from mpi_trainer.launch.agreement import agree
 from mpi_trainer.launch.devices import RankPlacement
 from mpi_trainer.launch.fail_together import end_stuck
