@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,10 +78,20 @@ def setup_logging(rank: int, size: int, host: str, verbosity: int) -> logging.Lo
     return logger
 
 
+class _NoFollowFileHandler(logging.FileHandler):
+    """A log file appended to, never through a symbolic link (``O_NOFOLLOW``)."""
+
+    def _open(self):  # type: ignore[override]
+        from mpi_trainer.persistence.run_files import open_append
+
+        return os.fdopen(open_append(Path(self.baseFilename)), "a", encoding=self.encoding)
+
+
 def add_log_file(path: Path) -> None:
     """Everything rank 0 logs, at every level, also goes to ``path``."""
     logger = logging.getLogger(LOGGER_NAME)
-    handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    handler = _NoFollowFileHandler(path, mode="a", encoding="utf-8", delay=True)
+    handler.stream = handler._open()  # now: a planted link is refused before the job goes on
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     handler.setLevel(logging.DEBUG)
     logger.addHandler(handler)

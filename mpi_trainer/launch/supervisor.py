@@ -35,7 +35,7 @@ from typing import Any
 
 from mpi_trainer.algorithms.wait_bounds import StallWatch
 from mpi_trainer.errors import EXIT_INPUT_ERROR, EXIT_PREEMPTED, ConfigError
-from mpi_trainer.persistence.run_files import SUMMARY_NAME, write_atomic
+from mpi_trainer.persistence.run_files import SUMMARY_NAME, open_append, write_atomic
 from mpi_trainer.persistence.run_state import is_complete
 
 POLL_SECONDS = 0.5
@@ -135,7 +135,7 @@ class Supervisor:
         print(line, file=sys.stderr, flush=True)
         if self.log_file is not None:
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
-            with self.log_file.open("a", encoding="utf-8") as handle:
+            with os.fdopen(open_append(self.log_file), "a", encoding="utf-8") as handle:
                 handle.write(line + "\n")
 
     def run(self) -> int:

@@ -108,6 +108,14 @@ def open_append(path: Path, mode: int = 0o644) -> int:
         raise _refuse_link(Path(path), exc) from None
 
 
+def open_existing_or_new(path: Path, mode: int = 0o644) -> int:
+    """``path`` opened for reading and writing (created if missing), refused when it is a symbolic link."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        raise _refuse_link(Path(path), exc) from None
+
+
 def fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     try:

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from mpi_trainer.errors import ConfigError
+from mpi_trainer.persistence.run_dir_owner import check_run_dir_owner
+from mpi_trainer.persistence.run_files import UnsafeFileError, open_existing_or_new
 
 LOCK_NAME = "run.lock"
 LAUNCHER_ENV = "MPI_TRAINER_LAUNCHER"  # host:pid of the launcher that holds the lock for this job
@@ -53,10 +55,13 @@ class RunLock:
 
     def acquire(self, allowed_holder: str | None = None) -> RunLock:
         """Take the lock, or pass when ``allowed_holder`` (``host:pid``) holds it; else raise RunDirBusy."""
+        check_run_dir_owner(self.run_dir)  # before anything is created or read there
         try:
             self.made_dir = not self.run_dir.exists()
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_existing_or_new(self.path)
+        except UnsafeFileError as exc:
+            raise ConfigError(f"Cannot use the run directory {str(self.run_dir)!r}: {exc}") from None
         except OSError as exc:
             raise ConfigError(f"Cannot use the run directory {str(self.run_dir)!r}: {exc}") from None
         try:
@@ -83,7 +88,9 @@ class RunLock:
         deadline = time.monotonic() + NOTE_WAIT_SECONDS
         while True:
             try:
-                return json.loads(self.path.read_text(encoding="utf-8"))
+                fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+                with os.fdopen(fd, encoding="utf-8") as handle:
+                    return json.loads(handle.read())
             except (OSError, ValueError):
                 if time.monotonic() > deadline:
                     return None
