@@ -15,8 +15,8 @@ from typing import Any
 
 from mpi_trainer.comm.transport import Transport
 from mpi_trainer.config import Config
-from mpi_trainer.errors import InputError, PeerFailure, Preempted, WorkerFailure
-from mpi_trainer.launch.agreement import agree
+from mpi_trainer.errors import PeerFailure, Preempted, WorkerFailure
+from mpi_trainer.launch.agreement import agree_on_failure
 from mpi_trainer.launch.devices import RankPlacement
 from mpi_trainer.launch.fail_together import end_stuck
 from mpi_trainer.launch.job_setup import JobInputs, JobSetup, log_plan, place_training_data
@@ -98,15 +98,18 @@ def train_roles(transport: Transport, cfg: Config, inputs: JobInputs, job: JobSe
 
 
 def make_worker(transport: Transport, cfg: Config, plan: Any, dataset: Any, worker_data: Any) -> Any:
-    """A worker rank's role, dry-run on its first batch; every rank agrees that all of them passed."""
-    role, error = None, None
+    """A worker rank's role, dry-run on its first batch; every rank agrees that all of them passed.
+
+    Bad input fails every rank with one line; a bug in the user's model (any other exception) also
+    fails every rank, and the rank where it happened shows its traceback."""
+    role, failure = None, None
     try:
         if transport.rank != 0:
             roles = pick_roles(cfg)
             role = roles.build_worker(roles.worker, transport, cfg, plan, dataset, worker_data)
-    except (InputError, ValueError) as exc:
-        error = str(exc)
-    agree(transport, error)
+    except Exception as exc:  # noqa: BLE001 - agreed on by every rank, then raised again where it happened
+        failure = exc
+    agree_on_failure(transport, failure)
     return role
 
 
@@ -167,6 +170,6 @@ def write_report(run_dir: Path) -> None:
         result = make_report(run_dir)
     except Exception as exc:  # the run's files are complete; only the pictures are missing
         log.warning("the report could not be written (%s: %s); run `mpi_trainer report %s` to retry",
-                    type(exc).__name__, exc, run_dir)
+                    type(exc).__name__, exc, run_dir, exc_info=True)
         return
     log.info("report: %s and %d plots in %s", result.run_dir / REPORT_NAME, len(result.plots), run_dir)

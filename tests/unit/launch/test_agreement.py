@@ -1,0 +1,122 @@
+"""Set-up failures agreed on by every rank of an in-process world: all ranks fail together, none waits,
+bad input is one line everywhere and a bug keeps its traceback where it happened."""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from mpi_trainer.comm.local import LocalWorld
+from mpi_trainer.errors import AgreedInputError, ConfigError, DataError
+from mpi_trainer.launch import roles
+from mpi_trainer.launch.agreement import agree_on_failure, check_fault_tolerance, check_world, load_config_everywhere
+
+
+def on_every_rank(size: int, step: Callable[[Any], Any]) -> dict[int, BaseException | Any]:
+    """What ``step(transport)`` raised (or returned) on each rank of a world of ``size`` ranks."""
+    world = LocalWorld(size)
+    transports = world.transports()
+
+    def role(rank: int) -> Any:
+        try:
+            return step(transports[rank])
+        except Exception as exc:  # noqa: BLE001 - each rank's outcome is what the test checks
+            return exc
+
+    return world.run({rank: lambda rank=rank: role(rank) for rank in range(size)}, timeout=60)
+
+
+def test_a_bad_config_fails_every_rank_with_its_one_line_message():
+    outcome = on_every_rank(3, lambda t: load_config_everywhere(t, "configs/quickstart.toml", ["train.batch_size=0"]))
+    message = "`train.batch_size` must be > 0. Received: train.batch_size=0"
+    assert all(isinstance(exc, AgreedInputError) for exc in outcome.values())
+    assert [str(outcome[rank]) for rank in range(3)] == [message, *[f"{message} (reported by rank 0)"] * 2]
+
+
+def test_lbfgs_refuses_ssp_on_every_rank():
+    outcome = on_every_rank(3, lambda t: load_config_everywhere(t, "configs/digits_lbfgs.toml", ["aggregation.ssp=1"]))
+    assert all(isinstance(exc, AgreedInputError) and "`aggregation.ssp` is not available with "
+               "model.optimizer='lbfgs'" in str(exc) for exc in outcome.values()), outcome
+
+
+def test_bad_input_on_one_rank_fails_the_others_naming_that_rank():
+    def step(transport: Any) -> Any:
+        overrides = ["train.batch_size=0"] if transport.rank == 2 else []
+        return load_config_everywhere(transport, "configs/quickstart.toml", overrides)
+
+    outcome = on_every_rank(3, step)
+    assert str(outcome[2]) == "`train.batch_size` must be > 0. Received: train.batch_size=0"
+    for rank in (0, 1):
+        assert str(outcome[rank]) == f"{outcome[2]} (reported by rank 2)"
+
+
+def test_a_single_rank_is_told_it_needs_a_worker():
+    (exc,) = on_every_rank(1, check_world).values()
+    assert isinstance(exc, ConfigError)
+    assert "needs at least one worker rank" in str(exc) and "Received: 1 rank" in str(exc)
+
+
+def test_fault_survive_is_refused_on_every_rank_without_fault_tolerant_mpi(monkeypatch):
+    monkeypatch.delenv("OMPI_MCA_mpi_ft_enable", raising=False)  # as a plain `mpirun` starts the job
+    cfg = load_config_everywhere(LocalWorld(1).transports()[0], "configs/quickstart.toml", ["fault.survive=true"])
+    outcome = on_every_rank(3, lambda t: check_fault_tolerance(t, cfg))
+    for exc in outcome.values():
+        assert isinstance(exc, AgreedInputError), outcome
+        assert "`fault.survive` = True needs fault-tolerant MPI" in str(exc) and "--with-ft ulfm" in str(exc)
+
+
+def broken_user_layer() -> None:
+    raise ValueError("a bug in the user's layer")
+
+
+def failing_on_rank(rank: int, error: Callable[[], None]) -> Callable[[Any], None]:
+    def step(transport: Any) -> None:
+        failure = None
+        try:
+            if transport.rank == rank:
+                error()
+        except Exception as exc:  # noqa: BLE001 - as a set-up step catches it
+            failure = exc
+        agree_on_failure(transport, failure)
+
+    return step
+
+
+def test_a_bug_on_one_rank_keeps_its_traceback_there_and_fails_the_others_in_one_line():
+    outcome = on_every_rank(3, failing_on_rank(1, broken_user_layer))
+    bug = outcome[1]
+    assert type(bug) is ValueError and str(bug) == "a bug in the user's layer"
+    frames = [frame.name for frame in traceback.extract_tb(bug.__traceback__)]
+    assert "broken_user_layer" in frames  # where the user's code broke, not only where it was agreed on
+    for rank in (0, 2):
+        assert isinstance(outcome[rank], AgreedInputError)
+        assert str(outcome[rank]) == "ValueError: a bug in the user's layer (reported by rank 1)"
+
+
+def test_bad_input_is_one_line_on_every_rank_including_its_own():
+    def bad_data() -> None:
+        raise DataError("x_train contains NaN or inf values")
+
+    outcome = on_every_rank(3, failing_on_rank(2, bad_data))
+    assert all(isinstance(exc, AgreedInputError) for exc in outcome.values())
+    assert str(outcome[2]) == "x_train contains NaN or inf values"
+    assert str(outcome[0]) == "x_train contains NaN or inf values (reported by rank 2)"
+
+
+def test_nothing_failed_nobody_raises():
+    assert on_every_rank(3, failing_on_rank(-1, broken_user_layer)) == {0: None, 1: None, 2: None}
+
+
+@pytest.mark.parametrize("exc_type", [TypeError, ValueError])
+def test_a_worker_whose_model_breaks_while_it_is_built_shows_the_traceback(monkeypatch, exc_type):
+    def build_worker(*args: Any) -> None:
+        raise exc_type("the user's train_step broke")
+
+    monkeypatch.setattr(roles, "pick_roles", lambda cfg: roles.Roles(object, object, build_worker))
+    outcome = on_every_rank(3, lambda t: roles.make_worker(t, None, None, None, None))
+    assert type(outcome[1]) is exc_type and type(outcome[2]) is exc_type
+    assert "build_worker" in [frame.name for frame in traceback.extract_tb(outcome[1].__traceback__)]
+    assert isinstance(outcome[0], AgreedInputError) and "the user's train_step broke" in str(outcome[0])
