@@ -5,8 +5,11 @@ optimizer treats the round's change as a gradient instead: the
 pseudo-gradient ``delta = w_global - aggregate`` (the step the workers took,
 averaged, pointing uphill like a gradient) goes into SGD with momentum
 (SlowMo), Nesterov momentum (DiLoCo) or Adam (FedAdam), and that optimizer
-moves ``w_global``. Everything here is pure NumPy over flat float32 vectors;
-the state is a dict of named arrays, so a checkpoint stores it as it is.
+moves ``w_global``. Only the model's trainable weights take that step; the
+non-trainable ones (BatchNormalization's moving statistics) take the aggregate.
+Everything here is pure NumPy over flat float32 vectors, in place; the state is
+a dict of named arrays over the trainable positions, so a checkpoint stores it
+as it is.
 
 Conventions (those of Keras' ``SGD`` and ``Adam``):
 
@@ -22,13 +25,16 @@ exactly zero and the aggregate comes out bit for bit, as plain averaging gives.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from mpi_trainer.config.schema import OUTER_OPTIMIZERS, Config
+from mpi_trainer.logs import get_logger
 
 STATE_PREFIX = "outer_"  # the state's arrays in a checkpoint: outer_velocity, outer_m, ...
+CHUNK = 1 << 15  # values per chunk of the in-place step: 128 KiB per array, so a chunk's work stays in cache
 
 
 @dataclass(frozen=True)
@@ -59,49 +65,141 @@ class OuterSettings:
 
 
 class OuterOptimizer:
-    """Moves the global weights from each round's aggregate; holds its state between rounds."""
+    """Moves the global weights from each round's aggregate; holds its state between rounds.
 
-    def __init__(self, settings: OuterSettings) -> None:
+    ``trainable``: the ``(start, stop)`` spans of the flat vector that the outer step moves (the
+    model's trainable weights, :meth:`~mpi_trainer.comm.flat_weights.WeightCodec.trainable_spans`);
+    None moves every position. Everything else (BatchNormalization's moving mean and variance, a
+    frozen layer) takes the round's aggregate as it is: those values are statistics or constants,
+    not parameters, and a momentum step on them can drive a variance negative. The state arrays
+    hold the trainable positions only, in order.
+
+    The step runs in place over chunks of a few hundred kilobytes: each chunk is read once from the
+    weights, the aggregate and the state and written once to the state and the result, with the
+    arithmetic on cache-resident scratch buffers, so a round costs one pass over the model and
+    allocates nothing of its size after the first.
+    """
+
+    def __init__(self, settings: OuterSettings, trainable: Sequence[tuple[int, int]] | None = None) -> None:
         named = [name for name in OUTER_OPTIMIZERS if name != "auto"]  # "auto" is resolved by the config
         if settings.name not in named:
             raise ValueError(f"outer optimizer must be one of {named}. Received: name={settings.name!r}")
         self.settings = settings
+        self.trainable = None if trainable is None else merge_spans(trainable)
         self.state: dict[str, np.ndarray] = {}
+        self.scratch = (np.empty(CHUNK, np.float32), np.empty(CHUNK, np.float32))
 
     @property
     def active(self) -> bool:
         return self.settings.name != "none"
 
-    def step(self, global_weights: np.ndarray, aggregate: np.ndarray) -> np.ndarray:
-        """The next global weights from the current ones and the round's aggregate (a new array)."""
+    def state_size(self, size: int) -> int:
+        """How many values each state array holds for a flat vector of ``size`` values."""
+        if self.trainable is None:
+            return size
+        return sum(stop - start for start, stop in self.trainable)
+
+    def spans(self, size: int) -> list[tuple[int, int]]:
+        return [(0, size)] if self.trainable is None else self.trainable
+
+    def step(self, global_weights: np.ndarray, aggregate: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """The next global weights from the current ones and the round's aggregate.
+
+        Written into ``out`` when given (``out`` may be ``aggregate`` itself: the step then runs in
+        place), else into a new array. ``global_weights`` is only read.
+        """
+        if out is None:
+            out = aggregate.copy()
+        elif out is not aggregate:
+            np.copyto(out, aggregate)  # the positions the step leaves alone take the aggregate
         if not self.active:
-            return aggregate
-        delta = np.subtract(global_weights, aggregate, dtype=np.float32)
-        if self.settings.name == "adam":
-            return self._adam(global_weights, delta)
-        return self._sgd(aggregate, delta)
+            return out
+        size = global_weights.size
+        if self.trainable is not None and self.trainable and self.trainable[-1][1] > size:
+            raise ValueError(f"the trainable spans reach position {self.trainable[-1][1]}, the weights hold "
+                             f"{size} values")
+        kernel = self.start_state(self.state_size(size))
+        for start, stop, at in self.chunks(size):
+            kernel(global_weights[start:stop], aggregate[start:stop], out[start:stop], at)
+        return out
 
-    def _sgd(self, aggregate: np.ndarray, delta: np.ndarray) -> np.ndarray:
-        s = self.settings
-        mu, lr = np.float32(s.momentum), np.float32(s.learning_rate)
-        velocity = self.state.get("velocity")
-        velocity = delta.copy() if velocity is None else mu * velocity + delta
-        self.state["velocity"] = velocity
-        step = delta + mu * velocity if s.name == "nesterov" else velocity
-        return aggregate - (lr * step - delta)
+    def chunks(self, size: int) -> Iterator[tuple[int, int, int]]:
+        """``(start, stop, state offset)`` of every chunk of the trainable spans."""
+        at = 0
+        for start, stop in self.spans(size):
+            for first in range(start, stop, CHUNK):
+                last = min(first + CHUNK, stop)
+                yield first, last, at
+                at += last - first
 
-    def _adam(self, global_weights: np.ndarray, delta: np.ndarray) -> np.ndarray:
+    def start_state(self, state_size: int) -> Callable[..., None]:
+        """The round's kernel over one chunk; the state arrays exist (zeros) when it returns."""
+        name = self.settings.name
+        if name == "adam":
+            fresh = "m" not in self.state
+            for key in ("m", "v"):
+                if fresh:
+                    self.state[key] = np.zeros(state_size, np.float32)
+            t = int(self.state.get("iterations", np.zeros(1, np.int64))[0]) + 1
+            self.state["iterations"] = np.array([t], dtype=np.int64)
+            return self._adam_kernel(t)
+        fresh = "velocity" not in self.state
+        if fresh:
+            self.state["velocity"] = np.empty(state_size, np.float32)
+        return self._sgd_kernel(fresh)
+
+    def _sgd_kernel(self, fresh: bool) -> Callable[..., None]:
         s = self.settings
-        b1, b2 = np.float32(s.beta_1), np.float32(s.beta_2)
-        t = int(self.state.get("iterations", np.zeros(1, np.int64))[0]) + 1
-        m = self.state.get("m", np.zeros_like(delta))
-        v = self.state.get("v", np.zeros_like(delta))
-        m = b1 * m + (1 - b1) * delta
-        v = b2 * v + (1 - b2) * np.square(delta)
-        self.state.update(m=m, v=v, iterations=np.array([t], dtype=np.int64))
+        mu, lr, nesterov = np.float32(s.momentum), np.float32(s.learning_rate), s.name == "nesterov"
+        velocity = self.state["velocity"]
+
+        def kernel(weights: np.ndarray, aggregate: np.ndarray, out: np.ndarray, at: int) -> None:
+            n = weights.size
+            delta, step = self.scratch[0][:n], self.scratch[1][:n]
+            v = velocity[at:at + n]
+            np.subtract(weights, aggregate, out=delta)
+            if fresh:  # v = delta
+                np.copyto(v, delta)
+            else:  # v = mu * v + delta
+                v *= mu
+                v += delta
+            if nesterov:  # step = delta + mu * v
+                np.multiply(v, mu, out=step)
+                step += delta
+            else:
+                np.copyto(step, v)
+            step *= lr  # w = aggregate - (lr * step - delta)
+            step -= delta
+            np.subtract(aggregate, step, out=out)
+
+        return kernel
+
+    def _adam_kernel(self, t: int) -> Callable[..., None]:
+        s = self.settings
+        b1, b2, eps = np.float32(s.beta_1), np.float32(s.beta_2), np.float32(s.epsilon)
         # Keras' form: the bias corrections fold into the learning rate
         alpha = np.float32(s.learning_rate * np.sqrt(1 - s.beta_2 ** t) / (1 - s.beta_1 ** t))
-        return global_weights - alpha * m / (np.sqrt(v) + np.float32(s.epsilon))
+        m_all, v_all = self.state["m"], self.state["v"]
+
+        def kernel(weights: np.ndarray, aggregate: np.ndarray, out: np.ndarray, at: int) -> None:
+            n = weights.size
+            delta, work = self.scratch[0][:n], self.scratch[1][:n]
+            m, v = m_all[at:at + n], v_all[at:at + n]
+            np.subtract(weights, aggregate, out=delta)
+            m *= b1  # m = b1 * m + (1 - b1) * delta
+            np.multiply(delta, 1 - b1, out=work)
+            m += work
+            v *= b2  # v = b2 * v + (1 - b2) * delta ** 2
+            np.square(delta, out=work)
+            work *= 1 - b2
+            v += work
+            np.sqrt(v, out=delta)  # w = w - alpha * m / (sqrt(v) + eps)
+            delta += eps
+            np.multiply(m, alpha, out=work)
+            work /= delta
+            np.subtract(weights, work, out=out)
+
+        return kernel
 
     # -- checkpoints --------------------------------------------------------------
     def state_arrays(self) -> dict[str, np.ndarray]:
@@ -109,22 +207,38 @@ class OuterOptimizer:
         return {f"{STATE_PREFIX}{name}": array for name, array in sorted(self.state.items())}
 
     def load_state(self, arrays: dict[str, np.ndarray], size: int) -> None:
-        """Take the ``outer_*`` arrays of a checkpoint (others are ignored); an empty state starts fresh.
+        """Take the ``outer_*`` arrays of a checkpoint (others are ignored) for a flat vector of ``size``
+        values; an empty state starts fresh.
 
-        A checkpoint written with another outer optimizer holds other arrays: they are not this
-        optimizer's state, so it starts fresh rather than misreading them.
+        A checkpoint written with another outer optimizer holds other arrays, and one written before
+        the step skipped the non-trainable weights holds arrays of the whole vector: neither is this
+        optimizer's state, so it starts fresh (and says so) rather than misreading them.
         """
         state = {name[len(STATE_PREFIX):]: np.asarray(array) for name, array in arrays.items()
                  if name.startswith(STATE_PREFIX)}
-        if set(state) != set(self.expected_names()):
-            self.state = {}
+        self.state = {}
+        if not state:
             return
+        if set(state) != set(self.expected_names()):
+            get_logger().info("the checkpoint's outer optimizer state (%s) is not %s's: it starts fresh",
+                              ", ".join(sorted(state)), self.settings.name)
+            return
+        expected = self.state_size(size)
         for name, array in state.items():
-            if name != "iterations" and array.size != size:
-                raise ValueError(f"the checkpoint's outer optimizer state `{name}` holds {array.size} values, "
-                                 f"the model has {size}")
-        self.state = {name: (array if name == "iterations" else array.astype(np.float32))
+            if name != "iterations" and array.size != expected:
+                get_logger().warning("the checkpoint's outer optimizer state `%s` holds %d values, the model's "
+                                     "trainable weights %d: the %s state starts fresh", name, array.size,
+                                     expected, self.settings.name)
+                return
+        self.state = {name: (array.copy() if name == "iterations" else np.array(array, dtype=np.float32))
                       for name, array in state.items()}
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """A copy of the state, for :meth:`restore` after a round that must not count (the step works in place)."""
+        return {name: array.copy() for name, array in self.state.items()}
+
+    def restore(self, snapshot: dict[str, np.ndarray]) -> None:
+        self.state = snapshot
 
     def expected_names(self) -> tuple[str, ...]:
         return {"none": (), "momentum": ("velocity",), "nesterov": ("velocity",),
@@ -132,3 +246,14 @@ class OuterOptimizer:
 
     def reset(self) -> None:
         self.state = {}
+
+
+def merge_spans(spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted ``(start, stop)`` spans with adjacent or overlapping ones joined and empty ones dropped."""
+    merged: list[tuple[int, int]] = []
+    for start, stop in sorted((int(a), int(b)) for a, b in spans if b > a):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(stop, merged[-1][1]))
+        else:
+            merged.append((start, stop))
+    return merged

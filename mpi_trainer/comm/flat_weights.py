@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +37,32 @@ class WeightCodec:
                 raise ValueError(f"weight shape mismatch: expected {shape}, received {np.shape(array)}")
             out[start:stop] = np.ravel(array)
         return out
+
+    def spans(self, flags: Sequence[bool]) -> list[tuple[int, int]]:
+        """The ``(start, stop)`` spans of the flat vector that hold the arrays flagged True, adjacent
+        ones joined."""
+        if len(flags) != len(self.shapes):
+            raise ValueError(f"expected one flag per weight array ({len(self.shapes)}), received {len(flags)}")
+        spans: list[tuple[int, int]] = []
+        for flag, start, stop in zip(flags, self.offsets[:-1].tolist(), self.offsets[1:].tolist()):
+            if not flag or stop == start:
+                continue
+            if spans and spans[-1][1] == start:
+                spans[-1] = (spans[-1][0], stop)
+            else:
+                spans.append((start, stop))
+        return spans
+
+    def trainable_spans(self, model: Any) -> list[tuple[int, int]]:
+        """The spans of ``model``'s trainable floating-point weights (``model.weights`` lists its variables in
+        the order of ``model.get_weights()``, each with ``.trainable`` and ``.dtype``)."""
+        variables = list(getattr(model, "weights", None) or [])
+        if not variables:  # not a Keras model: every weight is a parameter
+            return self.spans([True] * len(self.shapes))
+        if len(variables) != len(self.shapes):
+            raise ValueError(f"the model lists {len(variables)} variables for {len(self.shapes)} weight arrays")
+        return self.spans([bool(getattr(v, "trainable", True)) and "float" in str(getattr(v, "dtype", "float32"))
+                           for v in variables])
 
     def unflatten(self, flat: np.ndarray) -> list[np.ndarray]:
         """Views into ``flat`` with the original shapes (no copy)."""

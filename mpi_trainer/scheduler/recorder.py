@@ -103,8 +103,10 @@ class RoundRecorder(RecorderCheckpoints):
         # the learning rate a callback set on the scheduler's optimizer, for the workers' next round
         self.callback_rate: float | None = None
         self.summary_written = -math.inf
-        # the step from each round's aggregate to the next global model; its state lives here only
-        self.outer = OuterOptimizer(OuterSettings.from_config(cfg, len(plan.block_bounds)))
+        # the step from each round's aggregate to the next global model, over the trainable weights only;
+        # its state lives here only
+        self.outer = OuterOptimizer(OuterSettings.from_config(cfg, len(plan.block_bounds)),
+                                    codec.trainable_spans(model))
         self.lost_workers: list[dict[str, Any]] = []  # fault.survive: who was lost, on which host, when
         self.fingerprint = dict(context.fingerprint)  # the model's and data's, kept in checkpoints
         self.last_checkpoint = time.monotonic()  # checkpoint.every_seconds counts from here

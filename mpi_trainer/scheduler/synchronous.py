@@ -129,13 +129,15 @@ class SynchronousEngine(RoundCollection, Engine):
         collection), so nothing of the interrupted round reaches the global model or rounds.csv.
         """
         before, steps = self.weights, self.state.steps
-        outer_state = dict(self.recorder.outer.state)  # each step replaces its arrays: a shallow copy keeps them
+        # the outer step updates its state in place: only a job that survives a loss needs it as it was
+        outer_state = self.recorder.outer.snapshot() if self.cfg.fault.survive else None
         try:
             return self.run_round(round_index)
         except RankLost as error:
             # under train.overlap_eval the next round may have been handed out: it is dropped with this one
             self.weights, self.state.steps, self.next_started = before, steps, None
-            self.recorder.outer.state = outer_state  # a loss after the outer step must not count the round twice
+            if outer_state is not None:  # a loss after the outer step must not count the round twice
+                self.recorder.outer.restore(outer_state)
             self.recorder.count_bytes(self.link.take_bytes())  # the lost round's traffic: in the total only
             if self.ledger is not None:
                 self.ledger.doubt()
@@ -176,7 +178,8 @@ class SynchronousEngine(RoundCollection, Engine):
         if not self.recorder.outer.active:
             return
         started = time.perf_counter()
-        self.weights = self.recorder.outer.step(before, self.weights)
+        # in place over the round's aggregate (a buffer of its own); ``before`` stays as it was
+        self.weights = self.recorder.outer.step(before, self.weights, out=self.weights)
         closed.aggregate_seconds += time.perf_counter() - started
 
     def timing(self, closed: ClosedRound, started: float, collected: float) -> Any:
