@@ -5,12 +5,18 @@ small and every rank needs them to agree on the split), while features stay
 lazy (an ``h5py`` dataset or a memory-mapped ``.npy`` member of an
 uncompressed ``.npz``), so a worker that reads only its block's rows keeps
 only those rows in memory.
+
+Every member of an ``.npz`` is checked against the CRC-32 the zip format records
+for it: a memory-mapped member when it is mapped (one pass over its bytes, a
+chunk at a time), one read whole by zipfile as it is read. A damaged member
+is refused naming the file, the member and both checksums.
 """
 
 from __future__ import annotations
 
 import csv
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,11 +104,32 @@ def _npz_member_offset(path: Path, info: zipfile.ZipInfo) -> int:
     return info.header_offset + 30 + name_len + extra_len
 
 
+CRC_CHUNK = 1 << 22  # bytes read at a time to check a member's CRC-32
+
+
+def check_member_crc(path: Path, info: zipfile.ZipInfo, offset: int) -> None:
+    """Raise zipfile.BadZipFile unless the stored member at ``offset`` matches its recorded CRC-32."""
+    crc, left = 0, info.compress_size
+    with path.open("rb") as handle:
+        handle.seek(offset)
+        while left > 0:
+            chunk = handle.read(min(CRC_CHUNK, left))
+            if not chunk:
+                break
+            crc = zlib.crc32(chunk, crc)
+            left -= len(chunk)
+    if left or crc != info.CRC:
+        raise zipfile.BadZipFile(f"member {info.filename!r} fails its CRC-32 check (the zip records "
+                                 f"{info.CRC:08x}, its bytes give {crc:08x}): the file is damaged")
+
+
 def _npz_memmap(path: Path, info: zipfile.ZipInfo) -> np.ndarray | None:
-    """Memory-map an uncompressed ``.npy`` member; None when it is compressed or holds objects."""
+    """Memory-map an uncompressed ``.npy`` member, once its CRC-32 checks out; None when it is compressed
+    or holds objects (then it is read whole, and zipfile checks its CRC-32 as it reads)."""
     if info.compress_type != zipfile.ZIP_STORED:
         return None
     offset = _npz_member_offset(path, info)
+    check_member_crc(path, info, offset)
     with path.open("rb") as handle:
         handle.seek(offset)
         version = np.lib.format.read_magic(handle)
