@@ -3,7 +3,7 @@
     mpirun -n 3 --bind-to none python examples/horovod_keras_mnist.py [--data mnist.npz] [--epochs 24]
 
 The original is horovod/examples/tensorflow2/tensorflow2_keras_mnist.py (Copyright 2019 Uber
-Technologies, Apache License 2.0). The README's "Coming from Keras or Horovod" shows the diff:
+Technologies, Apache License 2.0). docs/api.md's "Coming from Keras or Horovod" shows the diff:
 ``hvd.init()`` becomes ``mpi_trainer.init()``; the GPU pinning, the DistributedOptimizer, the
 broadcast and metric-averaging callbacks and the rank-0 guards go, because mpi_trainer does each
 of them itself; ``model.fit`` becomes ``mpi_trainer.fit(model, ...)``. The data are local (no
