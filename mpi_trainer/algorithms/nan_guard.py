@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpi_trainer.algorithms.passes import all_finite
+
 MAX_CONSECUTIVE_ROLLBACKS = 3
 STOP = "stop"
 ROLLBACK = "rollback"
@@ -37,7 +39,7 @@ def non_finite_cause(outcomes: Sequence[WorkerOutcome], aggregate: np.ndarray) -
         parts.append(f"non-finite training loss from worker rank(s) {bad_loss}")
     if bad_weights:
         parts.append(f"non-finite weights from worker rank(s) {bad_weights}")
-    if not parts and not np.all(np.isfinite(aggregate)):
+    if not parts and not all_finite(aggregate):  # one pass, no full-size temporary
         parts.append("non-finite aggregated weights")
     return "; ".join(parts) or None
 

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpi_trainer.algorithms.passes import CHUNK, default_threads, in_parallel
 from mpi_trainer.config.schema import OUTER_OPTIMIZERS, Config
 from mpi_trainer.logs import get_logger
 
 STATE_PREFIX = "outer_"  # the state's arrays in a checkpoint: outer_velocity, outer_m, ...
-CHUNK = 1 << 15  # values per chunk of the in-place step: 128 KiB per array, so a chunk's work stays in cache
 
 
 @dataclass(frozen=True)
@@ -80,14 +80,16 @@ class OuterOptimizer:
     allocates nothing of its size after the first.
     """
 
-    def __init__(self, settings: OuterSettings, trainable: Sequence[tuple[int, int]] | None = None) -> None:
+    def __init__(self, settings: OuterSettings, trainable: Sequence[tuple[int, int]] | None = None,
+                 threads: int | None = None) -> None:
         named = [name for name in OUTER_OPTIMIZERS if name != "auto"]  # "auto" is resolved by the config
         if settings.name not in named:
             raise ValueError(f"outer optimizer must be one of {named}. Received: name={settings.name!r}")
         self.settings = settings
         self.trainable = None if trainable is None else merge_spans(trainable)
         self.state: dict[str, np.ndarray] = {}
-        self.scratch = (np.empty(CHUNK, np.float32), np.empty(CHUNK, np.float32))
+        self.threads = max(1, threads or default_threads())
+        self.scratch = [(np.empty(CHUNK, np.float32), np.empty(CHUNK, np.float32)) for _ in range(self.threads)]
 
     @property
     def active(self) -> bool:
@@ -119,8 +121,12 @@ class OuterOptimizer:
             raise ValueError(f"the trainable spans reach position {self.trainable[-1][1]}, the weights hold "
                              f"{size} values")
         kernel = self.start_state(self.state_size(size))
-        for start, stop, at in self.chunks(size):
-            kernel(global_weights[start:stop], aggregate[start:stop], out[start:stop], at)
+
+        def run(part: list[tuple[int, int, int]], scratch: tuple[np.ndarray, np.ndarray]) -> None:
+            for start, stop, at in part:
+                kernel(global_weights[start:stop], aggregate[start:stop], out[start:stop], at, scratch)
+
+        in_parallel(run, list(self.chunks(size)), self.scratch)
         return out
 
     def chunks(self, size: int) -> Iterator[tuple[int, int, int]]:
@@ -153,9 +159,10 @@ class OuterOptimizer:
         mu, lr, nesterov = np.float32(s.momentum), np.float32(s.learning_rate), s.name == "nesterov"
         velocity = self.state["velocity"]
 
-        def kernel(weights: np.ndarray, aggregate: np.ndarray, out: np.ndarray, at: int) -> None:
+        def kernel(weights: np.ndarray, aggregate: np.ndarray, out: np.ndarray, at: int,
+                   scratch: tuple[np.ndarray, np.ndarray]) -> None:
             n = weights.size
-            delta, step = self.scratch[0][:n], self.scratch[1][:n]
+            delta, step = scratch[0][:n], scratch[1][:n]
             v = velocity[at:at + n]
             np.subtract(weights, aggregate, out=delta)
             if fresh:  # v = delta
@@ -181,9 +188,10 @@ class OuterOptimizer:
         alpha = np.float32(s.learning_rate * np.sqrt(1 - s.beta_2 ** t) / (1 - s.beta_1 ** t))
         m_all, v_all = self.state["m"], self.state["v"]
 
-        def kernel(weights: np.ndarray, aggregate: np.ndarray, out: np.ndarray, at: int) -> None:
+        def kernel(weights: np.ndarray, aggregate: np.ndarray, out: np.ndarray, at: int,
+                   scratch: tuple[np.ndarray, np.ndarray]) -> None:
             n = weights.size
-            delta, work = self.scratch[0][:n], self.scratch[1][:n]
+            delta, work = scratch[0][:n], scratch[1][:n]
             m, v = m_all[at:at + n], v_all[at:at + n]
             np.subtract(weights, aggregate, out=delta)
             m *= b1  # m = b1 * m + (1 - b1) * delta

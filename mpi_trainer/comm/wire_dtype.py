@@ -15,16 +15,26 @@ but it has no 16-bit float sum, so 16-bit contributions are gathered and the
 root decodes and adds them in float32. Every rank calls the same verb (a worker
 with its contribution, the root with zeros), so neither the worker nor the
 engine asks which collective runs, as with Horovod's compression objects.
+
+A 16-bit sum travels in segments of :data:`SEGMENT` values: each rank encodes a
+segment into a small buffer and gathers it, and the root adds the segment it
+has while the next one is on the wire (a thread; NumPy and mpi4py release the
+GIL). No rank holds a full-size 16-bit copy, the root's additions read each
+contribution once, and the casts overlap the transfer.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
+
 import numpy as np
 
+from mpi_trainer.algorithms.passes import CHUNK
 from mpi_trainer.comm.interface import RankTransport
 from mpi_trainer.config.schema import WIRE_DTYPES
 
 _BFLOAT16_NAN = np.uint16(0x7FC0)
+SEGMENT = 1 << 22  # values per gathered segment of a 16-bit sum: 8 MB a rank, enough to reach MPI's bandwidth
 
 
 class WireFormat:
@@ -53,43 +63,101 @@ class WireFormat:
         dtype is float32, else a wire-dtype buffer to :meth:`decode` into ``out``."""
         return out if self.name == "float32" else self.empty(out.size)
 
-    def encode(self, weights: np.ndarray) -> np.ndarray:
-        """``weights`` (float32) in the wire dtype; float32 is passed through without a copy."""
+    def encode(self, weights: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """``weights`` (float32) in the wire dtype, into ``out`` when given; float32 is passed through
+        without a copy (into ``out`` only when it is another buffer)."""
         if self.name == "float32":
-            return weights
+            if out is None or out is weights:
+                return weights
+            np.copyto(out, weights)
+            return out
+        out = self.empty(weights.size) if out is None else out
         if self.name == "float16":
-            return weights.astype(np.float16)
-        bits = np.ascontiguousarray(weights, dtype=np.float32).view(np.uint32)
-        rounded = ((bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))) >> 16).astype(np.uint16)
-        return np.where(np.isnan(weights), _BFLOAT16_NAN, rounded)
+            np.copyto(out, weights, casting="same_kind")
+            return out
+        scratch = np.empty(min(CHUNK, weights.size), np.uint32)
+        for start in range(0, weights.size, CHUNK):
+            stop = min(start + CHUNK, weights.size)
+            self._bfloat16_chunk(weights[start:stop], out[start:stop], scratch[:stop - start])
+        return out
+
+    @staticmethod
+    def _bfloat16_chunk(values: np.ndarray, out: np.ndarray, bits: np.ndarray) -> None:
+        """Round ``values`` to nearest even in their upper 16 bits; NaN stays a (quiet) NaN."""
+        source = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+        np.right_shift(source, 16, out=bits)
+        bits &= np.uint32(1)
+        bits += np.uint32(0x7FFF)
+        bits += source
+        bits >>= 16
+        np.copyto(out, bits, casting="unsafe")
+        nan = np.isnan(values)
+        if nan.any():
+            out[nan] = _BFLOAT16_NAN
 
     def decode(self, wire: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """The float32 values of ``wire``, written into ``out`` when given."""
+        out = np.empty(wire.size, np.float32).reshape(wire.shape) if out is None else out
         if self.name == "bfloat16":
-            values = (wire.astype(np.uint32) << 16).view(np.float32)
+            bits = out.view(np.uint32)
+            np.copyto(bits, wire, casting="safe")
+            bits <<= 16
         else:
-            values = wire.astype(np.float32, copy=False)
-        if out is None:
-            return np.array(values, dtype=np.float32)
-        out[...] = values
+            np.copyto(out, wire, casting="safe")
         return out
+
+    def add_decoded(self, wire: np.ndarray, out: np.ndarray, scratch: np.ndarray) -> None:
+        """``out += decode(wire)`` chunk by chunk (``scratch``: float32, at least a chunk)."""
+        for start in range(0, wire.size, CHUNK):
+            stop = min(start + CHUNK, wire.size)
+            piece = scratch[:stop - start]
+            self.decode(wire[start:stop], piece)
+            out[start:stop] += piece
 
     def sum_to_root(self, transport: RankTransport, values: np.ndarray, root: int = 0,
                     timeout: float | None = None) -> np.ndarray:
         """Every rank's float32 ``values`` summed in float32 at ``root``, whatever the wire dtype.
 
         Each rank sends ``values`` encoded in the wire dtype (its bytes are counted as such). Returns
-        the sum at ``root`` (for float32, in ``values`` itself), and ``values`` unchanged elsewhere.
+        the sum at ``root`` in ``values`` itself, and ``values`` unchanged elsewhere.
         """
-        wire = self.encode(values)
         if self.summed_by_mpi:
-            transport.reduce_sum(wire, root=root, timeout=timeout)
-            return wire
-        rows = np.zeros((transport.size, wire.size), dtype=self.dtype) if transport.rank == root else None
-        transport.gather(wire, rows, root=root, timeout=timeout)
-        if transport.rank != root:
+            transport.reduce_sum(values, root=root, timeout=timeout)
             return values
-        summed = np.zeros(values.size, dtype=np.float32)
-        for row in rows:  # in rank order: the same sum every run
-            summed += self.decode(row)
+        segment = min(SEGMENT, values.size) or 1  # a model below a segment travels in one gather
+        wire = self.empty(segment)
+        if transport.rank != root:
+            for start in range(0, values.size, segment):
+                stop = min(start + segment, values.size)
+                transport.gather(self.encode(values[start:stop], wire[:stop - start]), None, root=root,
+                                 timeout=timeout)
+            return values
+        return self._sum_at_root(transport, values, segment, root, timeout)
+
+    def _sum_at_root(self, transport: RankTransport, values: np.ndarray, segment: int, root: int,
+                     timeout: float | None) -> np.ndarray:
+        """The root's side: gather segment after segment into two alternating buffers, and add the one
+        that arrived while the next travels."""
+        summed = values  # the root's own contribution, added exactly: the others are added into it
+        rows = [np.zeros(transport.size * segment, dtype=self.dtype) for _ in range(2)]
+        scratch = np.empty(min(CHUNK, segment), np.float32)
+        wire = self.empty(segment)
+        pending: Future[None] | None = None
+        with ThreadPoolExecutor(1) as adder:
+            for index, start in enumerate(range(0, values.size, segment)):
+                stop = min(start + segment, values.size)
+                n = stop - start
+                landing = rows[index % 2][:transport.size * n].reshape(transport.size, n)  # contiguous rows
+                wire[:n] = 0
+                transport.gather(wire[:n], landing, root=root, timeout=timeout)
+                if pending is not None:
+                    pending.result()
+                pending = adder.submit(self._add_rows, landing, summed[start:stop], root, scratch)
+            if pending is not None:
+                pending.result()
         return summed
+
+    def _add_rows(self, rows: np.ndarray, out: np.ndarray, root: int, scratch: np.ndarray) -> None:
+        for rank, row in enumerate(rows):  # in rank order: the same sum every run
+            if rank != root:
+                self.add_decoded(row, out, scratch)

@@ -77,3 +77,31 @@ def test_landing_is_the_float32_buffer_itself_only_for_float32():
     assert WireFormat("float32").landing(out) is out
     landing = WireFormat("bfloat16").landing(out)
     assert landing is not out and landing.dtype == np.uint16 and landing.size == 5
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_a_16_bit_sum_in_segments_is_the_sum_of_the_rounded_contributions(monkeypatch, name):
+    """Segments and chunks smaller than the vector (and not dividing it): the same float32 sum, in rank order."""
+    monkeypatch.setattr("mpi_trainer.comm.wire_dtype.SEGMENT", 1000)
+    monkeypatch.setattr("mpi_trainer.comm.wire_dtype.CHUNK", 256)
+    wire, size, n = WireFormat(name), 3, 3333
+    world = LocalWorld(size)
+    transports = world.transports()
+    rng = np.random.default_rng(3)
+    parts = {rank: rng.normal(size=n).astype(np.float32) if rank else np.zeros(n, np.float32) for rank in range(size)}
+    seen = world.run({rank: (lambda rank=rank: (wire.sum_to_root(transports[rank], parts[rank].copy(), timeout=30),
+                                                transports[rank].take_bytes())) for rank in range(size)}, timeout=60)
+    expected = np.zeros(n, np.float32)
+    for rank in (1, 2):
+        expected += wire.decode(wire.encode(parts[rank]))
+        assert seen[rank][1] == n * 2
+    np.testing.assert_array_equal(seen[0][0], expected)
+
+
+def test_encode_and_decode_write_into_the_buffers_they_are_given():
+    values = np.random.default_rng(4).normal(size=70_001).astype(np.float32)
+    for name in ("float16", "bfloat16"):
+        wire = WireFormat(name)
+        out, back = wire.empty(values.size), np.empty(values.size, np.float32)
+        assert wire.encode(values, out) is out and wire.decode(out, back) is back
+        np.testing.assert_array_equal(back, wire.decode(wire.encode(values)))
