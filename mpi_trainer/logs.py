@@ -82,9 +82,13 @@ class _NoFollowFileHandler(logging.FileHandler):
     """A log file appended to, never through a symbolic link (``O_NOFOLLOW``)."""
 
     def _open(self):  # type: ignore[override]
-        from mpi_trainer.persistence.run_files import open_append
-
-        return os.fdopen(open_append(Path(self.baseFilename)), "a", encoding=self.encoding)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(self.baseFilename, flags, 0o644)
+        except OSError as exc:
+            raise OSError(exc.errno, f"{self.baseFilename}: {exc.strerror} (a symbolic link is never "
+                                     f"written through)") from None
+        return os.fdopen(fd, "a", encoding=self.encoding)
 
 
 def add_log_file(path: Path) -> None:

@@ -36,6 +36,10 @@ OutputActivation = Literal["softmax", "sigmoid", "linear"]
 OUTPUT_ACTIVATIONS = get_args(OutputActivation)
 NanPolicy = Literal["stop", "rollback"]
 NAN_POLICIES = get_args(NanPolicy)
+# train.divergence: a finite divergence (loss above its start, accuracy at chance) is logged and kept in
+# summary.json ("warn"), also ends the run as nan_policy = "stop" would ("stop"), or is not watched ("off")
+DivergencePolicy = Literal["warn", "stop", "off"]
+DIVERGENCE_POLICIES = get_args(DivergencePolicy)
 # data.source of a job whose data was handed to mpi_trainer.fit as a pipeline (tf.data, PyDataset, generator).
 PIPELINE_SOURCE = "pipeline"
 MONITOR_PATTERN = re.compile(r"(test|val)_[A-Za-z0-9_]+")

@@ -10,6 +10,7 @@ from mpi_trainer.config.choices import (
     AGGREGATION_METHODS,
     DEFAULT_MONITOR,
     DEVICES,
+    DIVERGENCE_POLICIES,
     EVALUATION_PLACES,
     EVERY_LOCAL_EPOCH,
     LBFGS,
@@ -23,6 +24,7 @@ from mpi_trainer.config.choices import (
     WIRE_DTYPES,
     AggregationMethod,
     Device,
+    DivergencePolicy,
     EvaluationPlace,
     MonitorMode,
     NanPolicy,
@@ -86,6 +88,11 @@ class TrainConfig(Section):
     sync_warmup_epochs: int = 0
     sync_warmup_every: int = 1
     nan_policy: NanPolicy = "stop"
+    # A finite divergence (the loss above its first round's, or the accuracy fallen to chance, for
+    # divergence_rounds scored rounds in a row): "warn" logs it and lists it in summary.json, "stop" also
+    # ends the run as nan_policy = "stop" ends a non-finite one (the best weights kept), "off" does neither.
+    divergence: DivergencePolicy = "warn"
+    divergence_rounds: int = 3
     # Synchronous rounds: start round r+1 before evaluating round r, so the workers do not wait
     # for the scheduler's evaluation. Early stopping then decides one round late (that round is
     # discarded); rounds followed by a checkpoint are not overlapped.
@@ -105,6 +112,8 @@ class TrainConfig(Section):
         self._non_negative("seed", "max_steps", "threads", "sync_every", "sync_warmup_epochs")
         self._positive("sync_warmup_every")
         self._choice("nan_policy", NAN_POLICIES)
+        self._choice("divergence", DIVERGENCE_POLICIES)
+        self._positive("divergence_rounds")
         self._choice("device", DEVICES)
         self._choice("scheduler_device", SCHEDULER_DEVICES)
 

@@ -26,6 +26,7 @@ class StopReason(str, Enum):
     EPOCHS = "epochs"
     EARLY_STOPPING = "early_stopping"
     NAN = "nan"
+    DIVERGED = "diverged"  # train.divergence = "stop": finite, but the loss climbed or accuracy fell to chance
     MAX_STEPS = "max_steps"
     CALLBACK = "callback"  # a Keras callback set model.stop_training
     PREEMPTED = "preempted"  # a preemption signal: checkpointed, resumed by running the job again
@@ -38,7 +39,7 @@ class StopReason(str, Enum):
 
 
 # These stops keep the best round's weights rather than the last round's.
-KEEPS_BEST = (StopReason.EARLY_STOPPING, StopReason.NAN)
+KEEPS_BEST = (StopReason.EARLY_STOPPING, StopReason.NAN, StopReason.DIVERGED)
 # A run that stopped for one of these is not complete: running the job again carries it on.
 UNFINISHED = (StopReason.RUNNING, StopReason.PREEMPTED)
 
@@ -72,6 +73,7 @@ class RunState:
     consecutive_rollbacks: int = 0
     checkpoint_bytes: int = 0
     rollbacks: list[dict[str, Any]] = field(default_factory=list)
+    divergence: dict[str, Any] | None = None  # the round a finite divergence was confirmed, and its cause
 
 
 def is_scored(row: Mapping[str, Any]) -> bool:
@@ -122,6 +124,8 @@ class RunSummary:
     final_test_metrics: dict[str, float | None] = field(default_factory=dict)
     # fault.survive: each worker lost during the run (its rank, host and when), never under L-BFGS
     lost_workers: list[dict[str, Any]] = field(default_factory=list)
+    # train.divergence: {"round", "cause", "action"} of a finite divergence seen, else None
+    divergence: dict[str, Any] | None = None
     # full-batch L-BFGS: evaluations of loss and gradient, SciPy's last message, float64 vector size
     function_evaluations: int | None = None
     optimizer_message: str | None = None

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from mpi_trainer.algorithms import nan_guard
+from mpi_trainer.algorithms.divergence import DivergenceWatch
 from mpi_trainer.algorithms.early_stopping import EarlyStopping
 from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
 from mpi_trainer.algorithms.sync_schedule import schedule_for
@@ -56,6 +57,7 @@ from mpi_trainer.persistence.run_record import (
     StopReason,
     best_test_accuracy,
     final_columns,
+    is_scored,
 )
 from mpi_trainer.reporting.observers import RunObservers
 from mpi_trainer.reporting.table import format_table
@@ -91,6 +93,8 @@ class RoundRecorder(RecorderCheckpoints):
         self.metric_names = plan.metric_names
         self.schedule = schedule_for(cfg.train, plan.block_bounds)  # each round's local steps (post-local SGD)
         self.state = RunState()
+        self.divergence = DivergenceWatch(0 if cfg.train.divergence == "off" else cfg.train.divergence_rounds,
+                                          dataset.num_outputs if dataset.classes else None)
         self.started = time.perf_counter()
         self.start_round = 0
         self.discarded_bytes = 0  # traffic of rounds rolled back, counted with the next recorded round
@@ -133,6 +137,7 @@ class RoundRecorder(RecorderCheckpoints):
                               lr_scale=resume.lr_scale, wall_offset=resume.wall_seconds,
                               rollbacks=resume.rollbacks)
         self.start_round = resume.next_round
+        self.divergence.start_from([row for row in resume.rounds if is_scored(row)])
         self.outer.load_state(resume.outer_state, resume.weights.size)
         if self.outer.active and not self.outer.state:
             self.log.info("the checkpoint holds no %s outer optimizer state: it starts fresh after round %d",
@@ -209,11 +214,26 @@ class RoundRecorder(RecorderCheckpoints):
         self.maybe_checkpoint(closed.index, weights)
         if stop:
             return StopReason.EARLY_STOPPING
+        if self.diverged(closed.index, row):
+            return StopReason.DIVERGED
         if self.run_callbacks(closed.index, row, weights, scored):
             return StopReason.CALLBACK
         if self.preempting() and closed.index + 1 < self.cfg.train.epochs and not self.steps_exhausted():
             return StopReason.PREEMPTED
         return None
+
+    def diverged(self, round_index: int, row: dict[str, Any]) -> bool:
+        """Watch for a finite divergence (``train.divergence``); True when the run is to stop for it."""
+        cause = self.divergence.update(row) if is_scored(row) else None
+        if cause is None:
+            return False
+        stop = self.cfg.train.divergence == "stop"
+        self.state.divergence = {"round": round_index, "cause": cause, "action": "stopped" if stop else "warned"}
+        self.log.warning("round %d: the run is diverging: %s; %s", round_index, cause,
+                         "stopping and keeping the best weights (train.divergence='stop')" if stop else
+                         "training goes on (train.divergence='warn'; 'stop' ends the run here, keeping the best "
+                         "weights; lower model.learning_rate to avoid it)")
+        return stop
 
     def run_callbacks(self, round_index: int, row: dict[str, Any], weights: np.ndarray, scored: bool) -> bool:
         """The Keras callbacks' ``on_epoch_end`` with the round's weights in the model; True when one asked to
@@ -332,6 +352,7 @@ class RoundRecorder(RecorderCheckpoints):
             outer_optimizer=self.outer.settings.name, ssp=self.cfg.aggregation.ssp,
             scheduler_wait_seconds=stats.wait_wall_seconds, scheduler_wait_cpu_seconds=stats.wait_cpu_seconds,
             dataset=self.dataset.describe(), placement=self.placement, lost_workers=self.lost_workers,
+            divergence=self.state.divergence,
         ).as_dict()
 
     def close(self) -> None:
