@@ -6,6 +6,7 @@ from __future__ import annotations
 from benchmarks.suites import (
     accuracy,
     bandwidth,
+    big_models,
     communication,
     data_inputs,
     faults,
@@ -26,4 +27,4 @@ from benchmarks.suites import (
 SUITES = {module.__name__.rsplit(".", 1)[1]: module
           for module in (throughput, accuracy, scaling, schedules, communication, transport, bandwidth, stragglers,
                          faults, survive, run_directory, observability, keras_fit, lbfgs, gpu, data_inputs,
-                         pipelines)}
+                         pipelines, big_models)}
