@@ -23,6 +23,7 @@ from mpi_trainer.config.choices import (
     FlipMode,
 )
 from mpi_trainer.config.section import Section
+from mpi_trainer.errors import ConfigError
 
 
 @dataclass
@@ -106,8 +107,11 @@ class DataConfig(Section):
                 f"or a file ending in one of {list(DATA_SUFFIXES)}",
             )
             # Under scatter only rank 0 reads the file (it checks it exists when it opens it).
-            self._require(path.is_file() or self.scatters, "source",
-                          "names a data file that does not exist")
+            if not (path.is_file() or self.scatters):
+                raise ConfigError(f"`data.source` names a data file that does not exist. Received: data.source="
+                                  f"{self.source!r}; expected an existing file, {path.resolve()} (a relative path is "
+                                  f"taken from the working directory, {Path.cwd()}), or a built-in dataset "
+                                  f"{list(BUILTIN_DATASETS)}")
         elif self.source not in (ARRAYS_SOURCE, PIPELINE_SOURCE):
             self._choice("source", BUILTIN_DATASETS)
         for name in ("label", "features"):

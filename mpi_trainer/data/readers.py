@@ -257,7 +257,8 @@ def read_file(cfg: DataConfig) -> RawArrays:
     path = Path(cfg.source).expanduser()
     if not path.is_file():
         raise DataError(f"`data.source` names a data file that does not exist. "
-                        f"Received: data.source={cfg.source!r}")
+                        f"Received: data.source={cfg.source!r}; expected an existing file, {path.resolve()} "
+                        f"(a relative path is taken from the working directory, {Path.cwd()})")
     suffix = path.suffix.lower()
     if suffix == ".npz":
         return read_npz(path, cfg.datasets)

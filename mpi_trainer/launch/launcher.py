@@ -29,6 +29,7 @@ from mpi_trainer.launch.supervisor import (
     AttemptHosts,
     Failure,
     Supervisor,
+    check_hosts_resolve,
     host_dropper,
     read_machinefile,
 )
@@ -81,6 +82,7 @@ def check_args(args: argparse.Namespace) -> None:
                           f"{args.machinefile!r}")
     if args.machinefile:
         read_machinefile(Path(args.machinefile))  # a malformed line fails here, named, before any job
+        check_hosts_resolve(Path(args.machinefile), getattr(args, "mpirun_args", ""))
     program = getattr(args, "program", [])
     if bool(args.config) == bool(program):
         raise ConfigError(f"`launch` supervises a config or a command after `--`, one of them. Received: "

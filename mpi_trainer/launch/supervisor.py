@@ -24,6 +24,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -88,6 +89,34 @@ def read_machinefile(path: Path) -> list[tuple[str, int]]:
                               f"expected 'HOST slots=N' with N a positive integer")
         entries.append((words[0], int(value)))
     return entries
+
+
+# mpirun options that give it a launch agent of its own, which may reach hosts this machine cannot resolve
+OWN_AGENT_OPTIONS = ("plm_ssh_agent", "plm_rsh_agent", "--launch-agent", "plm_ssh_args")
+
+
+def unresolved_hosts(entries: list[tuple[str, int]]) -> list[str]:
+    """The machinefile's hosts that this machine cannot resolve (mpirun would fail on them with ssh's
+    ``Could not resolve hostname`` before any rank starts)."""
+    missing = []
+    for host, _ in entries:
+        try:
+            socket.getaddrinfo(host, None)
+        except (socket.gaierror, UnicodeError):
+            if host not in missing:
+                missing.append(host)
+    return missing
+
+
+def check_hosts_resolve(path: Path, mpirun_args: str = "") -> None:
+    """Refuse a machinefile naming a host that does not resolve, unless mpirun has a launch agent of its own."""
+    if any(option in mpirun_args for option in OWN_AGENT_OPTIONS):
+        return
+    missing = unresolved_hosts(read_machinefile(path))
+    if missing:
+        raise ConfigError(f"{path} names host(s) that do not resolve from {socket.gethostname()}: {missing}. "
+                          f"Received: --machinefile {str(path)!r}; expected host names or addresses this machine "
+                          f"resolves (check /etc/hosts or DNS, or the spelling)")
 
 
 def drop_host(entries: list[tuple[str, int]], host: str, ranks: int) -> tuple[list[tuple[str, int]], int]:

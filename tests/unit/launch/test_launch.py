@@ -199,3 +199,15 @@ def test_a_second_launcher_on_a_run_directory_in_use_is_refused_naming_the_holde
     finally:
         holder.release()
     assert f"in use by another job: host {os.uname().nodename} pid {os.getpid()}" in capsys.readouterr().err
+
+
+def test_launch_names_a_machinefile_host_that_does_not_resolve_before_mpirun(tmp_path, capsys):
+    machinefile = tmp_path / "hosts"
+    machinefile.write_text("localhost slots=2\nno-such-node.invalid slots=2\n")
+    assert main(["launch", "-n", "3", "--machinefile", str(machinefile), "configs/quickstart.toml"]) == 2
+    err = capsys.readouterr().err
+    assert "names host(s) that do not resolve" in err and "['no-such-node.invalid']" in err
+    assert "Could not resolve hostname" not in err  # refused by launch itself, before mpirun ran
+    # a launch agent of mpirun's own may reach hosts this machine cannot resolve: not refused for that
+    from mpi_trainer.launch.supervisor import check_hosts_resolve
+    check_hosts_resolve(machinefile, "--prtemca plm_ssh_agent /opt/agent.sh")
