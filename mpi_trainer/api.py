@@ -120,6 +120,14 @@ def fit(model: Any = None, x: Any = None, y: Any = None, batch_size: int | None 
     from mpi_trainer.launch.keras_args import KerasFitArguments
 
     quiet_backend()
+    if _is_keras_model(model):
+        return _fit_keras_model(model, dict(
+            x=x, y=y, batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
+            validation_split=validation_split, validation_data=validation_data, shuffle=shuffle,
+            class_weight=class_weight, sample_weight=sample_weight, initial_epoch=initial_epoch,
+            steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
+            validation_batch_size=validation_batch_size, validation_freq=validation_freq),
+            config, overrides, run_dir, resume)
     transport = _job_transport()
     keras_args = KerasFitArguments(batch_size, epochs, verbose, shuffle, initial_epoch, steps_per_epoch,
                                    validation_steps, validation_batch_size, validation_freq, validation_split)
@@ -128,6 +136,37 @@ def fit(model: Any = None, x: Any = None, y: Any = None, batch_size: int | None 
     with _refused_together(transport), fail_together(transport):
         finished = _run(transport, request, run_dir, resume)
         return history_everywhere(transport, model, finished)
+
+
+def _is_keras_model(model: Any) -> bool:
+    """A ``keras.Model`` object (Keras is imported already: the script built it)."""
+    keras = sys.modules.get("keras")
+    return keras is not None and isinstance(model, keras.Model)
+
+
+def _fit_keras_model(model: Any, kwargs: dict[str, Any], config: Any, overrides: Any, run_dir: Any,
+                     resume: bool) -> Any:
+    """The user's model object: plain ``model.fit`` in one process, else trained by Keras on every worker."""
+    from mpi_trainer.keras_fit import fit_model, plain_fit
+    from mpi_trainer.launch.fail_together import fail_together
+    from mpi_trainer.launch.keras_args import user_sets
+
+    transport = _job_transport()
+    if transport.size == 1:
+        if config is not None or overrides or run_dir is not None:
+            import warnings
+
+            warnings.warn("mpi_trainer.fit in one process (no mpirun) is plain model.fit: `config`, `overrides` "
+                          "and `run_dir` apply to data-parallel jobs only and are ignored here", stacklevel=3)
+        return plain_fit(model, {key: value for key, value in kwargs.items() if value is not None})
+    for name in ("epochs", "batch_size"):  # Keras' defaults, unless the config sets them
+        if kwargs[name] is None and not user_sets(f"train.{name}", config, overrides):
+            kwargs[name] = 1 if name == "epochs" else None
+        elif kwargs[name] is None:
+            kwargs[name] = "config"
+    with _refused_together(transport), fail_together(transport):
+        return fit_model(transport, model, kwargs, str(config) if isinstance(config, Path) else config,
+                         _pairs(overrides), run_dir, resume)
 
 
 def _job_transport() -> Any:

@@ -1,0 +1,275 @@
+"""``mpi_trainer.fit(model, ...)`` with a ``keras.Model``: the user's object, trained by Keras on every rank.
+
+The steps, on every rank: load the config and place the rank; check what Keras would check
+(compiled, the input kinds and arguments, through Keras' own adapters on each worker's share),
+every rank agreeing on a refusal before anything trains; build what the first batch would build;
+lay out the state (:mod:`.state`) and check it is the same everywhere; then rank 0 schedules
+(:class:`~.rounds.SchedulerRounds`) and the workers train (:class:`~.rounds.WorkerRounds`). At the
+end every rank holds the final state and the same ``keras.callbacks.History``, and its model's
+saving methods write whole files (:mod:`.saving`). Run as one process (no ``mpirun``), it is
+plain ``model.fit``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpi_trainer.errors import ConfigError, InputError
+from mpi_trainer.keras_fit import shares
+from mpi_trainer.keras_fit.record import FitRecord, fingerprint
+from mpi_trainer.keras_fit.rounds import SchedulerRounds, WorkerRounds
+from mpi_trainer.keras_fit.saving import save_whole_files
+from mpi_trainer.keras_fit.state import ModelState
+from mpi_trainer.launch.agreement import agree, load_config_everywhere
+
+ARGUMENT_KEYS = ("batch_size", "epochs", "shuffle", "class_weight", "initial_epoch", "steps_per_epoch",
+                 "validation_split", "validation_steps", "validation_batch_size", "validation_freq")
+
+
+@dataclass
+class Prepared:
+    """One rank's part of the fit, once Keras' checks passed."""
+
+    share: dict[str, Any] = field(default_factory=dict)  # a worker's model.fit arguments
+    rows: int | None = None  # a worker's rows (arrays)
+    validation: dict[str, Any] | None = None  # rank 0's model.evaluate arguments
+    train_data: Any = None  # (x, y, sample_weight) after validation_split
+
+
+def plain_fit(model: Any, kwargs: dict[str, Any]) -> Any:
+    """One process: Keras' own ``fit``, exactly as the script would call it."""
+    return model.fit(**kwargs)
+
+
+def fit_model(transport: Any, model: Any, kwargs: dict[str, Any], config: Any, overrides: list[Any],
+              run_dir: Any, resume: bool) -> Any:
+    """The data-parallel fit of ``model`` on this rank (see the module docstring); returns its History."""
+    from mpi_trainer.launch.job import start_rank
+
+    cfg = load_config_everywhere(transport, config, overrides)
+    cfg, _ = start_rank(transport, cfg)
+    for name in ("epochs", "batch_size"):  # left to the config by the caller
+        if kwargs.get(name) == "config":
+            kwargs[name] = getattr(cfg.train, name)
+    workers = transport.size - 1
+    prepared, error = None, None
+    try:
+        check_config(cfg, run_dir, resume)
+        check_backend()
+        prepared = prepare(model, kwargs, transport.rank, workers)
+    except (InputError, ValueError, TypeError) as exc:  # Keras' refusals are ValueError / TypeError
+        error = str(exc)
+    agree(transport, error)
+    build(model, kwargs, prepared)
+    state = ModelState(model)
+    layouts = transport.allgather((state.size, len(state.integers)))
+    agree(transport, None if len(set(layouts)) == 1 else
+          f"Every rank must hold the same model. Received state sizes (values, integer variables) {layouts}; "
+          f"expected the same on every rank (build the model the same way on every rank)")
+    record, saved, error = None, None, None
+    if transport.rank == 0:
+        try:
+            record = make_record(model, kwargs, cfg, prepared, run_dir, workers)
+            saved = record.open()
+        except (InputError, OSError) as exc:
+            error = str(exc)
+    agree(transport, error)
+    if transport.rank == 0:
+        history = schedule(transport, model, state, kwargs, cfg, prepared, record, saved, workers)
+    else:
+        weighted = cfg.aggregation.method == "weighted"
+        WorkerRounds(transport, model, state, prepared.share, prepared.rows, weighted).run()
+        history = None
+    return finish(transport, model, history)
+
+
+def check_config(cfg: Any, run_dir: Any, resume: bool) -> None:
+    """What the config asks that training the user's model round by round does not do."""
+    if cfg.aggregation.ssp:
+        raise ConfigError(f"`aggregation.ssp` > 0 needs the model described by `model.name` or a function; a "
+                          f"keras.Model object trains in synchronous epochs. Received: aggregation.ssp="
+                          f"{cfg.aggregation.ssp}; expected 0")
+    if cfg.aggregation.method not in ("average", "weighted"):
+        raise ConfigError(f"`aggregation.method` must be 'average' or 'weighted' when `model` is a keras.Model. "
+                          f"Received: aggregation.method={cfg.aggregation.method!r}")
+    if resume and run_dir is None and not os.environ.get("MPI_TRAINER_RUN_DIR"):
+        raise ConfigError("`resume=True` needs the run directory to continue. Received: run_dir=None; "
+                          "expected the run_dir of an earlier fit")
+
+
+def check_backend() -> None:
+    """``KERAS_BACKEND`` set after Keras started is not the backend in use: say so instead of ignoring it."""
+    import keras
+
+    asked = os.environ.get("KERAS_BACKEND")
+    if asked and asked != keras.backend.backend():
+        raise ConfigError(f"Keras runs on {keras.backend.backend()!r} but KERAS_BACKEND={asked!r}: Keras reads it "
+                          f"once, when it is first imported (mpi_trainer.init() or an earlier import started it). "
+                          f"Received: KERAS_BACKEND={asked!r}; expected it set before anything imports Keras")
+
+
+def prepare(model: Any, kwargs: dict[str, Any], rank: int, workers: int) -> Prepared:
+    """Keras' own checks and splits, then this rank's part: a worker's share, rank 0's validation data."""
+    from keras.src.trainers.data_adapters import array_slicing, data_adapter_utils, get_data_adapter
+
+    model._assert_compile_called("fit")
+    x, y, weights = kwargs.get("x"), kwargs.get("y"), kwargs.get("sample_weight")
+    validation = kwargs.get("validation_data")
+    if kwargs.get("validation_split") and validation is None:
+        (x, y, weights), validation = array_slicing.train_validation_split(
+            (x, y, weights), validation_split=kwargs["validation_split"])
+    prepared = Prepared(train_data=(x, y, weights))
+    if rank == 0:
+        if validation is not None:
+            val_x, val_y, val_weights = data_adapter_utils.unpack_x_y_sample_weight(validation)
+            prepared.validation = {"x": val_x, "y": val_y, "sample_weight": val_weights,
+                                   "batch_size": kwargs.get("validation_batch_size") or kwargs.get("batch_size"),
+                                   "steps": kwargs.get("validation_steps")}
+        return prepared
+    steps = kwargs.get("steps_per_epoch")
+    steps = None if steps is None else max(1, -(-int(steps) // workers))
+    kind = shares.input_kind(x)
+    if kind == "arrays":
+        rows = shares.row_count((x, y, weights))
+        if rows < workers:
+            raise ConfigError(f"Every worker needs rows to train on. Received: {rows} training rows for {workers} "
+                              f"workers; expected at least one row per worker")
+        index = shares.share_rows(rows, workers, rank - 1, kwargs.get("shuffle", True))
+        x, y, weights = (None if part is None else shares.take_rows(part, index) for part in (x, y, weights))
+        prepared.rows = len(index)
+    else:
+        x = shares.pipeline_share(x, workers, rank - 1)
+    share = {"x": x, "y": y, "sample_weight": weights, "batch_size": kwargs.get("batch_size"),
+             "shuffle": kwargs.get("shuffle", True), "class_weight": kwargs.get("class_weight"),
+             "steps_per_epoch": steps}
+    if kind != "generator":  # a generator's first batch cannot be looked at and put back
+        get_data_adapter(**{k: v for k, v in share.items() if k != "steps_per_epoch"}, steps_per_epoch=steps)
+    prepared.share = share
+    return prepared
+
+
+def build(model: Any, kwargs: dict[str, Any], prepared: Prepared | None) -> None:
+    """Build the model, its compiled metrics and its optimizer as ``fit``'s first batch would."""
+    unbuilt = not model.built or not all(layer.built for layer in model._flatten_layers())
+    optimizer = getattr(model, "optimizer", None)
+    if unbuilt:
+        x, y, weights = prepared.train_data
+        if shares.input_kind(x) == "generator":
+            raise ConfigError("A model given with a generator must be built before `fit` (start it with "
+                              "keras.Input, or call it on a batch). Received: an unbuilt model and a generator")
+        model._symbolic_build(data_batch=first_batch(x, y, weights, kwargs.get("batch_size")))
+    if optimizer is not None and not optimizer.built:
+        optimizer.build(model.trainable_variables)
+
+
+def first_batch(x: Any, y: Any, weights: Any, batch_size: int | None) -> Any:
+    """The first batch of the input, as the backend's ``fit`` would see it (for building)."""
+    import keras
+    from keras.src.trainers.data_adapters import get_data_adapter
+
+    if shares.input_kind(x) == "arrays":
+        rows = list(range(min(batch_size or 32, shares.row_count((x, y, weights)))))
+        x, y, weights = (None if part is None else shares.take_rows(part, rows) for part in (x, y, weights))
+    adapter = get_data_adapter(x, y, weights, batch_size=batch_size, shuffle=False)
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        return next(iter(adapter.get_tf_dataset()))
+    if backend == "jax":
+        return next(iter(adapter.get_jax_iterator()))
+    if backend == "torch":
+        return next(iter(adapter.get_torch_dataloader()))
+    return next(iter(adapter.get_numpy_iterator()))
+
+
+def arguments_print(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {key: kwargs.get(key) for key in ARGUMENT_KEYS if kwargs.get(key) is not None}
+
+
+def make_record(model: Any, kwargs: dict[str, Any], cfg: Any, prepared: Prepared, run_dir: Any,
+                workers: int) -> FitRecord:
+    """Rank 0's record of this fit, in ``run_dir`` (or ``launch``'s), or kept in memory only."""
+    path = run_dir if run_dir is not None else os.environ.get("MPI_TRAINER_RUN_DIR")
+    describe = {"aggregation": cfg.aggregation.method, "ssp": 0,
+                "outer_optimizer": cfg.outer_optimizer_for(workers)}
+    return FitRecord(None if path is None else _path(path),
+                     fingerprint(model, prepared.train_data, arguments_print(kwargs), cfg.to_dict()), describe,
+                     cfg.checkpoint.every, cfg.checkpoint.every_seconds)
+
+
+def schedule(transport: Any, model: Any, state: ModelState, kwargs: dict[str, Any], cfg: Any, prepared: Prepared,
+             record: FitRecord, saved: dict[str, Any] | None, workers: int) -> Any:
+    """Rank 0's whole fit: the epochs and the callbacks, recorded; returns the History."""
+    import keras
+
+    from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
+
+    outer = OuterOptimizer(OuterSettings.from_config(cfg, workers))
+    verbose = kwargs.get("verbose", "auto")
+    epochs = kwargs.get("epochs", 1)
+    callbacks = keras.callbacks.CallbackList(list(kwargs.get("callbacks") or []), add_history=True,
+                                             add_progbar=verbose != 0, verbose=verbose, epochs=epochs, steps=None,
+                                             model=model)
+    rounds = SchedulerRounds(transport, model, state, outer, callbacks, prepared.validation,
+                             kwargs.get("validation_freq", 1), record)
+    try:
+        record.begin(saved)
+        if saved is not None:
+            state.write(saved["state"])
+            state.write_integers(saved["integers"])
+        start = saved["next_epoch"] if saved else kwargs.get("initial_epoch", 0)
+        if saved and saved["complete"]:
+            rounds.send_stop()
+        else:
+            rounds.run(start, epochs)
+        history = _history(callbacks, saved)
+        record.save_state(state.read(state.empty()), state.read_integers(), len(history.epoch), history, True)
+        history.summary = record.finish(workers)
+        history.run_dir = record.path
+        return history
+    finally:
+        record.release()
+
+
+def _path(path: Any) -> Any:
+    from pathlib import Path
+
+    return Path(path)
+
+
+def _history(callbacks: Any, saved: dict[str, Any] | None) -> Any:
+    """The fit's History: a resumed run's earlier epochs, then this job's."""
+    import keras
+
+    history = next(c for c in callbacks.callbacks if isinstance(c, keras.callbacks.History))
+    if saved:
+        merged = {key: list(values) for key, values in saved["history"].items()}
+        for key, values in history.history.items():
+            merged.setdefault(key, []).extend(values)
+        history.history, history.epoch = merged, list(saved["epochs"]) + list(history.epoch)
+    return history
+
+
+def finish(transport: Any, model: Any, history: Any) -> Any:
+    """Every rank's History (rank 0's), its model already holding the final state; saving made safe."""
+    import keras
+
+    outcome = None if history is None else {
+        "history": {k: [float(v) for v in values] for k, values in history.history.items()},
+        "epoch": list(history.epoch), "params": dict(history.params or {}), "summary": history.summary,
+        "run_dir": None if history.run_dir is None else str(history.run_dir)}
+    outcome = transport.bcast_object(outcome)
+    if history is None:
+        history = keras.callbacks.History()
+        history.set_model(model)
+        history.history, history.epoch = outcome["history"], outcome["epoch"]
+        history.set_params(outcome["params"])
+        history.summary = outcome["summary"]
+        history.run_dir = None if outcome["run_dir"] is None else _path(outcome["run_dir"])
+        model.history = history
+    save_whole_files(model)
+    # the script's own code follows: its errors are its own, not a failure of the job to abort for
+    sys.excepthook = getattr(sys.excepthook, "previous", sys.excepthook)
+    return history

@@ -1,0 +1,236 @@
+"""The run directory of a ``fit`` on the user's model (rank 0 only): what it is, what it holds.
+
+A directory is written only when the script names one (``run_dir=``, or ``launch``'s). It holds
+``rounds.csv`` (one row per epoch, flushed each epoch), ``summary.json``, ``fit.json`` (what the
+run is: the model, its compile settings, the data and the arguments, as a fingerprint),
+``train.log`` and ``state.h5`` (the whole training state, checksummed, with a backup copy).
+
+A directory that holds a run of *another* fit (any fingerprint entry differs) is refused before
+training, naming what differs: its result is never returned for this one. The same fit finds
+its run again: an unfinished one resumes from its last state, a complete one trains nothing
+and hands back its result, as the command line's ``train`` does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mpi_trainer.errors import ConfigError
+from mpi_trainer.logs import add_log_file, get_logger
+
+FINGERPRINT_NAME = "fit.json"
+STATE_NAME = "state.h5"
+ROUNDS_NAME = "rounds.csv"
+SUMMARY_NAME = "summary.json"
+LOG_NAME = "train.log"
+FIXED_COLUMNS = ["round", "wall_seconds", "train_seconds_max", "train_seconds_min", "comm_seconds",
+                 "aggregate_seconds", "eval_seconds", "bytes", "test_loss", "test_accuracy", "max_staleness"]
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _model_text(model: Any) -> str:
+    try:
+        return model.to_json()
+    except Exception:  # noqa: BLE001 - a subclassed model without get_config: its class and weights describe it
+        return f"{type(model).__qualname__}:{[(w.path, tuple(w.shape)) for w in model.weights]}"
+
+
+def _compile_text(model: Any) -> str:
+    try:
+        compiled = model.get_compile_config()
+    except Exception:  # noqa: BLE001 - compile arguments that do not serialise: their reprs then
+        compiled = {"loss": repr(getattr(model, "loss", None))}
+    optimizer = getattr(model, "optimizer", None)
+    settings = optimizer.get_config() if optimizer is not None else None
+    return json.dumps([compiled, settings], sort_keys=True, default=repr)
+
+
+def data_print(data: Any) -> str:
+    """Shapes, dtypes and a CRC of the first and last rows of every array (a pipeline: its kind)."""
+    import keras
+
+    parts = []
+    for leaf in keras.tree.flatten(data):
+        if leaf is None:
+            continue
+        if not hasattr(leaf, "shape"):
+            parts.append(type(leaf).__name__)
+            continue
+        array = np.asarray(keras.ops.convert_to_numpy(leaf) if not isinstance(leaf, np.ndarray) else leaf)
+        ends = np.concatenate([array[:64].reshape(-1), array[-64:].reshape(-1)]) if len(array) else array
+        crc = zlib.crc32(ends.astype(str).tobytes() if ends.dtype.hasobject else ends.tobytes())
+        parts.append(f"{array.shape}:{array.dtype}:{crc:08x}")
+    return ";".join(parts)
+
+
+def fingerprint(model: Any, data: Any, arguments: dict[str, Any], config: dict[str, Any]) -> dict[str, str]:
+    """What makes a fit this fit; a directory's run is resumed only when every entry is equal."""
+    return {"model": _digest(_model_text(model)), "compile": _digest(_compile_text(model)),
+            "data": _digest(data_print(data)), "arguments": json.dumps(arguments, sort_keys=True, default=repr),
+            "config": _digest(json.dumps(config, sort_keys=True, default=repr))}
+
+
+class FitRecord:
+    """Rank 0's record of one fit: rows, summary, state checkpoints; a no-op without a directory."""
+
+    def __init__(self, path: Path | None, print_: dict[str, str], describe: dict[str, Any], every: int = 0,
+                 every_seconds: float = 0.0) -> None:
+        self.path, self.print_, self.describe = path, print_, describe
+        self.every, self.every_seconds = every, every_seconds  # checkpoint.every / every_seconds
+        self.saved_at = time.time()
+        self.rows: list[dict[str, Any]] = []
+        self.stop_reason = "epochs"
+        self.started = time.time()
+        self.log = get_logger()
+        self.traffic = 0
+        self.lock: Any = None
+        self.history: dict[str, list[float]] = {}
+        self.epochs: list[int] = []
+
+    # -- before training -----------------------------------------------------------
+    def open(self) -> dict[str, Any] | None:
+        """Lock the directory and read the run it holds: None (a new run), or its saved state."""
+        if self.path is None:
+            return None
+        from mpi_trainer.persistence.run_lock import RunLock, launcher_holder
+
+        self.lock = RunLock(self.path).acquire(launcher_holder())
+        recorded = self.path / FINGERPRINT_NAME
+        if not recorded.exists():
+            return None
+        earlier = json.loads(recorded.read_text(encoding="utf-8"))
+        differs = sorted(key for key in set(earlier) | set(self.print_) if earlier.get(key) != self.print_.get(key))
+        if differs:
+            self.lock.release()
+            raise ConfigError(f"`run_dir` {str(self.path)!r} holds the run of another fit: its {', '.join(differs)} "
+                              f"differ from this call's. Received: run_dir={str(self.path)!r}; expected a new "
+                              f"directory (or none) for a different model, data, compile or arguments")
+        return self._saved()
+
+    def _saved(self) -> dict[str, Any] | None:
+        from mpi_trainer.persistence.checkpoint import load_checkpoint
+
+        if not (self.path / STATE_NAME).exists():
+            return None
+        arrays, meta = load_checkpoint(self.path / STATE_NAME)
+        return {"state": arrays["state"], "integers": [arrays[f"integer_{i}"] for i in range(meta["integers"])],
+                "next_epoch": meta["next_epoch"], "complete": meta["complete"], "history": meta["history"],
+                "epochs": meta["epochs"], "rows": meta["rows"], "stop_reason": meta["stop_reason"]}
+
+    def begin(self, saved: dict[str, Any] | None) -> None:
+        if self.path is None:
+            return
+        from mpi_trainer.persistence.run_files import write_json_atomic
+
+        add_log_file(self.path / LOG_NAME)
+        write_json_atomic(self.path / FINGERPRINT_NAME, self.print_)
+        if saved is not None:
+            self.rows, self.history, self.epochs = saved["rows"], saved["history"], saved["epochs"]
+            self.log.info("%s holds this fit's run: %s from epoch %d", self.path,
+                          "complete, nothing to train" if saved["complete"] else "resuming", saved["next_epoch"])
+        self._rewrite_rows()
+
+    # -- each epoch ---------------------------------------------------------------
+    def warn(self, message: str) -> None:
+        self.log.warning("%s", message)
+
+    def stopped(self, reason: str) -> None:
+        self.stop_reason = reason
+
+    def epoch(self, epoch: int, logs: dict[str, float], reports: list[Any], times: dict[str, float],
+              state: Any = None) -> None:
+        self.traffic += int(times.pop("bytes", 0))
+        seconds = [report.seconds for report in reports]
+        row = {"round": epoch, **times, "train_seconds_max": max(seconds), "train_seconds_min": min(seconds),
+               "bytes": self.traffic, "test_loss": logs.get("val_loss", math.nan),
+               "test_accuracy": logs.get("val_accuracy", logs.get("val_acc", math.nan)), "max_staleness": 0,
+               **{key: float(value) for key, value in logs.items()}}
+        self.rows.append(row)
+        self.log.info("epoch %d: %s", epoch, ", ".join(f"{k} {v:.4g}" for k, v in sorted(logs.items())))
+        if self.path is not None:
+            self._append_row(row)
+
+    def _columns(self) -> list[str]:
+        extra = sorted({key for row in self.rows for key in row} - set(FIXED_COLUMNS))
+        return FIXED_COLUMNS + extra
+
+    def _append_row(self, row: dict[str, Any]) -> None:
+        path = self.path / ROUNDS_NAME
+        if len(self.rows) == 1 or set(row) - set(self._header()):
+            self._rewrite_rows()
+            return
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(",".join(_cell(row.get(c, "")) for c in self._header()) + "\n")
+            handle.flush()
+
+    def _header(self) -> list[str]:
+        path = self.path / ROUNDS_NAME
+        if not path.exists():
+            return []
+        with open(path, encoding="utf-8") as handle:
+            return handle.readline().strip().split(",")
+
+    def _rewrite_rows(self) -> None:
+        from mpi_trainer.persistence.run_files import write_atomic
+
+        columns = self._columns()
+        lines = [",".join(columns)] + [",".join(_cell(row.get(c, "")) for c in columns) for row in self.rows]
+        write_atomic(self.path / ROUNDS_NAME, "\n".join(lines) + "\n")
+
+    def checkpoint(self, next_epoch: int, state: Any, callbacks: Any) -> None:
+        """Save the state after an epoch when ``checkpoint.every`` or ``every_seconds`` says so."""
+        import keras
+
+        due = (self.every and next_epoch % self.every == 0) or (
+            self.every_seconds and time.time() - self.saved_at >= self.every_seconds)
+        if self.path is None or not due:
+            return
+        history = next(c for c in callbacks.callbacks if isinstance(c, keras.callbacks.History))
+        self.save_state(state.read(state.empty()), state.read_integers(), next_epoch, history, False)
+        self.saved_at = time.time()
+
+    def save_state(self, state: np.ndarray, integers: list[np.ndarray], next_epoch: int, history: Any,
+                   complete: bool) -> None:
+        """The whole training state after an epoch (and the History so far), checksummed."""
+        if self.path is None:
+            return
+        from mpi_trainer.persistence.checkpoint import save_checkpoint
+
+        arrays = {"state": state, **{f"integer_{i}": np.asarray(v) for i, v in enumerate(integers)}}
+        meta = {"next_epoch": next_epoch, "complete": complete, "integers": len(integers),
+                "history": {k: [float(x) for x in v] for k, v in history.history.items()},
+                "epochs": list(history.epoch), "rows": self.rows, "stop_reason": self.stop_reason}
+        save_checkpoint(self.path / STATE_NAME, arrays, json.loads(json.dumps(meta, default=float)))
+
+    def finish(self, workers: int) -> dict[str, Any]:
+        scored = [row["test_accuracy"] for row in self.rows if math.isfinite(row["test_accuracy"])]
+        summary = {"rounds_completed": len(self.rows), "final_test_accuracy": scored[-1] if scored else None,
+                   "best_test_accuracy": max(scored) if scored else None,
+                   "wall_seconds": time.time() - self.started, "traffic_bytes": self.traffic,
+                   "stop_reason": self.stop_reason, "workers": workers, "complete": True, **self.describe}
+        if self.path is not None:
+            from mpi_trainer.persistence.run_files import write_json_atomic
+
+            write_json_atomic(self.path / SUMMARY_NAME, summary)
+        return summary
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return "" if math.isnan(value) else f"{value:.6g}"
+    return str(value)

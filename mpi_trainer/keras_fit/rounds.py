@@ -1,0 +1,189 @@
+"""A ``fit`` on the user's own model object, round by round: the scheduler's loop and the worker's.
+
+Separation of concerns: Keras owns training. Each worker calls the model's own ``fit`` for one
+epoch on its share of the input (:mod:`.shares`), so its data adapters, ``train_step``, optimizer,
+loss scaling and callbacks-free progress are exactly those of plain Keras. The scheduler (rank 0)
+owns what happens between epochs: it hands every worker the same state before an epoch, combines
+the workers' states after it (:mod:`.state`: averaged, the trainable part stepped by the outer
+optimizer), scores the validation data with ``model.evaluate``, runs the user's callbacks with the
+epoch's logs, and decides when to stop (the epochs asked for, or ``model.stop_training``). The
+run's record (:mod:`.record`) is a sink that rank 0 hands finished epochs to.
+
+Every epoch is three collectives: the order (a small object) and the state (one flat float32
+buffer) from rank 0, then the workers' states summed into rank 0 and their reports gathered.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mpi_trainer.keras_fit.state import ModelState
+
+
+@dataclass
+class Order:
+    """What rank 0 tells the workers before an epoch (``stop``: the job is over; the state that
+    follows is the final one)."""
+
+    epoch: int
+    stop: bool
+    integers: list[np.ndarray] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    """A worker's epoch: its Keras logs, the batches and rows it trained, and its integer state."""
+
+    logs: dict[str, float]
+    batches: int
+    rows: int
+    seconds: float
+    integers: list[np.ndarray]
+
+
+class _BatchCounter:
+    """Counts the batches of one ``fit`` call (a dataset's length is not known in advance)."""
+
+    def __init__(self) -> None:
+        import keras
+
+        counter = self
+
+        class Counting(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+                counter.batches += 1
+
+        self.batches = 0
+        self.callback = Counting()
+
+
+class WorkerRounds:
+    """A worker: takes the state, trains one epoch of its share with ``model.fit``, reports."""
+
+    def __init__(self, transport: Any, model: Any, state: ModelState, share: dict[str, Any], rows: int | None,
+                 weighted: bool) -> None:
+        self.transport, self.model, self.state = transport, model, state
+        self.share = share  # model.fit's arguments for this worker's share
+        self.rows = rows  # the rows of the share (arrays); None: counted from the batches
+        self.weighted = weighted
+        self.buffer = np.zeros(state.size + 1, dtype=np.float32)  # the state, then this worker's weight
+
+    def run(self) -> None:
+        while True:
+            order: Order = self.transport.bcast_object(None)
+            self.transport.broadcast(self.buffer[:-1])
+            self.state.write(self.buffer[:-1])
+            self.state.write_integers(order.integers)
+            if order.stop:
+                return
+            report = self.train(order.epoch)
+            weight = float(report.rows if self.weighted else 1) if report.batches else 0.0
+            self.state.read(self.buffer[:-1])
+            self.buffer[:-1] *= np.float32(weight)
+            self.buffer[-1] = weight
+            self.transport.reduce_sum(self.buffer)
+            self.transport.allgather(report)
+
+    def train(self, epoch: int) -> Report:
+        counter = _BatchCounter()
+        started = time.perf_counter()
+        history = self.model.fit(**self.share, epochs=epoch + 1, initial_epoch=epoch, verbose=0,
+                                 callbacks=[counter.callback])
+        logs = {name: float(values[-1]) for name, values in history.history.items() if values}
+        rows = self.rows or counter.batches * (self.share.get("batch_size") or 32)
+        return Report(logs, counter.batches, int(rows), time.perf_counter() - started, self.state.read_integers())
+
+
+class SchedulerRounds:
+    """Rank 0: hands out the state, combines the workers' states, validates, runs the callbacks."""
+
+    def __init__(self, transport: Any, model: Any, state: ModelState, outer: Any, callbacks: Any,
+                 validation: dict[str, Any] | None, validation_freq: Any, record: Any) -> None:
+        self.transport, self.model, self.state, self.outer = transport, model, state, outer
+        self.callbacks, self.validation, self.validation_freq = callbacks, validation, validation_freq
+        self.record = record
+        self.buffer = np.zeros(state.size + 1, dtype=np.float32)
+        self.before = state.empty()  # the global state an epoch started from
+
+    def run(self, initial_epoch: int, epochs: int) -> dict[str, float]:
+        """Every epoch from ``initial_epoch`` to ``epochs``; the last epoch's logs."""
+        logs: dict[str, float] = {}
+        self.model.stop_training = False
+        self.callbacks.on_train_begin()
+        try:
+            for epoch in range(initial_epoch, epochs):
+                logs = self.epoch(epoch)
+                if self.model.stop_training:
+                    self.record.stopped("model.stop_training")
+                    break
+        finally:
+            self.send_stop()
+        self.callbacks.on_train_end(logs)
+        return logs
+
+    def send_stop(self) -> None:
+        """The job is over: the workers take the final state and leave."""
+        self.send(Order(-1, True, self.state.read_integers()))
+
+    def send(self, order: Order) -> None:
+        self.transport.bcast_object(order)
+        self.state.read(self.buffer[:-1])
+        self.transport.broadcast(self.buffer[:-1])
+
+    def epoch(self, epoch: int) -> dict[str, float]:
+        started = time.perf_counter()
+        self.callbacks.on_epoch_begin(epoch)
+        self.send(Order(epoch, False, self.state.read_integers()))
+        self.before[:] = self.buffer[:-1]
+        self.buffer[:] = 0.0
+        self.transport.reduce_sum(self.buffer)
+        reports: list[Report] = self.transport.allgather(None)[1:]
+        collected = time.perf_counter()
+        self.combine(epoch, reports)
+        combined = time.perf_counter()
+        logs = self.train_logs(reports)
+        logs.update(self.validate(epoch))
+        scored = time.perf_counter()
+        self.callbacks.on_epoch_end(epoch, logs)
+        self.record.epoch(epoch, logs, reports, {"wall_seconds": time.perf_counter() - started,
+                                                 "comm_seconds": collected - started,
+                                                 "aggregate_seconds": combined - collected,
+                                                 "eval_seconds": scored - combined})
+        self.record.checkpoint(epoch + 1, self.state, self.callbacks)
+        return logs
+
+    def combine(self, epoch: int, reports: list[Report]) -> None:
+        """The workers' mean state; the outer optimizer steps its trainable part from the epoch's start."""
+        total = float(self.buffer[-1])
+        empty = [rank + 1 for rank, report in enumerate(reports) if not report.batches]
+        if empty or total <= 0:
+            raise RuntimeError(f"worker rank(s) {empty} trained no batch in epoch {epoch}: their share of the "
+                               f"input is empty (a dataset shorter than one batch per worker, or an exhausted "
+                               f"generator); give every worker data, or fewer workers")
+        combined = self.buffer[:-1]
+        combined /= np.float32(total)
+        if not np.isfinite(combined).all():
+            self.record.warn(f"epoch {epoch}: the combined model holds NaN or inf values (the loss diverged)")
+        trainable = self.state.trainable_size
+        if self.outer.active:
+            combined[:trainable] = self.outer.step(self.before[:trainable], combined[:trainable])
+        self.state.keep_rates(combined, self.before)
+        self.state.write(combined)
+        self.state.write_integers(reports[0].integers)
+
+    def train_logs(self, reports: list[Report]) -> dict[str, float]:
+        """The epoch's training logs: each worker's Keras logs, averaged by the rows it trained."""
+        rows = sum(report.rows for report in reports)
+        names = sorted({name for report in reports for name in report.logs})
+        return {name: sum(r.logs.get(name, math.nan) * r.rows for r in reports) / rows for name in names}
+
+    def validate(self, epoch: int) -> dict[str, float]:
+        if self.validation is None or not self.model._should_eval(epoch, self.validation_freq):
+            return {}
+        scores = self.model.evaluate(**self.validation, verbose=0, return_dict=True)
+        return {f"val_{name}": float(value) for name, value in scores.items()}

@@ -1,0 +1,119 @@
+"""Which rows each worker trains on: one share of ``fit``'s input per worker, of the same kind.
+
+Separation of concerns: Keras owns what an input *is* (its data adapters turn arrays, a
+``tf.data.Dataset``, a ``keras.utils.PyDataset`` or a generator into batches, and refuse what
+they cannot take); this module only cuts the input into shares, without changing a value:
+
+* **arrays** (NumPy, tensors, pandas, any nesting of them, strings included): worker ``w`` of ``W``
+  takes a fixed ``1/W`` of the rows, chosen by a seeded permutation when ``shuffle`` is on (so a
+  file sorted by class is not split by class) and in order when it is off. Keras' own slicing
+  (``array_slicing``) cuts them, as it cuts ``validation_split``;
+* **a tf.data.Dataset**: ``dataset.shard(W, w)``, every ``W``-th element;
+* **a PyDataset**: every ``W``-th batch (``PyDatasetShare``);
+* **a generator**: every ``W``-th item it yields.
+
+Every rank runs the same script and so holds the same input; the shares partition it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+SHARE_SEED = 1234  # the permutation that deals rows to workers (the same on every rank)
+
+
+def is_dataset(x: Any) -> bool:
+    from keras.src.trainers.data_adapters import is_tf_dataset
+
+    return is_tf_dataset(x)
+
+
+def is_py_dataset(x: Any) -> bool:
+    import keras
+
+    return isinstance(x, keras.utils.PyDataset)
+
+
+def is_generator(x: Any) -> bool:
+    import inspect
+
+    return inspect.isgenerator(x) or isinstance(x, Iterator)
+
+
+def input_kind(x: Any) -> str:
+    if is_dataset(x):
+        return "tf.data.Dataset"
+    if is_py_dataset(x):
+        return "PyDataset"
+    if is_generator(x):
+        return "generator"
+    return "arrays"
+
+
+def row_count(arrays: Any) -> int:
+    """Rows of a structure of arrays (the first non-None leaf's first axis)."""
+    import keras
+
+    for leaf in keras.tree.flatten(arrays):
+        if leaf is not None:
+            return int(leaf.shape[0]) if hasattr(leaf, "shape") else len(leaf)
+    return 0
+
+
+def share_rows(rows: int, workers: int, index: int, shuffle: Any) -> np.ndarray:
+    """The rows of worker ``index`` (0-based) of ``workers``: a fixed, disjoint part of ``range(rows)``."""
+    order = np.random.default_rng(SHARE_SEED).permutation(rows) if shuffle else np.arange(rows)
+    return np.sort(np.array_split(order, workers)[index])
+
+
+def take_rows(arrays: Any, rows: np.ndarray) -> Any:
+    """The given rows of every array in a structure, by Keras' own slicing (None stays None)."""
+    import keras
+    from keras.src.trainers.data_adapters import array_slicing
+
+    sliceable = array_slicing.convert_to_sliceable(arrays)
+    return keras.tree.map_structure(lambda s: None if s is None else s[rows], sliceable)
+
+
+def array_share(data: tuple[Any, Any, Any], workers: int, index: int, shuffle: Any) -> tuple[Any, Any, Any]:
+    """``(x, y, sample_weight)`` of one worker."""
+    rows = share_rows(row_count(data), workers, index, shuffle)
+    x, y, weights = data
+    return tuple(None if part is None else take_rows(part, rows) for part in (x, y, weights))  # type: ignore
+
+
+def pipeline_share(x: Any, workers: int, index: int) -> Any:
+    """A dataset, PyDataset or generator's share for worker ``index``."""
+    if is_dataset(x):
+        return x.shard(workers, index)
+    if is_py_dataset(x):
+        return PyDatasetShare(x, workers, index)
+    return itertools.islice(x, index, None, workers)
+
+
+def _py_dataset_class() -> Any:
+    import keras
+
+    return keras.utils.PyDataset
+
+
+class PyDatasetShare(_py_dataset_class()):  # type: ignore[misc]
+    """Every ``workers``-th batch of a PyDataset, from batch ``index``; its workers and queue settings kept."""
+
+    def __init__(self, base: Any, workers: int, index: int) -> None:
+        super().__init__(workers=base.workers, use_multiprocessing=base.use_multiprocessing,
+                         max_queue_size=base.max_queue_size)
+        self.base, self.stride, self.start = base, workers, index
+
+    def __len__(self) -> int:
+        return max(0, -(-(len(self.base) - self.start) // self.stride))
+
+    def __getitem__(self, index: int) -> Any:
+        return self.base[self.start + index * self.stride]
+
+    def on_epoch_end(self) -> None:
+        self.base.on_epoch_end()
