@@ -16,7 +16,7 @@ LAYERS = [
     {"persistence"},
     {"reporting"},
     {"scheduler", "worker"},
-    {"launch"},
+    {"launch", "keras_fit"},
     {"api"},
     # the package's front door re-exports the Python API
     {"cli", "__main__", "__init__"},
