@@ -17,6 +17,16 @@ from mpi_trainer.persistence.run_files import read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 MPI_TIMEOUT = 240
+# Drawing the end-of-run plots costs each job seconds: test jobs draw them only where a test asks
+# for them (``--set log.plots=true``, as tests/mpirun/test_mpirun_observe.py does).
+NO_PLOTS = ["--set", "log.plots=false"]
+
+
+def without_plots(args: list[str]) -> list[str]:
+    """``args`` of ``mpi_trainer train`` or ``launch`` with ``log.plots=false`` unless they set it."""
+    if args[:1] not in (["train"], ["launch"]) or any(arg.startswith("log.plots=") for arg in args):
+        return list(args)
+    return [*args, *NO_PLOTS]
 
 
 @dataclass
@@ -35,7 +45,9 @@ class MpiResult:
 def run_mpi(ranks: int, args: list[str], run_dir: Path | None = None, timeout: float = MPI_TIMEOUT,
             extra_env: dict[str, str] | None = None, machinefile: str | None = None,
             mpirun_args: list[str] | None = None) -> MpiResult:
-    """Run ``mpirun -n ranks python -m mpi_trainer ARGS``; a hang fails the test instead of CI."""
+    """Run ``mpirun -n ranks python -m mpi_trainer ARGS`` (without plots unless ARGS set ``log.plots``);
+    a hang fails the test instead of CI."""
+    args = without_plots(args)
     if run_dir is not None:
         args = [*args, "--run-dir", str(run_dir)]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(extra_env or {})}

@@ -1,7 +1,6 @@
 """The script test_mpirun_api.py runs under ``mpirun -n 3``: ``mpi_trainer.fit`` as a user calls it.
 
-    python tests/mpirun/fit_job.py RUN_DIR shared | scattered | keras | refused | mismatch | half_arguments | built
-                                            | init_built | caught
+    python tests/mpirun/fit_job.py RUN_DIR shared | scattered | keras | refusals | built | init_built | caught
 
 Every rank prints one JSON line, ``{"rank": r, "result": ...}``, with what ``fit`` returned there.
 """
@@ -17,6 +16,7 @@ from mpi4py import MPI
 from sklearn.datasets import load_diabetes, load_digits
 
 import mpi_trainer
+from mpi_trainer.errors import InputError
 
 
 class StopAfter(keras.callbacks.Callback):
@@ -74,17 +74,10 @@ def run(mode: str, run_dir: str, rank: int) -> dict | None:
         return built_model(mode, run_dir, x / 16.0, y, common["overrides"])
     if mode == "keras":
         return keras_script(run_dir, x / 16.0, y)
-    if mode == "refused":  # a value fit cannot honour, on every rank
-        mpi_trainer.fit(classifier, x / 16.0, y, epochs=3, validation_freq=[1, 3], **common)
-        return {"unreachable": True}
-    if mode == "mismatch":
-        mpi_trainer.fit(one_hot_model, x / 16.0, y, epochs=3, **common)
-        return {"unreachable": True}
     if mode == "caught":
         return sweep(run_dir, x / 16.0, y, common["overrides"])
-    if mode == "half_arguments":  # rank 2 alone passes x without y
-        mpi_trainer.fit(classifier, x / 16.0, None if rank == 2 else y, epochs=3, **common)
-        return {"unreachable": True}
+    if mode == "refusals":
+        return refusals(x / 16.0, y, rank, common)
     stop = StopAfter(2)
     model = classifier((64,), 10)
     model.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy", metrics=["accuracy"])
@@ -105,6 +98,23 @@ def keras_script(run_dir: str, x, y) -> dict:
                               overrides={"log.plots": False, "log.tensorboard": False})
     # callbacks run on rank 0: their own state (best_epoch) is there only
     return {**returned(history, model, x_val, y_val), "best_epoch": getattr(stop, "best_epoch", None)}
+
+
+def refusals(x, y, rank: int, common: dict) -> dict:
+    """Three jobs that fit refuses before training, one after another in the same processes: a value fit
+    cannot honour (every rank), a model that does not fit its labels (every rank's dry run), and x without
+    y on rank 2 alone. What each rank's fit raised."""
+    jobs = {"refused": lambda: mpi_trainer.fit(classifier, x, y, epochs=3, validation_freq=[1, 3], **common),
+            "mismatch": lambda: mpi_trainer.fit(one_hot_model, x, y, epochs=3, **common),
+            "half_arguments": lambda: mpi_trainer.fit(classifier, x, None if rank == 2 else y, epochs=3, **common)}
+    raised = {}
+    for name, job in jobs.items():
+        try:
+            job()
+            raised[name] = None
+        except InputError as exc:
+            raised[name] = str(exc)
+    return {"raised": raised}
 
 
 class BreaksAt(keras.callbacks.Callback):

@@ -1,5 +1,5 @@
 """``mpi_trainer.fit`` from a script under ``mpirun -n 3``: shared and scattered arrays, a stopping
-callback, and a model that does not fit its labels refused on every rank before training."""
+callback, a Keras script, what fit refuses (on every rank, before training) and models built before fit."""
 
 from __future__ import annotations
 
@@ -63,13 +63,20 @@ def test_a_keras_script_ports_unchanged_early_stopping_restores_the_best_round_a
     assert rates == pytest.approx([0.4, 0.4] + [0.8] * (len(rates) - 2)), rates
 
 
-def test_an_argument_fit_cannot_honour_fails_every_rank_before_training(tmp_path):
-    code, results, output = run_fit(tmp_path / "run", "refused", timeout=120)
-    assert code != 0 and not results
-    printed = [line for line in output.splitlines() if line.startswith("mpi_trainer: error: `validation_freq` must "
-                                                                        "be an integer")]
-    assert len(printed) == 3 and all("Received: validation_freq=[1, 3]" in line for line in printed), output
-    assert not (tmp_path / "run").exists()
+def test_what_fit_refuses_fails_every_rank_before_training_one_job_after_another(tmp_path):
+    code, results, output = run_fit(tmp_path / "run", "refusals", timeout=180)
+    assert code == 0 and sorted(results) == [0, 1, 2], output  # each refusal raised on every rank; none hung
+    raised = {rank: results[rank]["raised"] for rank in results}
+    for rank in (0, 1, 2):
+        assert raised[rank]["refused"].startswith("`validation_freq` must be an integer"), raised
+        assert "Received: validation_freq=[1, 3]" in raised[rank]["refused"]
+        # the dry run of every rank finds it
+        assert ("do not fit together: model output shape (None, 10), labels of shape () per sample and dtype "
+                "int32, loss 'categorical_crossentropy'") in raised[rank]["mismatch"], raised
+        # rank 2 alone passed x without y: the others fail too, naming it, instead of waiting for it
+        assert raised[rank]["half_arguments"].startswith("`x` and `y` go together. Received: x=ndarray"), raised
+    assert [("(reported by rank 2)" in raised[rank]["half_arguments"]) for rank in (0, 1, 2)] == [True, True, False]
+    assert not (tmp_path / "run").exists()  # nothing was written: every refusal came before the run directory
 
 
 def test_fit_with_arrays_only_on_the_scheduler_scatters_them_and_trains_a_regression(tmp_path):
@@ -82,24 +89,6 @@ def test_fit_with_arrays_only_on_the_scheduler_scatters_them_and_trains_a_regres
     assert results[1]["model_mae"] == result["model_mae"]  # a worker's copy holds the same final weights
     log = (tmp_path / "run" / "train.log").read_text()
     assert log.count("scatter: sent worker rank") == 2
-
-
-def test_a_model_that_does_not_fit_its_labels_fails_every_rank_before_training(tmp_path):
-    code, results, output = run_fit(tmp_path / "run", "mismatch", timeout=120)
-    assert code != 0 and not results  # fit raised on every rank: nobody printed a result
-    fragment = ("do not fit together: model output shape (None, 10), labels of shape () per sample and dtype "
-                "int32, loss 'categorical_crossentropy'")
-    printed = [line for line in output.splitlines() if line.startswith("mpi_trainer: error:") and fragment in line]
-    assert len(printed) == 3, output  # one per rank, then each rank's InputError ends its script
-    assert not (tmp_path / "run").exists()  # the scheduler's dry run failed before it made the run directory
-
-
-def test_a_bad_argument_on_one_worker_fails_every_rank_instead_of_leaving_them_waiting(tmp_path):
-    code, results, output = run_fit(tmp_path / "run", "half_arguments", timeout=120)
-    assert code != 0 and not results
-    printed = [line for line in output.splitlines() if line.startswith("mpi_trainer: error: `x` and `y` go "
-                                                                        "together. Received: x=ndarray")]
-    assert len(printed) == 3 and sum("(reported by rank 2)" in line for line in printed) == 2, output
 
 
 def test_a_model_built_before_fit_trains_and_the_log_says_its_threads_were_not_sized(tmp_path):

@@ -10,12 +10,12 @@ import sys
 import time
 
 import psutil
-from conftest import MPI_TIMEOUT, ROOT, MpiResult, run_mpi, wait_for_rounds
+from conftest import MPI_TIMEOUT, NO_PLOTS, ROOT, MpiResult, run_mpi, wait_for_rounds
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mpi_trainer.launch.mpirun import rank_pid
 
-QUICK = ["configs/quickstart.toml", "--set", "checkpoint.every=2"]
+QUICK = ["configs/quickstart.toml", "--set", "checkpoint.every=2", *NO_PLOTS]
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 

@@ -33,11 +33,3 @@ def test_lbfgs_losses_match_the_single_process_reference(ranks, reference_losses
     assert summary["final_test_accuracy"] > 0.85
     for name in ("config.toml", "train.log", "checkpoint.h5", "final.weights.h5"):
         assert (run_dir / name).is_file(), name
-
-
-def test_lbfgs_refuses_ssp_on_every_rank(tmp_path):
-    result = run_mpi(3, ["train", "configs/digits_lbfgs.toml", "--set", "aggregation.ssp=1"], tmp_path / "run",
-                     timeout=60)
-    assert result.returncode != 0
-    assert result.output.count("`aggregation.ssp` is not available with model.optimizer='lbfgs'") == 3, \
-        result.output

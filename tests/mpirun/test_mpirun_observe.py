@@ -51,7 +51,8 @@ def _check_timeline(run_dir) -> None:
 def test_a_small_job_writes_plots_tensorboard_and_a_timeline_for_every_rank(tmp_path):
     run_dir = tmp_path / "run"
     result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", f"train.epochs={ROUNDS}",
-                         "--set", "log.timeline=true", "--set", "log.verbosity=2"], run_dir)
+                         "--set", "log.timeline=true", "--set", "log.verbosity=2", "--set", "log.plots=true"],
+                     run_dir)
     assert result.returncode == 0, result.output
     # Not a terminal here: one plain line per round, no bar; workers' batch lines tagged with their rank.
     assert f"round {ROUNDS}/{ROUNDS}  acc" in result.output and "━" not in result.output

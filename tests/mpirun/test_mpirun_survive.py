@@ -45,11 +45,3 @@ def test_under_ssp_a_killed_worker_leaves_the_others_to_finish_every_round(tmp_p
     assert [lost["rank"] for lost in summary["lost_workers"]] == [2] and summary.get("restarts") is None
     assert "the updates under way were dropped; 2 workers carry on" in survived.output
     assert summary["final_test_accuracy"] > 0.9
-
-
-def test_fault_survive_is_refused_on_every_rank_without_the_fault_tolerant_options(tmp_path):
-    result = run_mpi(3, ["train", *QUICK, *SURVIVE], tmp_path / "refused")
-    assert result.returncode == 2
-    # every rank prints the refusal before training
-    assert result.output.count("`fault.survive` = True needs fault-tolerant MPI") == 3, result.output[-3000:]
-    assert "--with-ft ulfm" in result.output and not (tmp_path / "refused" / "rounds.csv").exists()
