@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mpi_trainer.comm.transport import MAX_MESSAGE_BYTES, Transport
+from mpi_trainer.comm.transport import Transport
 
 
 @pytest.fixture
@@ -28,6 +28,3 @@ def test_arrays_arrive_whole_through_small_chunks(transport, array):
     np.testing.assert_array_equal(received, array)
     assert transport.take_bytes() >= array.nbytes  # counted as traffic
 
-
-def test_default_chunk_stays_below_the_mpi_count_limit():
-    assert MAX_MESSAGE_BYTES < 2**31

@@ -12,14 +12,8 @@ QUICKSTART = "configs/quickstart.toml"
 HOOKS = ["debug.slow_ranks=[2]", "debug.slow_factor=3.0", "debug.async_engine=true", "debug.nan_rank=1"]
 
 
-def test_hooks_are_settable_and_take_effect_in_the_loaded_config():
-    cfg = load_config(QUICKSTART, HOOKS)
-    assert cfg.debug.slow_ranks == [2] and cfg.debug.slow_factor == 3.0
-    assert cfg.debug.async_engine and cfg.debug.nan_rank == 1
-
-
-def test_hooks_stay_out_of_the_public_keys_and_the_written_config():
-    cfg = load_config(QUICKSTART, HOOKS)
+def test_hooks_are_settable_but_stay_out_of_the_public_keys_and_the_written_config():
+    cfg = load_config(QUICKSTART, HOOKS)  # accepted with --set; their effects are tested where they are used
     assert not [key for key in all_keys() if key.startswith("debug.")]
     assert "debug.slow_ranks" in all_keys(hidden=True)
     assert "debug" not in cfg.to_dict()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
+import numpy as np
 import pytest
+from scipy.optimize import fmin_l_bfgs_b
 
 from mpi_trainer.config import ConfigError, config_from_dict, load_config
 from mpi_trainer.launch.console import check
@@ -17,9 +20,14 @@ def lbfgs_config(**sections: dict) -> object:
     return config_from_dict({**LBFGS, **sections})
 
 
-def test_defaults_follow_scipy():
-    cfg = lbfgs_config()
-    assert (cfg.lbfgs.history_size, cfg.lbfgs.gtol, cfg.lbfgs.max_evaluations) == (10, 1e-5, 15000)
+def test_defaults_are_scipys_own():
+    """A user who knows ``fmin_l_bfgs_b`` gets its stopping rules unless the config says otherwise."""
+    scipy = {name: parameter.default for name, parameter in inspect.signature(fmin_l_bfgs_b).parameters.items()}
+    cfg = lbfgs_config().lbfgs
+    assert cfg.history_size == scipy["m"]
+    assert cfg.gtol == scipy["pgtol"]
+    assert cfg.ftol == pytest.approx(scipy["factr"] * np.finfo(float).eps)  # SciPy: ftol = factr * eps
+    assert cfg.max_evaluations == scipy["maxfun"]
 
 
 @pytest.mark.parametrize("key, value, expected", [

@@ -52,13 +52,6 @@ def test_lbfgs_refuses_local_steps_and_sparse_evaluation(override):
     assert str(info.value).endswith(f"Received: {override} with model.optimizer='lbfgs'")
 
 
-@pytest.mark.parametrize("override", ["aggregation.ssp=1", "train.max_steps=10", "aggregation.method='best'",
-                                      "train.nan_policy='rollback'", "data.augmentation.enabled=true"])
-def test_k_step_rounds_work_with_ssp_step_budgets_election_rollback_and_augmentation(override):
-    cfg = load_config(QUICKSTART, ["train.sync_every=3", override])
-    assert cfg.train.sync_every == 3
-
-
 # -- post-local SGD's warm-up (train.sync_warmup_epochs / train.sync_warmup_every) ---------------
 def test_the_warm_up_is_off_by_default_and_takes_epochs_and_steps():
     cfg = load_config(QUICKSTART)
@@ -108,8 +101,3 @@ def test_lbfgs_refuses_a_warm_up():
                                  "train.sync_warmup_epochs=1"])
     assert str(info.value).endswith("Received: train.sync_warmup_epochs=1 with model.optimizer='lbfgs'")
 
-
-@pytest.mark.parametrize("override", ["train.max_steps=10", "aggregation.method='best'", "evaluation.every=2",
-                                      "train.overlap_eval=true", "checkpoint.every=3", "train.sync_every=4"])
-def test_the_warm_up_works_with_budgets_election_sparse_scoring_overlap_and_checkpoints(override):
-    assert load_config(QUICKSTART, ["train.sync_warmup_epochs=1", override]).train.sync_warmup_epochs == 1

@@ -86,6 +86,27 @@ def test_k_step_updates_under_ssp_and_rounds_under_election(tmp_path, sections):
     assert 0.0 < float(job.rounds()[-1]["test_accuracy"]) <= 1.0
 
 
+def test_k_step_rounds_train_augmented_batches(tmp_path):
+    job = run_local_job(tmp_path, workers=2, train={"epochs": 2, "batch_size": 32, "sync_every": 2},
+                        data={"augmentation": {"enabled": True, "shift": 0.1}})
+    assert steps_per_round(job) == [4, 4]
+    for worker in job.workers:  # the walk goes on through the block, batch by batch, augmented or not
+        rows = np.concatenate([rows for steps in worker.step_rows_by_round for rows in steps])
+        assert [len(steps) for steps in worker.step_rows_by_round] == [2, 2] and len(set(rows)) == 4 * 32
+    assert np.isfinite(job.engine.weights).all() and not np.allclose(job.engine.weights,
+                                                                     job.engine.recorder.initial_weights)
+
+
+def test_a_nan_rollback_in_k_step_rounds_goes_back_and_keeps_k_steps_a_round(tmp_path):
+    job = run_local_job(tmp_path, workers=2, train={"epochs": 4, "batch_size": 32, "sync_every": 2,
+                                                    "nan_policy": "rollback"},
+                        checkpoint={"every": 1}, debug={"nan_rank": 1, "nan_round": 2})
+    assert [(r["round"], r["checkpoint_round"]) for r in job.summary["rollbacks"]] == [(2, 1)]
+    assert [int(row["round"]) for row in job.rounds()] == [0, 1, 2, 3]
+    assert all(report.steps == 2 for w in job.workers for report, _ in w.trained)
+    assert job.summary["stop_reason"] == "epochs"
+
+
 def scored_rounds(job) -> list[int]:
     return [int(row["round"]) for row in job.rounds() if row["test_accuracy"] not in ("", "nan")]
 

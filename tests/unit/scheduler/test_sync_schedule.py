@@ -79,3 +79,15 @@ def test_a_local_epoch_closes_every_third_warm_up_round_then_every_second_round_
     assert (schedule.warmup_rounds, schedule.rounds_per_warmup_epoch, schedule.rounds_per_epoch) == (3, 3, 2)
     assert [r for r in range(9) if schedule.closes_epoch(r)] == [2, 4, 6, 8]
     assert all(SyncSchedule.plan(0, 0, 1, [719], 256).closes_epoch(r) for r in range(3))
+
+
+def test_the_warm_up_trains_under_election_with_overlapped_scoring_and_checkpoints(tmp_path):
+    from mpi_trainer.persistence.checkpoint import load_checkpoint
+
+    job = run_local_job(tmp_path, workers=2, train={**WARMUP, "epochs": 4, "overlap_eval": True},
+                        aggregation={"method": "best"}, checkpoint={"every": 1})
+    rows = job.rounds()
+    assert [int(row["sync_every"]) for row in rows] == [1, 1, 1, 0]  # three one-step rounds, then a local epoch
+    assert all(row["winner"] in ("1", "2") for row in rows)  # every round elected a worker's weights
+    assert [[r.steps for r, _ in w.trained] for w in job.workers] == [[1, 1, 1, 3], [1, 1, 1, 3]]
+    assert load_checkpoint(tmp_path / "checkpoint.h5")[1]["round"] == 3
