@@ -120,3 +120,15 @@ def test_a_worker_whose_model_breaks_while_it_is_built_shows_the_traceback(monke
     assert type(outcome[1]) is exc_type and type(outcome[2]) is exc_type
     assert "build_worker" in [frame.name for frame in traceback.extract_tb(outcome[1].__traceback__)]
     assert isinstance(outcome[0], AgreedInputError) and "the user's train_step broke" in str(outcome[0])
+
+
+def test_asking_for_a_gpu_on_a_node_without_one_fails_on_every_rank_before_training(monkeypatch):
+    from mpi_trainer.launch.process_placement import place_rank
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # an empty list hides every GPU, whatever this machine has
+    cfg = load_config_everywhere(LocalWorld(1).transports()[0], "configs/quickstart.toml", ["train.device='gpu'"])
+    outcome = on_every_rank(3, lambda t: place_rank(t, cfg, [0, 1, 2]))
+    assert all(isinstance(exc, AgreedInputError) for exc in outcome.values()), outcome
+    for exc in outcome.values():
+        assert "asks for a GPU but node" in str(exc) and "looked at CUDA_VISIBLE_DEVICES=''" in str(exc)
+        assert "Received: train.device='gpu'" in str(exc)
