@@ -1,13 +1,12 @@
-"""Real ``mpirun`` jobs on tiny data: one per aggregation method, a user model imported on every rank,
-a raising worker and bad data found at set-up. (Refusals of bad config, early stopping and the 16-bit
-wire are tested in one process: tests/unit/launch/test_agreement.py, tests/unit/scheduler.)"""
+"""Real ``mpirun`` jobs on tiny data: one per aggregation method, a user model imported on every rank and
+a raising worker. (Bad data found at set-up: test_mpirun_data.py; refusals of bad config, early stopping
+and the 16-bit wire are tested in one process: tests/unit/launch/test_agreement.py, tests/unit/scheduler.)"""
 
 from __future__ import annotations
 
 import re
 import time
 
-import numpy as np
 import pytest
 from conftest import ROOT, run_mpi
 
@@ -63,12 +62,3 @@ def test_a_raising_worker_ends_the_whole_job_with_its_rank_and_traceback(tmp_pat
     assert time.perf_counter() - started < 90
     assert not (tmp_path / "run" / "summary.json").exists() or "epochs" not in \
         (tmp_path / "run" / "summary.json").read_text()
-
-
-def test_bad_data_found_at_set_up_fails_on_every_rank(tmp_path):
-    bad = tmp_path / "bad.npz"
-    np.savez(bad, images=np.zeros((4, 2)), labels=np.zeros(4))
-    result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", f"data.source='{bad}'"], tmp_path / "run",
-                     timeout=120)
-    assert result.returncode != 0
-    assert result.output.count("must hold arrays x_train, y_train, x_test, y_test or x, y") == 3
