@@ -50,7 +50,7 @@ def fit_model(transport: Any, model: Any, kwargs: dict[str, Any], config: Any, o
     from mpi_trainer.launch.job import start_rank
 
     cfg = load_config_everywhere(transport, config, overrides)
-    cfg, _ = start_rank(transport, cfg)
+    cfg, placements = start_rank(transport, cfg)
     for name in ("epochs", "batch_size"):  # left to the config by the caller
         if kwargs.get(name) == "config":
             kwargs[name] = getattr(cfg.train, name)
@@ -72,13 +72,13 @@ def fit_model(transport: Any, model: Any, kwargs: dict[str, Any], config: Any, o
     record, saved, error = None, None, None
     if transport.rank == 0:
         try:
-            record = make_record(model, kwargs, cfg, prepared, run_dir, workers)
+            record = make_record(model, kwargs, cfg, prepared, run_dir, placements)
             saved = record.open()
         except (InputError, OSError) as exc:
             error = str(exc)
     agree(transport, error)
     if transport.rank == 0:
-        history = schedule(transport, model, state, kwargs, cfg, prepared, record, saved, workers)
+        history = schedule(transport, model, state, kwargs, cfg, prepared, record, saved, placements)
     else:
         weighted = cfg.aggregation.method == "weighted"
         WorkerRounds(transport, model, state, prepared.share, prepared.rows, weighted).run()
@@ -153,7 +153,10 @@ def prepare(model: Any, kwargs: dict[str, Any], rank: int, workers: int) -> Prep
 
 def build(model: Any, kwargs: dict[str, Any], prepared: Prepared | None) -> None:
     """Build the model, its compiled metrics and its optimizer as ``fit``'s first batch would."""
-    unbuilt = not model.built or not all(layer.built for layer in model._flatten_layers())
+    # Layers not built yet (a Sequential without keras.Input, a subclassed model's own layers): built from
+    # the first batch. A model whose layers are all built but that has no call of its own (a GAN) is left.
+    layers = list(model._flatten_layers(include_self=False))
+    unbuilt = not all(layer.built for layer in layers) if layers else not model.built
     optimizer = getattr(model, "optimizer", None)
     if unbuilt:
         x, y, weights = prepared.train_data
@@ -189,33 +192,38 @@ def arguments_print(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def make_record(model: Any, kwargs: dict[str, Any], cfg: Any, prepared: Prepared, run_dir: Any,
-                workers: int) -> FitRecord:
+                placements: list[Any]) -> FitRecord:
     """Rank 0's record of this fit, in ``run_dir`` (or ``launch``'s), or kept in memory only."""
     path = run_dir if run_dir is not None else os.environ.get("MPI_TRAINER_RUN_DIR")
-    describe = {"aggregation": cfg.aggregation.method, "ssp": 0,
-                "outer_optimizer": cfg.outer_optimizer_for(workers)}
+    workers = len(placements) - 1
+    describe = {"aggregation": cfg.aggregation.method, "ssp": 0, "outer_optimizer": cfg.outer_optimizer_for(workers),
+                "placement": [placement.as_dict() for placement in placements]}
     return FitRecord(None if path is None else _path(path),
                      fingerprint(model, prepared.train_data, arguments_print(kwargs), cfg.to_dict()), describe,
                      cfg.checkpoint.every, cfg.checkpoint.every_seconds)
 
 
 def schedule(transport: Any, model: Any, state: ModelState, kwargs: dict[str, Any], cfg: Any, prepared: Prepared,
-             record: FitRecord, saved: dict[str, Any] | None, workers: int) -> Any:
+             record: FitRecord, saved: dict[str, Any] | None, placements: list[Any]) -> Any:
     """Rank 0's whole fit: the epochs and the callbacks, recorded; returns the History."""
     import keras
 
     from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
+    from mpi_trainer.launch.process_placement import log_placements
+
+    workers = len(placements) - 1
 
     outer = OuterOptimizer(OuterSettings.from_config(cfg, workers))
     verbose = kwargs.get("verbose", "auto")
     epochs = kwargs.get("epochs", 1)
     callbacks = keras.callbacks.CallbackList(list(kwargs.get("callbacks") or []), add_history=True,
-                                             add_progbar=verbose != 0, verbose=verbose, epochs=epochs, steps=None,
-                                             model=model)
+                                             add_progbar=verbose != 0, verbose=verbose, epochs=epochs,
+                                             steps=worker_steps(kwargs, prepared, workers), model=model)
     rounds = SchedulerRounds(transport, model, state, outer, callbacks, prepared.validation,
                              kwargs.get("validation_freq", 1), record)
     try:
         record.begin(saved)
+        log_placements(placements)
         if saved is not None:
             state.write(saved["state"])
             state.write_integers(saved["integers"])
@@ -227,10 +235,23 @@ def schedule(transport: Any, model: Any, state: ModelState, kwargs: dict[str, An
         history = _history(callbacks, saved)
         record.save_state(state.read(state.empty()), state.read_integers(), len(history.epoch), history, True)
         history.summary = record.finish(workers)
+        history.rounds = record.columns()
         history.run_dir = record.path
         return history
     finally:
         record.release()
+
+
+def worker_steps(kwargs: dict[str, Any], prepared: Prepared, workers: int) -> int | None:
+    """The batches each worker trains per epoch, as the progress bar counts them (None: not known)."""
+    steps = kwargs.get("steps_per_epoch")
+    if steps is not None:
+        return max(1, -(-int(steps) // workers))
+    data = prepared.train_data
+    if shares.input_kind(data[0]) != "arrays":
+        return None
+    rows = -(-shares.row_count(data) // workers)
+    return max(1, -(-rows // (kwargs.get("batch_size") or 32)))
 
 
 def _path(path: Any) -> Any:
@@ -259,6 +280,7 @@ def finish(transport: Any, model: Any, history: Any) -> Any:
     outcome = None if history is None else {
         "history": {k: [float(v) for v in values] for k, values in history.history.items()},
         "epoch": list(history.epoch), "params": dict(history.params or {}), "summary": history.summary,
+        "rounds": history.rounds,
         "run_dir": None if history.run_dir is None else str(history.run_dir)}
     outcome = transport.bcast_object(outcome)
     if history is None:
@@ -266,7 +288,7 @@ def finish(transport: Any, model: Any, history: Any) -> Any:
         history.set_model(model)
         history.history, history.epoch = outcome["history"], outcome["epoch"]
         history.set_params(outcome["params"])
-        history.summary = outcome["summary"]
+        history.summary, history.rounds = outcome["summary"], outcome["rounds"]
         history.run_dir = None if outcome["run_dir"] is None else _path(outcome["run_dir"])
         model.history = history
     save_whole_files(model)

@@ -39,9 +39,18 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _nameless(tree: Any) -> Any:
+    """A config without its ``name`` entries: Keras numbers names per process (``dense_3``)."""
+    if isinstance(tree, dict):
+        return {key: _nameless(value) for key, value in tree.items() if key != "name"}
+    if isinstance(tree, list):
+        return [_nameless(value) for value in tree]
+    return tree
+
+
 def _model_text(model: Any) -> str:
     try:
-        return model.to_json()
+        return json.dumps(_nameless(json.loads(model.to_json())), sort_keys=True)
     except Exception:  # noqa: BLE001 - a subclassed model without get_config: its class and weights describe it
         return f"{type(model).__qualname__}:{[(w.path, tuple(w.shape)) for w in model.weights]}"
 
@@ -53,7 +62,7 @@ def _compile_text(model: Any) -> str:
         compiled = {"loss": repr(getattr(model, "loss", None))}
     optimizer = getattr(model, "optimizer", None)
     settings = optimizer.get_config() if optimizer is not None else None
-    return json.dumps([compiled, settings], sort_keys=True, default=repr)
+    return json.dumps(_nameless([compiled, settings]), sort_keys=True, default=repr)
 
 
 def data_print(data: Any) -> str:
@@ -157,7 +166,7 @@ class FitRecord:
                "test_accuracy": logs.get("val_accuracy", logs.get("val_acc", math.nan)), "max_staleness": 0,
                **{key: float(value) for key, value in logs.items()}}
         self.rows.append(row)
-        self.log.info("epoch %d: %s", epoch, ", ".join(f"{k} {v:.4g}" for k, v in sorted(logs.items())))
+        self.log.debug("epoch %d: %s", epoch, ", ".join(f"{k} {v:.4g}" for k, v in sorted(logs.items())))
         if self.path is not None:
             self._append_row(row)
 
@@ -224,6 +233,11 @@ class FitRecord:
 
             write_json_atomic(self.path / SUMMARY_NAME, summary)
         return summary
+
+    def columns(self) -> dict[str, list[float]]:
+        """rounds.csv's numbers, a list per column (what ``History.rounds`` holds)."""
+        names = [name for name in self._columns() if all(isinstance(row.get(name), (int, float)) for row in self.rows)]
+        return {name: [float(row[name]) for row in self.rows] for name in names}
 
     def release(self) -> None:
         if self.lock is not None:

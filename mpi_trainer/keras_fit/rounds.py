@@ -115,15 +115,14 @@ class SchedulerRounds:
         logs: dict[str, float] = {}
         self.model.stop_training = False
         self.callbacks.on_train_begin()
-        try:
-            for epoch in range(initial_epoch, epochs):
-                logs = self.epoch(epoch)
-                if self.model.stop_training:
-                    self.record.stopped("model.stop_training")
-                    break
-        finally:
-            self.send_stop()
-        self.callbacks.on_train_end(logs)
+        for epoch in range(initial_epoch, epochs):
+            logs = self.epoch(epoch)
+            if self.model.stop_training:
+                self.record.stopped("model.stop_training")
+                break
+        self.callbacks.on_train_end(logs)  # EarlyStopping may restore the best weights: they are the final ones
+        # An error above reaches the workers as a failure notice (fail_together), never as a stop.
+        self.send_stop()
         return logs
 
     def send_stop(self) -> None:
@@ -150,12 +149,23 @@ class SchedulerRounds:
         logs.update(self.validate(epoch))
         scored = time.perf_counter()
         self.callbacks.on_epoch_end(epoch, logs)
+        logs = self.recorded_logs(logs)
         self.record.epoch(epoch, logs, reports, {"wall_seconds": time.perf_counter() - started,
                                                  "comm_seconds": collected - started,
                                                  "aggregate_seconds": combined - collected,
                                                  "eval_seconds": scored - combined})
         self.record.checkpoint(epoch + 1, self.state, self.callbacks)
         return logs
+
+    def recorded_logs(self, logs: dict[str, float]) -> dict[str, float]:
+        """The epoch's logs as History holds them (callbacks add entries such as ``learning_rate``)."""
+        import keras
+
+        history = next((c for c in self.callbacks.callbacks if isinstance(c, keras.callbacks.History)), None)
+        if history is None or not history.epoch:
+            return logs
+        return {**logs, **{key: float(values[-1]) for key, values in history.history.items()
+                           if len(values) == len(history.epoch)}}
 
     def combine(self, epoch: int, reports: list[Report]) -> None:
         """The workers' mean state; the outer optimizer steps its trainable part from the epoch's start."""
@@ -171,7 +181,7 @@ class SchedulerRounds:
             self.record.warn(f"epoch {epoch}: the combined model holds NaN or inf values (the loss diverged)")
         trainable = self.state.trainable_size
         if self.outer.active:
-            combined[:trainable] = self.outer.step(self.before[:trainable], combined[:trainable])
+            self.outer.step(self.before[:trainable], combined[:trainable], out=combined[:trainable])
         self.state.keep_rates(combined, self.before)
         self.state.write(combined)
         self.state.write_integers(reports[0].integers)

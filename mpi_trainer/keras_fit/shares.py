@@ -71,12 +71,16 @@ def share_rows(rows: int, workers: int, index: int, shuffle: Any) -> np.ndarray:
 
 
 def take_rows(arrays: Any, rows: np.ndarray) -> Any:
-    """The given rows of every array in a structure, by Keras' own slicing (None stays None)."""
+    """The given rows of every array in a structure (NumPy by indexing, others by Keras' own slicing)."""
     import keras
     from keras.src.trainers.data_adapters import array_slicing
 
-    sliceable = array_slicing.convert_to_sliceable(arrays)
-    return keras.tree.map_structure(lambda s: None if s is None else s[rows], sliceable)
+    def take(leaf: Any) -> Any:
+        if leaf is None or isinstance(leaf, np.ndarray):  # NumPy (strings included) stays NumPy
+            return None if leaf is None else leaf[rows]
+        return array_slicing.convert_to_sliceable(leaf)[rows]  # tensors, pandas, sparse: as Keras slices them
+
+    return keras.tree.map_structure(take, arrays)
 
 
 def array_share(data: tuple[Any, Any, Any], workers: int, index: int, shuffle: Any) -> tuple[Any, Any, Any]:

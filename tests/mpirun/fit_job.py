@@ -153,6 +153,7 @@ def built_model(mode: str, run_dir: str, x, y, overrides: dict) -> dict | None:
         assert placed.rank == MPI.COMM_WORLD.Get_rank() and placed.size == 3
         assert placed.is_scheduler == (placed.rank == 0) and placed.device == "cpu"
     model = classifier((64,), 10)
+    model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
     model.predict(x[:2], verbose=0)
     history = mpi_trainer.fit(model, x, y, epochs=2, run_dir=run_dir, overrides=overrides)
     out = {"summary": history.summary}

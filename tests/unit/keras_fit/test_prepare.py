@@ -1,0 +1,70 @@
+"""What Keras refuses is refused before training with Keras' reason; what Keras takes is taken as it is."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mpi_trainer.errors import ConfigError
+from mpi_trainer.keras_fit.fit import build, check_backend, prepare
+
+
+def compiled() -> keras.Model:
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+X, Y = np.random.default_rng(0).normal(size=(40, 4)).astype("float32"), np.arange(40) % 3
+
+
+def test_class_weight_with_sample_weight_is_refused_with_keras_reason():
+    kwargs = {"x": X, "y": Y, "sample_weight": np.ones(40), "class_weight": {0: 1.0, 1: 2.0, 2: 1.0}}
+    with pytest.raises(ValueError, match="class_weight.*sample_weight"):
+        prepare(compiled(), kwargs, rank=1, workers=2)
+
+
+def test_validation_split_with_a_dataset_is_refused_with_keras_reason():
+    dataset = tf.data.Dataset.from_tensor_slices((X, Y)).batch(8)
+    with pytest.raises(ValueError, match="validation_split"):
+        prepare(compiled(), {"x": dataset, "validation_split": 0.2}, rank=1, workers=2)
+
+
+def test_an_uncompiled_model_is_refused_as_keras_refuses_it():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    with pytest.raises(ValueError, match="compile"):
+        prepare(model, {"x": X, "y": Y}, rank=0, workers=2)
+
+
+def test_fewer_rows_than_workers_is_refused_naming_both():
+    with pytest.raises(ConfigError, match="3 training rows for 4 workers"):
+        prepare(compiled(), {"x": X[:3], "y": Y[:3]}, rank=1, workers=4)
+
+
+def test_validation_split_takes_the_last_rows_as_keras_does():
+    prepared = prepare(compiled(), {"x": X, "y": Y, "validation_split": 0.25, "batch_size": 8}, rank=0, workers=2)
+    np.testing.assert_array_equal(prepared.validation["x"], X[30:])
+    assert len(prepared.train_data[0]) == 30
+
+
+def test_a_worker_share_keeps_the_users_values():
+    pixels = (np.arange(40 * 4) % 256).astype(np.uint8).reshape(40, 4)
+    prepared = prepare(compiled(), {"x": pixels, "y": Y, "batch_size": 8, "shuffle": False}, rank=2, workers=2)
+    assert prepared.share["x"].dtype == np.uint8 and prepared.share["x"].tolist() == pixels[20:].tolist()
+    assert prepared.rows == 20
+
+
+def test_an_unbuilt_sequential_is_built_from_the_first_batch():
+    model = keras.Sequential([keras.layers.Dense(5), keras.layers.Dense(3, activation="softmax")])
+    model.compile("adam", "sparse_categorical_crossentropy")
+    kwargs = {"x": X, "y": Y, "batch_size": 8}
+    build(model, kwargs, prepare(model, kwargs, rank=0, workers=2))
+    assert model.built and model.optimizer.built and model.layers[0].kernel.shape == (4, 5)
+
+
+def test_a_keras_backend_asked_for_too_late_is_named(monkeypatch):
+    monkeypatch.setenv("KERAS_BACKEND", "jax" if keras.backend.backend() != "jax" else "tensorflow")
+    with pytest.raises(ConfigError, match="reads it once"):
+        check_backend()

@@ -1,0 +1,65 @@
+"""A run directory holds one fit: another fit is refused naming what differs; the same one finds its run."""
+
+from __future__ import annotations
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+from mpi_trainer.errors import ConfigError
+from mpi_trainer.keras_fit.record import FitRecord, fingerprint
+
+
+def model(units: int = 4, rate: float = 0.001) -> keras.Model:
+    built = keras.Sequential([keras.Input((3,)), keras.layers.Dense(units), keras.layers.Dense(2)])
+    built.compile(keras.optimizers.Adam(rate), "sparse_categorical_crossentropy")
+    return built
+
+
+DATA = (np.arange(30, dtype=np.float32).reshape(10, 3), np.arange(10) % 2, None)
+
+
+def finished_run(path, print_) -> None:
+    record = FitRecord(path, print_, {})
+    record.begin(record.open())
+    history = keras.callbacks.History()
+    history.history, history.epoch = {"loss": [0.5]}, [0]
+    record.save_state(np.zeros(4, np.float32), [np.array(3)], 1, history, True)
+    record.finish(2)
+    record.release()
+
+
+@pytest.mark.parametrize("change, differs", [
+    (lambda: fingerprint(model(8), DATA, {"epochs": 2}, {}), "model"),
+    (lambda: fingerprint(model(rate=0.1), DATA, {"epochs": 2}, {}), "compile"),
+    (lambda: fingerprint(model(), (DATA[0] * 2, DATA[1], None), {"epochs": 2}, {}), "data"),
+    (lambda: fingerprint(model(), DATA, {"epochs": 3}, {}), "arguments"),
+])
+def test_a_directory_of_another_fit_is_refused_naming_what_differs(tmp_path, change, differs):
+    finished_run(tmp_path / "run", fingerprint(model(), DATA, {"epochs": 2}, {}))
+    with pytest.raises(ConfigError, match=rf"its [a-z, ]*\b{differs}\b[a-z, ]* differ") as raised:
+        FitRecord(tmp_path / "run", change(), {}).open()
+    assert "run_dir" in str(raised.value) and "expected a new directory" in str(raised.value)
+
+
+def test_the_same_fit_finds_its_complete_run_and_its_state(tmp_path):
+    same = fingerprint(model(), DATA, {"epochs": 2}, {})
+    finished_run(tmp_path / "run", same)
+    record = FitRecord(tmp_path / "run", fingerprint(model(), DATA, {"epochs": 2}, {}), {})
+    saved = record.open()
+    record.release()
+    assert saved["complete"] and saved["next_epoch"] == 1 and saved["history"] == {"loss": [0.5]}
+    assert int(saved["integers"][0]) == 3
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["rounds_completed"] == 0 and summary["stop_reason"] == "epochs"
+
+
+def test_no_directory_means_nothing_is_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    record = FitRecord(None, {}, {})
+    assert record.open() is None
+    record.begin(None)
+    record.finish(2)
+    assert list(tmp_path.iterdir()) == []
