@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from mpi_trainer.config.choices import (
     ARRAYS_SOURCE,
@@ -77,8 +77,9 @@ class DataConfig(Section):
     datasets: list[str] = field(default_factory=list)
     rebalance: bool = False
     rebalance_smoothing: float = 0.5
-    # read the training rows in batches from disk, blocks as row ranges (.h5 / .hdf5 / uncompressed .npz)
-    stream: bool = False
+    # read the training rows in batches from disk, blocks as row ranges (.h5 / .hdf5 / uncompressed .npz);
+    # "auto": stream when a worker's block would not fit comfortably in its memory (data/memory.py)
+    stream: bool | Literal["auto"] = "auto"
     # an image folder (data.source a directory, laid out as keras.utils.image_dataset_from_directory reads it)
     image_size: list[int] = field(default_factory=lambda: [256, 256])
     color_mode: ColorMode = "rgb"
@@ -117,7 +118,8 @@ class DataConfig(Section):
         for name in ("label", "features"):
             self._require(self.is_csv or self.is_tfrecord or not getattr(self, name), name,
                           "applies to .csv and TFRecord sources only")
-        self._require(not self.stream or (self.is_file and Path(self.source).suffix.lower() in STREAM_SUFFIXES),
+        self._require(self.stream in (True, False, "auto"), "stream", "must be true, false or \"auto\"")
+        self._require(self.stream is not True or (self.is_file and Path(self.source).suffix.lower() in STREAM_SUFFIXES),
                       "stream", f"applies to data files ending in one of {list(STREAM_SUFFIXES)}; the data.source "
                       f"{self.source!r} is read whole (or pass a pipeline to mpi_trainer.fit)")
 

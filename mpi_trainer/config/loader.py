@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,12 @@ def _unknown_key(dotted: str) -> ConfigError:
 
 
 def _coerce(value: Any, hint: Any, key: str) -> Any:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # e.g. bool | Literal["auto"]
+        for member in typing.get_args(hint):
+            literal = typing.get_origin(member) is typing.Literal
+            if (value in typing.get_args(member)) if literal else _accepts(value, member):
+                return value
+        reject(key, value, f"must be one of {' or '.join(_hint_name(m) for m in typing.get_args(hint))}")
     if typing.get_origin(hint) is typing.Literal:
         hint = str  # a choice: its section names the choices when the value is not one of them
     if hint is bool:
@@ -67,6 +74,16 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
     if not ok:
         reject(key, value, f"must be of type {getattr(hint, '__name__', str(hint))}")
     return value
+
+
+def _accepts(value: Any, hint: Any) -> bool:
+    return isinstance(value, hint) and (hint is bool or not isinstance(value, bool))
+
+
+def _hint_name(hint: Any) -> str:
+    if typing.get_origin(hint) is typing.Literal:
+        return " or ".join(repr(choice) for choice in typing.get_args(hint))
+    return getattr(hint, "__name__", str(hint))
 
 
 def _build(cls: type, table: Any, prefix: str) -> Any:

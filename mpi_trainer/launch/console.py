@@ -33,12 +33,18 @@ def check(cfg: Config, workers: int | None = None) -> str:
     from mpi_trainer.data.partition import block_bounds
     from mpi_trainer.data.sources import load_dataset
     from mpi_trainer.launch.devices import check_training_backend, configured_backend
-    from mpi_trainer.launch.job_setup import check_monitor, streamed_dataset
+    from mpi_trainer.launch.job_setup import check_monitor, streamed_dataset, with_stream
     from mpi_trainer.launch.process_placement import backend_installed
     from mpi_trainer.models import build_model
     from mpi_trainer.models.dry_run import SAMPLES, dry_run
 
     check_training_backend(configured_backend(), backend_installed)
+    stream_note = ""
+    if cfg.data.stream == "auto":
+        from mpi_trainer.data.memory import decide
+
+        decision = decide(cfg.data.source, workers or 1, 1 + (workers or 1))
+        cfg, stream_note = with_stream(cfg, decision.stream), f"; {decision.describe()}" if cfg.data.is_file else ""
     dataset = streamed_dataset(0, cfg, 1, None) or load_dataset(cfg.data, cfg.train.seed)
     check_image_input(cfg.data.augmentation, dataset.input_shape)
     model, _ = build_model(cfg.model, dataset.input_shape, dataset.num_outputs, dataset.classes)
@@ -56,4 +62,5 @@ def check(cfg: Config, workers: int | None = None) -> str:
     if cfg.aggregation.outer_optimizer == "auto":
         outer += ", chosen by aggregation.outer_optimizer = \"auto\"" + (" (none with one worker)"
                                                                          if workers is None else "")
-    return f"{dataset.describe()}; model {cfg.model.name} with {model.count_params()} parameters; {outer}"
+    return (f"{dataset.describe()}; model {cfg.model.name} with {model.count_params()} parameters; {outer}"
+            f"{stream_note}")

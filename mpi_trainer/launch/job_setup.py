@@ -158,7 +158,7 @@ def streamed_dataset(rank: int, cfg: Config, workers: int, inputs: JobInputs | N
 
         adapter, validation = (image_folder if cfg.data.is_image_folder else tfrecords)(cfg)
         name = Path(cfg.data.source).name
-    if cfg.data.stream:
+    if cfg.data.stream is True:  # "auto" is resolved before set-up (resolve_stream); unresolved, it reads whole
         from mpi_trainer.data.adapters.files import stream_dataset
 
         dataset = stream_dataset(cfg.data)
@@ -206,3 +206,42 @@ def log_plan(plan: Any, dataset: Any) -> None:
     for index, (start, end) in enumerate(plan.block_bounds):
         log.info("worker rank %d: block start %d end %d size %d%s", index + 1, start, end, end - start,
                  "" if unit == "samples" else f" {unit}")
+
+
+def resolve_stream(transport: Transport, cfg: Config) -> Config:
+    """``data.stream = "auto"`` decided (:mod:`mpi_trainer.data.memory`): every rank estimates whether a
+    worker's block fits its memory, and the job streams when any rank's would not. Logged on rank 0."""
+    if cfg.data.stream != "auto":
+        return cfg
+    from mpi_trainer.data.memory import StreamDecision, decide
+
+    _, node_ranks = transport.node_layout()
+    decision = decide(cfg.data.source, transport.workers, len(node_ranks)) if cfg.data.is_file \
+        else StreamDecision(False, None, 0)
+    tight = [rank for rank, streams in enumerate(transport.allgather(decision.stream)) if streams]
+    error = None
+    if tight:
+        error = _stream_refusal(cfg, decision)
+    agree(transport, error)
+    if transport.rank == 0 and cfg.data.is_file:
+        get_logger().info("%s%s", decision.describe(),
+                          f"; ranks {tight} would not fit their blocks" if tight and not decision.stream else "")
+    return with_stream(cfg, bool(tight))
+
+
+def with_stream(cfg: Config, stream: bool) -> Config:
+    from dataclasses import replace
+
+    return replace(cfg, data=replace(cfg.data, stream=stream))
+
+
+def _stream_refusal(cfg: Config, decision: Any) -> str | None:
+    """The block does not fit in memory, and the config asks what streaming cannot give: say both."""
+    from mpi_trainer.data.adapters.files import stream_dataset
+    from mpi_trainer.data.streamed import refusals
+
+    refused = refusals(with_stream(cfg, True), stream_dataset(cfg.data).train.adapter)
+    if not refused:
+        return None
+    return (f"A worker's block of {cfg.data.source!r} would not fit in memory, so data.stream = \"auto\" streams "
+            f"it from disk, but: {refused[0]}. {decision.describe()}")
