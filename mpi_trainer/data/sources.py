@@ -30,9 +30,10 @@ KERAS_BUILTINS = {
 }
 
 
-def _as_features(x: np.ndarray) -> np.ndarray:
-    """uint8 images are scaled to [0, 1]; 3-D image stacks gain a channel axis."""
-    if x.dtype == np.uint8:
+def _as_features(x: np.ndarray, scale: bool = True) -> np.ndarray:
+    """Features as float32; 3-D image stacks gain a channel axis. uint8 images from a file or a built-in
+    are scaled to [0, 1]; ``scale=False`` (arrays given to ``fit``, used as given) keeps their values."""
+    if scale and x.dtype == np.uint8:
         x = x.astype(np.float32) / 255.0
     x = np.asarray(x, dtype=np.float32)
     if x.ndim == 3:
@@ -103,6 +104,7 @@ class TrainRows:
     rows: np.ndarray
     keep_open: list[Any] = field(default_factory=list)
     weights: np.ndarray | None = None  # a training weight per source row (``fit``'s ``sample_weight``)
+    scale: bool = True  # uint8 features scaled to [0, 1] (not for arrays given to ``fit``)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -110,7 +112,7 @@ class TrainRows:
     def read(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Features and labels of the given training positions, checked for NaN and inf."""
         source_rows = self.rows[np.asarray(positions, dtype=np.int64)]
-        x = _as_features(read_rows(self.features, source_rows))
+        x = _as_features(read_rows(self.features, source_rows), self.scale)
         check_finite(x, self.name, "train")
         return x, self.labels[source_rows]
 
@@ -316,12 +318,13 @@ def load_dataset(cfg: DataConfig, seed: int, read_val: bool = True, read_test: b
     val_rows = splits.val if read_val else splits.val[:0]
     test_rows = _chosen(splits.test, read_test)
     x_val_source, y_val_source = (raw.x, raw.y) if raw.x_val is None else (raw.x_val, raw.y_val)
-    x_val = _as_features(read_rows(x_val_source, val_rows))
-    x_test = _as_features(read_rows(x_test_source, test_rows))
+    scale = cfg.source != ARRAYS_SOURCE  # arrays given to fit keep their values
+    x_val = _as_features(read_rows(x_val_source, val_rows), scale)
+    x_test = _as_features(read_rows(x_test_source, test_rows), scale)
     check_finite(x_val, name, "validation")
     check_finite(x_test, name, "test")
     weights = None if raw.sample_weight is None else np.asarray(raw.sample_weight, dtype=np.float32)
-    train = TrainRows(name, raw.x, raw.y, splits.train, raw.keep_open, weights)
+    train = TrainRows(name, raw.x, raw.y, splits.train, raw.keep_open, weights, scale)
     return Dataset(name, train, x_val, y_val_source[val_rows], x_test, y_test_source[test_rows], num_outputs,
                    feature_shape(raw.x), raw.class_names, classes,
                    test_part=read_test if isinstance(read_test, tuple) else None)
