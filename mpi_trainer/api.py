@@ -58,12 +58,15 @@ def init(*, device: str | None = None, scheduler_device: str | None = None, thre
     cores divided by its workers) and ``train.bind_cores`` (a CPU worker keeps to its own cores);
     left out, they are the defaults, and later :func:`fit` calls
     keep this placement (a config asking for another fails every rank). Calling it again is harmless.
+    Without ``mpirun`` (one process) it places nothing: the script then runs as plain Keras.
     """
     from mpi_trainer.comm.transport import Transport
     from mpi_trainer.launch.job import load_config_everywhere, quiet_backend, start_rank
 
     quiet_backend()
     transport = Transport()
+    if transport.size == 1:  # no mpirun: the script is plain Keras, and Keras places itself
+        return Rank(0, 1, transport.host, "cpu", None)
     given = {"train.device": device, "train.scheduler_device": scheduler_device, "train.threads": threads,
              "train.bind_cores": bind_cores}
     with _refused_together(transport):
