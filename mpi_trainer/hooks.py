@@ -1,22 +1,196 @@
-"""Test hooks that stop a rank (``debug.freeze_rank``: SIGSTOP), to check that the others do not wait for ever."""
+"""Test hooks: faults and slowness injected on purpose by tests and benchmarks, never part of the config.
+
+They are set the way outside fault-injection scripts set them, with the config's spelling
+(``--set debug.batch_delay=0.04`` on ``train`` and ``launch``, a ``[debug]`` table, or
+``overrides={"debug.nan_rank": 1}`` in :func:`mpi_trainer.fit`): the config loader takes the
+``debug`` section off before it builds :class:`~mpi_trainer.config.Config` and hands it here
+(:func:`take_from`, then :func:`install`). Every rank loads the config itself, so every rank
+installs the same hooks; each load replaces what an earlier one installed. The product reads them
+through :func:`active` at the few places a fault is injected, and a run's config.toml, ``check``
+and the unknown-key hints never see them. Tests may also :func:`install` hooks directly.
+
+What each hook does:
+
+* ``batch_delay``: every worker sleeps that many seconds after each training batch (simulated
+  per-batch work, so that a benchmark on a small, busy machine measures scheduling rather than CPU
+  contention); each rank in ``slow_ranks`` then takes ``slow_factor`` times as long per batch
+  (batch plus delay) and plays a straggler (:mod:`mpi_trainer.worker.slowdown`).
+* ``async_engine``: the bounded-staleness engine runs even at ``aggregation.ssp = 0``, to check it
+  against the synchronous one.
+* ``nan_rank`` (0 = off): that worker's weights are poisoned with NaN in round ``nan_round``, to
+  exercise the NaN guard.
+* ``crash_rank`` (0 = off): that worker (its starting rank) ends as ``kill -9`` would in round
+  ``crash_round``, at the start of its training (``crash_phase = "train"``) or after it sent its
+  report, before its weights go out (``"contribute"``), to exercise ``fault.survive``.
+* ``freeze_rank`` (-1 = off): that rank stops itself with SIGSTOP as a hung process would, during
+  set-up when ``freeze_round`` is -1, else once its part of round ``freeze_round`` is done.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import os
 import signal
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
+from mpi_trainer.errors import ConfigError
 from mpi_trainer.logs import get_logger
 
+PREFIX = "debug"  # the hooks' section, as `--set debug.<name>=...` spells it
+CRASH_PHASES = ("train", "contribute")
 
-def maybe_freeze(debug: Any, rank: int, round_index: int) -> None:
-    """Stop this process when ``debug.freeze_rank`` is ``rank`` and ``debug.freeze_round`` is ``round_index``
+
+def _reject(name: str, value: Any, expected: str) -> None:
+    key = f"{PREFIX}.{name}"
+    raise ConfigError(f"`{key}` {expected}. Received: {key}={value!r}")
+
+
+@dataclass(frozen=True)
+class TestHooks:
+    """The hooks in force in this process (all off by default); see the module's docstring."""
+
+    __test__ = False  # not a pytest test class, whatever its name
+
+    slow_ranks: list[int] = field(default_factory=list)
+    slow_factor: float = 1.0
+    batch_delay: float = 0.0
+    async_engine: bool = False
+    nan_rank: int = 0
+    nan_round: int = 0
+    crash_rank: int = 0
+    crash_round: int = 0
+    crash_phase: str = "contribute"
+    freeze_rank: int = -1
+    freeze_round: int = -1
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("slow_factor", self.slow_factor >= 1, "must be >= 1 (1 = normal speed)"),
+            ("freeze_rank", self.freeze_rank >= -1, "must be a rank, or -1 (off)"),
+            ("freeze_round", self.freeze_round >= -1, "must be a round, or -1 (during set-up)"),
+            *((name, getattr(self, name) >= 0, "must be >= 0")
+              for name in ("batch_delay", "nan_rank", "nan_round", "crash_rank", "crash_round")),
+            ("crash_phase", self.crash_phase in CRASH_PHASES, f"must be one of {list(CRASH_PHASES)}"),
+            ("slow_ranks", all(rank >= 1 for rank in self.slow_ranks),
+             "must list worker ranks (each >= 1; rank 0 is the scheduler)"),
+        ]
+        for name, ok, expected in checks:
+            if not ok:
+                _reject(name, getattr(self, name), expected)
+
+    @classmethod
+    def from_table(cls, table: Any) -> TestHooks:
+        """Hooks from the ``debug`` table of a config (names without the prefix), types checked."""
+        if not isinstance(table, dict):
+            raise ConfigError(f"`{PREFIX}` must be a table of keys. Received: {PREFIX}={table!r}")
+        names = [item.name for item in dataclasses.fields(cls)]
+        for name in table:
+            if name not in names:
+                raise _unknown_hook(name, names)
+        defaults = cls()
+        return cls(**{name: _coerce(name, value, getattr(defaults, name)) for name, value in table.items()})
+
+    def slows(self, rank: int) -> bool:
+        return rank in self.slow_ranks
+
+    def check_slow_ranks(self, world_size: int) -> None:
+        """Every rank to slow down must be a worker rank of this job."""
+        if any(not 1 <= rank < world_size for rank in self.slow_ranks):
+            raise ConfigError(f"`{PREFIX}.slow_ranks` must name worker ranks 1..{world_size - 1} of this "
+                              f"{world_size}-rank job. Received: {PREFIX}.slow_ranks={self.slow_ranks}")
+
+
+def _coerce(name: str, value: Any, default: Any) -> Any:
+    """``value`` as the type of the hook's default (an int is a float; a bool is not a number)."""
+    kind = type(default)
+    if kind is list:
+        ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        expected = "must be a list of ints"
+    elif kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value, expected = float(value) if ok else value, "must be of type float"
+    else:
+        ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+        expected = f"must be of type {kind.__name__}"
+    if not ok:
+        _reject(name, value, expected)
+    return value
+
+
+def _unknown_hook(name: str, names: list[str]) -> ConfigError:
+    known = [f"{PREFIX}.{n}" for n in names]
+    close = difflib.get_close_matches(f"{PREFIX}.{name}", known, n=1, cutoff=0.6)
+    hint = f" Did you mean `{close[0]}`?" if close else ""
+    return ConfigError(f"Unknown config key `{PREFIX}.{name}`.{hint} Known keys: {', '.join(known)}")
+
+
+def take_from(table: dict[str, Any]) -> TestHooks:
+    """Remove the ``debug`` section from a config's table (in place) and return its hooks, checked."""
+    return TestHooks.from_table(table.pop(PREFIX, {}))
+
+
+_active = TestHooks()
+
+
+def install(hooks: TestHooks) -> TestHooks:
+    """Make ``hooks`` the ones in force in this process (every rank's config load does); returns them."""
+    global _active
+    _active = hooks
+    return hooks
+
+
+def active() -> TestHooks:
+    """The hooks in force in this process."""
+    return _active
+
+
+# -- what a config cannot be combined with ------------------------------------------------------------
+def check_with(cfg: Any, hooks: TestHooks) -> None:
+    """Refuse hooks that the config cannot honour (the bounded-staleness engine where only synchronous
+    rounds make sense, NaN injection into L-BFGS, which trains no weights); ``cfg`` is a loaded config."""
+    if not hooks.async_engine and hooks.nan_rank == 0:
+        return
+    if cfg.model.uses_lbfgs:
+        conflicts = {"async_engine": (hooks.async_engine, "evaluations are synchronous"),
+                     "nan_rank": (hooks.nan_rank > 0, "it poisons trained weights, which L-BFGS has none of")}
+        for name, (conflicts_with, why) in conflicts.items():
+            if conflicts_with:
+                value = getattr(hooks, name)
+                raise ConfigError(f"`{PREFIX}.{name}` is not available with model.optimizer='lbfgs' (full-batch "
+                                  f"L-BFGS): {why}. Received: {PREFIX}.{name}={value!r} with model.optimizer='lbfgs'")
+    if hooks.async_engine:
+        _check_stale_engine(cfg)
+
+
+def _check_stale_engine(cfg: Any) -> None:
+    """What only the synchronous engine runs: a sync warm-up, evaluation on the workers, an outer step."""
+    key, received = f"{PREFIX}.async_engine", f"{PREFIX}.async_engine=True"
+    warmup = cfg.train.sync_warmup_epochs
+    if warmup > 0:
+        raise ConfigError(f"`{key}` cannot be combined with `train.sync_warmup_epochs` > 0: the schedule counts "
+                          f"synchronous rounds, which the SSP engine does not run. Received: {received} with "
+                          f"train.sync_warmup_epochs={warmup}")
+    if cfg.evaluation.on_workers:
+        raise ConfigError(f"`evaluation.where` = 'workers' cannot be combined with {received}: the SSP engine's "
+                          f"workers never wait for the scheduler. Expected {key} = False, or "
+                          f"evaluation.where = 'scheduler'")
+    if cfg.aggregation.steps_outer:
+        raise ConfigError(f"`aggregation.outer_optimizer` = {cfg.aggregation.outer_optimizer!r} cannot be combined "
+                          f"with {received}: the SSP engine merges each update as it arrives. Expected {key} = "
+                          f"False, or aggregation.outer_optimizer = 'none'")
+
+
+# -- injecting -------------------------------------------------------------------------------------
+def maybe_freeze(rank: int, round_index: int) -> None:
+    """Stop this process when ``freeze_rank`` is ``rank`` and ``freeze_round`` is ``round_index``
     (-1: set-up). Only a SIGCONT, or the job's end, moves it again."""
-    if debug.freeze_rank != rank or debug.freeze_round != round_index:
+    if _active.freeze_rank != rank or _active.freeze_round != round_index:
         return
     where = "during set-up" if round_index < 0 else f"after round {round_index}"
-    get_logger().warning("debug: rank %d stops itself (SIGSTOP) %s (debug.freeze_rank)", rank, where)
+    get_logger().warning("test hook: rank %d stops itself (SIGSTOP) %s (%s.freeze_rank)", rank, where, PREFIX)
     for handler in get_logger().handlers:
         handler.flush()
     sys.stdout.flush()  # a stopped process flushes nothing, and the job's end loses what it buffered

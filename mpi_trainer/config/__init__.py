@@ -10,7 +10,6 @@ from mpi_trainer.config.schema import (
     CommConfig,
     Config,
     DataConfig,
-    DebugConfig,
     EarlyStoppingConfig,
     EvaluationConfig,
     FaultConfig,
@@ -25,7 +24,7 @@ from mpi_trainer.errors import ConfigError
 
 __all__ = [
     "AggregationConfig", "AugmentationConfig", "CheckpointConfig", "CommConfig", "Config", "ConfigError",
-    "DataConfig", "DebugConfig", "EarlyStoppingConfig", "EvaluationConfig", "FaultConfig", "IncrementConfig",
+    "DataConfig", "EarlyStoppingConfig", "EvaluationConfig", "FaultConfig", "IncrementConfig",
     "LbfgsConfig", "LogConfig", "ModelConfig", "TrainConfig", "WatchdogConfig", "all_keys", "config_from_dict",
     "load_config", "parse_override", "read_toml",
 ]

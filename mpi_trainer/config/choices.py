@@ -47,8 +47,6 @@ MonitorMode = Literal["auto", "min", "max"]
 MONITOR_MODES = get_args(MonitorMode)
 EvaluationPlace = Literal["scheduler", "workers"]
 EVALUATION_PLACES = get_args(EvaluationPlace)
-CrashPhase = Literal["train", "contribute"]
-CRASH_PHASES = get_args(CrashPhase)
 EVERY_LOCAL_EPOCH = 0  # evaluation.every: score once per local epoch
 DEFAULT_MONITOR = "test_accuracy"
 # Held out for validation when best-of election or a val_* monitor needs it and data.validation_size is 0.

@@ -15,33 +15,27 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
+from mpi_trainer import hooks
 from mpi_trainer.config.rules import check_config, with_derived_values
-from mpi_trainer.config.schema import Config, public_fields, reject
+from mpi_trainer.config.schema import Config, reject
 from mpi_trainer.errors import ConfigError
 
 
-def all_keys(cls: type = Config, prefix: str = "", hidden: bool = False) -> list[str]:
-    """Every public dotted key the configuration accepts, e.g. ``train.epochs``.
-
-    ``hidden=True`` lists the test hooks' keys as well (``debug.*``).
-    """
+def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
+    """Every dotted key the configuration accepts, e.g. ``train.epochs``."""
     hints = typing.get_type_hints(cls)
     keys = []
-    for item in dataclasses.fields(cls) if hidden else public_fields(cls):
+    for item in dataclasses.fields(cls):
         dotted, hint = f"{prefix}{item.name}", hints[item.name]
         if dataclasses.is_dataclass(hint):
-            keys.extend(all_keys(hint, dotted + ".", hidden))
+            keys.extend(all_keys(hint, dotted + "."))
         else:
             keys.append(dotted)
     return keys
 
 
 def _unknown_key(dotted: str) -> ConfigError:
-    """Hints name public keys only, unless the key is under a test hook's section (``debug.``)."""
-    public = all_keys()
-    hooks = sorted(set(all_keys(hidden=True)) - set(public))
-    hook_sections = {key.split(".")[0] + "." for key in hooks}
-    known = hooks if any(dotted.startswith(section) for section in hook_sections) else public
+    known = all_keys()
     close = difflib.get_close_matches(dotted, known, n=1, cutoff=0.6)
     hint = f" Did you mean `{close[0]}`?" if close else ""
     return ConfigError(f"Unknown config key `{dotted}`.{hint} Known keys: {', '.join(known)}")
@@ -154,7 +148,17 @@ def load_config(source: str | Path | dict[str, Any] | None = None,
 
 def config_from_dict(table: dict[str, Any]) -> Config:
     """Build every section (each checks its own keys), apply the rules across sections once, and
-    fill in the derived values: the config every rank then holds unchanged."""
+    fill in the derived values: the config every rank then holds unchanged.
+
+    The test hooks' section is no part of the config: it is taken off the table first, checked against
+    the config, and installed in :mod:`mpi_trainer.hooks` (a table without one installs none).
+    """
+    if not isinstance(table, dict):
+        reject("config", table, "must be a table of sections")
+    table = dict(table)
+    test_hooks = hooks.take_from(table)
     cfg = _build(Config, table, "")
     check_config(cfg)
+    hooks.check_with(cfg, test_hooks)
+    hooks.install(test_hooks)
     return with_derived_values(cfg)

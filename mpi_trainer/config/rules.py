@@ -64,8 +64,6 @@ def _warmup_conflicts(cfg: Config) -> dict[str, tuple[bool, object, str]]:
     return {
         "aggregation.ssp": (cfg.aggregation.ssp > 0, cfg.aggregation.ssp,
                             "the schedule counts synchronous rounds, while SSP updates run on each worker's clock"),
-        "debug.async_engine": (cfg.debug.async_engine, cfg.debug.async_engine,
-                               "the schedule counts synchronous rounds, which the SSP engine does not run"),
         "data.increment.enabled": (data.increment.enabled, data.increment.enabled,
                                    "the warm-up walks each worker's fixed block across rounds"),
         "data.rebalance": (data.rebalance, data.rebalance,
@@ -90,13 +88,12 @@ def _warmup_rules(cfg: Config) -> None:
 
 def _lbfgs_conflicts(cfg: Config) -> dict[str, tuple[bool, object, str]]:
     """Key -> (set?, value, why L-BFGS cannot honour it)."""
-    data, train, debug = cfg.data, cfg.train, cfg.debug
+    data, train = cfg.data, cfg.train
     return {
         "aggregation.ssp": (cfg.aggregation.ssp > 0, cfg.aggregation.ssp,
                             "every evaluation needs the gradient of every block at the same point"),
         "aggregation.method": (cfg.aggregation.elects, cfg.aggregation.method,
                                "the gradient is the sum over all blocks, not one block's"),
-        "debug.async_engine": (debug.async_engine, debug.async_engine, "evaluations are synchronous"),
         "data.increment.enabled": (data.increment.enabled, data.increment.enabled,
                                    "the objective must not change between evaluations"),
         "data.augmentation.enabled": (data.augmentation.enabled, data.augmentation.enabled,
@@ -112,7 +109,6 @@ def _lbfgs_conflicts(cfg: Config) -> dict[str, tuple[bool, object, str]]:
         "train.overlap_eval": (train.overlap_eval, train.overlap_eval, "iterations cannot overlap"),
         "train.nan_policy": (train.rolls_back, train.nan_policy,
                              "a non-finite loss stops the run with the best iterate"),
-        "debug.nan_rank": (debug.nan_rank > 0, debug.nan_rank, "it poisons trained weights, which L-BFGS has none of"),
     }
 
 
@@ -133,8 +129,6 @@ def _evaluation_rule(cfg: Config) -> None:
     conflicts = {
         "aggregation.ssp": (cfg.aggregation.ssp > 0, cfg.aggregation.ssp, "0",
                             "under SSP the workers never wait for the scheduler, so it scores alone"),
-        "debug.async_engine": (cfg.debug.async_engine, cfg.debug.async_engine, "False",
-                               "the SSP engine's workers never wait for the scheduler"),
         "train.overlap_eval": (cfg.train.overlap_eval, cfg.train.overlap_eval, "False",
                                "the workers are already training the next round while a round is scored"),
         "model.optimizer": (cfg.model.uses_lbfgs, cfg.model.optimizer, "anything but 'lbfgs'",
@@ -154,8 +148,6 @@ def _outer_optimizer_rule(cfg: Config) -> None:
     conflicts = {
         "aggregation.ssp": (cfg.aggregation.ssp > 0, cfg.aggregation.ssp, "0",
                             "SSP merges each update as it arrives, so there is no round aggregate to step from"),
-        "debug.async_engine": (cfg.debug.async_engine, cfg.debug.async_engine, "False",
-                               "the SSP engine merges each update as it arrives"),
         "model.optimizer": (cfg.model.uses_lbfgs, cfg.model.optimizer, "a Keras optimizer",
                             "L-BFGS sums gradients, it does not average trained weights"),
     }

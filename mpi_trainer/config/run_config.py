@@ -1,15 +1,11 @@
 """The sections that say how a run is kept and watched: ``checkpoint``, ``comm``, ``watchdog``,
-``fault``, ``log``, and the test hooks of ``debug`` (hidden from the public schema)."""
+``fault`` and ``log``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from mpi_trainer.config.choices import (
-    CRASH_PHASES,
-    CrashPhase,
-)
 from mpi_trainer.config.section import Section
 
 PREEMPT_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT")
@@ -103,53 +99,3 @@ class LogConfig(Section):
 
     def __post_init__(self) -> None:
         self._require(self.verbosity in (0, 1, 2), "verbosity", "must be 0, 1 or 2")
-
-
-@dataclass
-class DebugConfig(Section):
-    """Test hooks: testing and benchmarking aids, off by default and outside the normal training path.
-
-    They are not part of the public schema: ``check``, a run directory's
-    config.toml, summary.json and the unknown-key hints leave them out, but
-    ``--set debug.<name>=...`` (or a ``[debug]`` table) still sets them.
-
-    ``batch_delay`` makes every worker sleep that many seconds after each
-    training batch: simulated per-batch work, so that benchmarks on a small,
-    busy machine measure scheduling rather than CPU contention. Each rank in
-    ``slow_ranks`` then takes ``slow_factor`` times as long per batch (batch
-    plus delay) and plays a straggler. ``async_engine`` runs the bounded-staleness
-    engine even at ``aggregation.ssp = 0``, to check it against the synchronous one.
-    ``nan_rank`` (0 = off) poisons that worker's weights with NaN in round
-    ``nan_round``, to exercise the NaN guard. ``reset_optimizer`` zeroes every
-    worker's optimizer state at the start of each synchronous round instead of
-    carrying it across averagings, to measure what carrying it is worth.
-    ``crash_rank`` (0 = off) ends that worker (its starting rank) as ``kill -9`` would, in round
-    ``crash_round``: at the start of its training (``crash_phase = "train"``) or after it sent its
-    report, before its weights go out (``"contribute"``), to exercise ``fault.survive``.
-    ``freeze_rank`` (-1 = off) stops that rank with SIGSTOP, as a hung process would
-    stop: during set-up when ``freeze_round`` is -1, else once its part of round
-    ``freeze_round`` is done (a worker then sits idle; SSP counts its updates).
-    """
-
-    prefix: ClassVar[str] = "debug"
-    slow_ranks: list[int] = field(default_factory=list)
-    slow_factor: float = 1.0
-    batch_delay: float = 0.0
-    async_engine: bool = False
-    nan_rank: int = 0
-    nan_round: int = 0
-    reset_optimizer: bool = False
-    crash_rank: int = 0
-    crash_round: int = 0
-    crash_phase: CrashPhase = "contribute"
-    freeze_rank: int = -1
-    freeze_round: int = -1
-
-    def __post_init__(self) -> None:
-        self._require(self.slow_factor >= 1, "slow_factor", "must be >= 1 (1 = normal speed)")
-        self._require(self.freeze_rank >= -1, "freeze_rank", "must be a rank, or -1 (off)")
-        self._require(self.freeze_round >= -1, "freeze_round", "must be a round, or -1 (during set-up)")
-        self._non_negative("batch_delay", "nan_rank", "nan_round", "crash_rank", "crash_round")
-        self._choice("crash_phase", CRASH_PHASES)
-        self._require(all(rank >= 1 for rank in self.slow_ranks), "slow_ranks",
-                      "must list worker ranks (each >= 1; rank 0 is the scheduler)")

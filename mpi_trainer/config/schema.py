@@ -26,7 +26,6 @@ from mpi_trainer.config.choices import (
     AUTO_OUTER_OPTIMIZER,
     BUILTIN_DATASETS,
     COLOR_MODES,
-    CRASH_PHASES,
     DATA_SUFFIXES,
     DEFAULT_MONITOR,
     DEFAULT_VALIDATION_SIZE,
@@ -50,7 +49,6 @@ from mpi_trainer.config.choices import (
     WIRE_DTYPES,
     AggregationMethod,
     ColorMode,
-    CrashPhase,
     DataPlacement,
     Device,
     EvaluationPlace,
@@ -72,12 +70,11 @@ from mpi_trainer.config.run_config import (
     PREEMPT_SIGNALS,
     CheckpointConfig,
     CommConfig,
-    DebugConfig,
     FaultConfig,
     LogConfig,
     WatchdogConfig,
 )
-from mpi_trainer.config.section import HIDDEN, Section, public_fields, reject
+from mpi_trainer.config.section import Section, reject
 from mpi_trainer.config.training_config import (
     AggregationConfig,
     EarlyStoppingConfig,
@@ -95,19 +92,16 @@ __all__ = [
     "AugmentationConfig",
     "BUILTIN_DATASETS",
     "COLOR_MODES",
-    "CRASH_PHASES",
     "CheckpointConfig",
     "ColorMode",
     "CommConfig",
     "Config",
-    "CrashPhase",
     "DATA_SUFFIXES",
     "DEFAULT_MONITOR",
     "DEFAULT_VALIDATION_SIZE",
     "DEVICES",
     "DataConfig",
     "DataPlacement",
-    "DebugConfig",
     "Device",
     "EVALUATION_PLACES",
     "EVERY_LOCAL_EPOCH",
@@ -119,7 +113,6 @@ __all__ = [
     "FaultConfig",
     "FeatureDtype",
     "FlipMode",
-    "HIDDEN",
     "IncrementConfig",
     "LBFGS",
     "LbfgsConfig",
@@ -147,7 +140,6 @@ __all__ = [
     "WIRE_DTYPES",
     "WatchdogConfig",
     "WireDtype",
-    "public_fields",
     "reject",
 ]
 
@@ -166,23 +158,22 @@ class Config:
     fault: FaultConfig = field(default_factory=FaultConfig)
     lbfgs: LbfgsConfig = field(default_factory=LbfgsConfig)
     log: LogConfig = field(default_factory=LogConfig)
-    # Test hooks: settable, validated, never shown (see DebugConfig).
-    debug: DebugConfig = field(default_factory=DebugConfig, metadata={HIDDEN: True})
 
-    def outer_optimizer_for(self, workers: int) -> str:
+    def outer_optimizer_for(self, workers: int, merges_each_update: bool = False) -> str:
         """The outer optimizer in effect with ``workers`` workers: ``aggregation.outer_optimizer``, where
         ``"auto"`` is Nesterov for synchronous rounds that average two or more workers, and none where no
-        average is stepped from (one worker, SSP, best-of election, L-BFGS)."""
+        average is stepped from (one worker, SSP, best-of election, L-BFGS, or an engine that
+        ``merges_each_update`` as it arrives)."""
         chosen = self.aggregation.outer_optimizer
         if chosen != "auto":
             return chosen
-        averaged = workers > 1 and not (self.aggregation.ssp > 0 or self.debug.async_engine
+        averaged = workers > 1 and not (self.aggregation.ssp > 0 or merges_each_update
                                         or self.aggregation.elects or self.model.uses_lbfgs)
         return AUTO_OUTER_OPTIMIZER if averaged else "none"
 
     def to_dict(self) -> dict[str, Any]:
-        """The public config, test hooks left out (what run directories and ``check`` show)."""
-        return {item.name: dataclasses.asdict(getattr(self, item.name)) for item in public_fields(Config)}
+        """The whole config as plain values (what run directories and ``check`` show)."""
+        return {item.name: dataclasses.asdict(getattr(self, item.name)) for item in dataclasses.fields(Config)}
 
     def to_toml(self) -> str:
         return tomli_w.dumps(self.to_dict())

@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, ClassVar
 
 from mpi_trainer.errors import ConfigError
-
-# Field metadata flag of a section that is accepted and validated but left out of the public schema.
-HIDDEN = "hidden"
-
-
-def public_fields(cls: type) -> list[dataclasses.Field]:
-    """A dataclass's fields without the hidden ones (the test hooks)."""
-    return [item for item in dataclasses.fields(cls) if not item.metadata.get(HIDDEN)]
 
 
 def reject(key: str, value: Any, expected: str) -> None:

@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from mpi_trainer import hooks
 from mpi_trainer.comm.transport import Transport, install_abort_on_error
 from mpi_trainer.config import Config
 from mpi_trainer.errors import EXIT_PREEMPTED, AgreedInputError
-from mpi_trainer.hooks import maybe_freeze
 from mpi_trainer.launch.agreement import agree, check_fault_tolerance, check_world, load_config_everywhere
 from mpi_trainer.launch.console import quiet_backend, report_error
 from mpi_trainer.launch.devices import RankPlacement
@@ -71,7 +71,7 @@ def run_job(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str |
     try:
         cfg, placements = start_rank(transport, cfg, process)
         cfg = resolve_stream(transport, cfg)
-        maybe_freeze(cfg.debug, transport.rank, -1)
+        hooks.maybe_freeze(transport.rank, -1)
         watch.install(cfg.checkpoint.preempt_signals, cfg.checkpoint.grace_seconds,
                       lambda: transport.abort(EXIT_PREEMPTED))
         job = setup(transport, cfg, inputs, run)

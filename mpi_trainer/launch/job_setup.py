@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from mpi_trainer import hooks
 from mpi_trainer.algorithms.early_stopping import watched_metric
 from mpi_trainer.comm.transport import Transport
 from mpi_trainer.config import Config
@@ -67,12 +68,11 @@ def setup(transport: Transport, cfg: Config, inputs: JobInputs, run: RunDirector
     """Load data everywhere; on rank 0 build the model and check it against the run directory's run."""
     from mpi_trainer.data.partition import block_bounds
     from mpi_trainer.models.gradients import gradient_backend
-    from mpi_trainer.worker.slowdown import check_slow_ranks
 
     dataset = model = plan = None
     error = None
     try:
-        check_slow_ranks(cfg.debug, transport.size)
+        hooks.active().check_slow_ranks(transport.size)
         if cfg.model.uses_lbfgs:
             gradient_backend()  # every rank: each computes with its own backend
         dataset = load_dataset_for_rank(transport.rank, cfg, inputs.arrays, transport.workers, inputs)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mpi_trainer import hooks
 from mpi_trainer.comm.transport import Transport
 from mpi_trainer.config import Config
 from mpi_trainer.errors import PeerFailure, Preempted, WorkerFailure
@@ -38,7 +39,7 @@ class Roles:
 
 
 def pick_roles(cfg: Config) -> Roles:
-    """The engine and worker classes for ``cfg`` (``debug.async_engine`` forces the stale-synchronous
+    """The engine and worker classes for ``cfg`` (the ``async_engine`` test hook forces the stale-synchronous
     engine at ``ssp = 0``, for checks that both engines agree)."""
     if cfg.model.uses_lbfgs:
         from mpi_trainer.scheduler.lbfgs import LbfgsScheduler
@@ -49,7 +50,7 @@ def pick_roles(cfg: Config) -> Roles:
     from mpi_trainer.scheduler.synchronous import SynchronousEngine
     from mpi_trainer.worker import Worker
 
-    engine = StaleSynchronousEngine if cfg.aggregation.ssp > 0 or cfg.debug.async_engine else SynchronousEngine
+    engine = StaleSynchronousEngine if cfg.aggregation.ssp > 0 or hooks.active().async_engine else SynchronousEngine
     return Roles(engine, Worker, _gradient_worker)
 
 

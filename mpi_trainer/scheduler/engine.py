@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from mpi_trainer import hooks
 from mpi_trainer.algorithms.rebalance import Measurement, Rebalancer
 from mpi_trainer.algorithms.wait_bounds import WaitBounds
 from mpi_trainer.comm.flat_weights import WeightCodec
@@ -27,7 +28,6 @@ from mpi_trainer.data.partition import block_bounds
 from mpi_trainer.data.placement import moved_rows
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.errors import RankLost, WorkerFailure
-from mpi_trainer.hooks import maybe_freeze
 from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.resume import ResumeState
 from mpi_trainer.persistence.run_record import NO_CONTEXT, RunContext
@@ -126,7 +126,7 @@ class Engine(ABC):
         transport.bound = self.watchdog.timeout
         transport.phase = "the rounds" if closed is None else f"after round {closed}"
         if closed is not None:
-            maybe_freeze(self.cfg.debug, 0, closed)
+            hooks.maybe_freeze(0, closed)
 
     def close(self) -> None:
         self.recorder.close()

@@ -74,10 +74,12 @@ SUMMARY_EVERY_SECONDS = 1.0  # how often summary.json is rewritten during a run 
 @dataclass
 class RoundSources:
     """What the recorder gets from the engine's side, given when it is built: who scores the global model,
-    and where a checkpoint gets the workers' optimizer states (by default none: checkpoints hold none)."""
+    where a checkpoint gets the workers' optimizer states (by default none: checkpoints hold none), and
+    whether the engine merges each update as it arrives (then no round aggregate is stepped from)."""
 
     evaluator: Evaluator
     optimizer_states: Callable[[], dict[int, np.ndarray]] = dict
+    merges_each_update: bool = False
 
 
 class RoundRecorder(RecorderCheckpoints):
@@ -109,7 +111,7 @@ class RoundRecorder(RecorderCheckpoints):
         self.summary_written = -math.inf
         # the step from each round's aggregate to the next global model, over the trainable weights only;
         # its state lives here only
-        self.outer = OuterOptimizer(OuterSettings.from_config(cfg, len(plan.block_bounds)),
+        self.outer = OuterOptimizer(OuterSettings.from_config(cfg, len(plan.block_bounds), sources.merges_each_update),
                                     codec.trainable_spans(model))
         self.lost_workers: list[dict[str, Any]] = []  # fault.survive: who was lost, on which host, when
         self.fingerprint = dict(context.fingerprint)  # the model's and data's, kept in checkpoints

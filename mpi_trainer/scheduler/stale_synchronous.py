@@ -61,7 +61,7 @@ from mpi_trainer.persistence.resume import ResumeState, trim_rounds
 from mpi_trainer.persistence.run_files import UPDATE_FIELDS, UPDATES_NAME, RoundLog
 from mpi_trainer.persistence.run_record import NO_CONTEXT, RunContext
 from mpi_trainer.scheduler.engine import Engine
-from mpi_trainer.scheduler.recorder import ClosedRound, StopReason
+from mpi_trainer.scheduler.recorder import ClosedRound, RoundSources, StopReason
 
 
 @dataclass
@@ -114,6 +114,12 @@ class StaleSynchronousEngine(Engine):
         self.ledger = (ScatterLedger(cfg, plan, self.workers)
                        if (cfg.data.rebalance or cfg.fault.survive) and cfg.data.scatters else None)
         self.told = {worker: list(plan.block_bounds) for worker in self.workers}  # the blocks each one trains on
+
+    def round_sources(self) -> RoundSources:
+        """The base engine's, for an engine that merges each update as it arrives (no outer step)."""
+        sources = super().round_sources()
+        sources.merges_each_update = True
+        return sources
 
     def describe(self) -> str:
         damping = " with staleness damping" if self.cfg.aggregation.staleness_damping else ""

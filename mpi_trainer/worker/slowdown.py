@@ -1,13 +1,13 @@
-"""Playing a straggler on purpose, for tests and benchmarks (``[debug]`` config section).
+"""Playing a straggler on purpose, for tests and benchmarks (:mod:`mpi_trainer.hooks`).
 
-With ``debug.batch_delay = d`` every worker sleeps ``d`` seconds after each
+With the ``batch_delay = d`` hook every worker sleeps ``d`` seconds after each
 training batch (simulated work, so that a benchmark on a small, busy machine
 measures scheduling rather than CPU contention). A rank named in
-``debug.slow_ranks`` trains with a :class:`BatchSlowdown` that makes each batch
+``slow_ranks`` trains with a :class:`BatchSlowdown` that makes each batch
 (its compute plus ``d``) take ``slow_factor`` times as long, whatever the
 model, data or machine. The rank's very first batch is not slowed: it includes
 one-time graph tracing, which would add a long pause that says nothing about
-the rank's speed round after round. Ranks not named, and every rank when the section is absent,
+the rank's speed round after round. Ranks not named, and every rank when no hook is set,
 get no callback at all: the normal training path is untouched.
 """
 
@@ -16,22 +16,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from mpi_trainer.config import DebugConfig
-from mpi_trainer.errors import ConfigError
+from mpi_trainer.hooks import TestHooks
 
 
-def check_slow_ranks(debug: DebugConfig, world_size: int) -> None:
-    """Every rank to slow down must be a worker rank of this job."""
-    bad = [rank for rank in debug.slow_ranks if not 1 <= rank < world_size]
-    if bad:
-        raise ConfigError(f"`debug.slow_ranks` must name worker ranks 1..{world_size - 1} of this "
-                          f"{world_size}-rank job. Received: debug.slow_ranks={debug.slow_ranks}")
-
-
-def make_slowdown(debug: DebugConfig, rank: int) -> Any | None:
+def make_slowdown(test_hooks: TestHooks, rank: int) -> Any | None:
     """The slowdown callback for ``rank``, or None when this rank runs at normal speed."""
-    factor = debug.slow_factor if rank in debug.slow_ranks else 1.0
-    if factor <= 1 and debug.batch_delay <= 0:
+    factor = test_hooks.slow_factor if test_hooks.slows(rank) else 1.0
+    if factor <= 1 and test_hooks.batch_delay <= 0:
         return None
     import keras
 
@@ -58,4 +49,4 @@ def make_slowdown(debug: DebugConfig, rank: int) -> Any | None:
             time.sleep(pause)
             self.slept_seconds += pause
 
-    return BatchSlowdown(factor, debug.batch_delay)
+    return BatchSlowdown(factor, test_hooks.batch_delay)

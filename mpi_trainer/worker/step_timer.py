@@ -9,7 +9,7 @@ to wait for two rounds. Steady steps say how fast the worker really trains
 from its very first round.
 
 Each step is timed from the end of the previous batch to the end of its own:
-its compute, its input and every callback's pause (the debug slowdown
+its compute, its input and every callback's pause (the test hooks' slowdown
 included, which is why the timer runs after it). Left out are the first step
 of every round (no previous batch to time from; the input pipeline starts
 there), the first ``WARM_UP_STEPS`` of the worker's first round (tracing), and

@@ -132,9 +132,9 @@ class LocalTraining:
         return one_step(self.model, x, y, self.slowdown, weights)
 
     def maybe_inject_nan(self, round_index: int, local: np.ndarray) -> None:
-        """Test hook (debug.nan_rank / debug.nan_round): poison this rank's weights once."""
+        """Test hook (nan_rank / nan_round): poison this rank's weights once."""
         if self.nan_round == round_index:
-            self.log.warning("debug: injecting NaN into the weights of round %d", round_index)
+            self.log.warning("test hook: injecting NaN into the weights of round %d", round_index)
             local[:] = np.nan
             self.nan_round = None
 
@@ -177,7 +177,7 @@ def current_learning_rate(optimizer: Any) -> float:
 
 def one_step(model: Any, x: np.ndarray, y: np.ndarray, slowdown: Any | None,
              weights: np.ndarray | None = None) -> dict[str, Any]:
-    """One ``train_on_batch``, paused by the debug slowdown's callback when there is one."""
+    """One ``train_on_batch``, paused by the test hooks' slowdown callback when there is one."""
     if slowdown is None:
         return model.train_on_batch(x, y, sample_weight=weights, return_dict=True)
     slowdown.on_train_batch_begin(0)

@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from mpi_trainer import hooks
 from mpi_trainer.algorithms import aggregation
 from mpi_trainer.algorithms.rebalance import MIN_TIMED_STEPS, Measurement
 from mpi_trainer.algorithms.sync_schedule import schedule_for
@@ -31,7 +32,6 @@ from mpi_trainer.data.placement import HeldRows, WorkerData, peak_rss_mib
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.data.walk import BlockWalk
 from mpi_trainer.errors import RankLost, WorkerFailure
-from mpi_trainer.hooks import maybe_freeze
 from mpi_trainer.logs import get_logger
 from mpi_trainer.models import flat_metric_state, rebuild_model, summed_metric_state
 from mpi_trainer.models.dry_run import dry_run, reset_optimizer
@@ -64,13 +64,13 @@ class Worker(LocalTraining):
         # The block (and, with increment, each round's draw) comes from the data placement.
         self.data = data if data is not None else WorkerData(dataset.train, plan, self.rank, cfg)
         self.x, self.y = self.data.fixed_x, self.data.fixed_y
-        self.slowdown = make_slowdown(cfg.debug, self.rank)
-        # Test hooks, read once here rather than every round: the round NaN is injected in (None: never,
-        # cleared once done) and whether every round starts with a fresh optimizer state.
-        self.nan_round = cfg.debug.nan_round if cfg.debug.nan_rank == self.rank else None
-        self.reset_every_round = cfg.debug.reset_optimizer
-        debug = cfg.debug  # debug.crash_*: (round, phase) in which this worker ends itself, if it does
-        self.crash_at = (debug.crash_round, debug.crash_phase) if debug.crash_rank == link.world_rank else None
+        test_hooks = hooks.active()  # read once here rather than every round
+        self.slowdown = make_slowdown(test_hooks, self.rank)
+        # the round NaN is injected in (None: never, cleared once done)
+        self.nan_round = test_hooks.nan_round if test_hooks.nan_rank == self.rank else None
+        # (round, phase) in which this worker ends itself, if it does
+        self.crash_at = ((test_hooks.crash_round, test_hooks.crash_phase)
+                         if test_hooks.crash_rank == link.world_rank else None)
         self.step_timer = StepTimer(cfg.train.batch_size)  # the speed that rebalancing cuts blocks by
         self.shuffle_rng = np.random.default_rng(worker_seed(cfg.train.seed, self.rank, plan.start_round))
         self.walk = BlockWalk(self.shuffle_rng, cfg.train.shuffle)  # k-step rounds; a resumed run starts a fresh walk
@@ -118,9 +118,9 @@ class Worker(LocalTraining):
         self.log.info("a rank was lost; carrying on as worker rank %d of %d", self.rank, self.link.workers)
 
     def maybe_crash(self, round_index: int, phase: str) -> None:
-        """Test hook (debug.crash_rank / crash_round / crash_phase): end this process as kill -9 would."""
+        """Test hook (crash_rank / crash_round / crash_phase): end this process as kill -9 would."""
         if self.crash_at == (round_index, phase):
-            self.log.warning("debug: ending this worker hard in round %d (%s)", round_index, phase)
+            self.log.warning("test hook: ending this worker hard in round %d (%s)", round_index, phase)
             self.link.crash()
 
     def preflight(self) -> None:
@@ -148,7 +148,7 @@ class Worker(LocalTraining):
         batch = self.cfg.train.batch_size
         if not self.cfg.data.rebalance or len(self.data.first_rows(batch)[1]) < batch:
             return None
-        slowdown, weights, seconds = make_slowdown(self.cfg.debug, self.rank), self.model.get_weights(), 0.0
+        slowdown, weights, seconds = make_slowdown(hooks.active(), self.rank), self.model.get_weights(), 0.0
         try:
             for step in range(MIN_TIMED_STEPS + 1):
                 x, y = self.data.batch(np.arange(batch) + (step * batch) % (self.data.units(self.x) - batch + 1))
@@ -199,7 +199,7 @@ class Worker(LocalTraining):
         self.phases.add("send", order.round, sending)
         self.log.debug("round %d: loss %.4f acc %.4f in %.2f s on %d samples", order.round,
                        report.train_loss, report.train_accuracy, report.train_seconds, report.samples)
-        maybe_freeze(self.cfg.debug, self.rank, order.round)
+        hooks.maybe_freeze(self.rank, order.round)
 
     # -- scoring a shard of the global model (evaluation.where = "workers") ----------------
     def evaluate(self, order: Order) -> None:
@@ -220,7 +220,7 @@ class Worker(LocalTraining):
         optimizer = self.model.optimizer
         if order.optimizer_state:
             load_state_vector(optimizer, self.link.recv_state())
-        if order.reset_optimizer or self.reset_every_round:
+        if order.reset_optimizer:
             reset_optimizer(optimizer)  # moments computed from non-finite gradients would poison the next round
         if order.learning_rate is not None:
             optimizer.learning_rate = order.learning_rate
@@ -260,4 +260,4 @@ class Worker(LocalTraining):
         self.maybe_crash(order.clock, "contribute")
         self.link.send_weights(self.wire.encode(local))
         self.phases.add("send", order.clock, sending)
-        maybe_freeze(self.cfg.debug, self.rank, order.clock)
+        hooks.maybe_freeze(self.rank, order.clock)

@@ -15,12 +15,13 @@ from mpi_trainer.algorithms.rebalance import (
     bounds_from_sizes,
     proportional_sizes,
 )
-from mpi_trainer.config import DebugConfig, load_config
+from mpi_trainer.config import load_config
 from mpi_trainer.data.partition import block_bounds, shuffled_order
 from mpi_trainer.data.placement import HeldRows, ScatterLedger, WorkerData, fixed_positions, rows_needed
 from mpi_trainer.data.sources import load_dataset
 from mpi_trainer.errors import ConfigError
-from mpi_trainer.worker.slowdown import check_slow_ranks, make_slowdown
+from mpi_trainer.hooks import TestHooks
+from mpi_trainer.worker.slowdown import make_slowdown
 
 
 def covers_once(bounds: list[tuple[int, int]], total: int) -> bool:
@@ -149,19 +150,19 @@ def test_rebalancing_runs_on_the_ssp_engine_but_not_with_fixed_step_rounds(engin
 
 
 def test_slow_ranks_must_exist_in_the_job():
-    check_slow_ranks(DebugConfig(slow_ranks=[1, 2], slow_factor=2.0), world_size=3)
+    TestHooks(slow_ranks=[1, 2], slow_factor=2.0).check_slow_ranks(world_size=3)
     with pytest.raises(ConfigError, match=r"must name worker ranks 1..2 of this 3-rank job. "
                                           r"Received: debug.slow_ranks=\[3\]"):
-        check_slow_ranks(DebugConfig(slow_ranks=[3], slow_factor=2.0), world_size=3)
+        TestHooks(slow_ranks=[3], slow_factor=2.0).check_slow_ranks(world_size=3)
 
 
 def test_slowdown_is_absent_unless_configured_for_this_rank():
-    assert make_slowdown(DebugConfig(), 1) is None
-    assert make_slowdown(DebugConfig(slow_ranks=[2], slow_factor=2.0), 1) is None
-    assert make_slowdown(DebugConfig(slow_ranks=[2], slow_factor=1.0), 2) is None
-    assert make_slowdown(DebugConfig(slow_ranks=[2], slow_factor=2.0), 2) is not None
-    assert make_slowdown(DebugConfig(slow_ranks=[2], batch_delay=0.01), 1).factor == 1.0  # delay only
-    assert make_slowdown(DebugConfig(slow_ranks=[2], slow_factor=3.0, batch_delay=0.01), 2).factor == 3.0
+    assert make_slowdown(TestHooks(), 1) is None
+    assert make_slowdown(TestHooks(slow_ranks=[2], slow_factor=2.0), 1) is None
+    assert make_slowdown(TestHooks(slow_ranks=[2], slow_factor=1.0), 2) is None
+    assert make_slowdown(TestHooks(slow_ranks=[2], slow_factor=2.0), 2) is not None
+    assert make_slowdown(TestHooks(slow_ranks=[2], batch_delay=0.01), 1).factor == 1.0  # delay only
+    assert make_slowdown(TestHooks(slow_ranks=[2], slow_factor=3.0, batch_delay=0.01), 2).factor == 3.0
 
 
 def test_slowdown_makes_each_batch_and_its_delay_take_factor_times_as_long():
@@ -171,7 +172,7 @@ def test_slowdown_makes_each_batch_and_its_delay_take_factor_times_as_long():
     y = (x[:, 0] > 0).astype("int32")
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
     model.compile("sgd", "sparse_categorical_crossentropy")
-    slowdown = make_slowdown(DebugConfig(slow_ranks=[1], slow_factor=3.0, batch_delay=0.01), 1)
+    slowdown = make_slowdown(TestHooks(slow_ranks=[1], slow_factor=3.0, batch_delay=0.01), 1)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[slowdown])  # first batch traces
     slowdown.slept_seconds = slowdown.slowed_batch_seconds = 0.0
     started = time.perf_counter()

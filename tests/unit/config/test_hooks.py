@@ -1,23 +1,37 @@
-"""Test hooks (``debug.*``): settable with --set, validated, and never shown to users."""
+"""Test hooks (``debug.*``): settable with --set, validated, routed to mpi_trainer.hooks, never part of the config."""
 
 from __future__ import annotations
 
 import pytest
 
+from mpi_trainer import hooks
 from mpi_trainer.cli import main
-from mpi_trainer.config import all_keys, load_config
+from mpi_trainer.config import Config, all_keys, config_from_dict, load_config
 from mpi_trainer.errors import ConfigError
+from mpi_trainer.hooks import TestHooks
 
 QUICKSTART = "configs/quickstart.toml"
 HOOKS = ["debug.slow_ranks=[2]", "debug.slow_factor=3.0", "debug.async_engine=true", "debug.nan_rank=1"]
 
 
-def test_hooks_are_settable_but_stay_out_of_the_public_keys_and_the_written_config():
+def test_hooks_set_with_set_go_to_the_hook_module_not_the_config():
     cfg = load_config(QUICKSTART, HOOKS)  # accepted with --set; their effects are tested where they are used
+    assert hooks.active() == TestHooks(slow_ranks=[2], slow_factor=3.0, async_engine=True, nan_rank=1)
+    assert not hasattr(cfg, "debug") and "debug" not in {name for name in Config.__dataclass_fields__}
     assert not [key for key in all_keys() if key.startswith("debug.")]
-    assert "debug.slow_ranks" in all_keys(hidden=True)
     assert "debug" not in cfg.to_dict()
     assert "debug" not in cfg.to_toml() and "slow_ranks" not in cfg.to_toml()
+
+
+def test_a_table_and_the_python_api_s_overrides_spell_them_alike():
+    load_config({"debug": {"batch_delay": 0.04}}, {"debug.nan_rank": 1, "debug.nan_round": 2})
+    assert hooks.active() == TestHooks(batch_delay=0.04, nan_rank=1, nan_round=2)
+
+
+def test_each_load_replaces_the_hooks_of_the_one_before():
+    load_config(QUICKSTART, HOOKS)
+    config_from_dict({})
+    assert hooks.active() == TestHooks()
 
 
 def test_check_does_not_print_the_hooks(capsys):
@@ -39,6 +53,25 @@ def test_a_misspelt_hook_is_hinted_among_the_hooks_only():
     assert "train.epochs" not in str(info.value)
 
 
-def test_a_bad_hook_value_still_fails_before_training():
-    with pytest.raises(ConfigError, match=r"`debug.slow_factor` must be >= 1 .*Received: debug.slow_factor=0.5"):
-        load_config(QUICKSTART, ["debug.slow_factor=0.5"])
+@pytest.mark.parametrize(("setting", "message"), [
+    ("debug.slow_factor=0.5", r"`debug.slow_factor` must be >= 1 .*Received: debug.slow_factor=0.5"),
+    ("debug.slow_factor='x'", r"`debug.slow_factor` must be of type float. Received: debug.slow_factor='x'"),
+    ("debug.async_engine=1", r"`debug.async_engine` must be of type bool. Received: debug.async_engine=1"),
+    ("debug.crash_phase='later'", r"`debug.crash_phase` must be one of \['train', 'contribute'\]"),
+    ("debug=3", r"`debug` must be a table of keys. Received: debug=3"),
+])
+def test_a_bad_hook_value_still_fails_before_training(setting, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(QUICKSTART, [setting])
+
+
+def test_a_hook_the_config_cannot_honour_is_refused_with_the_config():
+    with pytest.raises(ConfigError, match=r"`evaluation.where` = 'workers' cannot be combined with "
+                                          r"debug.async_engine=True"):
+        load_config(QUICKSTART, ["debug.async_engine=true", "evaluation.where='workers'"])
+
+
+def test_the_stale_synchronous_engine_forced_at_ssp_0_steps_no_outer_optimizer():
+    cfg = load_config(QUICKSTART, ["debug.async_engine=true"])
+    assert cfg.outer_optimizer_for(2) == "nesterov"  # "auto", synchronous rounds
+    assert cfg.outer_optimizer_for(2, merges_each_update=True) == "none"

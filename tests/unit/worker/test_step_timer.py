@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mpi_trainer.config import DebugConfig
+from mpi_trainer.hooks import TestHooks
 from mpi_trainer.worker import step_timer
 from mpi_trainer.worker.slowdown import make_slowdown
 from mpi_trainer.worker.step_timer import WARM_UP_STEPS, StepTimer
@@ -48,7 +48,7 @@ def test_the_callback_times_every_fit_batch_with_the_slowdowns_pause_in_it():
     y = (x[:, 0] > 0).astype("int32")
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
     model.compile("sgd", "sparse_categorical_crossentropy")
-    slowdown = make_slowdown(DebugConfig(slow_ranks=[1], batch_delay=0.02), 1)  # 20 ms after every batch
+    slowdown = make_slowdown(TestHooks(slow_ranks=[1], batch_delay=0.02), 1)  # 20 ms after every batch
     timer = StepTimer(batch_size=16)
     timer.start_round(len(x))
     model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[slowdown, timer.callback()])
