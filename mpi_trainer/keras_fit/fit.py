@@ -81,7 +81,7 @@ def fit_model(transport: Any, model: Any, kwargs: dict[str, Any], config: Any, o
         history = schedule(transport, model, state, kwargs, cfg, prepared, record, saved, placements)
     else:
         weighted = cfg.aggregation.method == "weighted"
-        WorkerRounds(transport, model, state, prepared.share, prepared.rows, weighted).run()
+        WorkerRounds(transport, model, state, prepared.share, prepared.rows, weighted, wait_bounds(cfg)).run()
         history = None
     return finish(transport, model, history)
 
@@ -191,6 +191,12 @@ def arguments_print(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {key: kwargs.get(key) for key in ARGUMENT_KEYS if kwargs.get(key) is not None}
 
 
+def wait_bounds(cfg: Any) -> Any:
+    from mpi_trainer.algorithms.wait_bounds import WaitBounds
+
+    return WaitBounds(cfg.watchdog.setup_timeout, cfg.watchdog.worker_timeout)
+
+
 def make_record(model: Any, kwargs: dict[str, Any], cfg: Any, prepared: Prepared, run_dir: Any,
                 placements: list[Any]) -> FitRecord:
     """Rank 0's record of this fit, in ``run_dir`` (or ``launch``'s), or kept in memory only."""
@@ -220,10 +226,12 @@ def schedule(transport: Any, model: Any, state: ModelState, kwargs: dict[str, An
                                              add_progbar=verbose != 0, verbose=verbose, epochs=epochs,
                                              steps=worker_steps(kwargs, prepared, workers), model=model)
     rounds = SchedulerRounds(transport, model, state, outer, callbacks, prepared.validation,
-                             kwargs.get("validation_freq", 1), record)
+                             kwargs.get("validation_freq", 1), record, wait_bounds(cfg))
     try:
         record.begin(saved)
         log_placements(placements)
+        record.log.info("fit: %s; %s", describe_input(prepared.train_data, workers),
+                        "validation data scored on rank 0" if prepared.validation else "no validation data")
         if saved is not None:
             state.write(saved["state"])
             state.write_integers(saved["integers"])
@@ -232,7 +240,7 @@ def schedule(transport: Any, model: Any, state: ModelState, kwargs: dict[str, An
             rounds.send_stop()
         else:
             rounds.run(start, epochs)
-        history = _history(callbacks, saved)
+        history = _history(callbacks, record)
         record.save_state(state.read(state.empty()), state.read_integers(), len(history.epoch), history, True)
         history.summary = record.finish(workers)
         history.rounds = record.columns()
@@ -240,6 +248,13 @@ def schedule(transport: Any, model: Any, state: ModelState, kwargs: dict[str, An
         return history
     finally:
         record.release()
+
+
+def describe_input(data: tuple[Any, Any, Any], workers: int) -> str:
+    kind = shares.input_kind(data[0])
+    if kind == "arrays":
+        return f"{shares.row_count(data)} training rows (arrays), in {workers} shares"
+    return f"a {kind}, in {workers} shares"
 
 
 def worker_steps(kwargs: dict[str, Any], prepared: Prepared, workers: int) -> int | None:
@@ -260,16 +275,13 @@ def _path(path: Any) -> Any:
     return Path(path)
 
 
-def _history(callbacks: Any, saved: dict[str, Any] | None) -> Any:
+def _history(callbacks: Any, record: FitRecord) -> Any:
     """The fit's History: a resumed run's earlier epochs, then this job's."""
     import keras
 
     history = next(c for c in callbacks.callbacks if isinstance(c, keras.callbacks.History))
-    if saved:
-        merged = {key: list(values) for key, values in saved["history"].items()}
-        for key, values in history.history.items():
-            merged.setdefault(key, []).extend(values)
-        history.history, history.epoch = merged, list(saved["epochs"]) + list(history.epoch)
+    merged = record.merged(history)
+    history.history, history.epoch = merged.history, merged.epoch
     return history
 
 

@@ -164,6 +164,7 @@ class FitRecord:
         row = {"round": epoch, **times, "train_seconds_max": max(seconds), "train_seconds_min": min(seconds),
                "bytes": self.traffic, "test_loss": logs.get("val_loss", math.nan),
                "test_accuracy": logs.get("val_accuracy", logs.get("val_acc", math.nan)), "max_staleness": 0,
+               "train_loss": logs.get("loss", math.nan), "train_accuracy": logs.get("accuracy", math.nan),
                **{key: float(value) for key, value in logs.items()}}
         self.rows.append(row)
         self.log.debug("epoch %d: %s", epoch, ", ".join(f"{k} {v:.4g}" for k, v in sorted(logs.items())))
@@ -206,8 +207,19 @@ class FitRecord:
         if self.path is None or not due:
             return
         history = next(c for c in callbacks.callbacks if isinstance(c, keras.callbacks.History))
-        self.save_state(state.read(state.empty()), state.read_integers(), next_epoch, history, False)
+        self.save_state(state.read(state.empty()), state.read_integers(), next_epoch, self.merged(history), False)
         self.saved_at = time.time()
+
+    def merged(self, history: Any) -> Any:
+        """A resumed run's earlier epochs, then ``history``'s (this job's)."""
+        import keras
+
+        whole = keras.callbacks.History()
+        whole.history = {key: list(values) for key, values in self.history.items()}
+        for key, values in history.history.items():
+            whole.history.setdefault(key, []).extend(values)
+        whole.epoch = list(self.epochs) + list(history.epoch)
+        return whole
 
     def save_state(self, state: np.ndarray, integers: list[np.ndarray], next_epoch: int, history: Any,
                    complete: bool) -> None:

@@ -46,6 +46,25 @@ class Report:
     integers: list[np.ndarray]
 
 
+class RoundClock:
+    """Bounds this rank's waits by the rounds seen so far (:mod:`~mpi_trainer.algorithms.wait_bounds`): a
+    rank that stops answering is named within a multiple of the slowest round, not the set-up bound."""
+
+    def __init__(self, transport: Any, bounds: Any) -> None:
+        self.transport, self.bounds = transport, bounds
+        self.last: float | None = None
+
+    def tick(self) -> None:
+        """A round begins: the one before it was a whole round."""
+        from mpi_trainer.algorithms.wait_bounds import for_rank
+
+        now = time.perf_counter()
+        if self.last is not None:
+            self.bounds.observe(now - self.last)
+            self.transport.bound = for_rank(self.transport.rank, self.bounds.round)
+        self.last = now
+
+
 class _BatchCounter:
     """Counts the batches of one ``fit`` call (a dataset's length is not known in advance)."""
 
@@ -66,8 +85,11 @@ class WorkerRounds:
     """A worker: takes the state, trains one epoch of its share with ``model.fit``, reports."""
 
     def __init__(self, transport: Any, model: Any, state: ModelState, share: dict[str, Any], rows: int | None,
-                 weighted: bool) -> None:
+                 weighted: bool, bounds: Any = None) -> None:
+        from mpi_trainer.algorithms.wait_bounds import WaitBounds
+
         self.transport, self.model, self.state = transport, model, state
+        self.clock = RoundClock(transport, bounds or WaitBounds())
         self.share = share  # model.fit's arguments for this worker's share
         self.rows = rows  # the rows of the share (arrays); None: counted from the batches
         self.weighted = weighted
@@ -76,6 +98,7 @@ class WorkerRounds:
     def run(self) -> None:
         while True:
             order: Order = self.transport.bcast_object(None)
+            self.clock.tick()
             self.transport.broadcast(self.buffer[:-1])
             self.state.write(self.buffer[:-1])
             self.state.write_integers(order.integers)
@@ -103,8 +126,11 @@ class SchedulerRounds:
     """Rank 0: hands out the state, combines the workers' states, validates, runs the callbacks."""
 
     def __init__(self, transport: Any, model: Any, state: ModelState, outer: Any, callbacks: Any,
-                 validation: dict[str, Any] | None, validation_freq: Any, record: Any) -> None:
+                 validation: dict[str, Any] | None, validation_freq: Any, record: Any, bounds: Any = None) -> None:
+        from mpi_trainer.algorithms.wait_bounds import WaitBounds
+
         self.transport, self.model, self.state, self.outer = transport, model, state, outer
+        self.clock = RoundClock(transport, bounds or WaitBounds())
         self.callbacks, self.validation, self.validation_freq = callbacks, validation, validation_freq
         self.record = record
         self.buffer = np.zeros(state.size + 1, dtype=np.float32)
@@ -118,7 +144,7 @@ class SchedulerRounds:
         for epoch in range(initial_epoch, epochs):
             logs = self.epoch(epoch)
             if self.model.stop_training:
-                self.record.stopped("model.stop_training")
+                self.record.stopped("callback")  # a callback set model.stop_training
                 break
         self.callbacks.on_train_end(logs)  # EarlyStopping may restore the best weights: they are the final ones
         # An error above reaches the workers as a failure notice (fail_together), never as a stop.
@@ -130,6 +156,7 @@ class SchedulerRounds:
         self.send(Order(-1, True, self.state.read_integers()))
 
     def send(self, order: Order) -> None:
+        self.clock.tick()
         self.transport.bcast_object(order)
         self.state.read(self.buffer[:-1])
         self.transport.broadcast(self.buffer[:-1])
