@@ -49,7 +49,7 @@ base_model = keras.Sequential(
 )
 pretraining = keras.Sequential([base_model, layers.Dense(5, activation="softmax")])
 pretraining.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-mpi_trainer.fit(pretraining, x_old, y_old, epochs=4, batch_size=32, verbose=2)
+mpi_trainer.fit(pretraining, x_old, y_old, epochs=4, batch_size=16, verbose=2)
 
 # New task: freeze the base, train a new head
 base_model.trainable = False
@@ -60,13 +60,13 @@ outputs = layers.Dense(5, activation="softmax")(x)
 model = keras.Model(inputs, outputs)
 model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 print("Trainable weights with a frozen base:", len(model.trainable_weights))
-mpi_trainer.fit(model, x_new, y_new, epochs=3, batch_size=32, validation_split=0.2, verbose=2)
+mpi_trainer.fit(model, x_new, y_new, epochs=3, batch_size=16, validation_split=0.2, verbose=2)
 
 # Fine-tuning: unfreeze the base, recompile with a low learning rate
 base_model.trainable = True
 model.compile(optimizer=keras.optimizers.Adam(3e-4), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 print("Trainable weights when fine-tuning:", len(model.trainable_weights))
-mpi_trainer.fit(model, x_new, y_new, epochs=2, batch_size=32, validation_split=0.2, verbose=2)
+mpi_trainer.fit(model, x_new, y_new, epochs=2, batch_size=16, validation_split=0.2, verbose=2)
 
 loss, accuracy = model.evaluate(x_test, y_test, verbose=0)
 print(f"Test accuracy: {accuracy:.4f}")
