@@ -13,9 +13,17 @@ def class_weight(weights: str, plain: bool, epochs: int, seed: int) -> Figures:
     return program("class_weight", [*args, "--plain"] if plain else args, ranks=0 if plain else 3)
 
 
+def batchnorm_cnn(outer: str | None, epochs: int, seed: int) -> Figures:
+    args = ["--seed", str(seed), "--epochs", str(epochs)]
+    if outer is None:
+        return program("batchnorm_cnn", [*args, "--plain"])
+    return program("batchnorm_cnn", [*args, "--outer", outer], ranks=3)
+
+
 def comparisons(quick: bool) -> list[Comparison]:
     epochs = 15 if quick else 30
-    return [Comparison(
+    cnn_epochs = 10 if quick else 20
+    return [batchnorm_comparison(cnn_epochs, quick), Comparison(
         title=f"`class_weight` on an imbalanced task: recall of the minority class, {epochs} epochs",
         command=f"python -m benchmarks run keras_fit{' --quick' if quick else ''}",
         variants={f"{runner}, {'balanced' if weights == 'balanced' else 'no'} class_weight": seeded(
@@ -27,3 +35,18 @@ def comparisons(quick: bool) -> list[Comparison]:
               "positives), split 70/30 stratified; a 64-16-1 network, Adam 0.003; mpi_trainer at batch 16 per "
               "worker, plain Keras at batch 32, the same global batch. Repeat n runs with seed n (data split "
               "and initial weights). Recall and precision do not depend on the machine's load.")]
+
+
+def batchnorm_comparison(epochs: int, quick: bool) -> Comparison:
+    return Comparison(
+        title=f"A BatchNormalization CNN on uint8 images: held-out accuracy after {epochs} epochs",
+        command=f"python -m benchmarks run keras_fit{' --quick' if quick else ''}",
+        variants={name: seeded(lambda seed, outer=outer: batchnorm_cnn(outer, epochs, seed))
+                  for name, outer in (("mpi_trainer.fit (2 workers), default outer optimizer", "auto"),
+                                      ("mpi_trainer.fit (2 workers), outer optimizer none", "none"),
+                                      ("plain model.fit", None))},
+        columns={"accuracy": "accuracy", "seconds": "seconds"},
+        notes="scikit-learn's digits as uint8 8x8 images, 1,400 training and 397 held out; the model rescales "
+              "inside (Rescaling(1/255)), two Conv-BatchNorm-ReLU blocks, dropout; Adam 0.002; mpi_trainer at "
+              "batch 32 per worker, plain Keras at batch 64. BatchNorm's moving statistics are averaged, never "
+              "stepped by the outer optimizer. Repeat n runs with seed n (initial weights).")

@@ -86,12 +86,30 @@ def fit_model(transport: Any, model: Any, kwargs: dict[str, Any], config: Any, o
     return finish(transport, model, history)
 
 
+# Settings of the command line's engines that a fit of a keras.Model does not do (Keras' own callbacks,
+# EarlyStopping and the like, do what early_stopping.* does): refused when set, never ignored.
+ENGINE_ONLY = ("aggregation.ssp", "fault.survive", "early_stopping.patience", "train.sync_every",
+               "data.increment.enabled", "data.rebalance", "data.augmentation.enabled", "data.placement",
+               "evaluation.where")
+
+
+def _value(cfg: Any, key: str) -> Any:
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
 def check_config(cfg: Any, run_dir: Any, resume: bool) -> None:
     """What the config asks that training the user's model round by round does not do."""
-    if cfg.aggregation.ssp:
-        raise ConfigError(f"`aggregation.ssp` > 0 needs the model described by `model.name` or a function; a "
-                          f"keras.Model object trains in synchronous epochs. Received: aggregation.ssp="
-                          f"{cfg.aggregation.ssp}; expected 0")
+    from mpi_trainer.config import load_config
+
+    defaults = load_config({})
+    for key in ENGINE_ONLY:
+        if _value(cfg, key) != _value(defaults, key):
+            raise ConfigError(f"`{key}` applies to models given by name or as a function (the command line's "
+                              f"`train`, or `mpi_trainer.fit(build_fn, ...)`); a keras.Model trains in synchronous "
+                              f"epochs with Keras' own callbacks. Received: {key}={_value(cfg, key)!r}; expected "
+                              f"{_value(defaults, key)!r}")
     if cfg.aggregation.method not in ("average", "weighted"):
         raise ConfigError(f"`aggregation.method` must be 'average' or 'weighted' when `model` is a keras.Model. "
                           f"Received: aggregation.method={cfg.aggregation.method!r}")

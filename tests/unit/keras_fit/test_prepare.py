@@ -68,3 +68,15 @@ def test_a_keras_backend_asked_for_too_late_is_named(monkeypatch):
     monkeypatch.setenv("KERAS_BACKEND", "jax" if keras.backend.backend() != "jax" else "tensorflow")
     with pytest.raises(ConfigError, match="reads it once"):
         check_backend()
+
+
+@pytest.mark.parametrize("key, value", [("aggregation.ssp", 1), ("fault.survive", True),
+                                        ("early_stopping.patience", 3), ("aggregation.method", "best")])
+def test_engine_settings_a_keras_model_does_not_use_are_refused_not_ignored(key, value):
+    from mpi_trainer.config import load_config
+    from mpi_trainer.keras_fit.fit import check_config
+
+    section, name = key.split(".")
+    cfg = load_config({section: {name: value}})
+    with pytest.raises(ConfigError, match=f"`{key}`.*Received: {key}="):
+        check_config(cfg, None, False)
