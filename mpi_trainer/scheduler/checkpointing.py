@@ -56,7 +56,8 @@ class RecorderCheckpoints:
                 "block_bounds": self.plan.block_bounds, "shuffle_seed": self.plan.shuffle_seed,
                 "traffic_bytes": self.state.traffic_bytes, "config": self.cfg.to_dict(),
                 "steps": self.state.steps, "lr_scale": self.state.lr_scale, "wall_seconds": self.elapsed(),
-                "rollbacks": self.state.rollbacks, "workers": self.workers, "fingerprint": self.fingerprint,
+                "rollbacks": self.state.rollbacks, "workers": self.workers, "optimizer": self.cfg.model.optimizer,
+                "fingerprint": self.fingerprint,
                 "rng_seeds": {"train": self.cfg.train.seed, "shuffle": self.plan.shuffle_seed,
                               "workers": [worker_seed(self.cfg.train.seed, w, self.start_round) for w in workers]}}
 

@@ -3,9 +3,12 @@
 Separation of concerns: SciPy's L-BFGS-B owns the search (directions, line
 search, curvature history); :func:`~mpi_trainer.algorithms.lbfgs.minimize`
 wraps it. This engine owns the parameter vector's round trips to the
-workers, evaluation on the test split after every iteration, early
-stopping, checkpoints and every file of the run directory. Workers own their
-blocks and compute loss and gradient sums there. One function evaluation is
+workers and turns each accepted iterate into a row. The
+:class:`~mpi_trainer.scheduler.recorder.RoundRecorder`, as for the other
+engines, owns the evaluation, early stopping, checkpoints (``checkpoint.every``
+and ``every_seconds``) and every file of the run directory: rounds.csv,
+summary.json, TensorBoard, the timeline. Workers own their blocks and compute
+loss and gradient sums there. One function evaluation is
 one broadcast of ``[flag, params]`` (float64) and one sum-reduction of
 ``[loss_sum, samples, seconds per worker, gradient_sum]`` (float64): one MPI
 round trip. It speaks only through its :class:`~mpi_trainer.comm.protocol.SchedulerLink`.
@@ -24,42 +27,20 @@ from typing import Any
 
 import numpy as np
 
-from mpi_trainer.algorithms.early_stopping import EarlyStopping
 from mpi_trainer.algorithms.lbfgs import Iterate, LbfgsResult, LbfgsSettings, WireLayout, minimize
 from mpi_trainer.algorithms.wait_bounds import WaitBounds
 from mpi_trainer.comm.flat_weights import WeightCodec
 from mpi_trainer.comm.protocol import JobPlan, SchedulerLink
 from mpi_trainer.config import Config
 from mpi_trainer.data.sources import Dataset
-from mpi_trainer.errors import EXIT_PREEMPTED, WorkerFailure
+from mpi_trainer.errors import WorkerFailure
 from mpi_trainer.logs import get_logger
-from mpi_trainer.models import evaluate_model
 from mpi_trainer.models.gradients import TrainableVector
-from mpi_trainer.persistence.checkpoint import save_checkpoint
-from mpi_trainer.persistence.preemption import preemption
 from mpi_trainer.persistence.resume import ResumeState
-from mpi_trainer.persistence.run_files import (
-    BUILT_IN_METRICS,
-    CHECKPOINT_NAME,
-    FINAL_WEIGHTS_NAME,
-    ROUNDS_NAME,
-    SUMMARY_NAME,
-    RoundLog,
-    round_fields,
-    save_weights_atomic,
-    write_json_atomic,
-)
-from mpi_trainer.persistence.run_record import (
-    KEEPS_BEST,
-    NO_CONTEXT,
-    RunContext,
-    RunState,
-    RunSummary,
-    StopReason,
-    best_test_accuracy,
-    final_columns,
-)
-from mpi_trainer.reporting.table import format_round_line, format_table
+from mpi_trainer.persistence.run_files import BUILT_IN_METRICS
+from mpi_trainer.persistence.run_record import NO_CONTEXT, RunContext, StopReason
+from mpi_trainer.scheduler.evaluation import Evaluator
+from mpi_trainer.scheduler.recorder import RoundRecorder, RoundSources
 
 # rounds.csv: the rows every engine writes, then what only an L-BFGS iteration has
 LBFGS_COLUMNS = ["function_evaluations", "gradient_norm"]
@@ -96,7 +77,9 @@ class IterationClock:
                 "comm_seconds": max(0.0, self.evaluate_seconds - slowest),
                 # the scheduler's own L-BFGS work between evaluations
                 "aggregate_seconds": max(0.0, ended - self.started - self.evaluate_seconds),
-                "bytes": self.bytes}
+                "bytes": self.bytes,
+                # one value per worker, by rank, as the other engines write it
+                "worker_train_seconds": ";".join(f"{seconds:.4g}" for seconds in self.worker_seconds)}
 
 
 class LbfgsScheduler:
@@ -105,48 +88,51 @@ class LbfgsScheduler:
                  context: RunContext = NO_CONTEXT) -> None:
         self.link, self.cfg, self.dataset, self.model = link, cfg, dataset, model
         self.transport = transport = link.transport  # read only: byte and wait counters
-        self.plan, self.run_dir = plan, run_dir
-        self.fingerprint = dict(context.fingerprint)  # the model's and data's, kept in checkpoints
+        self.plan = plan
         self.log = get_logger()
         self.codec = WeightCodec.from_weights(model.get_weights())
         self.vector = TrainableVector(model)
         self.layout = WireLayout(self.vector.size, transport.workers)
         self.request = self.layout.request()
-        self.early = EarlyStopping.from_config(cfg.early_stopping, plan.metric_names, len(dataset.y_test) > 0)
-        self.state = RunState()
-        self.start_iteration = 0  # after a resume, the first iteration this run computes
-        self.evaluations_before = 0  # function evaluations of the run before a resume
         self.message = ""  # SciPy's word on how it ended
         self.preempted = False  # a preemption signal came: checkpointed after an iterate, every rank exits 75
-        self.started = time.perf_counter()
         self.clock = IterationClock.start(transport.workers)
         self.last_gradient: tuple[np.ndarray, np.ndarray] | None = None
-        self.placement = [dict(rank) for rank in context.placement]  # host, backend and device of every rank
+        if resume is not None:  # before the recorder is built, so that it starts from the checkpoint's weights
+            model.set_weights(self.codec.unflatten(resume.weights))
+        sources = RoundSources(Evaluator(cfg, dataset, model, self.codec), extra_columns=tuple(LBFGS_COLUMNS),
+                               summary_values=self.summary_values)
+        hosts = hosts or [transport.host] * transport.size
+        # every file of the run directory (rows, summary, checkpoints, TensorBoard, timeline) is the recorder's
+        self.recorder = RoundRecorder(cfg, dataset, model, self.codec, plan, run_dir, transport, hosts, sources,
+                                      resume, context)
+        self.observers = self.recorder.observers
+        self.start_iteration = self.recorder.start_round  # after a resume, the first iteration this run computes
+        self.evaluations_before = self.recorder.state.steps  # function evaluations of the run before a resume
         if resume is not None:
-            self.restore(resume)
-        self.round_log = RoundLog(run_dir / ROUNDS_NAME, round_fields(plan.metric_names) + LBFGS_COLUMNS)
-
-    def restore(self, resume: ResumeState) -> None:
-        """Continue from a checkpoint's weights; SciPy's curvature history is not kept, so it starts afresh."""
-        self.model.set_weights(self.codec.unflatten(resume.weights))
-        self.early.best_value, self.early.best_round = resume.best_value, resume.best_round
-        self.early.wait, self.early.best_weights = resume.wait, resume.best_weights
-        self.state = RunState(resume.rounds, resume.traffic_bytes, steps=resume.steps, wall_offset=resume.wall_seconds)
-        self.start_iteration, self.evaluations_before = resume.next_round, resume.steps
-        self.log.info("resuming L-BFGS after iteration %d (%d function evaluations so far) with an empty "
-                      "curvature history", resume.next_round - 1, resume.steps)
+            self.log.info("resuming L-BFGS after iteration %d (%d function evaluations so far) with an empty "
+                          "curvature history", resume.next_round - 1, resume.steps)
 
     @property
     def workers(self) -> int:
         return self.transport.workers
 
     @property
+    def state(self) -> Any:
+        return self.recorder.state
+
+    @property
+    def early(self) -> Any:
+        return self.recorder.early
+
+    @property
+    def run_dir(self) -> Path:
+        return self.recorder.run_dir
+
+    @property
     def worker_timeout(self) -> float:
         """``watchdog.worker_timeout``, else the set-up bound (iterations are not paced like rounds)."""
         return self.cfg.watchdog.worker_timeout or getattr(self.transport, "bound", None) or WaitBounds().setup
-
-    def elapsed(self) -> float:
-        return self.state.wall_offset + time.perf_counter() - self.started
 
     # -- the run ----------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -156,12 +142,13 @@ class LbfgsScheduler:
         try:
             self.collective(self.link.broadcast_weights, self.codec.flatten(self.model.get_weights()),
                             "take the initial weights")
-            self.state.traffic_bytes += self.transport.take_bytes()  # set-up and the initial weights
+            self.recorder.count_bytes(self.transport.take_bytes())  # set-up and the initial weights
+            self.recorder.begin()
             outcome = self.optimize()
             self.release_workers()
             return self.finish(outcome)
         finally:
-            self.round_log.close()
+            self.recorder.close()
 
     def optimize(self) -> LbfgsResult | None:
         """L-BFGS for the iterations left; None when a resumed run has none left."""
@@ -195,9 +182,16 @@ class LbfgsScheduler:
         # The broadcast is counted by the transport; each worker also sent one contribution.
         sent = self.transport.take_bytes() + contribution.nbytes * self.workers
         self.clock.add(time.perf_counter() - started, sums.seconds, sent)
+        self.observers.span("wait", self.next_iteration, started)  # the timeline's name for a round trip
         loss, gradient = sums.mean()
         self.last_gradient = (params.copy(), gradient)
         return loss, gradient
+
+    @property
+    def next_iteration(self) -> int:
+        """The iteration being computed (the one after the last recorded)."""
+        rounds = self.state.rounds
+        return int(rounds[-1]["round"]) + 1 if rounds else self.start_iteration
 
     def gradient_norm(self, params: np.ndarray) -> float:
         """The largest gradient component at ``params`` (what ``lbfgs.gtol`` bounds), if it was evaluated there."""
@@ -206,38 +200,36 @@ class LbfgsScheduler:
         return float(np.max(np.abs(self.last_gradient[1])))
 
     def on_iteration(self, iterate: Iterate) -> bool:
-        """Record one accepted iterate; True ends the run (early stopping)."""
+        """Record one accepted iterate, then early stopping, a checkpoint when one is due (``checkpoint.every``,
+        ``every_seconds``, a preemption) and the callbacks; True ends the run."""
         ended = time.perf_counter()
         self.vector.assign(iterate.params)
-        evaluation, eval_seconds = self.evaluate_splits()
+        weights = self.codec.flatten(self.model.get_weights())
+        evaluation, eval_seconds = self.score(weights, iterate.iteration)
         row = {"round": iterate.iteration, **self.clock.columns(ended), "eval_seconds": eval_seconds,
                "wall_seconds": time.perf_counter() - self.clock.started, "max_staleness": 0,
                "train_loss": iterate.loss,
                "function_evaluations": self.evaluations_before + iterate.evaluations,
                "gradient_norm": self.gradient_norm(iterate.params), "samples": self.plan.num_train,
-               **evaluation}
+               "workers": self.workers, **evaluation}
+        self.state.steps = row["function_evaluations"]
         self.record(row)
-        weights = self.codec.flatten(self.model.get_weights())
         stop = self.early.update(iterate.iteration, row[self.early.monitor], weights)
-        every = self.cfg.checkpoint.every
-        self.preempted = preemption().requested and iterate.iteration + 1 < self.cfg.train.epochs
-        if self.preempted or (every > 0 and (iterate.iteration + 1) % every == 0):
-            self.checkpoint(iterate.iteration, weights)
+        self.preempted = self.recorder.preempting() and iterate.iteration + 1 < self.cfg.train.epochs
+        self.recorder.maybe_checkpoint(iterate.iteration, weights)
+        stop = self.recorder.run_callbacks(iterate.iteration, row, weights, scored=True) or stop
         self.clock = IterationClock.start(self.workers)
         return stop or self.preempted
 
-    def evaluate_splits(self) -> tuple[dict[str, float], float]:
+    def score(self, weights: np.ndarray, iteration: int) -> tuple[dict[str, float], float]:
+        """The test (and validation) metrics of ``weights``, every fixed column filled (NaN where unscored)."""
         started = time.perf_counter()
-        batch = max(256, self.cfg.train.batch_size)
         names = dict.fromkeys([*BUILT_IN_METRICS, *self.plan.metric_names])  # the fixed columns always filled
         out = {f"{split}_{name}": math.nan for name in names for split in ("test", "val")}
-        if len(self.dataset.y_test):  # data.test_size = 0 holds no test split out
-            result = evaluate_model(self.model, self.dataset.x_test, self.dataset.y_test, batch)
-            out.update({f"test_{name}": value for name, value in result.items() if name in names})
-        if len(self.dataset.x_val):
-            result = evaluate_model(self.model, self.dataset.x_val, self.dataset.y_val, batch)
-            out.update({f"val_{name}": value for name, value in result.items() if name in names})
-        return out, time.perf_counter() - started
+        measured, seconds = self.recorder.evaluator.evaluate(weights, iteration)
+        out.update({key: value for key, value in measured.items() if key in out})
+        self.observers.span("evaluate", iteration, started)
+        return out, seconds
 
     @property
     def rounds(self) -> list[dict[str, Any]]:
@@ -245,92 +237,37 @@ class LbfgsScheduler:
         return self.state.rounds
 
     def record(self, row: dict[str, Any]) -> None:
-        self.state.traffic_bytes += row["bytes"]
-        row["elapsed_seconds"] = self.elapsed()
-        self.state.rounds.append(row)
-        self.round_log.write(row)
-        self.log.info("%s  train loss %.6g  %d evaluations", format_round_line(row, self.cfg.train.epochs),
-                      row["train_loss"], row["function_evaluations"])
-        write_json_atomic(self.run_dir / SUMMARY_NAME, self.summary())
+        """rounds.csv, the progress line, TensorBoard and the timeline, and summary.json (at most once a second)."""
+        self.recorder.record(row)
+        self.log.debug("iteration %d: train loss %.6g, %d function evaluations", row["round"], row["train_loss"],
+                       row["function_evaluations"])
 
-    # -- checkpoints and the end -------------------------------------------
+    # -- the end -------------------------------------------------------------
     @property
     def evaluations(self) -> int:
         rounds = self.state.rounds
         return int(rounds[-1]["function_evaluations"]) if rounds else self.evaluations_before
 
-    def checkpoint(self, iteration: int, weights: np.ndarray) -> None:
-        """The same file as other runs, so ``train --resume`` continues from it (with a fresh history)."""
-        arrays = {"weights": weights}
-        if self.early.best_weights is not None:
-            arrays["best_weights"] = self.early.best_weights
-        meta = {"round": iteration, "rounds_completed": iteration + 1, "best_value": self.early.best_value,
-                "best_round": self.early.best_round, "wait": self.early.wait, "monitor": self.early.monitor,
-                "block_bounds": self.plan.block_bounds, "shuffle_seed": self.plan.shuffle_seed,
-                "traffic_bytes": self.state.traffic_bytes, "config": self.cfg.to_dict(),
-                "steps": self.evaluations, "lr_scale": 1.0, "wall_seconds": self.elapsed(), "rollbacks": [],
-                "workers": self.workers, "optimizer": "lbfgs", "fingerprint": self.fingerprint}
-        save_checkpoint(self.run_dir / CHECKPOINT_NAME, arrays, meta)
-        self.log.debug("checkpoint written after iteration %d", iteration)
-
     def release_workers(self) -> None:
         self.layout.fill_request(self.request, None, self.preempted)
         self.collective(self.link.broadcast_weights, self.request, "take the stop request")
-        self.state.traffic_bytes += self.transport.take_bytes()
-
-    def final_round(self) -> dict[str, Any] | None:
-        """The iterate kept: the best one after an early or NaN stop, else the last."""
-        rounds = self.state.rounds
-        if self.state.stop_reason in KEEPS_BEST and self.early.best_weights is not None:
-            self.model.set_weights(self.codec.unflatten(self.early.best_weights))
-            return next(r for r in rounds if int(r["round"]) == self.early.best_round)
-        return rounds[-1] if rounds else None
+        self.recorder.count_bytes(self.transport.take_bytes())
 
     def finish(self, outcome: LbfgsResult | None) -> dict[str, Any]:
+        """The recorder's end of the run: the iterate kept (the best after an early or NaN stop), the final
+        weights and checkpoint, summary.json and the table."""
         self.state.stop_reason = (StopReason.PREEMPTED if self.preempted else
                                   StopReason(outcome.reason) if outcome else StopReason.EPOCHS)
         self.message = outcome.message if outcome else "no iterations left"
         if self.state.stop_reason in (StopReason.NAN, StopReason.ABNORMAL):
             self.log.warning("L-BFGS stopped: %s", self.message)
-        if self.preempted:  # no final weights yet: the checkpoint written after the iterate carries the run on
-            self.log.warning("preempted (%s): checkpoint written after iteration %s; exiting with status %d. "
-                             "Run the same command again to resume", preemption().signal_name,
-                             self.state.rounds[-1]["round"], EXIT_PREEMPTED)
-            return self.write_summary(self.state.rounds[-1])
-        final = self.final_round()
-        save_weights_atomic(self.model, self.run_dir / FINAL_WEIGHTS_NAME)
-        if self.state.rounds:
-            self.checkpoint(int(self.state.rounds[-1]["round"]), self.codec.flatten(self.model.get_weights()))
-            self.log.info("per-iteration results:\n%s", format_table(self.state.rounds))
-        summary = self.write_summary(final)
-        accuracy = summary["final_test_accuracy"]
-        self.log.info("done: %s after %d iterations (%d function evaluations), final test accuracy %s, "
-                      "%.1f s, %.2f MB sent; run directory %s", summary["stop_reason"],
-                      summary["rounds_completed"], self.evaluations,
-                      "n/a" if accuracy is None else f"{accuracy:.4f}", summary["wall_seconds"],
-                      summary["traffic_bytes"] / 1e6, self.run_dir)
+        summary = self.recorder.finish(self.codec.flatten(self.model.get_weights()), {})
+        self.log.info("L-BFGS: %d function evaluations in %d iterations (%s)", self.evaluations,
+                      summary["rounds_completed"], self.message)
         return summary
 
-    def write_summary(self, final: dict[str, Any] | None) -> dict[str, Any]:
-        summary = self.summary(final)
-        write_json_atomic(self.run_dir / SUMMARY_NAME, summary)
-        return summary
-
-    def summary(self, final: dict[str, Any] | None = None) -> dict[str, Any]:
-        """summary.json: the same record as the other engines', with L-BFGS's own keys filled in."""
-        rounds = self.state.rounds
-        final = final or (rounds[-1] if rounds else {})
-        return RunSummary(
-            rounds_completed=len(rounds), **final_columns(final, self.plan.metric_names),
-            best_test_accuracy=best_test_accuracy(rounds), metrics=self.plan.metric_names,
-            monitor=self.early.monitor, best_value=self.early.best_value, best_round=self.early.best_round,
-            wall_seconds=self.elapsed(), steps=self.evaluations, learning_rate=None, rollbacks=[],
-            resumed_after_round=self.start_iteration - 1 if self.start_iteration else None,
-            traffic_bytes=self.state.traffic_bytes, checkpoint_bytes=0, model_bytes=self.codec.nbytes,
-            stop_reason=self.state.stop_reason, workers=self.workers, optimizer=self.cfg.model.optimizer,
-            aggregation=self.cfg.aggregation.method, outer_optimizer=self.cfg.outer_optimizer_for(self.workers),
-            ssp=self.cfg.aggregation.ssp, scheduler_wait_seconds=self.transport.wait_wall_seconds,
-            scheduler_wait_cpu_seconds=self.transport.wait_cpu_seconds, dataset=self.dataset.describe(),
-            placement=self.placement, function_evaluations=self.evaluations, optimizer_message=self.message,
-            parameter_bytes=self.vector.size * 8,
-        ).as_dict()
+    def summary_values(self) -> dict[str, Any]:
+        """What summary.json holds only for L-BFGS: no learning rate, the function
+        evaluations, SciPy's last message and the float64 parameter vector's size."""
+        return {"learning_rate": None, "function_evaluations": self.evaluations,
+                "optimizer_message": self.message, "parameter_bytes": self.vector.size * 8}

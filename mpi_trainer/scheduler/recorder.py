@@ -74,12 +74,16 @@ SUMMARY_EVERY_SECONDS = 1.0  # how often summary.json is rewritten during a run 
 @dataclass
 class RoundSources:
     """What the recorder gets from the engine's side, given when it is built: who scores the global model,
-    where a checkpoint gets the workers' optimizer states (by default none: checkpoints hold none), and
-    whether the engine merges each update as it arrives (then no round aggregate is stepped from)."""
+    where a checkpoint gets the workers' optimizer states (by default none: checkpoints hold none),
+    whether the engine merges each update as it arrives (then no round aggregate is stepped from), the
+    rounds.csv columns only this engine fills (after every engine's), and the summary.json values only
+    it knows (L-BFGS's function evaluations, say), asked for each time the summary is written."""
 
     evaluator: Evaluator
     optimizer_states: Callable[[], dict[int, np.ndarray]] = dict
     merges_each_update: bool = False
+    extra_columns: tuple[str, ...] = ()
+    summary_values: Callable[[], dict[str, Any]] = dict
 
 
 class RoundRecorder(RecorderCheckpoints):
@@ -91,6 +95,7 @@ class RoundRecorder(RecorderCheckpoints):
         self.transport_stats = transport_stats  # read-only: the scheduler's wait counters
         self.log = get_logger()
         self.evaluator, self.optimizer_states = sources.evaluator, sources.optimizer_states
+        self.summary_values = sources.summary_values
         self.early = EarlyStopping.from_config(cfg.early_stopping, plan.metric_names, len(dataset.y_test) > 0)
         self.metric_names = plan.metric_names
         self.schedule = schedule_for(cfg.train, plan.block_bounds)  # each round's local steps (post-local SGD)
@@ -121,7 +126,7 @@ class RoundRecorder(RecorderCheckpoints):
         self.preempt_reported = False  # a worker's report said it was signalled
         if resume is not None:
             self.restore(resume)
-        self.round_log = RoundLog(run_dir / ROUNDS_NAME, round_fields(self.metric_names))
+        self.round_log = RoundLog(run_dir / ROUNDS_NAME, round_fields(self.metric_names) + list(sources.extra_columns))
         # progress, TensorBoard and the timeline: what rank 0 shows of each round besides rounds.csv
         self.observers = RunObservers(cfg, run_dir, self.start_round, hosts, self.state.rounds)
 
@@ -341,7 +346,7 @@ class RoundRecorder(RecorderCheckpoints):
         rounds = self.state.rounds
         final = final or (rounds[-1] if rounds else {})
         stats = self.transport_stats
-        return RunSummary(
+        values = dict(
             rounds_completed=len(rounds), **final_columns(final, self.metric_names),
             best_test_accuracy=best_test_accuracy(rounds), metrics=self.metric_names,
             monitor=self.early.monitor, best_value=self.early.best_value, best_round=self.early.best_round,
@@ -355,7 +360,8 @@ class RoundRecorder(RecorderCheckpoints):
             scheduler_wait_seconds=stats.wait_wall_seconds, scheduler_wait_cpu_seconds=stats.wait_cpu_seconds,
             dataset=self.dataset.describe(), placement=self.placement, lost_workers=self.lost_workers,
             divergence=self.state.divergence,
-        ).as_dict()
+        )
+        return RunSummary(**{**values, **self.summary_values()}).as_dict()
 
     def close(self) -> None:
         self.round_log.close()

@@ -226,3 +226,43 @@ def test_summary_and_rows_have_the_shape_every_engine_writes(finished_run, tmp_p
     sgd_columns = list(read_rounds(job.run_dir / "rounds.csv")[0])
     lbfgs_columns = list(read_rounds(run_dir / "rounds.csv")[0])
     assert lbfgs_columns == sgd_columns + ["function_evaluations", "gradient_norm"]
+
+
+def _scalar_tags(run_dir: Path) -> dict[str, list[int]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    return {tag: [e.step for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def _checkpoint_round(path: Path) -> int:
+    with h5py.File(path) as handle:
+        return json.loads(handle.attrs["meta"])["round"]
+
+
+def test_the_run_directory_is_written_as_the_synchronous_engine_writes_it(tmp_path):
+    """One writer for every engine: the same summary keys and rows, checkpoints by time alone
+    (``checkpoint.every_seconds``, ``every = 0``), TensorBoard events and the timeline."""
+    sections = {"train": {"epochs": 3}, "checkpoint": {"every": 0, "every_seconds": 1e-6},
+                "log": {"tensorboard": True, "timeline": True}}
+    lbfgs_dir = tmp_path / "lbfgs"
+    make_engine(lbfgs_dir, sections).run()
+    sgd_dir = run_local_job(tmp_path / "sgd", workers=WORKERS, **sections).run_dir
+    lbfgs, sgd = (json.loads((run_dir / "summary.json").read_text()) for run_dir in (lbfgs_dir, sgd_dir))
+    assert sorted(lbfgs) == sorted(sgd) and lbfgs["rounds_completed"] == sgd["rounds_completed"] == 3
+    lbfgs_rows, sgd_rows = (read_rounds(run_dir / "rounds.csv") for run_dir in (lbfgs_dir, sgd_dir))
+    assert list(lbfgs_rows[0]) == list(sgd_rows[0]) + ["function_evaluations", "gradient_norm"]
+    for run_dir in (lbfgs_dir, sgd_dir):
+        # a checkpoint after every round, by time alone: the latest holds round 2, its backup round 1
+        assert _checkpoint_round(run_dir / "checkpoint.h5") == 2, run_dir
+        assert _checkpoint_round(run_dir / "checkpoint.h5.bak") == 1, run_dir
+        trace = json.loads((run_dir / "timeline.json").read_text())
+        rank_0 = {(e["name"], e["args"]["round"]) for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == 0}
+        assert {("evaluate", 2), ("checkpoint", 2)} <= rank_0, run_dir
+    lbfgs_tags, sgd_tags = _scalar_tags(lbfgs_dir), _scalar_tags(sgd_dir)
+    shared = {"metrics/test_accuracy", "metrics/test_loss", "metrics/train_loss", "time/wall_seconds",
+              "time/eval_seconds", "traffic/bytes", "run/max_staleness", "workers/train_seconds/rank_1",
+              "workers/train_seconds/rank_2"}
+    assert {"lbfgs": shared - set(lbfgs_tags), "sgd": shared - set(sgd_tags)} == {"lbfgs": set(), "sgd": set()}
+    assert all(lbfgs_tags[tag] == sgd_tags[tag] == [0, 1, 2] for tag in shared)
