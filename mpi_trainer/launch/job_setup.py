@@ -19,7 +19,7 @@ from mpi_trainer.comm.transport import Transport
 from mpi_trainer.config import Config
 from mpi_trainer.data.readers import RawArrays
 from mpi_trainer.errors import InputError
-from mpi_trainer.launch.agreement import agree
+from mpi_trainer.launch.agreement import agree, agree_on_failure
 from mpi_trainer.launch.run_dir import RunDirectory, begin_writing, check_against_run, open_run_dir
 from mpi_trainer.logs import get_logger
 
@@ -70,7 +70,7 @@ def setup(transport: Transport, cfg: Config, inputs: JobInputs, run: RunDirector
     from mpi_trainer.models.gradients import gradient_backend
 
     dataset = model = plan = None
-    error = None
+    error, bug = None, None
     try:
         hooks.active().check_slow_ranks(transport.size)
         if cfg.model.uses_lbfgs:
@@ -79,13 +79,22 @@ def setup(transport: Transport, cfg: Config, inputs: JobInputs, run: RunDirector
         if dataset is not None:  # every reader fails alike
             bounds = (dataset.train.block_bounds(transport.workers) if hasattr(dataset.train, "block_bounds")
                       else block_bounds(dataset.num_train, transport.workers))
-        if transport.rank == 0:
+    except (InputError, ValueError, OSError) as exc:  # a reader's complaint about the data
+        error = str(exc)
+    if transport.rank == 0 and error is None:
+        try:
             model, plan = plan_job(cfg, dataset, inputs, bounds, run.state)
             check_against_run(run, cfg, dataset, model)
             plan.finished = run.finished
-    except (InputError, ValueError, OSError) as exc:
-        error = str(exc)
-    agree(transport, error)
+        except (InputError, OSError) as exc:
+            error = str(exc)
+        except Exception as exc:  # noqa: BLE001 - a bug in the user's model: agreed on, then raised here
+            bug = exc
+    # Bad input fails every rank with one line; a bug fails every rank too, and this one with its traceback.
+    if bug is not None:
+        agree_on_failure(transport, bug)
+    else:
+        agree(transport, error)
     if run is not None:
         begin_writing(run)
     return JobSetup(dataset, model, plan, run, None if run is None else run.state)

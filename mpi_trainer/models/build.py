@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
+import re
+import traceback
 from typing import Any
 
 from mpi_trainer.config import ModelConfig
-from mpi_trainer.errors import ConfigError
+from mpi_trainer.errors import ConfigError, InputError
 from mpi_trainer.models.compile_settings import compile_model, compile_settings
 from mpi_trainer.models.spec import ModelSpec
 
@@ -82,7 +85,9 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_outputs: int
     what = f"{num_outputs} classes" if classes else f"targets of width {num_outputs}"
     try:
         model = builder(tuple(input_shape), int(num_outputs))
-    except Exception as exc:  # whatever the user's code or Keras raises: every rank must hear of it
+    except Exception as exc:
+        if not _is_bad_input(exc):
+            raise  # a bug in the user's model function: it reaches the user with its traceback
         raise ConfigError(f"`model` {cfg.name!r} cannot be built for input shape {tuple(input_shape)} and "
                           f"{what}: {type(exc).__name__}: {exc}") from None
     if not isinstance(model, keras.Model):
@@ -99,10 +104,36 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_outputs: int
         spec = ModelSpec(model.to_json(), None if optimizer is None else keras.optimizers.serialize(optimizer),
                          None if compile_config else loss, user_module, metrics, user_compiled, compile_config)
         compile_model(model, spec)
-    except Exception as exc:  # an unserialisable layer or a bad compile: every rank must hear of it
+    except Exception as exc:
+        if not _is_bad_input(exc, keras_values=True):
+            raise  # an unserialisable custom layer, say: a bug, shown with its traceback
         raise ConfigError(f"`model` {cfg.name!r} cannot be described to the workers or compiled: "
                           f"{type(exc).__name__}: {exc}") from None
     return model, spec
+
+
+# Words of Keras' complaints about a model that does not fit the data it is built for.
+_SHAPE_WORDS = re.compile(r"shape|ndim|incompatible|input", re.IGNORECASE)
+
+
+def _is_bad_input(exc: Exception, keras_values: bool = False) -> bool:
+    """Whether ``exc`` says the input was bad (one line for the user) rather than that code broke.
+
+    Bad input is mpi_trainer's own :class:`~mpi_trainer.errors.InputError`, or a ``ValueError`` that
+    Keras itself raised (the innermost frame is Keras'): about shapes when the model is built for the
+    data (``keras_values=False``), any when it is compiled from the configured settings (a loss or
+    metric Keras does not know). A ``ValueError`` the user's own code raised is a bug like any other.
+    """
+    if isinstance(exc, InputError):
+        return True
+    if not isinstance(exc, ValueError) or not _raised_in_keras(exc):
+        return False
+    return keras_values or bool(_SHAPE_WORDS.search(str(exc)))
+
+
+def _raised_in_keras(exc: BaseException) -> bool:
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and f"{os.sep}keras{os.sep}" in frames[-1].filename
 
 
 def _multi_output_compile(model: Any, cfg: ModelConfig, user_compiled: bool) -> dict[str, Any] | None:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import keras
 from keras import layers
 
+from mpi_trainer.errors import DataError
+
 
 def _image_input(input_shape: tuple[int, ...], name: str) -> keras.KerasTensor:
     if len(input_shape) != 3:
-        raise ValueError(f"{name} needs image input (height, width, channels); "
+        raise DataError(f"{name} needs image input (height, width, channels); "
                          f"received input shape {tuple(input_shape)}")
     return keras.Input(input_shape)
 
