@@ -41,8 +41,9 @@ class WireFormat:
     """Encode float32 weight vectors into the wire dtype and back."""
 
     def __init__(self, name: str = "float32") -> None:
-        if name not in WIRE_DTYPES:
-            raise ValueError(f"wire dtype must be one of {list(WIRE_DTYPES)}. Received: {name!r}")
+        named = [dtype for dtype in WIRE_DTYPES if dtype != "auto"]  # "auto" is resolved at the job's start
+        if name not in named:
+            raise ValueError(f"wire dtype must be one of {named}. Received: {name!r}")
         self.name = name
         self.dtype = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}[name]
 

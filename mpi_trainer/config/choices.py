@@ -26,7 +26,9 @@ FEATURE_DTYPES = get_args(FeatureDtype)
 ARRAYS_SOURCE = "arrays"
 AggregationMethod = Literal["average", "weighted", "best"]
 AGGREGATION_METHODS = get_args(AggregationMethod)
-WireDtype = Literal["float32", "float16", "bfloat16"]
+# "auto": float32, or float16 where the measured links are slow enough that halving the bytes pays for the
+# casts (launch/job_setup.py's resolve_wire, at the job's start)
+WireDtype = Literal["float32", "float16", "bfloat16", "auto"]
 WIRE_DTYPES = get_args(WireDtype)
 DataPlacement = Literal["shared", "scatter"]
 PLACEMENTS = get_args(DataPlacement)

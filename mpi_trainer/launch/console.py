@@ -62,5 +62,7 @@ def check(cfg: Config, workers: int | None = None) -> str:
     if cfg.aggregation.outer_optimizer == "auto":
         outer += ", chosen by aggregation.outer_optimizer = \"auto\"" + (" (none with one worker)"
                                                                          if workers is None else "")
+    wire = ("; aggregation.wire_dtype = auto: float16 or float32, chosen at the job's start by timing each link"
+            if cfg.aggregation.wire_dtype == "auto" else "")
     return (f"{dataset.describe()}; model {cfg.model.name} with {model.count_params()} parameters; {outer}"
-            f"{stream_note}")
+            f"{stream_note}{wire}")

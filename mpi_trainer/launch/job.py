@@ -23,7 +23,7 @@ from mpi_trainer.errors import EXIT_PREEMPTED, AgreedInputError
 from mpi_trainer.launch.agreement import agree, check_fault_tolerance, check_world, load_config_everywhere
 from mpi_trainer.launch.console import quiet_backend, report_error
 from mpi_trainer.launch.devices import RankPlacement
-from mpi_trainer.launch.job_setup import JobInputs, claim_run_dir, resolve_stream, setup
+from mpi_trainer.launch.job_setup import JobInputs, claim_run_dir, resolve_stream, resolve_wire, setup
 from mpi_trainer.launch.process_placement import PlacedProcess, place_or_follow
 from mpi_trainer.launch.roles import train_roles
 from mpi_trainer.launch.run_dir import finished_run
@@ -70,7 +70,7 @@ def run_job(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str |
     watch = preemption()
     try:
         cfg, placements = start_rank(transport, cfg, process)
-        cfg = resolve_stream(transport, cfg)
+        cfg = resolve_wire(transport, resolve_stream(transport, cfg))
         hooks.maybe_freeze(transport.rank, -1)
         watch.install(cfg.checkpoint.preempt_signals, cfg.checkpoint.grace_seconds,
                       lambda: transport.abort(EXIT_PREEMPTED))

@@ -1,0 +1,38 @@
+"""aggregation.wire_dtype = "auto": the narrow wire only where the measured link is slow enough for
+halving the bytes to pay for the casts."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpi_trainer.comm.local import LocalWorld
+from mpi_trainer.comm.wire_dtype import WireFormat
+from mpi_trainer.config import load_config
+from mpi_trainer.launch import job_setup
+from mpi_trainer.launch.job_setup import WireChoice, narrow_pays, resolve_wire
+
+
+@pytest.mark.parametrize("link, cast, narrow", [
+    (12.5e6, 1e-9, True),  # 100 Mbit/s: 2 bytes saved take 160 ns, a cast 1 ns
+    (10e9, 1e-9, False),  # shared memory at 10 GB/s: 2 bytes take 0.2 ns, less than the cast
+    (2e9, 1e-9, False),  # exactly at the break-even: no gain, float32
+])
+def test_the_narrow_wire_is_chosen_only_where_it_saves_time(link, cast, narrow):
+    assert narrow_pays(link, cast) is narrow
+    assert WireChoice(link, cast, "float16" if narrow else "float32").break_even == pytest.approx(2e9)
+
+
+def test_every_rank_takes_rank_zeros_choice_and_it_is_said_why(monkeypatch):
+    monkeypatch.setattr(job_setup, "cast_seconds_per_value", lambda: 1.0)  # casts that never pay
+    cfg = load_config({"aggregation": {"wire_dtype": "auto"}})
+    world = LocalWorld(3)
+    transports = world.transports()
+    chosen = world.run({rank: (lambda rank=rank: resolve_wire(transports[rank], cfg).aggregation.wire_dtype)
+                        for rank in range(3)}, timeout=60)
+    assert chosen == {0: "float32", 1: "float32", 2: "float32"}
+    assert "aggregation.wire_dtype = auto: float32 (the slowest link moves" in WireChoice(1e9, 1.0, "float32").describe()
+
+
+def test_an_unresolved_auto_is_not_a_wire_format():
+    with pytest.raises(ValueError, match="Received: 'auto'"):
+        WireFormat("auto")
