@@ -43,7 +43,7 @@ def test_fit_returns_the_same_history_and_trained_model_on_every_rank_and_a_call
         assert abs(results[worker]["model_loss"] - result["model_loss"]) < 1e-6
     log = (tmp_path / "run" / "train.log").read_text()
     assert "scatter: sent" not in log  # both workers had the arrays: only block bounds travelled
-    assert "fit: 1797 training rows (arrays), in 2 shares; no validation data" in log  # as model.fit: none held out
+    assert "fit: 1797 training rows (arrays), in 2 shares of 29 batches an epoch; no validation data" in log
 
 
 def test_a_keras_script_ports_unchanged_early_stopping_restores_the_best_round_and_workers_follow_the_lr(tmp_path):
