@@ -39,7 +39,7 @@ def make_sequences(count, seed):
     return keras.utils.pad_sequences(sequences, maxlen=max_length, padding="post"), np.array(labels)
 
 
-x_train, y_train = make_sequences(900, seed=0)
+x_train, y_train = make_sequences(600, seed=0)
 x_test, y_test = make_sequences(300, seed=1)
 print("A padded sequence:", x_train[0])
 

@@ -130,9 +130,6 @@ def test_an_example_scores_under_mpirun_as_in_plain_keras(corpus, name):
     assert abs(values[0] - plain["value"]) <= tolerance, (name, plain["value"], values[0])
 
 
-@pytest.mark.xfail(reason="mpi_trainer.init() refuses a one-process world (check_world: 'needs at least one "
-                          "worker rank besides the scheduler'), so a ported script cannot run as plain Keras",
-                   strict=True)
 def test_a_ported_example_run_as_one_process_is_plain_keras(tmp_path):
     # the ported script, without mpirun, scores exactly as the plain Keras script
     path = str(ROOT / "examples" / "custom_train_step.py")
