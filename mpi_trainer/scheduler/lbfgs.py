@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from mpi_trainer.algorithms.early_stopping import EarlyStopping
 from mpi_trainer.algorithms.lbfgs import Iterate, LbfgsResult, LbfgsSettings, WireLayout, minimize
 from mpi_trainer.algorithms.wait_bounds import WaitBounds
 from mpi_trainer.comm.flat_weights import WeightCodec
@@ -38,7 +39,7 @@ from mpi_trainer.logs import get_logger
 from mpi_trainer.models.gradients import TrainableVector
 from mpi_trainer.persistence.resume import ResumeState
 from mpi_trainer.persistence.run_files import BUILT_IN_METRICS
-from mpi_trainer.persistence.run_record import NO_CONTEXT, RunContext, StopReason
+from mpi_trainer.persistence.run_record import NO_CONTEXT, RunContext, RunState, StopReason
 from mpi_trainer.scheduler.evaluation import Evaluator
 from mpi_trainer.scheduler.recorder import RoundRecorder, RoundSources
 
@@ -118,11 +119,11 @@ class LbfgsScheduler:
         return self.transport.workers
 
     @property
-    def state(self) -> Any:
+    def state(self) -> RunState:
         return self.recorder.state
 
     @property
-    def early(self) -> Any:
+    def early(self) -> EarlyStopping:
         return self.recorder.early
 
     @property
