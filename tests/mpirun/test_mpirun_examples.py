@@ -61,13 +61,13 @@ TOLERANCES = {  # example: (metric, largest |mpirun - plain| accepted)
     "mnist_convnet.py": ("accuracy", 0.08),
     "batchnorm_augmentation.py": ("accuracy", 0.08),
     "custom_train_step.py": ("accuracy", 0.05),
-    "custom_objects.py": ("accuracy", 0.08),
+    "custom_objects.py": ("accuracy", 0.06),
     "subclassed_model.py": ("accuracy", 0.05),
     "mixed_precision.py": ("accuracy", 0.05),
     "text_classification.py": ("accuracy", 0.05),
     "text_dataset.py": ("accuracy", 0.05),
     "normalization_adapt.py": ("accuracy", 0.05),
-    "transfer_learning.py": ("accuracy", 0.25),
+    "transfer_learning.py": ("accuracy", 0.08),
     "gan.py": ("discriminator_accuracy", 0.3),
     "masking_rnn.py": ("accuracy", 0.08),
     "add_loss.py": ("accuracy", 0.1),
@@ -99,10 +99,17 @@ def run_examples_job(command: list[str], cwd) -> dict[tuple[str, int], dict]:
     return {(report["example"], report["rank"]): report for report in reports}
 
 
+def selected_examples(session) -> list[str]:
+    """The examples whose test this session runs (``-k gan`` runs the jobs on gan.py alone)."""
+    chosen = {item.callspec.params["name"] for item in session.items
+              if item.originalname == "test_an_example_scores_under_mpirun_as_in_plain_keras"}
+    return [name for name in TOLERANCES if name in chosen]
+
+
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> dict[str, dict]:
-    """Both runs of every example in TOLERANCES: {"plain": reports, "mpirun": reports}."""
-    paths = [str(ROOT / "examples" / name) for name in TOLERANCES]
+def corpus(request, tmp_path_factory) -> dict[str, dict]:
+    """Both runs of the selected examples: {"plain": reports, "mpirun": reports}."""
+    paths = [str(ROOT / "examples" / name) for name in selected_examples(request.session)]
     plain_dir, mpi_dir = tmp_path_factory.mktemp("plain"), tmp_path_factory.mktemp("mpirun")
     plain = run_examples_job([sys.executable, str(EXAMPLES_JOB), str(plain_dir), "--keras-only", *paths], plain_dir)
     job = [sys.executable, str(EXAMPLES_JOB), str(mpi_dir), *paths]
