@@ -12,8 +12,8 @@ Porting: two changes to the plain Keras script (every ``fit`` call)::
     +mpi_trainer.init()
      import keras
      ...
-    -model.fit(x_new, y_new, epochs=3, validation_split=0.2)
-    +mpi_trainer.fit(model, x_new, y_new, epochs=3, validation_split=0.2)
+    -model.fit(x_new, y_new, epochs=3, batch_size=16, validation_split=0.2)
+    +mpi_trainer.fit(model, x_new, y_new, epochs=3, batch_size=16, validation_split=0.2)
 """
 
 import mpi_trainer
