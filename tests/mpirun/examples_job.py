@@ -1,6 +1,6 @@
 """Run example scripts one after another in this process; print one JSON line per example.
 
-    python tests/mpirun/examples_job.py WORKDIR [--keras-only] EXAMPLE.py ...
+    python tests/mpirun/examples_job.py WORKDIR [--keras-only] EXAMPLE.py ... [--ported EXAMPLE.py ...]
     mpirun -n 3 python tests/mpirun/examples_job.py WORKDIR EXAMPLE.py ...
 
 Each script runs as ``__main__`` (``runpy.run_path``) with the working directory ``WORKDIR/<stem>``,
@@ -11,7 +11,9 @@ runs. Keras' global state is reset between scripts (``clear_session``, the ``flo
 
 ``--keras-only``: the scripts run as the plain Keras scripts they were ported from: ``mpi_trainer``
 is replaced by a stand-in whose ``init()`` does nothing and whose ``fit(model, ...)`` is
-``model.fit(...)`` (the baseline the data-parallel metric is compared with).
+``model.fit(...)`` (the baseline the data-parallel metric is compared with). The examples after
+``--ported`` then run with the real ``mpi_trainer`` (in one process: the ported script as it runs
+without ``mpirun``), in directories ``WORKDIR/ported/<stem>``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def keras_only_module() -> types.ModuleType:
     module = types.ModuleType("mpi_trainer")
     module.init = lambda **kwargs: None
     module.fit = lambda model, *args, **kwargs: model.fit(*args, **kwargs)
+    module.stand_in = True
     return module
 
 
@@ -74,15 +77,21 @@ def run_example(path: Path, workdir: Path) -> dict:
 
 def main(argv: list[str]) -> None:
     keras_only = "--keras-only" in argv
-    workdir, *examples = [arg for arg in argv if arg != "--keras-only"]
-    if keras_only:
-        sys.modules["mpi_trainer"] = keras_only_module()
+    argv = [arg for arg in argv if arg != "--keras-only"]
+    split = argv.index("--ported") if "--ported" in argv else len(argv)
+    (workdir, *examples), ported = argv[:split], argv[split + 1:]
     from mpi4py import MPI
 
     rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
-    for example in examples:
-        report = run_example(Path(example).resolve(), Path(workdir).resolve())
-        print(json.dumps({**report, "rank": rank, "size": size, "keras_only": keras_only}), flush=True)
+    runs = [(example, keras_only, Path(workdir)) for example in examples]
+    runs += [(example, False, Path(workdir) / "ported") for example in ported]
+    for example, stand_in, directory in runs:
+        if stand_in:
+            sys.modules["mpi_trainer"] = keras_only_module()
+        elif getattr(sys.modules.get("mpi_trainer"), "stand_in", False):
+            del sys.modules["mpi_trainer"]  # the script imports the real one
+        report = run_example(Path(example).resolve(), directory.resolve())
+        print(json.dumps({**report, "rank": rank, "size": size, "keras_only": stand_in}), flush=True)
 
 
 if __name__ == "__main__":
