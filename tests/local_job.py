@@ -92,6 +92,11 @@ def build_local_job(run_dir: Path, workers: int = 2, builder: Any = None, resume
     for name, values in sections.items():
         table[name] = {**table.get(name, {}), **values}
     cfg = config_from_dict(table)
+    if cfg.data.stream == "auto":  # as a job resolves it before set-up (launch.job_setup.resolve_stream)
+        from mpi_trainer.data.memory import decide
+        from mpi_trainer.launch.job_setup import with_stream
+
+        cfg = with_stream(cfg, cfg.data.is_file and decide(cfg.data.source, workers, workers + 1).stream)
     inputs = inputs or JobInputs()
     inputs.builder = builder
     streamed = inputs.pipeline or cfg.data.stream or cfg.data.is_image_folder or cfg.data.is_tfrecord

@@ -30,7 +30,8 @@ def test_every_rank_takes_rank_zeros_choice_and_it_is_said_why(monkeypatch):
     chosen = world.run({rank: (lambda rank=rank: resolve_wire(transports[rank], cfg).aggregation.wire_dtype)
                         for rank in range(3)}, timeout=60)
     assert chosen == {0: "float32", 1: "float32", 2: "float32"}
-    assert "aggregation.wire_dtype = auto: float32 (the slowest link moves" in WireChoice(1e9, 1.0, "float32").describe()
+    said = WireChoice(1e9, 1.0, "float32").describe()
+    assert "aggregation.wire_dtype = auto: float32 (the slowest link moves" in said
 
 
 def test_an_unresolved_auto_is_not_a_wire_format():
