@@ -27,7 +27,7 @@ ARRAYS_SOURCE = "arrays"
 AggregationMethod = Literal["average", "weighted", "best"]
 AGGREGATION_METHODS = get_args(AggregationMethod)
 # "auto": float32, or float16 where the measured links are slow enough that halving the bytes pays for the
-# casts (launch/job_setup.py's resolve_wire, at the job's start)
+# casts (launch/wire_choice.py, at the job's start)
 WireDtype = Literal["float32", "float16", "bfloat16", "auto"]
 WIRE_DTYPES = get_args(WireDtype)
 DataPlacement = Literal["shared", "scatter"]

@@ -6,7 +6,8 @@ rank's ``load_model`` could read half of it. After a data-parallel ``fit`` the m
 methods write to a temporary name beside the target (Keras' own writer, the same extension) and
 rename it into place: every rank holds the same weights, so whichever rename lands last leaves
 the same whole file, and a reader sees a whole file or none. Without a shared filesystem each
-node gets its own whole copy. Remote paths (``gs://``...) are Keras' own business, untouched.
+node gets its own whole copy. Models inside the fitted one (a GAN's generator, a transfer-learning
+base) get the same methods. Remote paths (``gs://``...) are Keras' own business, untouched.
 """
 
 from __future__ import annotations
@@ -64,8 +65,14 @@ def whole_file_saving(method: Any) -> Any:
 
 
 def save_whole_files(model: Any) -> None:
-    """Give ``model`` (this process's object only) saving methods that write by rename."""
-    for name in SAVING_METHODS:
-        method = getattr(model, name, None)
-        if method is not None and not getattr(method, "whole_file", False):
-            object.__setattr__(model, name, whole_file_saving(method))
+    """Give ``model`` and every model inside it (a GAN's generator, a transfer-learning base), this
+    process's objects only, saving methods that write by rename."""
+    import keras
+
+    inner = [layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, keras.Model)]
+    inner += [value for _, value in sorted(vars(model).items()) if isinstance(value, keras.Model)]
+    for each in [model, *inner]:
+        for name in SAVING_METHODS:
+            method = getattr(each, name, None)
+            if method is not None and not getattr(method, "whole_file", False):
+                object.__setattr__(each, name, whole_file_saving(method))

@@ -23,10 +23,11 @@ from mpi_trainer.errors import EXIT_PREEMPTED, AgreedInputError
 from mpi_trainer.launch.agreement import agree, check_fault_tolerance, check_world, load_config_everywhere
 from mpi_trainer.launch.console import quiet_backend, report_error
 from mpi_trainer.launch.devices import RankPlacement
-from mpi_trainer.launch.job_setup import JobInputs, claim_run_dir, resolve_stream, resolve_wire, setup
+from mpi_trainer.launch.job_setup import JobInputs, claim_run_dir, resolve_stream, setup
 from mpi_trainer.launch.process_placement import PlacedProcess, place_or_follow
 from mpi_trainer.launch.roles import train_roles
 from mpi_trainer.launch.run_dir import finished_run
+from mpi_trainer.launch.wire_choice import resolve_wire
 from mpi_trainer.logs import setup_logging
 from mpi_trainer.persistence.preemption import preemption
 

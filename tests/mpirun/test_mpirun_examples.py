@@ -78,11 +78,7 @@ TOLERANCES = {  # example: (metric, largest |mpirun - plain| accepted)
     "class_weight.py": ("recall", 0.12),
     "multi_input_output.py": ("digit_accuracy", 0.06),
 }
-KNOWN_FAILURES = {
-    "gan.py": "every rank runs `generator.save('generator.keras')` on a model other than the one given to fit; "
-              "only the fitted model's saving writes by rename, so a rank's load_model may read another rank's "
-              "half-written file (zipfile.BadZipFile: Bad CRC-32). A race: it may pass",
-}
+KNOWN_FAILURES: dict[str, str] = {}  # example -> why it fails under mpirun (an xfail while it does)
 PORTED_IN_ONE_PROCESS = "custom_train_step.py"  # also run ported, in the plain job (the real mpi_trainer)
 CORPUS_SECONDS = 900  # each job, on a loaded 2-core machine
 

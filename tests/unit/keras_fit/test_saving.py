@@ -63,3 +63,13 @@ def test_wrapping_twice_is_harmless():
     first = model.save
     save_whole_files(model)
     assert model.save is first
+
+
+def test_a_model_inside_the_fitted_one_saves_whole_files_too(tmp_path):
+    base = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)], name="base")
+    outer = keras.Sequential([base, keras.layers.Dense(2)])
+    outer.compile("adam", "mse")
+    save_whole_files(outer)
+    assert getattr(base.save, "whole_file", False)
+    base.save(tmp_path / "base.keras")
+    assert sorted(os.listdir(tmp_path)) == ["base.keras"]

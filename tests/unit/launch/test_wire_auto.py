@@ -8,8 +8,8 @@ import pytest
 from mpi_trainer.comm.local import LocalWorld
 from mpi_trainer.comm.wire_dtype import WireFormat
 from mpi_trainer.config import load_config
-from mpi_trainer.launch import job_setup
-from mpi_trainer.launch.job_setup import WireChoice, narrow_pays, resolve_wire
+from mpi_trainer.launch import wire_choice
+from mpi_trainer.launch.wire_choice import WireChoice, narrow_pays, resolve_wire
 
 
 @pytest.mark.parametrize("link, cast, narrow", [
@@ -23,7 +23,7 @@ def test_the_narrow_wire_is_chosen_only_where_it_saves_time(link, cast, narrow):
 
 
 def test_every_rank_takes_rank_zeros_choice_and_it_is_said_why(monkeypatch):
-    monkeypatch.setattr(job_setup, "cast_seconds_per_value", lambda: 1.0)  # casts that never pay
+    monkeypatch.setattr(wire_choice, "cast_seconds_per_value", lambda: 1.0)  # casts that never pay
     cfg = load_config({"aggregation": {"wire_dtype": "auto"}})
     world = LocalWorld(3)
     transports = world.transports()
