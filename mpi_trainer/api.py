@@ -100,14 +100,15 @@ def fit(model: Any = None, x: Any = None, y: Any = None, batch_size: int | None 
         run_dir: str | Path | None = None, resume: bool = False) -> Any:
     """``model.fit(x, y, ...)``, data-parallel over the ``mpirun`` job; every rank calls it and gets the History.
 
-    The arguments after ``model`` are ``keras.Model.fit``'s with Keras' meaning; the README's table
+    The arguments after ``model`` are ``keras.Model.fit``'s with Keras' meaning; docs/api.md's table
     says what data-parallel training changes (``batch_size`` is each worker's; an epoch is a round;
     ``callbacks`` run on rank 0 once per round; validation data is scored as ``val_*``; without it
-    nothing is held out). ``model``: a ``keras.Model`` (an unbuilt ``Sequential`` is built from the
-    data), a function ``(input_shape, num_outputs) -> keras.Model``, a zoo name or
-    ``"package.module:function"``. ``x``, ``y``: arrays (dicts per input / output, or ``y`` a list per output),
-    the same on every rank or None on workers, or a pipeline every rank builds (:mod:`mpi_trainer.data.adapters`);
-    without ``x`` the config's ``data.source``. ``config``: a TOML path or dict; ``overrides``: dotted
+    nothing is held out). ``model``: a ``keras.Model``, which every rank trains itself with Keras' own
+    ``fit`` on its share of ``x`` (anything ``model.fit`` takes; :mod:`mpi_trainer.keras_fit`, docs/keras.md;
+    run_dir: written only when given), or a function ``(input_shape, num_outputs) -> keras.Model``, a zoo name
+    or ``"package.module:function"``, built on rank 0 for the engines. With those, ``x``, ``y``: arrays (dicts
+    per input / output, or ``y`` a list per output), the same on every rank or None on workers, or a pipeline
+    every rank builds (:mod:`mpi_trainer.data.adapters`); without ``x`` the config's ``data.source``. ``config``: a TOML path or dict; ``overrides``: dotted
     ``key=value`` pairs; ``run_dir``: where rank 0 writes (default: ``launch``'s, else new); a run there
     resumes, a complete one trains nothing (a preemption signal raises ``Preempted``, exit 75).
 
