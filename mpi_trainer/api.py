@@ -108,9 +108,10 @@ def fit(model: Any = None, x: Any = None, y: Any = None, batch_size: int | None 
     run_dir: written only when given), or a function ``(input_shape, num_outputs) -> keras.Model``, a zoo name
     or ``"package.module:function"``, built on rank 0 for the engines. With those, ``x``, ``y``: arrays (dicts
     per input / output, or ``y`` a list per output), the same on every rank or None on workers, or a pipeline
-    every rank builds (:mod:`mpi_trainer.data.adapters`); without ``x`` the config's ``data.source``. ``config``: a TOML path or dict; ``overrides``: dotted
-    ``key=value`` pairs; ``run_dir``: where rank 0 writes (default: ``launch``'s, else new); a run there
-    resumes, a complete one trains nothing (a preemption signal raises ``Preempted``, exit 75).
+    every rank builds (:mod:`mpi_trainer.data.adapters`); without ``x`` the config's ``data.source``.
+    ``config``: a TOML path or dict; ``overrides``: dotted ``key=value`` pairs; ``run_dir``: where rank 0
+    writes (default: ``launch``'s, else new); a run there resumes, a complete one trains nothing (a
+    preemption signal raises ``Preempted``, exit 75).
 
     Returns a ``keras.callbacks.History`` on every rank (``loss``, ``<metric>``, ``val_*``), with
     ``run_dir``, ``summary`` and ``rounds`` (rounds.csv's numbers) attached; ``model`` then holds the
