@@ -80,3 +80,35 @@ def test_engine_settings_a_keras_model_does_not_use_are_refused_not_ignored(key,
     cfg = load_config({section: {name: value}})
     with pytest.raises(ConfigError, match=f"`{key}`.*Received: {key}="):
         check_config(cfg, None, False)
+
+
+def test_resume_without_a_run_directory_is_refused_naming_it(monkeypatch):
+    from mpi_trainer.config import load_config
+    from mpi_trainer.keras_fit.fit import check_config
+
+    monkeypatch.delenv("MPI_TRAINER_RUN_DIR", raising=False)
+    with pytest.raises(ConfigError, match="`resume=True` needs the run directory.*Received: run_dir=None"):
+        check_config(load_config({}), None, True)
+
+
+def test_an_unbuilt_model_with_a_generator_is_refused_before_training():
+    model = keras.Sequential([keras.layers.Dense(3, activation="softmax")])
+    model.compile("adam", "sparse_categorical_crossentropy")
+    batches = ((X[:8], Y[:8]) for _ in range(3))
+    kwargs = {"x": batches}
+    with pytest.raises(ConfigError, match="must be built before `fit`.*Received: an unbuilt model and a generator"):
+        build(model, kwargs, prepare(model, kwargs, rank=0, workers=2))
+
+
+def test_an_epoch_in_which_a_worker_trained_nothing_fails_naming_it():
+    from mpi_trainer.keras_fit.record import FitRecord
+    from mpi_trainer.keras_fit.rounds import Report, SchedulerRounds
+    from mpi_trainer.keras_fit.state import ModelState
+
+    model = compiled()
+    model.optimizer.build(model.trainable_variables)
+    rounds = SchedulerRounds(None, model, ModelState(model), None, None, None, 1, FitRecord(None, {}, {}))
+    trained, empty = Report({"loss": 1.0}, 3, 24, 0.1, []), Report({}, 0, 0, 0.1, [])
+    rounds.buffer[-1] = 1.0
+    with pytest.raises(RuntimeError, match=r"worker rank\(s\) \[2\] trained no batch in epoch 4"):
+        rounds.combine(4, [trained, empty])
