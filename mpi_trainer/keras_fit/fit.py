@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from mpi_trainer.errors import ConfigError, InputError
@@ -222,7 +223,7 @@ def make_record(model: Any, kwargs: dict[str, Any], cfg: Any, prepared: Prepared
     workers = len(placements) - 1
     describe = {"aggregation": cfg.aggregation.method, "ssp": 0, "outer_optimizer": cfg.outer_optimizer_for(workers),
                 "placement": [placement.as_dict() for placement in placements]}
-    return FitRecord(None if path is None else _path(path),
+    return FitRecord(None if path is None else Path(path),
                      fingerprint(model, prepared.train_data, arguments_print(kwargs), cfg.to_dict()), describe,
                      cfg.checkpoint.every, cfg.checkpoint.every_seconds)
 
@@ -288,12 +289,6 @@ def worker_steps(kwargs: dict[str, Any], prepared: Prepared, workers: int) -> in
     return max(1, -(-rows // (kwargs.get("batch_size") or 32)))
 
 
-def _path(path: Any) -> Any:
-    from pathlib import Path
-
-    return Path(path)
-
-
 def _history(callbacks: Any, record: FitRecord) -> Any:
     """The fit's History: a resumed run's earlier epochs, then this job's."""
     import keras
@@ -320,7 +315,7 @@ def finish(transport: Any, model: Any, history: Any) -> Any:
         history.history, history.epoch = outcome["history"], outcome["epoch"]
         history.set_params(outcome["params"])
         history.summary, history.rounds = outcome["summary"], outcome["rounds"]
-        history.run_dir = None if outcome["run_dir"] is None else _path(outcome["run_dir"])
+        history.run_dir = None if outcome["run_dir"] is None else Path(outcome["run_dir"])
         model.history = history
     save_whole_files(model)
     # the script's own code follows: its errors are its own, not a failure of the job to abort for

@@ -106,6 +106,7 @@ class FitRecord:
         self.lock: Any = None
         self.history: dict[str, list[float]] = {}
         self.epochs: list[int] = []
+        self.header: list[str] = []  # rounds.csv's columns as written
 
     # -- before training -----------------------------------------------------------
     def open(self) -> dict[str, Any] | None:
@@ -176,25 +177,17 @@ class FitRecord:
         return FIXED_COLUMNS + extra
 
     def _append_row(self, row: dict[str, Any]) -> None:
-        path = self.path / ROUNDS_NAME
-        if len(self.rows) == 1 or set(row) - set(self._header()):
-            self._rewrite_rows()
+        if len(self.rows) == 1 or set(row) - set(self.header):
+            self._rewrite_rows()  # a new column (a callback's log): the header grows, the rows are rewritten
             return
-        with open(path, "a", encoding="utf-8") as handle:
-            handle.write(",".join(_cell(row.get(c, "")) for c in self._header()) + "\n")
+        with open(self.path / ROUNDS_NAME, "a", encoding="utf-8") as handle:
+            handle.write(",".join(_cell(row.get(c, "")) for c in self.header) + "\n")
             handle.flush()
-
-    def _header(self) -> list[str]:
-        path = self.path / ROUNDS_NAME
-        if not path.exists():
-            return []
-        with open(path, encoding="utf-8") as handle:
-            return handle.readline().strip().split(",")
 
     def _rewrite_rows(self) -> None:
         from mpi_trainer.persistence.run_files import write_atomic
 
-        columns = self._columns()
+        columns = self.header = self._columns()
         lines = [",".join(columns)] + [",".join(_cell(row.get(c, "")) for c in columns) for row in self.rows]
         write_atomic(self.path / ROUNDS_NAME, "\n".join(lines) + "\n")
 
