@@ -5,20 +5,28 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import sys
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
+else:  # Python 3.10
     import tomli as tomllib
 
 from mpi_trainer import hooks
 from mpi_trainer.config.rules import check_config, with_derived_values
 from mpi_trainer.config.schema import Config, reject
 from mpi_trainer.errors import ConfigError
+
+SectionT = TypeVar("SectionT")
+
+
+def _is_section(hint: object) -> typing.TypeGuard[type]:
+    """A field whose type is a dataclass: a section (or table) of its own, not a key."""
+    return isinstance(hint, type) and dataclasses.is_dataclass(hint)
 
 
 def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
@@ -27,7 +35,7 @@ def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
     keys = []
     for item in dataclasses.fields(cls):
         dotted, hint = f"{prefix}{item.name}", hints[item.name]
-        if dataclasses.is_dataclass(hint):
+        if _is_section(hint):
             keys.extend(all_keys(hint, dotted + "."))
         else:
             keys.append(dotted)
@@ -80,17 +88,17 @@ def _hint_name(hint: Any) -> str:
     return getattr(hint, "__name__", str(hint))
 
 
-def _build(cls: type, table: Any, prefix: str) -> Any:
+def _build(cls: type[SectionT], table: object, prefix: str) -> SectionT:
     if not isinstance(table, dict):
         reject(prefix.rstrip("."), table, "must be a table of keys")
     hints = {k: v for k, v in typing.get_type_hints(cls).items() if k != "prefix"}
     for name in table:
         if name not in hints:
             raise _unknown_key(f"{prefix}{name}")
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     for name, value in table.items():
         hint = hints[name]
-        if dataclasses.is_dataclass(hint):
+        if _is_section(hint):
             kwargs[name] = _build(hint, value, f"{prefix}{name}.")
         else:
             kwargs[name] = _coerce(value, hint, f"{prefix}{name}")

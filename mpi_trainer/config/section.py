@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from mpi_trainer.errors import ConfigError
 
 
-def reject(key: str, value: Any, expected: str) -> None:
+def reject(key: str, value: Any, expected: str) -> NoReturn:
     """Raise the Keras-style error for one key: what is expected, then the value received."""
     raise ConfigError(f"`{key}` {expected}. Received: {key}={value!r}")
 
