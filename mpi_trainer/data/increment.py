@@ -15,11 +15,15 @@ scheduler can predict what a worker will need and tests can check it by hand.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mpi_trainer.config import IncrementConfig
+
+if TYPE_CHECKING:
+    from mpi_trainer.comm.messages import Report
 
 
 def step_size(total: int, cfg: IncrementConfig) -> int:
@@ -70,7 +74,7 @@ def share_line(round_index: int, rank: int, fixed: int, extra: int, total: int) 
             f"{fixed + extra} samples ({(fixed + extra) / total:.1%} of the training set)")
 
 
-def log_data_shares(log: logging.Logger, cfg: IncrementConfig, round_index: int, reports: list[Any],
+def log_data_shares(log: logging.Logger, cfg: IncrementConfig, round_index: int, reports: Sequence[Report],
                     total: int) -> None:
     """Scheduler side: each worker's share of the training set this round, from its report."""
     if cfg.enabled:

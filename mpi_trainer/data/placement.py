@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import resource
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, TypeGuard, Union
 
 import numpy as np
 
@@ -27,12 +27,14 @@ from mpi_trainer.config import Config
 from mpi_trainer.data.augmentation import augment, build_augmenter
 from mpi_trainer.data.increment import draw_extra, positions_needed, round_samples, share_line
 from mpi_trainer.data.partition import shard, shuffled_order
-from mpi_trainer.data.sources import Dataset, validation_only
+from mpi_trainer.data.sources import Dataset, RowArray, TrainPart, validation_only
 from mpi_trainer.logs import get_logger
 
-
-class RowSource(Protocol):
-    def read(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+if TYPE_CHECKING:
+    from mpi_trainer.comm.messages import JobPlan
+    from mpi_trainer.comm.protocol import SchedulerLink, WorkerLink
+    from mpi_trainer.data.adapters import BlockFeed
+    from mpi_trainer.data.streamed import StreamedTrain
 
 
 @dataclass
@@ -65,10 +67,10 @@ class EvalShard:
     """The rows a worker scores under ``evaluation.where = "workers"``: its parts of the test and
     validation splits (part ``rank - 1`` of ``workers``; possibly empty)."""
 
-    x_test: np.ndarray
-    y_test: np.ndarray
-    x_val: np.ndarray
-    y_val: np.ndarray
+    x_test: RowArray
+    y_test: RowArray
+    x_val: RowArray
+    y_val: RowArray
 
 
 def evaluation_arrays(dataset: Dataset, rank: int, workers: int) -> list[np.ndarray]:
@@ -87,7 +89,7 @@ def block_positions(num_train: int, shuffle_seed: int, bounds: tuple[int, int]) 
     return np.sort(shuffled_order(num_train, shuffle_seed)[start:end])
 
 
-def fixed_positions(plan: Any, rank: int) -> np.ndarray:
+def fixed_positions(plan: JobPlan, rank: int) -> np.ndarray:
     """A worker's fixed block: its slice of the seeded shuffle, in increasing order."""
     return block_positions(plan.num_train, plan.shuffle_seed, plan.block_bounds[rank - 1])
 
@@ -102,7 +104,7 @@ def data_rounds(cfg: Config) -> int:
     return cfg.train.epochs + cfg.aggregation.ssp
 
 
-def rows_needed(plan: Any, rank: int, cfg: Config, start_round: int) -> np.ndarray:
+def rows_needed(plan: JobPlan, rank: int, cfg: Config, start_round: int) -> np.ndarray:
     """Every training position worker ``rank`` uses under ``plan`` from ``start_round`` to the end of the run."""
     return positions_needed(plan.num_train, fixed_positions(plan, rank), data_rounds(cfg), rank, cfg.train.seed,
                             cfg.data.increment, start_round)
@@ -113,10 +115,26 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+# Where a worker reads its training rows: the shared source, the rows the scheduler sent it (scatter),
+# or a streamed input's block.
+RowSource = Union[TrainPart, "HeldRows"]
+# A round's training input: the rows in memory, or a streamed block that model.fit reads as it trains.
+TrainingInput = Union[np.ndarray, "BlockFeed"]
+
+
+def is_streamed(source: RowSource) -> TypeGuard[StreamedTrain]:
+    """A streamed input, told by its ``streams`` flag: the module that defines it imports Keras, which a
+    worker loads only after its process is placed on its device."""
+    return bool(getattr(source, "streams", False))
+
+
 class WorkerData:
     """One worker's training arrays, round by round."""
 
-    def __init__(self, source: RowSource, plan: Any, rank: int, cfg: Config) -> None:
+    fixed_x: TrainingInput
+    fixed_y: np.ndarray | None  # None for a streamed block (its batches hold the labels)
+
+    def __init__(self, source: RowSource, plan: JobPlan, rank: int, cfg: Config) -> None:
         self.source = source
         self.rank = rank
         self.total = plan.num_train
@@ -128,42 +146,56 @@ class WorkerData:
         self.augmenter = build_augmenter(cfg.data.augmentation, cfg.train.seed + rank)
         self.evaluation: EvalShard | None = None  # set by place_data under evaluation.where = "workers"
         # a streamed input (data.streamed): the block is a range of the input's units, read as it trains
-        self.streams = getattr(source, "streams", False)
-        if self.streams:
+        self.streamed = source if is_streamed(source) else None
+        if self.streamed is not None:
             self.bounds = plan.block_bounds[rank - 1]
             self.fixed = np.arange(*self.bounds)
-            self.fixed_x, self.fixed_y = self.open_block(), None
+            self.fixed_x, self.fixed_y = self.open_block(self.streamed), None
             get_logger().debug("worker rank %d: block [%d, %d) of %s streamed, peak RSS %.1f MiB", rank,
-                               *self.bounds, source.adapter.unit, peak_rss_mib())
+                               *self.bounds, self.streamed.adapter.unit, peak_rss_mib())
             return
         self.fixed = fixed_positions(plan, rank)
-        self.fixed_x, self.fixed_y = source.read(self.fixed)
+        x, self.fixed_y = source.read(self.fixed)
+        self.fixed_x = x
         get_logger().debug("worker rank %d: block of %d rows in memory (%.1f MiB), peak RSS %.1f MiB",
-                           rank, len(self.fixed), self.fixed_x.nbytes / 2**20, peak_rss_mib())
+                           rank, len(self.fixed), x.nbytes / 2**20, peak_rss_mib())
 
-    def open_block(self) -> Any:
-        feed = self.source.block(self.bounds, self.rank, len(self.block_sizes))
+    @property
+    def streams(self) -> bool:
+        """The block is streamed from its input (data.streamed), not held in memory."""
+        return self.streamed is not None
+
+    def open_block(self, streamed: StreamedTrain) -> BlockFeed:
+        feed = streamed.block(self.bounds, self.rank, len(self.block_sizes))
         feed.augmenter = self.augmenter
         return feed
 
-    def units(self, x: Any) -> int:
+    def in_memory(self) -> tuple[np.ndarray, np.ndarray]:
+        """The fixed block's rows, held in memory by a worker whose input is not streamed."""
+        if not isinstance(self.fixed_x, np.ndarray) or self.fixed_y is None:
+            raise TypeError("a streamed block is read as it trains, not held in memory")
+        return self.fixed_x, self.fixed_y
+
+    def units(self, x: TrainingInput) -> int:
         """The samples (or, for a pipeline, batches) a round trains on."""
-        return x.units if self.streams else len(x)
+        return len(x) if isinstance(x, np.ndarray) else x.units
 
     def first_rows(self, count: int) -> tuple[np.ndarray, np.ndarray]:
         """The block's first rows as arrays (a streamed input: its first batch), for dry runs and timing."""
-        if self.streams:
-            return self.source.read(np.arange(count))
-        return self.fixed_x[:count], self.fixed_y[:count]
+        if self.streamed is not None:
+            return self.streamed.read(np.arange(count))
+        x, y = self.in_memory()
+        return x[:count], y[:count]
 
     def set_blocks(self, block_bounds: list[tuple[int, int]]) -> bool:
         """Rebalancing: adopt re-cut blocks; re-read this worker's rows when its block changed."""
         self.block_sizes = [end - start for start, end in block_bounds]
-        if self.streams:
+        if self.streamed is not None:
             if tuple(block_bounds[self.rank - 1]) == tuple(self.bounds):
                 return False
-            self.bounds = tuple(block_bounds[self.rank - 1])
-            self.fixed, self.fixed_x = np.arange(*self.bounds), self.open_block()
+            start, end = block_bounds[self.rank - 1]
+            self.bounds = (start, end)
+            self.fixed, self.fixed_x = np.arange(*self.bounds), self.open_block(self.streamed)
             return True
         fixed = block_positions(self.total, self.shuffle_seed, block_bounds[self.rank - 1])
         if np.array_equal(fixed, self.fixed):
@@ -179,9 +211,12 @@ class WorkerData:
         """
         fixed = block_positions(self.total, self.shuffle_seed, block_bounds[self.rank - 1])
         keep = positions_needed(self.total, fixed, self.rounds, self.rank, self.seed, self.increment, round_index)
-        self.source = self.source.merged(arrived, keep)
+        if not isinstance(self.source, HeldRows):
+            raise TypeError("only a worker that holds rows the scheduler sent it (data.placement = 'scatter') "
+                            "takes rows after a re-cut")
+        self.source = held = self.source.merged(arrived, keep)
         get_logger().debug("round %d: received %d training rows, now holding %d (%.1f MiB)", round_index,
-                           len(arrived.positions), len(keep), self.source.x.nbytes / 2**20)
+                           len(arrived.positions), len(keep), held.x.nbytes / 2**20)
 
     def round_total(self, round_index: int) -> int:
         """Samples all workers train on in ``round_index`` (the weighted average's denominator)."""
@@ -191,16 +226,17 @@ class WorkerData:
         """Rows of the fixed block (k-step rounds), augmented batch by batch rather than the block per round.
 
         A streamed input (k-step rounds refuse it) serves its first batch's rows: rebalancing's timing."""
-        if self.streams:
+        if self.streamed is not None:
             x, y = self.first_rows(len(rows))
             return augment(x, self.augmenter), y
-        return augment(self.fixed_x[rows], self.augmenter), self.fixed_y[rows]
+        fixed_x, fixed_y = self.in_memory()
+        return augment(fixed_x[rows], self.augmenter), fixed_y[rows]
 
-    def for_round(self, round_index: int) -> tuple[Any, Any]:
-        if self.streams:  # data increment refuses streamed inputs
+    def for_round(self, round_index: int) -> tuple[TrainingInput, np.ndarray | None]:
+        if self.streamed is not None:  # data increment refuses streamed inputs
             return self.fixed_x, None
         extra = draw_extra(self.total, self.fixed, round_index, self.rank, self.seed, self.increment)
-        x, y = self.fixed_x, self.fixed_y
+        x, y = self.in_memory()
         if len(extra):
             extra_x, extra_y = self.source.read(extra)
             x, y = np.concatenate([x, extra_x]), np.concatenate([y, extra_y])
@@ -212,7 +248,7 @@ def _sends_validation(cfg: Config) -> bool:
     return cfg.aggregation.elects  # workers score best-of candidates on it
 
 
-def scatter_rows(link: Any, cfg: Config, dataset: Dataset, plan: Any) -> None:
+def scatter_rows(link: SchedulerLink, cfg: Config, dataset: Dataset, plan: JobPlan) -> None:
     """Scheduler side of ``scatter``: send each worker every training row it will use.
 
     Workers under ``scatter`` never open the source, so best-of election's
@@ -223,7 +259,7 @@ def scatter_rows(link: Any, cfg: Config, dataset: Dataset, plan: Any) -> None:
         x, y = dataset.train.read(positions)
         arrays = [positions, x, y]
         if _sends_validation(cfg):
-            arrays += [dataset.x_val, dataset.y_val]
+            arrays += [np.asarray(dataset.x_val), np.asarray(dataset.y_val)]  # arrays: scatter streams nothing
         if _scores_on_workers(cfg):
             arrays += evaluation_arrays(dataset, rank, len(link.workers))
         meta = (dataset.name, dataset.input_shape, dataset.num_outputs, dataset.classes, dataset.y_test[:0])
@@ -234,7 +270,7 @@ def scatter_rows(link: Any, cfg: Config, dataset: Dataset, plan: Any) -> None:
                           sum(a.nbytes for a in arrays) / 1e6)
 
 
-def receive_rows(link: Any, cfg: Config) -> tuple[HeldRows, Dataset, EvalShard | None]:
+def receive_rows(link: WorkerLink, cfg: Config) -> tuple[HeldRows, Dataset, EvalShard | None]:
     """A worker's side of ``scatter``: its rows, a validation-only dataset, and its evaluation shard."""
     count = 3 + 2 * _sends_validation(cfg) + 4 * _scores_on_workers(cfg)
     (name, input_shape, num_outputs, classes, no_labels), arrays = link.recv_split(count)
@@ -257,12 +293,12 @@ class ScatterLedger:
     holds exactly what it needs and the ledger says so.
     """
 
-    def __init__(self, cfg: Config, plan: Any, workers: list[int]) -> None:
+    def __init__(self, cfg: Config, plan: JobPlan, workers: list[int]) -> None:
         self.cfg = cfg
         self.held = {rank: rows_needed(plan, rank, cfg, plan.start_round) for rank in workers}
         self.unconfirmed: dict[int, np.ndarray] | None = None  # what was held before rows not yet taken
 
-    def recut(self, plan: Any, start_round: int) -> dict[int, np.ndarray]:
+    def recut(self, plan: JobPlan, start_round: int) -> dict[int, np.ndarray]:
         """The positions each worker must receive to train on ``plan``'s blocks from ``start_round`` on."""
         if self.unconfirmed is None:
             self.unconfirmed = dict(self.held)
@@ -281,7 +317,7 @@ class ScatterLedger:
                          for rank, rows in self.held.items()}
             self.unconfirmed = None
 
-    def hand_over(self, plan: Any, rank: int, start_round: int) -> np.ndarray:
+    def hand_over(self, plan: JobPlan, rank: int, start_round: int) -> np.ndarray:
         """The positions worker ``rank`` must receive to train on ``plan``'s blocks from ``start_round`` on.
 
         Under SSP each worker takes a re-cut with its own next update, at its own clock.
@@ -297,28 +333,38 @@ def moved_rows(dataset: Dataset, positions: np.ndarray) -> HeldRows:
     return HeldRows(positions, *dataset.train.read(positions))
 
 
-def place_data(link: Any, rank: int, cfg: Config, dataset: Dataset | None,
-               plan: Any) -> tuple[WorkerData | None, Dataset | None]:
+def place_data(link: SchedulerLink | WorkerLink, rank: int, cfg: Config, dataset: Dataset | None,
+               plan: JobPlan) -> tuple[WorkerData | None, Dataset | None]:
     """Give every worker its training rows.
 
-    ``link`` is this rank's end of the protocol. Returns the worker's
-    :class:`WorkerData` (None on rank 0) and the dataset the rank goes on with:
+    ``link`` is this rank's end of the protocol: the scheduler's on rank 0, a worker's elsewhere.
+    Returns the worker's :class:`WorkerData` (None on rank 0) and the dataset the rank goes on with:
     under ``scatter`` a worker loaded none at set-up and gets a validation-only
     one here.
     """
+    from mpi_trainer.comm.protocol import WorkerLink  # loaded already, with the transport under ``link``
+
     scatter = cfg.data.scatters
-    if rank == 0:
+    if not isinstance(link, WorkerLink):
         if scatter:
-            scatter_rows(link, cfg, dataset, plan)
+            scatter_rows(link, cfg, _loaded(dataset, rank), plan)
         return None, dataset
     if scatter:
         held, dataset, evaluation = receive_rows(link, cfg)
         data = WorkerData(held, plan, rank, cfg)
     else:
+        dataset = _loaded(dataset, rank)
         data = WorkerData(dataset.train, plan, rank, cfg)
         evaluation = own_shard(dataset, rank, link.workers) if _scores_on_workers(cfg) else None
     data.evaluation = evaluation
     return data, dataset
+
+
+def _loaded(dataset: Dataset | None, rank: int) -> Dataset:
+    """The dataset read at set-up, which every rank but a worker under ``scatter`` has."""
+    if dataset is None:
+        raise RuntimeError(f"rank {rank} read no dataset at set-up, and only a worker under scatter reads none")
+    return dataset
 
 
 def own_shard(dataset: Dataset, rank: int, workers: int) -> EvalShard:

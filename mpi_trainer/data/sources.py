@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -55,17 +55,17 @@ def _check_feature_dtype(x: Any, name: str) -> None:
 def _as_labels(y: Any, name: str) -> np.ndarray:
     """Labels as given: integer class indices (one per sample) become int32; any other numeric
     target (floats, one-hot, multi-label, several columns) passes through as float32, shape kept."""
-    y = np.asarray(y)
-    if is_class_labels(y):
-        y = y.reshape(len(y))
-        if len(y) and y.min() < 0:
+    labels = np.asarray(y)
+    if is_class_labels(labels):
+        labels = labels.reshape(len(labels))
+        if len(labels) and labels.min() < 0:
             raise DataError(f"{name}: integer labels are class indices, so labels must be >= 0. "
-                            f"Received a label {int(y.min())}")
-        return y.astype(np.int32)
-    if not (np.issubdtype(y.dtype, np.number) or np.issubdtype(y.dtype, np.bool_)):
+                            f"Received a label {int(labels.min())}")
+        return labels.astype(np.int32)
+    if not (np.issubdtype(labels.dtype, np.number) or np.issubdtype(labels.dtype, np.bool_)):
         raise DataError(f"{name}: labels must be integer class indices or numeric targets. "
-                        f"Received dtype {y.dtype}")
-    return y.astype(np.float32)
+                        f"Received dtype {labels.dtype}")
+    return labels.astype(np.float32)
 
 
 def is_class_labels(y: np.ndarray) -> bool:
@@ -92,6 +92,38 @@ def split_positions(count: int, fraction: float, seed: int) -> tuple[np.ndarray,
     if fraction > 0 and taken == 0:
         taken = 1
     return order[taken:], order[:taken]
+
+
+class RowArray(Protocol):
+    """The rows of an evaluation split: an array, or rows read from disk as they are indexed
+    (:class:`~mpi_trainer.data.adapters.arrays.LazyRows`, of a file read in batches)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> np.dtype: ...
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: Any) -> np.ndarray: ...
+
+
+class TrainPart(Protocol):
+    """The training split as a reader of rows by position: :class:`TrainRows`, or the training units of a
+    streamed input (:class:`~mpi_trainer.data.streamed.StreamedTrain`, which reads only its first batch so)."""
+
+    name: str
+
+    @property
+    def labels(self) -> np.ndarray: ...
+
+    @property
+    def rows(self) -> np.ndarray: ...
+
+    def __len__(self) -> int: ...
+
+    def read(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
 
 @dataclass
@@ -132,11 +164,11 @@ class Dataset:
     """
 
     name: str
-    train: TrainRows
-    x_val: np.ndarray
-    y_val: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
+    train: TrainPart
+    x_val: RowArray
+    y_val: RowArray
+    x_test: RowArray
+    y_test: RowArray
     num_outputs: int
     input_shape: tuple[int, ...]
     class_names: list[str] | None = None
@@ -161,7 +193,8 @@ class Dataset:
 
     @property
     def y_train(self) -> np.ndarray:
-        return self.train.labels[self.train.rows]
+        labels: np.ndarray = self.train.labels[self.train.rows]
+        return labels
 
     def label_mapping(self) -> dict[str, int]:
         """String label -> class index, for sources whose labels were text."""
@@ -229,11 +262,11 @@ class SplitRows:
 
 
 def split_rows(raw: RawArrays, cfg: DataConfig, seed: int) -> SplitRows:
-    if raw.x_test is None:
+    if raw.y_test is None:  # no test rows given apart (their features come with them)
         pool, test = split_positions(len(raw.y), cfg.test_size, seed)
     else:
         pool, test = np.arange(len(raw.y)), np.arange(len(raw.y_test))
-    if raw.x_val is not None:  # validation rows given apart: all of the pool trains
+    if raw.y_val is not None:  # validation rows given apart: all of the pool trains
         return SplitRows(pool, np.arange(len(raw.y_val)), test)
     kept, taken = split_positions(len(pool), cfg.validation_size, seed + 1)
     return SplitRows(pool[kept], pool[taken], test)
@@ -314,10 +347,10 @@ def load_dataset(cfg: DataConfig, seed: int, read_val: bool = True, read_test: b
     if raw.tabular or cfg.source in TABULAR_BUILTINS:
         _standardise(raw, splits.train)
     x_test_source = raw.x if raw.x_test is None else raw.x_test
-    y_test_source = raw.y if raw.x_test is None else raw.y_test
+    y_test_source = raw.y if raw.y_test is None else raw.y_test
     val_rows = splits.val if read_val else splits.val[:0]
     test_rows = _chosen(splits.test, read_test)
-    x_val_source, y_val_source = (raw.x, raw.y) if raw.x_val is None else (raw.x_val, raw.y_val)
+    x_val_source, y_val_source = (raw.x, raw.y) if raw.x_val is None or raw.y_val is None else (raw.x_val, raw.y_val)
     scale = cfg.source != ARRAYS_SOURCE  # arrays given to fit keep their values
     x_val = _as_features(read_rows(x_val_source, val_rows), scale)
     x_test = _as_features(read_rows(x_test_source, test_rows), scale)

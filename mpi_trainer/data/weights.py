@@ -56,8 +56,10 @@ def class_indices(y: np.ndarray) -> np.ndarray:
     """The class of each label: the index itself, or the arg-max of a one-hot / probability row."""
     y = np.asarray(y)
     if y.ndim == 2 and y.shape[1] > 1:
-        return np.argmax(y, axis=1)
-    return np.rint(y.reshape(len(y))).astype(np.int64)
+        largest: np.ndarray = np.argmax(y, axis=1)
+        return largest
+    rounded: np.ndarray = np.rint(y.reshape(len(y))).astype(np.int64)
+    return rounded
 
 
 def training_weights(y: np.ndarray, class_weight: dict[int, float] | None,

@@ -17,6 +17,7 @@ cut in TensorFlow, and the next batch is prefetched while one trains, as the in-
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -41,7 +42,7 @@ class LazyRows:
     """Rows ``[start, end)`` of an on-disk array, converted as they are read: evaluation slices it
     ``batch`` rows at a time (``summed_metric_state``), so it streams too."""
 
-    def __init__(self, array: Any, start: int, end: int, convert: Any) -> None:
+    def __init__(self, array: Any, start: int, end: int, convert: Callable[[np.ndarray], np.ndarray]) -> None:
         self.array, self.start, self.end, self.convert = array, start, end, convert
         first = convert(np.asarray(array[start:start + 1])) if end > start else None
         self.shape = (end - start, *(first.shape[1:] if first is not None else array.shape[1:]))
@@ -69,7 +70,8 @@ class ChunkedBlock(keras.utils.PyDataset, BlockFeed):
         self.adapter, self.start, self.end = adapter, start, end
         self.units = end - start
         self.augmenter = None
-        self.batch_size, self.limit = 1, None
+        self.batch_size = 1
+        self.limit: int | None = None
         self.chunks = np.zeros(1, dtype=np.int64)
         self.cached: tuple[int, np.ndarray, np.ndarray] | None = None
 
@@ -141,7 +143,8 @@ class ArrayAdapter(InputAdapter):
     unit = "samples"
     augments = True
 
-    def __init__(self, features: Any, labels: Any, offset: int, count: int, name: str, convert_labels: Any) -> None:
+    def __init__(self, features: Any, labels: Any, offset: int, count: int, name: str,
+                 convert_labels: Callable[[np.ndarray], np.ndarray]) -> None:
         self.features, self.labels, self.offset, self.count = features, labels, offset, count
         self.name, self.convert_labels = name, convert_labels
 

@@ -25,6 +25,8 @@ class BlockFeed(ABC):
     """One worker's block, as ``model.fit`` reads it each round."""
 
     units: int  # the block's size in the adapter's units (batches, or samples)
+    # data.augmentation's Keras layer, set by the worker; applied by feeds of inputs that augment (ArrayAdapter)
+    augmenter: Any = None
 
     @abstractmethod
     def fit_input(self, batch_size: int, rng: np.random.Generator, max_steps: int | None) -> dict[str, Any]:

@@ -11,6 +11,7 @@ labels are checked in slices, and evaluation reads its splits a batch at a time.
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,7 @@ def label_facts(labels: Any, rows: list[tuple[int, int]], name: str) -> tuple[in
     return max(highest + 1, 2), True
 
 
-def _convert_labels(classes: bool, name: str) -> Any:
+def _convert_labels(classes: bool, name: str) -> Callable[[np.ndarray], np.ndarray]:
     def convert(part: np.ndarray) -> np.ndarray:
         return _as_labels(part, name) if classes else np.asarray(part, dtype=np.float32)
     return convert
