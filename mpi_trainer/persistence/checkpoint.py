@@ -36,7 +36,7 @@ def contents_digest(arrays: dict[str, np.ndarray], meta_json: str) -> str:
     for name in sorted(arrays):
         array = np.ascontiguousarray(arrays[name])
         digest.update(f"{name}\0{array.dtype.str}\0{array.shape}\0".encode())
-        digest.update(memoryview(array).cast("B"))
+        digest.update(array.data.cast("B"))
     digest.update(meta_json.encode())
     return digest.hexdigest()
 

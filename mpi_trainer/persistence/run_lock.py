@@ -73,15 +73,16 @@ class RunLock:
                 return self  # the launcher supervising this job holds it
             raise self.busy(holder) from None
         self._fd = fd
-        self._write_note()
+        self._write_note(fd)
         return self
 
-    def _write_note(self) -> None:
+    @staticmethod
+    def _write_note(fd: int) -> None:
         note = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
                            "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n"
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, note.encode(), 0)
-        os.fsync(self._fd)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, note.encode(), 0)
+        os.fsync(fd)
 
     def holder(self) -> dict[str, Any] | None:
         """The note of whoever holds the lock (None when it cannot be read in time)."""
@@ -90,7 +91,8 @@ class RunLock:
             try:
                 fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
                 with os.fdopen(fd, encoding="utf-8") as handle:
-                    return json.loads(handle.read())
+                    note: dict[str, Any] = json.loads(handle.read())
+                    return note
             except (OSError, ValueError):
                 if time.monotonic() > deadline:
                     return None

@@ -15,12 +15,15 @@ import json
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.run_files import SUMMARY_NAME
+
+if TYPE_CHECKING:
+    from mpi_trainer.data.sources import Dataset
 
 # what the atomic writers name a file while they write it: ``<name>.tmp``, ``<stem>.tmp.weights.h5``
 TMP_SUFFIXES = (".tmp", ".tmp.weights.h5")
@@ -44,22 +47,23 @@ def labels_checksum(*arrays: np.ndarray) -> str:
     return f"{crc:08x}"
 
 
-def data_fingerprint(source: str, dataset: Any) -> dict[str, Any]:
+def data_fingerprint(source: str, dataset: Dataset) -> dict[str, Any]:
     """The data's path, its size on disk, its split sizes and a checksum of every label.
 
     An input that holds no label arrays (a pipeline such as a ``tf.data.Dataset``) has None
     for what it cannot tell; None is then compared like any other value."""
     path = Path(source)
+    rows: list[int] | None
     try:
         rows = [int(dataset.num_train), len(dataset.y_val), len(dataset.y_test)]
-        checksum = labels_checksum(dataset.y_train, dataset.y_val, dataset.y_test)
+        checksum = labels_checksum(dataset.y_train, np.asarray(dataset.y_val), np.asarray(dataset.y_test))
     except (AttributeError, TypeError, NotImplementedError):
         rows = checksum = None
     return {"data_source": source, "data_file_bytes": path.stat().st_size if path.is_file() else None,
             "data_rows": rows, "data_labels_crc32": checksum}
 
 
-def fingerprint(source: str, dataset: Any, model: Any) -> dict[str, Any]:
+def fingerprint(source: str, dataset: Dataset, model: Any) -> dict[str, Any]:
     return {**data_fingerprint(source, dataset), **model_fingerprint(model)}
 
 
@@ -84,7 +88,8 @@ def _comparable(value: Any) -> Any:
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:
     try:
-        return json.loads((Path(run_dir) / SUMMARY_NAME).read_text(encoding="utf-8"))
+        summary: dict[str, Any] = json.loads((Path(run_dir) / SUMMARY_NAME).read_text(encoding="utf-8"))
+        return summary
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
