@@ -13,23 +13,58 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from mpi_trainer.comm.accounting import Received
+from mpi_trainer.comm.accounting import Received, Shrunk
 
 
 @runtime_checkable
 class RankTransport(Protocol):
-    """One rank's verbs: point to point, collectives, byte accounting and failure handling."""
+    """One rank's verbs: point to point, collectives, byte accounting and failure handling.
 
-    rank: int
-    size: int
-    host: str
+    ``bound``: the seconds a wait without a ``timeout`` of its own may last (None: for ever; a job
+    sets it). ``phase``: what this rank is doing, named when a wait runs out. ``max_sleep``: the
+    longest sleep of a polled wait.
+    """
+
+    bound: float | None
+    phase: str
     max_sleep: float
+
+    # -- who this rank is, and what it spent ------------------------------------
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def world_rank(self) -> int:
+        """This rank's number when the job started (a shrink renumbers :attr:`rank` only)."""
+
+    @property
+    def world_ranks(self) -> list[int]:
+        """The starting rank of each current rank."""
+
+    @property
+    def hosts(self) -> list[str] | None:
+        """Every rank's host, once :meth:`learn_hosts` ran."""
 
     @property
     def workers(self) -> int: ...
 
+    @property
+    def wait_wall_seconds(self) -> float: ...
+
+    @property
+    def wait_cpu_seconds(self) -> float: ...
+
+    def describe(self) -> str: ...
+
     def take_bytes(self) -> int: ...
 
+    # -- point to point ------------------------------------------------------------
     def send_object(self, obj: Any, dest: int, tag: int, timeout: float | None = None) -> int: ...
 
     def recv_object(self, source: int = -1, tag: int = 0, timeout: float | None = None,
@@ -44,6 +79,7 @@ class RankTransport(Protocol):
 
     def recv_large_array(self, source: int, tag: int = 0, timeout: float | None = None) -> np.ndarray: ...
 
+    # -- collectives -----------------------------------------------------------------
     def broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None: ...
 
     def reduce_sum(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None: ...
@@ -61,4 +97,17 @@ class RankTransport(Protocol):
 
     def node_layout(self) -> tuple[int, list[int]]: ...
 
+    def duplicate(self, timeout: float | None = None) -> RankTransport: ...
+
+    # -- failures ----------------------------------------------------------------------
     def abort(self, code: int = 1) -> None: ...
+
+    def notify_failure(self, text: str) -> None: ...
+
+    def check_notices(self) -> None: ...
+
+    def shrink(self, timeout: float | None = None) -> Shrunk: ...
+
+    def agree(self, flag: int) -> int: ...
+
+    def crash(self) -> None: ...

@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from mpi_trainer.comm.accounting import RankAccounting, Received, Shrunk
 from mpi_trainer.errors import PeerFailure, RankLost
 
 _ANY = -1
+T = TypeVar("T")
 
 
 class RankAborted(RuntimeError):
@@ -84,8 +85,8 @@ class LocalWorld:
     def transports(self) -> list[LocalTransport]:
         return list(self._transports)
 
-    def wait_for(self, ready: Callable[[], Any], timeout: float | None, what: str, rank: int,
-                 survivable: bool = True) -> Any:
+    def wait_for(self, ready: Callable[[], T | None], timeout: float | None, what: str, rank: int,
+                 survivable: bool = True) -> T:
         """Block until ``ready()`` returns something truthy; call with ``cond`` held.
 
         ``survivable``: raise RankLost once a rank of the current world is lost (the shrink's own
@@ -158,21 +159,71 @@ class LocalWorld:
         self.cond.notify_all()
 
 
-class LocalTransport(RankAccounting):
+class LocalTransport:
     """One rank's end of a :class:`LocalWorld`, with :class:`~mpi_trainer.comm.transport.Transport`'s verbs."""
 
     def __init__(self, world: LocalWorld, rank: int) -> None:
         self.world = world
-        self._start_accounting(rank, world.size, "local")
-        self.max_sleep = 0.0
+        self.accounting = RankAccounting(rank, world.size, "local")
+        self.max_sleep = 0.0  # waits here wake on a condition; kept for the verbs' common settings
+        self.bound: float | None = None  # seconds a wait without a timeout of its own may last (None: for ever)
+        self.phase = "set-up"  # what this rank is doing, named when a wait runs out
         self._sequence = 0  # this rank's count of collective calls, to match them across ranks
+
+    # -- who this rank is (its accounting's) ------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.accounting.rank
+
+    @property
+    def size(self) -> int:
+        return self.accounting.size
+
+    @property
+    def host(self) -> str:
+        return self.accounting.host
+
+    @property
+    def world_rank(self) -> int:
+        return self.accounting.world_rank
+
+    @property
+    def world_ranks(self) -> list[int]:
+        return self.accounting.world_ranks
+
+    @property
+    def hosts(self) -> list[str] | None:
+        return self.accounting.hosts
+
+    @property
+    def workers(self) -> int:
+        return self.size - 1
+
+    @property
+    def wait_wall_seconds(self) -> float:
+        return self.accounting.wait_wall_seconds
+
+    @property
+    def wait_cpu_seconds(self) -> float:
+        return self.accounting.wait_cpu_seconds
+
+    def describe(self) -> str:
+        return self.accounting.describe()
+
+    def take_bytes(self) -> int:
+        """Bytes this rank sent since the previous call."""
+        return self.accounting.take_bytes()
+
+    def _limit(self, timeout: float | None) -> float | None:
+        """A verb's own ``timeout``, else the transport's ``bound``."""
+        return self.bound if timeout is None else timeout
 
     # -- point to point ------------------------------------------------------
     def _post(self, dest: int, tag: int, payload: Any, nbytes: int) -> None:
         with self.world.cond:
             self.world.mailboxes[self.world.members[dest]].append(_Message(self.rank, tag, payload, nbytes))
             self.world.cond.notify_all()
-        self._count(nbytes)
+        self.accounting.count(nbytes)
 
     def _take(self, source: int, tag: int, timeout: float | None) -> _Message:
         box = self.world.mailboxes[self.world_rank]
@@ -188,7 +239,7 @@ class LocalTransport(RankAccounting):
             try:
                 return self.world.wait_for(first_match, self._limit(timeout), f"message (tag {tag})", self.rank)
             finally:
-                self.wait_wall_seconds += time.perf_counter() - started
+                self.accounting.add_wait(time.perf_counter() - started)
 
     def send_object(self, obj: Any, dest: int, tag: int, timeout: float | None = None) -> int:
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
@@ -217,7 +268,8 @@ class LocalTransport(RankAccounting):
         self._post(dest, tag, np.array(array, copy=True), array.nbytes)
 
     def recv_large_array(self, source: int, tag: int = 0, timeout: float | None = None) -> np.ndarray:
-        return self._take(source, tag, timeout).payload
+        array: np.ndarray = self._take(source, tag, timeout).payload
+        return array
 
     # -- collectives ------------------------------------------------------------
     def _collective(self) -> _Collective:
@@ -230,7 +282,7 @@ class LocalTransport(RankAccounting):
             slot = self._collective()
             slot.deposits[self.rank] = value
             self.world.cond.notify_all()
-            return self.world.wait_for(lambda: len(slot.deposits) == self.size and slot.deposits,
+            return self.world.wait_for(lambda: slot.deposits if len(slot.deposits) == self.size else None,
                                        self._limit(timeout), what, self.rank)
 
     def broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None:
@@ -239,7 +291,7 @@ class LocalTransport(RankAccounting):
             if self.rank == root:
                 slot.deposits[root] = np.array(buf, copy=True)
                 self.world.cond.notify_all()
-                self._count(buf.nbytes * (self.size - 1))
+                self.accounting.count(buf.nbytes * (self.size - 1))
                 return
             self.world.wait_for(lambda: slot.deposits.get(root) is not None, self._limit(timeout),
                                 "weights broadcast", self.rank)
@@ -247,7 +299,7 @@ class LocalTransport(RankAccounting):
 
     def reduce_sum(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None:
         if self.rank != root:
-            self._count(buf.nbytes)
+            self.accounting.count(buf.nbytes)
         deposits = self._gather_at(np.array(buf, copy=True), timeout if self.rank == root else None,
                                    "weights reduction")
         if self.rank == root:
@@ -256,16 +308,19 @@ class LocalTransport(RankAccounting):
     def gather(self, buf: np.ndarray, out: np.ndarray | None = None, root: int = 0,
                timeout: float | None = None) -> None:
         if self.rank != root:
-            self._count(buf.nbytes)
+            self.accounting.count(buf.nbytes)
         deposits = self._gather_at(np.array(buf, copy=True), timeout if self.rank == root else None,
                                    "weights gather")
         if self.rank == root:
+            if out is None:
+                raise ValueError(f"the root of a gather needs a buffer for every rank's rows. Received: out=None "
+                                 f"at rank {root}")
             out[...] = np.stack([deposits[rank] for rank in range(self.size)])
 
     def bcast_object(self, obj: Any = None, root: int = 0, timeout: float | None = None) -> Any:
         deposits = self._gather_at(pickle.dumps(obj) if self.rank == root else None, timeout, "set-up broadcast")
         if self.rank == root:
-            self._count(len(deposits[root]) * (self.size - 1))
+            self.accounting.count(len(deposits[root]) * (self.size - 1))
         return pickle.loads(deposits[root])
 
     def allgather(self, obj: Any, timeout: float | None = None) -> list[Any]:
@@ -273,8 +328,9 @@ class LocalTransport(RankAccounting):
         return [pickle.loads(deposits[rank]) for rank in range(self.size)]
 
     def learn_hosts(self) -> list[str]:
-        self.hosts = self.allgather(self.host)
-        return self.hosts
+        hosts: list[str] = self.allgather(self.host)
+        self.accounting.hosts = hosts
+        return hosts
 
     def barrier(self, timeout: float | None = None) -> None:
         self._gather_at(True, timeout, "barrier")
@@ -324,7 +380,7 @@ class LocalTransport(RankAccounting):
             world.wait_for(lambda: world.generation != generation, timeout, "shrink", self.rank, survivable=False)
             survivors = [world.previous.index(rank) for rank in world.members]
         self._sequence = 0
-        return self._renumber(survivors)
+        return self.accounting.renumber(survivors)
 
     def agree(self, flag: int) -> int:
         deposits = self._gather_at(int(flag), None, "agreement")
@@ -332,3 +388,10 @@ class LocalTransport(RankAccounting):
         for value in deposits.values():
             result &= value
         return result
+
+
+if TYPE_CHECKING:
+    from mpi_trainer.comm.interface import RankTransport
+
+    def _speaks_every_verb(transport: LocalTransport) -> RankTransport:
+        return transport  # the type checker holds LocalTransport to the protocol the links speak

@@ -32,7 +32,8 @@ that times out knows which rank is missing.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -55,6 +56,14 @@ _TAG_STATE = 15
 _TAG_READY = 16
 
 
+class RowArrays(Protocol):
+    """Training rows as the scheduler holds them to send (:class:`Rows`, or the data placement's own)."""
+
+    positions: np.ndarray
+    x: np.ndarray
+    y: np.ndarray
+
+
 class SchedulerLink:
     """Rank 0's side of the conversation. Waits take ``timeout`` (None: forever) and raise TimeoutError."""
 
@@ -72,7 +81,7 @@ class SchedulerLink:
         order.bound = self.transport.bound
         self.transport.send_object(order, worker, _TAG_ORDER)
 
-    def await_ready(self, timeout_at: Any) -> None:
+    def await_ready(self, timeout_at: Callable[[], float | None]) -> None:
         """Every worker's "ready" for the round; ``timeout_at()`` gives the seconds left each time.
 
         Raises :class:`MissingRanks` naming the workers that did not answer.
@@ -124,14 +133,14 @@ class SchedulerLink:
         self.send_order(worker, Order(OrderKind.SEND_OPTIMIZER))
         return self.transport.recv_object(worker, _TAG_STATE, timeout=timeout)
 
-    def send_rows(self, worker: int, rows: Any, timeout: float | None = None) -> int:
+    def send_rows(self, worker: int, rows: RowArrays, timeout: float | None = None) -> int:
         """Training rows (``positions``, ``x``, ``y``), in chunks below MPI's message limit; returns their bytes."""
         arrays = (rows.positions, rows.x, rows.y)
         for array in arrays:
             self.transport.send_large_array(array, worker, _TAG_DATA, timeout=timeout)
         return sum(array.nbytes for array in arrays)
 
-    def send_split(self, worker: int, header: tuple, arrays: list[np.ndarray]) -> None:
+    def send_split(self, worker: int, header: tuple[Any, ...], arrays: list[np.ndarray]) -> None:
         """Scatter at set-up: the dataset's description, then its arrays."""
         self.transport.send_object(header, worker, _TAG_DATA)
         for array in arrays:
@@ -182,7 +191,7 @@ class WorkerLink:
 
     def recv_order(self) -> Order:
         self.transport.phase = f"waiting for the scheduler's next order (after {self.doing})"
-        order = self.transport.recv_object(0, _TAG_ORDER).payload
+        order: Order = self.transport.recv_object(0, _TAG_ORDER).payload
         if order.bound is not None:
             self.transport.bound = for_rank(self.rank, order.bound)
         self.doing = self.transport.phase = order.describe()
@@ -234,7 +243,8 @@ class WorkerLink:
         self.transport.recv_array(out, source=0, tag=_TAG_WEIGHTS)
 
     def recv_state(self) -> np.ndarray:
-        return self.transport.recv_object(0, _TAG_STATE).payload
+        vector: np.ndarray = self.transport.recv_object(0, _TAG_STATE).payload
+        return vector
 
     def send_state(self, vector: np.ndarray) -> None:
         self.transport.send_object(vector, 0, _TAG_STATE)
@@ -242,6 +252,6 @@ class WorkerLink:
     def recv_rows(self) -> Rows:
         return Rows(*(self.transport.recv_large_array(0, _TAG_DATA) for _ in range(3)))
 
-    def recv_split(self, count: int) -> tuple[tuple, list[np.ndarray]]:
-        header = self.transport.recv_object(0, _TAG_DATA).payload
+    def recv_split(self, count: int) -> tuple[tuple[Any, ...], list[np.ndarray]]:
+        header: tuple[Any, ...] = self.transport.recv_object(0, _TAG_DATA).payload
         return header, [self.transport.recv_large_array(0, _TAG_DATA) for _ in range(count)]

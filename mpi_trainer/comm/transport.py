@@ -3,39 +3,60 @@
 The scheduler and the workers speak through a handful of verbs on
 :class:`Transport`: small pickled messages between two ranks, flat float32
 buffers broadcast, reduced or sent point to point, and a few set-up
-collectives. Every verb counts the bytes its rank sends. The verbs are put
-together from the modules of :mod:`mpi_trainer.comm`, one concern each:
+collectives. Every verb counts the bytes its rank sends. One class owns the
+communicator and everything done on it; what it is made of:
 
-* :mod:`.accounting`: who this rank is, the bytes it sent and the time it waited;
-* :mod:`.waits`: every wait for a peer sleeps and is bounded (a verb called
-  without a ``timeout`` waits at most ``bound`` seconds; the job sets it), and a
+* its :class:`~.accounting.RankAccounting`: who this rank is, the bytes it sent and
+  the time it waited (the in-process transport keeps the same);
+* waits that sleep and are bounded (the pure parts in :mod:`.waits`): a verb called
+  without a ``timeout`` waits at most ``bound`` seconds (the job sets it), and a
   timeout names this rank's ``phase`` and the missing ranks and their hosts;
-* :mod:`.handshakes`: bulk payloads move with the blocking call only once every
-  participant is known to be there;
-* :mod:`.failures`: failure notices, a lost peer as ``RankLost``, ULFM's shrink,
-  and the abort hook.
+* hand-shakes (tags in :mod:`.handshakes`): bulk payloads move with the blocking
+  call only once every participant is known to be there;
+* failures (shared parts in :mod:`.failures`): failure notices, a lost peer as
+  ``RankLost``, ULFM's shrink and agreement, and the abort.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
-from typing import Any
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
 from mpi_trainer.comm.accounting import RankAccounting, Received, Shrunk
 from mpi_trainer.comm.failures import (
     FAILURE_CLASSES,
-    FailureHandling,
+    NOTICE_CHARS,
+    NOTICE_SECONDS,
+    TAG_FAILED,
     PeerFailure,
     fault_tolerance_problem,
     install_abort_on_error,
     notice_text,
-    surfacing_failures,
 )
-from mpi_trainer.comm.handshakes import ANNOUNCE_BYTES, TAG_CLEAR, Handshakes
-from mpi_trainer.comm.waits import DEFAULT_MAX_SLEEP, StuckGuard, TransportTimeout
+from mpi_trainer.comm.handshakes import ANNOUNCE_BYTES, TAG_ARRIVED, TAG_CLEAR, TAG_GOING, TAG_PROCEED
+from mpi_trainer.comm.waits import (
+    DEFAULT_MAX_SLEEP,
+    NOTHING,
+    STUCK_TRANSFER_EXIT,
+    StuckGuard,
+    TransportTimeout,
+    due_sleep,
+    poll_sleep,
+)
+from mpi_trainer.errors import RankLost
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 # What other modules import from here, whichever module of mpi_trainer.comm defines it.
 __all__ = ["MAX_MESSAGE_BYTES", "PeerFailure", "RankAccounting", "Received", "Shrunk", "Transport",
@@ -45,8 +66,26 @@ __all__ = ["MAX_MESSAGE_BYTES", "PeerFailure", "RankAccounting", "Received", "Sh
 # arrays travel as byte chunks of at most 1 GiB.
 MAX_MESSAGE_BYTES = 1 << 30
 
+P = ParamSpec("P")
+R = TypeVar("R")
 
-class Transport(Handshakes, FailureHandling, RankAccounting):
+
+def surfacing_failures(verb: Callable[Concatenate[Transport, P], R]) -> Callable[Concatenate[Transport, P], R]:
+    """A verb that raises :class:`RankLost` where MPI reports a failed peer or a revoked communicator."""
+
+    @functools.wraps(verb)
+    def wrapper(self: Transport, *args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return verb(self, *args, **kwargs)
+        except self._mpi.Exception as exc:
+            if exc.Get_error_class() not in self._failure_classes:
+                raise
+            raise RankLost(f"{self.describe()}: {exc.Get_error_string()}") from exc
+
+    return wrapper
+
+
+class Transport:
     """MPI verbs for one rank, with byte counters and non-spinning waits.
 
     ``max_sleep = 0`` turns every wait into a plain blocking MPI call (no
@@ -55,17 +94,252 @@ class Transport(Handshakes, FailureHandling, RankAccounting):
     have, the transfer runs at the blocking call's speed.
     """
 
-    def __init__(self, comm: Any = None, max_sleep: float = DEFAULT_MAX_SLEEP) -> None:
+    def __init__(self, comm: MPI.Comm | None = None, max_sleep: float = DEFAULT_MAX_SLEEP) -> None:
         from mpi4py import MPI
 
-        self._mpi = MPI
-        self.comm = comm if comm is not None else MPI.COMM_WORLD
-        self._start_accounting(self.comm.Get_rank(), self.comm.Get_size(), MPI.Get_processor_name())
+        self._mpi: ModuleType = MPI
+        self.comm: MPI.Comm = comm if comm is not None else MPI.COMM_WORLD
+        self.accounting = RankAccounting(self.comm.Get_rank(), self.comm.Get_size(), MPI.Get_processor_name())
         self.max_sleep = max_sleep
+        self.bound: float | None = None  # seconds a wait without a timeout of its own may last (None: for ever)
+        self.phase = "set-up"  # what this rank is doing, named when a wait runs out
         self.max_message_bytes = MAX_MESSAGE_BYTES
         self.announce_bytes = ANNOUNCE_BYTES
         self._failure_classes = {getattr(MPI, name) for name in FAILURE_CLASSES if hasattr(MPI, name)}
         self._guard: StuckGuard | None = None
+
+    # -- who this rank is (its accounting's) ------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.accounting.rank
+
+    @property
+    def size(self) -> int:
+        return self.accounting.size
+
+    @property
+    def host(self) -> str:
+        return self.accounting.host
+
+    @property
+    def world_rank(self) -> int:
+        return self.accounting.world_rank
+
+    @property
+    def world_ranks(self) -> list[int]:
+        return self.accounting.world_ranks
+
+    @property
+    def hosts(self) -> list[str] | None:
+        return self.accounting.hosts
+
+    @hosts.setter
+    def hosts(self, hosts: list[str] | None) -> None:
+        self.accounting.hosts = hosts
+
+    @property
+    def workers(self) -> int:
+        return self.size - 1
+
+    @property
+    def wait_wall_seconds(self) -> float:
+        return self.accounting.wait_wall_seconds
+
+    @property
+    def wait_cpu_seconds(self) -> float:
+        return self.accounting.wait_cpu_seconds
+
+    @property
+    def total_bytes_sent(self) -> int:
+        return self.accounting.total_bytes_sent
+
+    def describe(self) -> str:
+        return self.accounting.describe()
+
+    def take_bytes(self) -> int:
+        """Bytes this rank sent since the previous call."""
+        return self.accounting.take_bytes()
+
+    def _limit(self, timeout: float | None) -> float | None:
+        """A verb's own ``timeout``, else the transport's ``bound``."""
+        return self.bound if timeout is None else timeout
+
+    def _count(self, nbytes: int) -> None:
+        self.accounting.count(nbytes)
+
+    # -- waiting: every wait for a peer sleeps and is bounded ------------------------
+    @contextmanager
+    def _timed(self) -> Iterator[None]:
+        """Add the wall and CPU time of the block to this rank's time in the transport."""
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self.accounting.add_wait(time.perf_counter() - wall0, time.process_time() - cpu0)
+
+    @contextmanager
+    def _bulk(self, timeout: float | None, what: str) -> Iterator[None]:
+        """Time a blocking transfer that every peer has entered; past ``timeout``, end the job.
+
+        A blocking MPI call cannot time out, and a peer stopped inside it would
+        hold this rank for ever, so the transport's :class:`StuckGuard` names the
+        transfer and aborts.
+        """
+        guard = self._guard_for(timeout)
+        if guard is not None and timeout is not None:
+            guard.arm(timeout, what)
+        try:
+            with self._timed():
+                yield
+        finally:
+            if guard is not None:
+                guard.disarm()
+
+    def _guard_for(self, timeout: float | None) -> StuckGuard | None:
+        """The guard that watches a blocking call bounded by ``timeout``: none without a bound, or
+        where MPI does not allow threads (started at the first bounded call)."""
+        if timeout is None:
+            return None
+        if self._guard is None and self._mpi.Query_thread() >= self._mpi.THREAD_MULTIPLE:
+            self._guard = StuckGuard(self._abort_stuck)
+        return self._guard
+
+    def _abort_stuck(self, what: str, timeout: float) -> None:
+        sys.stderr.write(f"mpi_trainer: error: {self.describe()}: the {what} did not complete within "
+                         f"{timeout:g} s of every rank entering it (a peer stopped inside it); ending the job\n")
+        sys.stderr.flush()
+        self.abort(STUCK_TRANSFER_EXIT)
+
+    def _blocking(self, timeout: float | None) -> bool:
+        return self.max_sleep <= 0 and timeout is None
+
+    def _poll(self, ready: Callable[[], bool], timeout: float | None, what: str,
+              missing: Callable[[], list[int]] = list, due: float | None = None) -> None:
+        """Call ``ready()`` with growing sleeps until it is true; TransportTimeout after ``timeout``.
+
+        ``due`` (a ``time.perf_counter()`` time): when the awaited message is expected; see
+        :func:`due_sleep`.
+        """
+        with self._timed():
+            started = time.perf_counter()
+            while not ready():
+                now = time.perf_counter()
+                waited = now - started
+                if timeout is not None and waited > timeout:
+                    raise self._timeout(what, timeout, missing())
+                pause = poll_sleep(waited, self.max_sleep)
+                if due is not None:
+                    pause = due_sleep(pause, now, started, due)
+                if pause > 0:
+                    self.check_notices()  # once per sleep: a rank that failed and left is not waited for
+                    time.sleep(pause)
+
+    def _timeout(self, what: str, timeout: float, missing: list[int]) -> TransportTimeout:
+        named = f" (waiting for {self.accounting.name_ranks(missing)})" if missing else ""
+        return TransportTimeout(f"{self.describe()}, {self.phase}: no {what} within {timeout:g} s{named}", missing)
+
+    def _wait(self, request: MPI.Request, what: str = "completion", timeout: float | None = None,
+              peer: int | None = None) -> None:
+        """Wait for ``request``; a timeout names ``peer``, the rank it depends on, when there is one."""
+        if self._blocking(timeout):
+            with self._timed():
+                request.Wait()
+            return
+        self._poll(request.Test, timeout, what, list if peer is None else lambda: [peer])
+
+    def _wait_for_peer(self, peer: int, tag: int, timeout: float | None, what: str) -> None:
+        """Sleep until an empty message arrives from ``peer`` on ``tag``.
+
+        A receive still pending at the timeout is cancelled, so that a late
+        message cannot complete it behind the caller's back.
+        """
+        request = self.comm.Irecv([NOTHING, self._mpi.BYTE], peer, tag)
+        if self._blocking(timeout):
+            with self._timed():
+                request.Wait()
+            return
+        try:
+            self._poll(request.Test, timeout, what, lambda: [peer])
+        except TimeoutError:
+            request.Cancel()
+            request.Wait()
+            raise
+
+    def _probe(self, source: int, tag: int, timeout: float | None, due: float | None = None) -> MPI.Status:
+        status: MPI.Status = self._mpi.Status()
+        what = f"message (tag {tag}) from {'any rank' if source < 0 else f'rank {source}'}"
+        if self._blocking(timeout):
+            with self._timed():
+                self.comm.Probe(source, tag, status)
+        else:
+            self._poll(lambda: self.comm.Iprobe(source, tag, status), timeout, what,
+                       lambda: [] if source < 0 else [source], due)
+        return status
+
+    # -- hand-shakes -----------------------------------------------------------
+    def _send_nothing(self, dest: int, tag: int) -> None:
+        """An empty message: MPI sends it eagerly, so the request is complete when posted."""
+        self.comm.Isend([NOTHING, self._mpi.BYTE], dest, tag).Wait()
+
+    def _gather_nothing(self, others: set[int], tag: int, timeout: float | None, what: str) -> None:
+        """Root: sleep until every rank in ``others`` has sent it an empty message on ``tag``."""
+        heard: set[int] = set()
+        status = self._mpi.Status()
+
+        def everyone() -> bool:
+            while len(heard) < len(others) and self.comm.Iprobe(self._mpi.ANY_SOURCE, tag, status):
+                self.comm.Recv([NOTHING, self._mpi.BYTE], status.Get_source(), tag)
+                heard.add(status.Get_source())
+            return len(heard) == len(others)
+
+        self._poll(everyone, timeout, what, lambda: sorted(others - heard))
+
+    def _rendezvous(self, root: int, timeout: float | None, what: str) -> None:
+        """Return once every rank of the communicator is at this collective, ready to move the payload.
+
+        Three steps, each rank's waits sleeping: all tell the root they arrived; the
+        root tells all to proceed; all confirm. The root enters the blocking collective
+        only after the confirmations, so a rank stopped while it waited (a fast worker
+        waiting for a slow one) is named by the timeout instead of hanging the root.
+        """
+        if self._blocking(timeout) or self.size == 1:
+            return
+        if self.rank != root:
+            self._send_nothing(root, TAG_ARRIVED)
+            self._wait_for_peer(root, TAG_PROCEED, timeout, what)
+            self._send_nothing(root, TAG_GOING)
+            return
+        others = set(range(self.size)) - {root}
+        self._gather_nothing(others, TAG_ARRIVED, timeout, what)
+        for rank in sorted(others):
+            self._send_nothing(rank, TAG_PROCEED)
+        self._gather_nothing(others, TAG_GOING, timeout, what)
+
+    def _announce(self, dest: int, tag: int, timeout: float | None, what: str) -> None:
+        """Sender: tell ``dest`` a large payload is coming on ``tag``; sleep until it is ready for it."""
+        if self._blocking(timeout):
+            return
+        self._send_nothing(dest, tag)
+        self._wait_for_peer(dest, TAG_CLEAR, timeout, what)
+
+    def _accept(self, status: MPI.Status, tag: int, timeout: float | None) -> MPI.Status:
+        """Receiver: take the announcement ``status`` describes, clear the sender, probe the payload.
+
+        The payload follows within one of the sender's polling sleeps; the probe
+        still sleeps and times out, for a sender stopped before it sent.
+        """
+        sender = status.Get_source()
+        self.comm.Recv([NOTHING, self._mpi.BYTE], sender, tag)
+        self._send_nothing(sender, TAG_CLEAR)
+        return self._probe(sender, tag, timeout)
+
+    def _receive_status(self, source: int, tag: int, timeout: float | None, expected: int = -1,
+                        due: float | None = None) -> MPI.Status:
+        """The status of the next payload on ``tag``, after accepting an announcement if one comes first."""
+        status = self._probe(source, tag, timeout, due)
+        if status.Get_count(self._mpi.BYTE) == 0 and expected != 0:
+            status = self._accept(status, tag, timeout)
+        return status
 
     # -- small objects ----------------------------------------------------
     @surfacing_failures
@@ -223,8 +497,9 @@ class Transport(Handshakes, FailureHandling, RankAccounting):
 
     def learn_hosts(self) -> list[str]:
         """Every rank's host, kept so that a later timeout names where a missing rank runs."""
-        self.hosts = self.allgather(self.host)
-        return self.hosts
+        hosts: list[str] = self.allgather(self.host)
+        self.accounting.hosts = hosts
+        return hosts
 
     def node_layout(self) -> tuple[int, list[int]]:
         """This node's core count and the world ranks that share this node."""
@@ -242,6 +517,59 @@ class Transport(Handshakes, FailureHandling, RankAccounting):
     def barrier(self, timeout: float | None = None) -> None:
         self._wait(self.comm.Ibarrier(), "barrier", self._limit(timeout))
 
+    # -- failures ----------------------------------------------------------------
+    def notify_failure(self, text: str) -> None:
+        """Tell every other rank that this one failed with ``text`` and is leaving the job.
+
+        The notice is small, so MPI sends it eagerly even to a peer that is busy or stopped;
+        a peer that takes nothing within ``NOTICE_SECONDS`` is left behind.
+        """
+        data = pickle.dumps((self.rank, self.host, text[:NOTICE_CHARS]), protocol=pickle.HIGHEST_PROTOCOL)
+        requests = [self.comm.Isend([data, self._mpi.BYTE], rank, TAG_FAILED)
+                    for rank in range(self.size) if rank != self.rank]
+        deadline = time.perf_counter() + NOTICE_SECONDS
+        while not all(request.Test() for request in requests) and time.perf_counter() < deadline:
+            time.sleep(1e-3)
+
+    def check_notices(self) -> None:
+        """Raise :class:`PeerFailure` when another rank's failure notice has arrived."""
+        status = self._mpi.Status()
+        if not self.comm.Iprobe(self._mpi.ANY_SOURCE, TAG_FAILED, status):
+            return
+        data = bytearray(status.Get_count(self._mpi.BYTE))
+        self.comm.Recv([data, self._mpi.BYTE], status.Get_source(), TAG_FAILED)
+        raise PeerFailure(*pickle.loads(data))
+
+    def shrink(self, timeout: float | None = None) -> Shrunk:
+        """Revoke the communicator (every survivor's pending and later calls on it fail, so all of them
+        come here), then carry on with a new one of the survivors, renumbered in their old order.
+        """
+        old = self.comm
+        try:
+            old.Revoke()
+        except self._mpi.Exception:
+            pass  # revoked already, by the rank that noticed first
+        # Blocking: a polled MPI_Comm_ishrink fails with MPI_ERR_INTERN in Open MPI 5.0. Past ``timeout``
+        # (a survivor that never comes) the job ends, as for any stuck transfer.
+        with self._bulk(self._limit(timeout), "shrink of the communicator to the surviving ranks"):
+            new = old.Shrink()
+        new.Set_errhandler(self._mpi.ERRORS_RETURN)  # failures stay exceptions on the new communicator
+        survivors = self._mpi.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())), old.Get_group())
+        self.comm = new
+        return self.accounting.renumber(list(survivors))
+
+    @surfacing_failures
+    def agree(self, flag: int) -> int:
+        """ULFM's fault-tolerant agreement: the bitwise AND of every live rank's ``flag``; RankLost
+        when a rank of the communicator failed (shrink again, then agree again)."""
+        return int(self.comm.Agree(flag))
+
+    def crash(self) -> None:
+        """Test hook: end this process at once, as ``kill -9`` would (no MPI_Finalize, no exit code)."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
     def duplicate(self, timeout: float | None = None) -> Transport:
         """A transport on a new communicator with this one's settings: a job's messages stay in its own.
 
@@ -256,3 +584,10 @@ class Transport(Handshakes, FailureHandling, RankAccounting):
 
     def abort(self, code: int = 1) -> None:
         self.comm.Abort(code)
+
+
+if TYPE_CHECKING:
+    from mpi_trainer.comm.interface import RankTransport
+
+    def _speaks_every_verb(transport: Transport) -> RankTransport:
+        return transport  # the type checker holds Transport to the protocol the links speak

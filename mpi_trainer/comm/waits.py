@@ -6,17 +6,16 @@ short, growing sleeps (:func:`poll_sleep`), and it can time out
 (:class:`TransportTimeout`, naming the ranks that never arrived). A transfer
 that every peer has entered runs as the blocking call instead (Open MPI
 advances a transfer only inside MPI calls), timed and watched by a
-:class:`StuckGuard` that ends the job if a peer stops inside it.
+:class:`StuckGuard` that ends the job if a peer stops inside it. The waits
+themselves are :class:`~mpi_trainer.comm.transport.Transport`'s; this module
+holds their pure parts: the sleeps, the timeout error and the guard.
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
@@ -105,120 +104,3 @@ class StuckGuard:
             if armed is not None and time.perf_counter() > armed[0]:
                 self.on_stuck(armed[1], armed[2])
                 return
-
-
-
-class PolledWaits:
-    """The waits of the MPI transport (a mixin of :class:`~mpi_trainer.comm.transport.Transport`).
-
-    It expects ``comm``, ``_mpi``, ``max_sleep``, ``phase``, ``_guard`` and the accounting's
-    counters and names, and ``check_notices`` (a failure notice ends any wait).
-    """
-
-    @contextmanager
-    def _timed(self) -> Iterator[None]:
-        """Add the wall and CPU time of the block to this rank's time in the transport."""
-        wall0, cpu0 = time.perf_counter(), time.process_time()
-        try:
-            yield
-        finally:
-            self.wait_wall_seconds += time.perf_counter() - wall0
-            self.wait_cpu_seconds += time.process_time() - cpu0
-
-    @contextmanager
-    def _bulk(self, timeout: float | None, what: str) -> Iterator[None]:
-        """Time a blocking transfer that every peer has entered; past ``timeout``, end the job.
-
-        A blocking MPI call cannot time out, and a peer stopped inside it would
-        hold this rank for ever, so the transport's :class:`StuckGuard` names the
-        transfer and aborts.
-        """
-        armed = timeout is not None and self._guard_ready()
-        if armed:
-            self._guard.arm(timeout, what)
-        try:
-            with self._timed():
-                yield
-        finally:
-            if armed:
-                self._guard.disarm()
-
-    def _guard_ready(self) -> bool:
-        """Whether a guard thread can watch this rank's blocking calls (MPI must allow threads)."""
-        if self._guard is None and self._mpi.Query_thread() >= self._mpi.THREAD_MULTIPLE:
-            self._guard = StuckGuard(self._abort_stuck)
-        return self._guard is not None
-
-    def _abort_stuck(self, what: str, timeout: float) -> None:
-        sys.stderr.write(f"mpi_trainer: error: {self.describe()}: the {what} did not complete within "
-                         f"{timeout:g} s of every rank entering it (a peer stopped inside it); ending the job\n")
-        sys.stderr.flush()
-        self.abort(STUCK_TRANSFER_EXIT)
-
-    # -- waiting ----------------------------------------------------------
-    def _blocking(self, timeout: float | None) -> bool:
-        return self.max_sleep <= 0 and timeout is None
-
-    def _poll(self, ready: Callable[[], bool], timeout: float | None, what: str,
-              missing: Callable[[], list[int]] = list, due: float | None = None) -> None:
-        """Call ``ready()`` with growing sleeps until it is true; TransportTimeout after ``timeout``.
-
-        ``due`` (a ``time.perf_counter()`` time): when the awaited message is expected; see
-        :func:`due_sleep`.
-        """
-        with self._timed():
-            started = time.perf_counter()
-            while not ready():
-                now = time.perf_counter()
-                waited = now - started
-                if timeout is not None and waited > timeout:
-                    raise self._timeout(what, timeout, missing())
-                pause = poll_sleep(waited, self.max_sleep)
-                if due is not None:
-                    pause = due_sleep(pause, now, started, due)
-                if pause > 0:
-                    self.check_notices()  # once per sleep: a rank that failed and left is not waited for
-                    time.sleep(pause)
-
-    def _timeout(self, what: str, timeout: float, missing: list[int]) -> TransportTimeout:
-        named = f" (waiting for {self.name_ranks(missing)})" if missing else ""
-        return TransportTimeout(f"{self.describe()}, {self.phase}: no {what} within {timeout:g} s{named}", missing)
-
-
-    def _wait(self, request: Any, what: str = "completion", timeout: float | None = None,
-              peer: int | None = None) -> None:
-        """Wait for ``request``; a timeout names ``peer``, the rank it depends on, when there is one."""
-        if self._blocking(timeout):
-            with self._timed():
-                request.Wait()
-            return
-        self._poll(request.Test, timeout, what, list if peer is None else lambda: [peer])
-
-    def _wait_for_peer(self, peer: int, tag: int, timeout: float | None, what: str) -> None:
-        """Sleep until an empty message arrives from ``peer`` on ``tag``.
-
-        A receive still pending at the timeout is cancelled, so that a late
-        message cannot complete it behind the caller's back.
-        """
-        request = self.comm.Irecv([NOTHING, self._mpi.BYTE], peer, tag)
-        if self._blocking(timeout):
-            with self._timed():
-                request.Wait()
-            return
-        try:
-            self._poll(request.Test, timeout, what, lambda: [peer])
-        except TimeoutError:
-            request.Cancel()
-            request.Wait()
-            raise
-
-    def _probe(self, source: int, tag: int, timeout: float | None, due: float | None = None) -> Any:
-        status = self._mpi.Status()
-        what = f"message (tag {tag}) from {'any rank' if source < 0 else f'rank {source}'}"
-        if self._blocking(timeout):
-            with self._timed():
-                self.comm.Probe(source, tag, status)
-        else:
-            self._poll(lambda: self.comm.Iprobe(source, tag, status), timeout, what,
-                       lambda: [] if source < 0 else [source], due)
-        return status

@@ -35,12 +35,11 @@ def test_launch_adds_the_options_only_for_fault_survive():
 
 
 def test_a_shrink_renumbers_the_survivors_and_names_the_lost_by_their_starting_rank():
-    ranks = [RankAccounting() for _ in range(5)]
-    for rank, accounting in enumerate(ranks):
-        accounting._start_accounting(rank, 5, "h")
+    ranks = [RankAccounting(rank, 5, "h") for rank in range(5)]
+    for accounting in ranks:
         accounting.hosts = [f"h{index}" for index in range(5)]
-    first = ranks[3]._renumber([0, 1, 3, 4])  # rank 2 lost
+    first = ranks[3].renumber([0, 1, 3, 4])  # rank 2 lost
     assert (first.lost, first.lost_world, ranks[3].rank, ranks[3].size) == ([2], [2], 2, 4)
-    second = ranks[3]._renumber([0, 2, 3])  # now rank 1 lost: it started as rank 1
+    second = ranks[3].renumber([0, 2, 3])  # now rank 1 lost: it started as rank 1
     assert (second.lost, second.lost_world, ranks[3].rank, ranks[3].world_ranks) == ([1], [1], 1, [0, 3, 4])
     assert ranks[3].hosts == ["h0", "h3", "h4"]  # a timeout names the right host after the shrinks
