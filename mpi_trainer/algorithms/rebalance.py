@@ -28,7 +28,7 @@ import statistics
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 DEADBAND = 0.02
 WINDOW = 3
@@ -69,8 +69,24 @@ def bounds_from_sizes(sizes: Sequence[int]) -> list[tuple[int, int]]:
     return bounds
 
 
-def measured(report: Any) -> Measurement:
-    """What a worker's report (:class:`~mpi_trainer.comm.protocol.Report`) says about its speed."""
+class TimedReport(Protocol):
+    """What a worker's report (:class:`~mpi_trainer.comm.messages.Report`) says about its speed."""
+
+    @property
+    def samples(self) -> int: ...
+
+    @property
+    def train_seconds(self) -> float: ...
+
+    @property
+    def step_rate(self) -> float | None: ...
+
+    @property
+    def timed_steps(self) -> int: ...
+
+
+def measured(report: TimedReport) -> Measurement:
+    """What a worker's report (:class:`~mpi_trainer.comm.messages.Report`) says about its speed."""
     return Measurement(report.samples, report.train_seconds, report.step_rate, report.timed_steps)
 
 
@@ -80,7 +96,7 @@ class Rebalancer:
     def __init__(self, bounds: Sequence[tuple[int, int]], smoothing: float) -> None:
         if not 0 < smoothing <= 1:
             raise ValueError(f"smoothing must lie in (0, 1]. Received: smoothing={smoothing}")
-        self.bounds = [tuple(b) for b in bounds]
+        self.bounds = [(start, end) for start, end in bounds]
         self.smoothing = smoothing
         self.throughput: list[float | None] = [None] * len(self.bounds)
         self.recent: list[deque[float]] = [deque(maxlen=WINDOW) for _ in self.bounds]
@@ -115,9 +131,10 @@ class Rebalancer:
 
     def propose(self) -> list[tuple[int, int]]:
         """The next round's bounds; unchanged until every worker has been measured."""
-        if any(rate is None for rate in self.throughput):
+        rates = [float(rate) for rate in self.throughput if rate is not None]
+        if len(rates) < len(self.throughput):
             return list(self.bounds)
-        sizes = proportional_sizes(self.total, [float(rate) for rate in self.throughput])
+        sizes = proportional_sizes(self.total, rates)
         current = [end - start for start, end in self.bounds]
         if all(abs(new - old) <= DEADBAND * old for new, old in zip(sizes, current)):
             return list(self.bounds)
