@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import traceback
+from collections.abc import MutableMapping
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 # PeerFailure is raised by the transports' waits; importable from here as it always was.
 __all__ = ["FAILURE_CLASSES", "NOTICE_CHARS", "NOTICE_SECONDS", "TAG_FAILED", "PeerFailure",
-           "fault_tolerance_problem", "install_abort_on_error", "notice_text"]
+           "fault_tolerance_problem", "install_abort_on_error", "notice_text", "prepare_mpi_environment"]
 
 # After the hand-shake tags of mpi_trainer.comm.handshakes.
 TAG_FAILED = 21  # a failure notice: the sender failed and left the job (pickled rank, host, text)
@@ -45,6 +46,20 @@ def notice_text(exc: BaseException) -> str:
 
 # MPI error classes that say a peer failed (ULFM): the verbs raise RankLost for them.
 FAILURE_CLASSES = ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
+
+
+def prepare_mpi_environment(environ: MutableMapping[str, str] | None = None) -> None:
+    """What the MPI library must find in the environment when it starts: call before MPI is initialised.
+
+    Under Open MPI's fault-tolerant MPI (``--with-ft ulfm``, which sets ``OMPI_MCA_mpi_ft_enable``)
+    the ranks that survive a lost peer skip the runtime's fence at the start of ``MPI_Finalize``:
+    across hosts that fence waits for the dead ranks and never returns (a known Open MPI defect,
+    open-mpi/ompi#11404). The job's own closing barrier runs on the shrunk communicator before it,
+    so nothing is left in flight. A value the user set is kept.
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes"):
+        environ.setdefault("OMPI_MCA_async_mpi_finalize", "1")
 
 
 def fault_tolerance_problem(environ: dict[str, str] | None = None) -> str | None:

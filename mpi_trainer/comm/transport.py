@@ -42,6 +42,7 @@ from mpi_trainer.comm.failures import (
     fault_tolerance_problem,
     install_abort_on_error,
     notice_text,
+    prepare_mpi_environment,
 )
 from mpi_trainer.comm.handshakes import ANNOUNCE_BYTES, TAG_ARRIVED, TAG_CLEAR, TAG_GOING, TAG_PROCEED
 from mpi_trainer.comm.waits import (
@@ -95,6 +96,10 @@ class Transport:
     """
 
     def __init__(self, comm: MPI.Comm | None = None, max_sleep: float = DEFAULT_MAX_SLEEP) -> None:
+        """``comm``: the communicator to speak on; None: this process's ``MPI_COMM_WORLD`` (MPI starts
+        here, at the first import of ``mpi4py.MPI``, so the environment it reads is prepared first)."""
+        if comm is None:
+            prepare_mpi_environment()
         from mpi4py import MPI
 
         self._mpi: ModuleType = MPI

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mpi_trainer.comm.accounting import RankAccounting
-from mpi_trainer.comm.failures import fault_tolerance_problem
+from mpi_trainer.comm.failures import fault_tolerance_problem, prepare_mpi_environment
 from mpi_trainer.launch.mpirun import FAULT_TOLERANT_OPTIONS, mpirun_command
 
 FT_ENV = {"OMPI_MCA_mpi_ft_enable": "1", "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "tcp,self"}
@@ -43,3 +43,24 @@ def test_a_shrink_renumbers_the_survivors_and_names_the_lost_by_their_starting_r
     second = ranks[3].renumber([0, 2, 3])  # now rank 1 lost: it started as rank 1
     assert (second.lost, second.lost_world, ranks[3].rank, ranks[3].world_ranks) == ([1], [1], 1, [0, 3, 4])
     assert ranks[3].hosts == ["h0", "h3", "h4"]  # a timeout names the right host after the shrinks
+
+
+def test_under_fault_tolerant_mpi_the_survivors_finalize_without_the_runtimes_fence():
+    tolerant, plain, chosen = dict(FT_ENV), {"OMPI_MCA_pml": "ob1"}, {**FT_ENV, "OMPI_MCA_async_mpi_finalize": "0"}
+    for environ in (tolerant, plain, chosen):
+        prepare_mpi_environment(environ)
+    assert tolerant["OMPI_MCA_async_mpi_finalize"] == "1"
+    assert "OMPI_MCA_async_mpi_finalize" not in plain
+    assert chosen["OMPI_MCA_async_mpi_finalize"] == "0"  # the user's own setting is kept
+
+
+def test_importing_the_transport_changes_no_environment(monkeypatch):
+    import importlib
+    import os
+
+    import mpi_trainer.comm
+
+    monkeypatch.setenv("OMPI_MCA_mpi_ft_enable", "1")
+    monkeypatch.delenv("OMPI_MCA_async_mpi_finalize", raising=False)
+    importlib.reload(mpi_trainer.comm)
+    assert "OMPI_MCA_async_mpi_finalize" not in os.environ
