@@ -11,12 +11,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mpi_trainer.config import Config
 from mpi_trainer.persistence.run_files import TIMELINE_NAME
 from mpi_trainer.reporting.progress import RoundProgress
 from mpi_trainer.reporting.timeline import Timeline
+
+if TYPE_CHECKING:
+    from mpi_trainer.comm.messages import Report
 
 TIMELINE_EVERY_SECONDS = 10.0  # rewrite timeline.json at most this often during a run
 
@@ -65,7 +68,7 @@ class RunObservers:
         if self.timeline is not None and start is not None:
             self.timeline.add(0, name, start + self.wall_offset, now + self.wall_offset, round_index)
 
-    def worker_phases(self, reports: Iterable[Any]) -> None:
+    def worker_phases(self, reports: Iterable[Report]) -> None:
         """The phases each report carries (see :class:`~mpi_trainer.reporting.timeline.PhaseLog`)."""
         if self.timeline is None:
             return
@@ -73,6 +76,8 @@ class RunObservers:
             self.timeline.add_phases(report.rank, report.phases)
 
     def write_timeline(self) -> None:
+        if self.timeline is None:  # log.timeline = false
+            return
         self.timeline.write(self.run_dir / TIMELINE_NAME)
         self.timeline_written = time.monotonic()
 

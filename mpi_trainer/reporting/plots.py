@@ -17,30 +17,40 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mpi_trainer.reporting.rundata import RunData
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 FIGSIZE = (10, 5.5)
 DPI = 110
 MB = 1e6
 
 
-def _pyplot():
+def _use_agg() -> None:
     import matplotlib
 
     matplotlib.use("Agg")  # files only: works on nodes with no display
+
+
+def _subplots(rows: int = 1, columns: int = 1, **options: Any) -> tuple[Figure, Any]:
+    """A figure of the plots' size and its axes: one, or an array of them (as ``pyplot.subplots`` gives)."""
+    _use_agg()
     import matplotlib.pyplot as plt
 
-    return plt
+    return plt.subplots(rows, columns, figsize=FIGSIZE, dpi=DPI, **options)
 
 
 def _series(data: RunData, column: str) -> np.ndarray:
     return np.asarray(data.columns.get(column, [math.nan] * len(data.rounds)), dtype=float)
 
 
-def _style(ax, ylabel: str, title: str) -> None:
+def _style(ax: Axes, ylabel: str, title: str) -> None:
     from matplotlib.ticker import MaxNLocator
 
     ax.set_xlabel("round")
@@ -73,7 +83,7 @@ def best_round(data: RunData) -> int | None:
     return data.rounds[int(np.nanargmax(accuracy))]
 
 
-def _mark_stops(ax, data: RunData, values: np.ndarray, best: int | None) -> None:
+def _mark_stops(ax: Axes, data: RunData, values: np.ndarray, best: int | None) -> None:
     if best is not None:
         index = data.rounds.index(best)
         ax.plot([best], [values[index]], "*", color="tab:red", markersize=14, label=f"best round {best}")
@@ -91,9 +101,8 @@ def _scored(data: RunData, column: str, scale: float = 1.0) -> tuple[np.ndarray,
     return np.asarray(data.rounds)[kept], values[kept]
 
 
-def plot_accuracy_loss(data: RunData):
-    plt = _pyplot()
-    fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=FIGSIZE, dpi=DPI)
+def plot_accuracy_loss(data: RunData) -> Figure:
+    fig, (acc_ax, loss_ax) = _subplots(1, 2)
     best = best_round(data)
     for split in ("test", "val", "train"):
         if data.has(f"{split}_accuracy"):
@@ -126,9 +135,8 @@ def time_parts(data: RunData) -> dict[str, np.ndarray]:
     return parts
 
 
-def plot_round_time(data: RunData):
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
+def plot_round_time(data: RunData) -> Figure:
+    fig, ax = _subplots()
     bottom = np.zeros(len(data.rounds))
     for name, seconds in time_parts(data).items():
         ax.bar(data.rounds, seconds, bottom=bottom, label=name, width=0.8)
@@ -149,11 +157,9 @@ def _per_worker(data: RunData, column: str) -> np.ndarray | None:
     return np.array([list(cell) + [math.nan] * (width - len(cell)) for cell in cells], dtype=float)
 
 
-def plot_worker_train_time(data: RunData):
-    plt = _pyplot()
+def plot_worker_train_time(data: RunData) -> Figure:
     sizes = _per_worker(data, "block_sizes")
-    fig, axes = plt.subplots(2 if sizes is not None else 1, 1, figsize=FIGSIZE, dpi=DPI, sharex=True,
-                             squeeze=False)
+    fig, axes = _subplots(2 if sizes is not None else 1, 1, sharex=True, squeeze=False)
     times = _per_worker(data, "worker_train_seconds")
     time_ax = axes[0][0]
     if times is not None:
@@ -176,9 +182,8 @@ def plot_worker_train_time(data: RunData):
     return fig
 
 
-def plot_traffic(data: RunData):
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
+def plot_traffic(data: RunData) -> Figure:
+    fig, ax = _subplots()
     per_round = np.nan_to_num(_series(data, "bytes")) / MB
     ax.bar(data.rounds, per_round, width=0.6, color="tab:blue", alpha=0.6, label="sent in the round")
     total_ax = ax.twinx()
@@ -219,24 +224,28 @@ PLOTS = {"accuracy_loss": plot_accuracy_loss, "round_time": plot_round_time,
          "worker_train_time": plot_worker_train_time, "traffic": plot_traffic}
 
 
-def plotted_series(fig) -> dict[str, np.ndarray]:
+def plotted_series(fig: Figure) -> dict[str, np.ndarray]:
     """Every labelled line's and bar series' x values, read back from the figure."""
-    series = {}
+    series: dict[str, np.ndarray] = {}
     for ax in fig.get_axes():
         for line in ax.get_lines():
-            if not line.get_label().startswith("_"):
-                series[line.get_label()] = np.asarray(line.get_xdata(), dtype=float)
+            label = str(line.get_label())  # an artist's label is a str once it is drawn
+            if not label.startswith("_"):
+                series[label] = np.asarray(line.get_xdata(), dtype=float)
         for container in ax.containers:
-            series[container.get_label()] = np.array([p.get_x() + p.get_width() / 2 for p in container])
+            series[str(container.get_label())] = np.array([p.get_x() + p.get_width() / 2 for p in container])
     return series
 
 
-def save_figure(fig, path: Path) -> None:
+def save_figure(fig: Figure, path: Path) -> None:
     """Written under a temporary name and renamed: a viewer never opens half a PNG."""
     tmp = path.with_name(path.name + ".tmp")
     fig.savefig(tmp, format="png")
     os.replace(tmp, path)
-    _pyplot().close(fig)
+    _use_agg()
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
 
 
 def write_plots(data: RunData, out_dir: Path) -> dict[str, dict[str, np.ndarray]]:

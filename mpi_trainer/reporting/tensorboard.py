@@ -43,8 +43,8 @@ def round_scalars(row: Mapping[str, Any]) -> dict[str, float]:
         if column in SKIPPED:
             continue
         if column in PER_WORKER:
-            for index, number in enumerate(split_per_worker(value)):
-                scalars[f"{PER_WORKER[column]}/rank_{index + 1}"] = number
+            for index, share in enumerate(split_per_worker(value)):
+                scalars[f"{PER_WORKER[column]}/rank_{index + 1}"] = share
             continue
         number = _number(value)
         if number is not None:
