@@ -146,7 +146,8 @@ def _multi_output_compile(model: Any, cfg: ModelConfig, user_compiled: bool) -> 
     if not user_compiled:
         raise ConfigError(f"A multi-output model must be compiled (with a loss for its outputs) before `fit`. "
                           f"Received: model {cfg.name!r}, not compiled, with {len(model.outputs)} outputs")
-    return model.get_compile_config()
+    compile_config: dict[str, Any] = model.get_compile_config()
+    return compile_config
 
 
 def check_input(model: Any, name: str, input_shape: tuple[int, ...]) -> None:

@@ -17,7 +17,7 @@ PyTorch with autograd. Other backends have no gradients and are refused.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -31,7 +31,7 @@ def gradient_backend() -> str:
     """The Keras backend's name, if it can differentiate; a ConfigError otherwise."""
     import keras
 
-    backend = keras.backend.backend()
+    backend: str = keras.backend.backend()
     if backend not in SUPPORTED_BACKENDS:
         raise ConfigError(f"model.optimizer='lbfgs' needs gradients, which the {backend!r} Keras backend cannot "
                           f"compute. Received: KERAS_BACKEND={backend!r}; expected one of {list(SUPPORTED_BACKENDS)}")
@@ -49,12 +49,15 @@ def per_sample_loss(model: Any) -> Callable[[Any, Any], Any]:
         loss = keras.losses.get(loss)
     elif isinstance(loss, dict) and "class_name" in loss:
         loss = keras.losses.deserialize(loss)
+    unreduced: Callable[[Any, Any], Any]
     if isinstance(loss, keras.losses.Loss):
-        return loss.call  # a Loss object's call() is its unreduced part
-    if not callable(loss):
+        unreduced = loss.call  # a Loss object's call() is its unreduced part
+    elif callable(loss):
+        unreduced = loss
+    else:
         raise ConfigError("model.optimizer='lbfgs' needs a model compiled with one loss function. "
                           f"Received: loss={model.loss!r}")
-    return loss
+    return unreduced
 
 
 def _regularisation(ops: Any, terms: list[Any]) -> Any:
@@ -160,7 +163,16 @@ class _TorchStep:
         return float(total.detach().cpu()), [None if g is None else g.detach().cpu().numpy() for g in grads]
 
 
-_STEPS = {"tensorflow": _TensorFlowStep, "jax": _JaxStep, "torch": _TorchStep}
+class _Step(Protocol):
+    """One backend's loss-and-gradient step: ``load`` the parameters, then call it on a batch."""
+
+    def load(self, flat: np.ndarray) -> None: ...
+
+    def __call__(self, x: np.ndarray, y: np.ndarray) -> tuple[float, list[Any]]: ...
+
+
+_STEPS: dict[str, Callable[[Any, Callable, TrainableVector], _Step]] = {
+    "tensorflow": _TensorFlowStep, "jax": _JaxStep, "torch": _TorchStep}
 
 
 class BlockGradient:

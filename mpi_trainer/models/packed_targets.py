@@ -24,7 +24,7 @@ from mpi_trainer.models.nested import NestedModel
 class PackedTargets(NestedModel):
     """``inner``'s outputs, trained and scored against the packed target matrix's ``columns``."""
 
-    def __init__(self, inner: Any, columns: list[Any], output_names: list[str], **kwargs: Any) -> None:
+    def __init__(self, inner: Any, columns: list[TargetColumn], output_names: list[str], **kwargs: Any) -> None:
         super().__init__(inner, **kwargs)
         self.target_columns = [c if isinstance(c, TargetColumn) else TargetColumn.from_config(c) for c in columns]
         self.output_names = [str(name) for name in output_names]  # Keras names losses and metrics after them
@@ -55,8 +55,8 @@ def device_dtype(dtype: str) -> str:
         return dtype
     import jax
 
-    return dtype if jax.config.jax_enable_x64 else {"int64": "int32", "uint64": "uint32", "float64": "float32"}.get(
-        dtype, dtype)
+    x64 = jax.config.jax_enable_x64  # type: ignore[attr-defined]  # a flag jax declares at run time
+    return dtype if x64 else {"int64": "int32", "uint64": "uint32", "float64": "float32"}.get(dtype, dtype)
 
 
 def targets_source(model: Any, input_layout: list[Any] | None,
@@ -67,6 +67,8 @@ def targets_source(model: Any, input_layout: list[Any] | None,
     from mpi_trainer.models.packed import packed_functional
 
     names = output_names(model)
+    if names is None:
+        raise TypeError(f"Targets per output need a built keras.Model. Received: model of type {type(model).__name__}")
     compile_config = model.get_compile_config() if getattr(model, "optimizer", None) is not None else {}
     if not compile_config.get("loss"):
         raise ConfigError(f"A multi-output model must be compiled (with a loss for its outputs) before `fit`, "
