@@ -76,6 +76,11 @@ class StreamedTrain:
         return self.adapter.block(*bounds, worker - 1, workers)
 
 
+def streamed_train(dataset: Dataset) -> StreamedTrain | None:
+    """The training part of ``dataset`` when it is read in blocks by an input adapter, else None."""
+    return dataset.train if isinstance(dataset.train, StreamedTrain) else None
+
+
 def _holdout(units: int, fraction: float) -> int:
     taken = int(round(units * fraction))
     return max(taken, 1) if fraction > 0 else 0

@@ -10,7 +10,7 @@ library) is agreed on too, but the rank where it happened raises it again, trace
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from mpi_trainer.algorithms.wait_bounds import WaitBounds, for_rank
 from mpi_trainer.comm.transport import Transport, fault_tolerance_problem
@@ -28,6 +28,17 @@ def agree(transport: Transport, error: str | None) -> None:
     rank, text = failed[0]
     where = "" if rank == transport.rank else f" (reported by rank {rank})"
     raise AgreedInputError(f"{text}{where}")
+
+
+Agreed = TypeVar("Agreed")
+
+
+def agreed(value: Agreed | None) -> Agreed:
+    """What this rank's set-up step produced, once :func:`agree` has passed: a step that produced nothing
+    reported an error, and then :func:`agree` raised on every rank."""
+    if value is None:
+        raise RuntimeError("a set-up step that every rank agreed had passed produced nothing")
+    return value
 
 
 def agree_on_failure(transport: Transport, exc: Exception | None) -> None:
@@ -57,7 +68,7 @@ def load_config_everywhere(transport: Transport, config: str | dict | None, over
     except InputError as exc:
         error = str(exc)
     agree(transport, error)
-    return cfg
+    return agreed(cfg)
 
 
 def check_world(transport: Transport) -> None:

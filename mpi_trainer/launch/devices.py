@@ -157,7 +157,7 @@ def choose_placement(rank: int, host: str, node_ranks: list[int], requested: str
     ``requested`` is ``train.device`` (auto, cpu, gpu) for workers; the
     scheduler follows ``train.scheduler_device`` (cpu, gpu).
     """
-    role = "scheduler" if rank == 0 else "worker"
+    role: Literal["scheduler", "worker"] = "scheduler" if rank == 0 else "worker"
     want = scheduler_device if rank == 0 else requested
     local_rank = sorted(node_ranks).index(rank)
     cpu = RankPlacement(rank, host, local_rank, role, backend, "cpu")

@@ -15,15 +15,18 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mpi_trainer.comm.transport import TransportTimeout, notice_text
 from mpi_trainer.errors import EXIT_WORKER_FAILURE, AgreedInputError, PeerFailure, Preempted
 from mpi_trainer.logs import get_logger
 
+if TYPE_CHECKING:
+    from mpi_trainer.comm.interface import RankTransport
+
 
 @contextmanager
-def fail_together(transport: Any) -> Iterator[None]:
+def fail_together(transport: RankTransport) -> Iterator[None]:
     """Around a whole job on one rank: see the module's docstring."""
     try:
         yield
@@ -40,7 +43,7 @@ def fail_together(transport: Any) -> Iterator[None]:
         raise
 
 
-def end_stuck(transport: Any, message: str) -> None:
+def end_stuck(transport: RankTransport, message: str) -> None:
     """A peer stopped answering: say so on this rank's console and log, and end every rank."""
     get_logger().error("%s", message)
     sys.stderr.write(f"mpi_trainer: error: {message}\n")

@@ -43,7 +43,9 @@ class ThisProcess:
     placed: PlacedProcess | None = None
 
 
-THIS_PROCESS = ThisProcess()  # a backend starts once per Python process, so its placement is kept once
+# The one record mpi_trainer keeps per Python process: a Keras backend reads its devices and sizes its
+# thread pools once, when it starts, so every later job in this process follows the first one's placement.
+THIS_PROCESS = ThisProcess()
 
 
 def start_rank(transport: Transport, cfg: Config,
@@ -78,7 +80,7 @@ def run_job(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str |
         job = setup(transport, cfg, inputs, run)
         job.plan = transport.bcast_object(job.plan)
         if job.plan.finished:  # a complete run, and no more rounds asked for: every rank leaves
-            return finished_run(run, job.model) if transport.rank == 0 else None
+            return finished_run(job.run_directory, job.model) if transport.rank == 0 else None
         return train_roles(transport, cfg, inputs, job, placements)
     finally:
         watch.uninstall()

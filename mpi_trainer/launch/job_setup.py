@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,13 @@ from mpi_trainer.errors import InputError
 from mpi_trainer.launch.agreement import agree, agree_on_failure
 from mpi_trainer.launch.run_dir import RunDirectory, begin_writing, check_against_run, open_run_dir
 from mpi_trainer.logs import get_logger
+
+if TYPE_CHECKING:
+    from mpi_trainer.comm.messages import JobPlan
+    from mpi_trainer.data.memory import StreamDecision
+    from mpi_trainer.data.placement import WorkerData
+    from mpi_trainer.data.sources import Dataset
+    from mpi_trainer.persistence.resume import ResumeState
 
 
 @dataclass
@@ -43,11 +50,43 @@ class JobSetup:
     """What :func:`setup` leaves each rank. ``model`` and ``run`` are rank 0's (None elsewhere); ``plan`` is
     rank 0's until it is broadcast; ``dataset`` is None on a worker whose rows are scattered to it."""
 
-    dataset: Any
-    model: Any
-    plan: Any  # comm.protocol.JobPlan
+    dataset: Dataset | None
+    model: Any  # a keras.Model
+    plan: JobPlan | None
     run: RunDirectory | None
-    state: Any  # persistence.resume.ResumeState of the run resumed, or None
+    state: ResumeState | None  # of the run resumed
+
+    @property
+    def job_plan(self) -> JobPlan:
+        """The job's plan, which every rank holds once rank 0 has broadcast it."""
+        if self.plan is None:
+            raise RuntimeError("the job's plan is read before rank 0 broadcast it")
+        return self.plan
+
+    @property
+    def placed_dataset(self) -> Dataset:
+        """The dataset this rank goes on with, which every rank holds once the data is placed (a worker under
+        scatter reads none at set-up)."""
+        return read_dataset(self.dataset)
+
+    @property
+    def run_directory(self) -> RunDirectory:
+        """Rank 0's run directory (no other rank holds one)."""
+        return scheduler_run(self.run)
+
+
+def read_dataset(dataset: Dataset | None) -> Dataset:
+    """The dataset a rank read (every rank but a worker under scatter reads one at set-up)."""
+    if dataset is None:
+        raise RuntimeError("this rank read no dataset")
+    return dataset
+
+
+def scheduler_run(run: RunDirectory | None) -> RunDirectory:
+    """The run directory :func:`claim_run_dir` gave rank 0 (no other rank holds one)."""
+    if run is None:
+        raise RuntimeError("only rank 0 holds the run directory")
+    return run
 
 
 def claim_run_dir(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str | None,
@@ -69,7 +108,9 @@ def setup(transport: Transport, cfg: Config, inputs: JobInputs, run: RunDirector
     from mpi_trainer.data.partition import block_bounds
     from mpi_trainer.models.gradients import gradient_backend
 
-    dataset = model = plan = None
+    dataset: Dataset | None = None
+    model: Any = None
+    plan: JobPlan | None = None
     error, bug = None, None
     try:
         hooks.active().check_slow_ranks(transport.size)
@@ -77,15 +118,19 @@ def setup(transport: Transport, cfg: Config, inputs: JobInputs, run: RunDirector
             gradient_backend()  # every rank: each computes with its own backend
         dataset = load_dataset_for_rank(transport.rank, cfg, inputs.arrays, transport.workers, inputs)
         if dataset is not None:  # every reader fails alike
-            bounds = (dataset.train.block_bounds(transport.workers) if hasattr(dataset.train, "block_bounds")
+            from mpi_trainer.data.streamed import streamed_train  # loaded with the dataset
+
+            streamed = streamed_train(dataset)
+            bounds = (streamed.block_bounds(transport.workers) if streamed is not None
                       else block_bounds(dataset.num_train, transport.workers))
     except (InputError, ValueError, OSError) as exc:  # a reader's complaint about the data
         error = str(exc)
     if transport.rank == 0 and error is None:
         try:
-            model, plan = plan_job(cfg, dataset, inputs, bounds, run.state)
-            check_against_run(run, cfg, dataset, model)
-            plan.finished = run.finished
+            scheduler, read = scheduler_run(run), read_dataset(dataset)
+            model, plan = plan_job(cfg, read, inputs, bounds, scheduler.state)
+            check_against_run(scheduler, cfg, read, model)
+            plan.finished = scheduler.finished
         except (InputError, OSError) as exc:
             error = str(exc)
         except Exception as exc:  # noqa: BLE001 - a bug in the user's model: agreed on, then raised here
@@ -100,7 +145,8 @@ def setup(transport: Transport, cfg: Config, inputs: JobInputs, run: RunDirector
     return JobSetup(dataset, model, plan, run, None if run is None else run.state)
 
 
-def plan_job(cfg: Config, dataset: Any, inputs: JobInputs, bounds: list, state: Any) -> tuple[Any, Any]:
+def plan_job(cfg: Config, dataset: Dataset, inputs: JobInputs, bounds: list[tuple[int, int]],
+             state: ResumeState | None) -> tuple[Any, JobPlan]:
     """Rank 0: build the model, dry-run it on the first training rows, and plan the job."""
     import keras
 
@@ -129,7 +175,7 @@ def check_monitor(cfg: Config, metric_names: list[str], has_test: bool = True) -
 
 
 def load_dataset_for_rank(rank: int, cfg: Config, arrays: RawArrays | None = None, workers: int = 1,
-                          inputs: JobInputs | None = None) -> Any:
+                          inputs: JobInputs | None = None) -> Dataset | None:
     """The scheduler reads validation and test features; a worker only what it scores on.
 
     Under ``data.placement = "scatter"`` a worker reads nothing (its node may
@@ -137,7 +183,7 @@ def load_dataset_for_rank(rank: int, cfg: Config, arrays: RawArrays | None = Non
     A pipeline (``inputs.pipeline``) or a streamed file keeps its training part where it is.
     """
     from mpi_trainer.data.augmentation import check_image_input
-    from mpi_trainer.data.sources import load_dataset
+    from mpi_trainer.data.sources import TrainRows, load_dataset
 
     streamed = streamed_dataset(rank, cfg, workers, inputs)
     if streamed is not None:
@@ -152,14 +198,14 @@ def load_dataset_for_rank(rank: int, cfg: Config, arrays: RawArrays | None = Non
     read_test = True if rank == 0 else (rank - 1, workers) if on_workers else False
     dataset = load_dataset(cfg.data, cfg.train.seed, read_val=scores, read_test=read_test, arrays=arrays)
     check_image_input(cfg.data.augmentation, dataset.input_shape)
-    if scatter:
+    if scatter and isinstance(dataset.train, TrainRows):  # always: a streamed input refuses scatter
         dataset.train.check_all()  # bad rows must fail here, not half-way through sending blocks
     return dataset
 
 
-def streamed_dataset(rank: int, cfg: Config, workers: int, inputs: JobInputs | None) -> Any:
+def streamed_dataset(rank: int, cfg: Config, workers: int, inputs: JobInputs | None) -> Dataset | None:
     """The dataset of a pipeline input, or None; what the config asks of it is checked first."""
-    from mpi_trainer.data.streamed import check_allows, pipeline_dataset
+    from mpi_trainer.data.streamed import check_allows, pipeline_dataset, streamed_train
 
     adapter, validation, name = (None, None, "") if inputs is None else (inputs.pipeline, inputs.validation, "")
     if cfg.data.is_image_folder or cfg.data.is_tfrecord:
@@ -171,7 +217,9 @@ def streamed_dataset(rank: int, cfg: Config, workers: int, inputs: JobInputs | N
         from mpi_trainer.data.adapters.files import stream_dataset
 
         dataset = stream_dataset(cfg.data)
-        check_allows(cfg, dataset.train.adapter)
+        streamed = streamed_train(dataset)
+        if streamed is not None:  # always: a file read in batches
+            check_allows(cfg, streamed.adapter)
         return dataset
     if adapter is None:
         return None
@@ -182,7 +230,8 @@ def streamed_dataset(rank: int, cfg: Config, workers: int, inputs: JobInputs | N
                             keras_validation=inputs is not None and inputs.pipeline is adapter)
 
 
-def place_training_data(transport: Transport, cfg: Config, dataset: Any, plan: Any) -> tuple[Any, Any]:
+def place_training_data(transport: Transport, cfg: Config, dataset: Dataset | None,
+                        plan: JobPlan) -> tuple[WorkerData | None, Dataset | None]:
     """Workers get their training rows (shared file or scatter); any failure fails every rank.
 
     Returns (the worker's data or None on rank 0, the dataset this rank goes on with).
@@ -194,7 +243,8 @@ def place_training_data(transport: Transport, cfg: Config, dataset: Any, plan: A
 
     link = SchedulerLink(transport) if transport.rank == 0 else WorkerLink(transport)
     sender = transport.rank == 0 and cfg.data.scatters
-    placed, error = (None, dataset), None
+    placed: tuple[WorkerData | None, Dataset | None] = (None, dataset)
+    error = None
     try:
         placed = place_data(link, transport.rank, cfg, dataset, plan)
     except (InputError, ValueError) as exc:
@@ -206,12 +256,15 @@ def place_training_data(transport: Transport, cfg: Config, dataset: Any, plan: A
     return placed
 
 
-def log_plan(plan: Any, dataset: Any) -> None:
+def log_plan(plan: JobPlan, dataset: Dataset) -> None:
     log = get_logger()
     log.info("dataset %s", dataset.describe())
     if dataset.class_names:
         log.info("%s: string labels mapped to classes: %s", dataset.name, dataset.label_mapping())
-    unit = getattr(getattr(dataset.train, "adapter", None), "unit", "samples")
+    from mpi_trainer.data.streamed import streamed_train  # loaded with the dataset
+
+    streamed = streamed_train(dataset)
+    unit = streamed.adapter.unit if streamed is not None else "samples"
     for index, (start, end) in enumerate(plan.block_bounds):
         log.info("worker rank %d: block start %d end %d size %d%s", index + 1, start, end, end - start,
                  "" if unit == "samples" else f" {unit}")
@@ -244,12 +297,13 @@ def with_stream(cfg: Config, stream: bool) -> Config:
     return replace(cfg, data=replace(cfg.data, stream=stream))
 
 
-def _stream_refusal(cfg: Config, decision: Any) -> str | None:
+def _stream_refusal(cfg: Config, decision: StreamDecision) -> str | None:
     """The block does not fit in memory, and the config asks what streaming cannot give: say both."""
     from mpi_trainer.data.adapters.files import stream_dataset
-    from mpi_trainer.data.streamed import refusals
+    from mpi_trainer.data.streamed import refusals, streamed_train
 
-    refused = refusals(with_stream(cfg, True), stream_dataset(cfg.data).train.adapter)
+    streamed = streamed_train(stream_dataset(cfg.data))
+    refused = refusals(with_stream(cfg, True), streamed.adapter) if streamed is not None else []
     if not refused:
         return None
     return (f"A worker's block of {cfg.data.source!r} would not fit in memory, so data.stream = \"auto\" streams "

@@ -14,11 +14,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mpi_trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mpi_trainer.data.readers import RawArrays
 
 VERBOSITY = {"auto": None, 0: 0, 1: 1, 2: 2}  # Keras' verbose -> log.verbosity (auto: the config's)
 
@@ -89,7 +92,7 @@ def _validation_overrides(args: KerasFitArguments) -> list[tuple[str, Any]]:
 
 
 def rank_data(x: Any, y: Any, sample_weight: Any, validation_split: float, validation_data: Any,
-              rows_cap: int | None = None, model: Any = None) -> Any:
+              rows_cap: int | None = None, model: Any = None) -> RawArrays | None:
     """This rank's training and validation arrays (a :class:`RawArrays`), or None when it passed none.
 
     As in ``model.fit``: ``validation_data`` (``(x, y)`` or ``(x, y, None)``) is scored after every
@@ -120,7 +123,7 @@ def rank_data(x: Any, y: Any, sample_weight: Any, validation_split: float, valid
                               f"into a validation and training set. Received: validation_split={validation_split}")
         x, x_val, y, y_val = x[:split_at], x[split_at:], y[:split_at], y[split_at:]
         weights = None if weights is None else weights[:split_at]
-    if x_val is not None and rows_cap is not None:
+    if x_val is not None and y_val is not None and rows_cap is not None:
         x_val, y_val = x_val[:rows_cap], y_val[:rows_cap]
     return RawArrays(x, y, x_val=x_val, y_val=y_val, sample_weight=weights, input_layout=layout,
                      target_layout=targets)

@@ -57,7 +57,8 @@ def rank_pid(parent: int, rank: int) -> int | None:
     for child in psutil.Process(parent).children(recursive=True):
         try:
             if child.environ().get("OMPI_COMM_WORLD_RANK") == str(rank):
-                return child.pid
+                pid: int = child.pid
+                return pid
         except psutil.Error:
             continue
     return None

@@ -89,7 +89,7 @@ def check_data(rank: int, config_path: str, overrides: list[str]) -> tuple[bool,
     return True, f"{cfg.data.source}: {dataset.num_train} training rows"
 
 
-def probe_links(transport: Transport, nbytes: int, timeout: float) -> dict[int, float]:
+def probe_links(transport: Transport, nbytes: int, timeout: float | None) -> dict[int, float]:
     """Rank 0: round-trip seconds of ``nbytes`` to each worker and back. Workers echo."""
     buffer = np.zeros(max(1, nbytes // 4), dtype=np.float32)
     if transport.rank != 0:
@@ -178,10 +178,11 @@ def scheduler_side(transport: Transport, own: RankReport, probe_bytes: int, time
         transport.abort(EXIT_PREFLIGHT_FAILED)  # a rank may be stuck: end them all, none left waiting
     for worker in range(1, transport.size):
         transport.send_object(True, worker, TAG_VERDICT)
+    arrived = [report for report in reports if isinstance(report, RankReport)]  # all of them: the verdict passed
     for worker, seconds in probe_links(transport, probe_bytes, timeout).items():
-        reports[worker].probe_seconds = seconds
+        arrived[worker].probe_seconds = seconds
     print(format_rank_table(reports, probe_bytes), flush=True)
-    hosts = len({r.host for r in reports})
+    hosts = len({r.host for r in arrived})
     print(f"preflight: OK: {len(reports)} ranks on {hosts} host(s) reach each other and read the data",
           flush=True)
     for worker in range(1, transport.size):

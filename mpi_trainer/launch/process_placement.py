@@ -16,7 +16,7 @@ from typing import Any
 from mpi_trainer.comm.transport import Transport
 from mpi_trainer.config import Config, TrainConfig
 from mpi_trainer.errors import InputError
-from mpi_trainer.launch.agreement import agree
+from mpi_trainer.launch.agreement import agree, agreed
 from mpi_trainer.launch.devices import (
     RankPlacement,
     backend_environment,
@@ -134,7 +134,7 @@ def place_rank(transport: Transport, cfg: Config, node_ranks: list[int]) -> tupl
     except InputError as exc:
         error = str(exc)
     agree(transport, error)
-    return placement, started
+    return agreed(placement), started
 
 
 def confirm_rank(transport: Transport, cfg: Config, placement: RankPlacement) -> list[RankPlacement]:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mpi_trainer import hooks
 from mpi_trainer.comm.transport import Transport
@@ -26,7 +26,13 @@ from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.run_files import CONFIG_NAME, REPORT_NAME, write_atomic
 from mpi_trainer.persistence.run_record import RunContext
 
-WorkerBuilder = Callable[[type, Transport, Config, Any, Any, Any], Any]
+if TYPE_CHECKING:
+    from mpi_trainer.comm.messages import JobPlan
+    from mpi_trainer.data.placement import WorkerData
+    from mpi_trainer.data.sources import Dataset
+
+# (worker class, transport, cfg, plan, dataset, worker data) -> worker
+WorkerBuilder = Callable[[type, Transport, Config, "JobPlan", "Dataset | None", "WorkerData | None"], Any]
 
 
 @dataclass(frozen=True)
@@ -54,15 +60,16 @@ def pick_roles(cfg: Config) -> Roles:
     return Roles(engine, Worker, _gradient_worker)
 
 
-def _full_batch_worker(worker_type: type, transport: Transport, cfg: Config, plan: Any, dataset: Any,
-                       worker_data: Any) -> Any:
+def _full_batch_worker(worker_type: type, transport: Transport, cfg: Config, plan: JobPlan, dataset: Dataset | None,
+                       worker_data: WorkerData | None) -> Any:
     from mpi_trainer.comm.protocol import WorkerLink
 
-    return worker_type(WorkerLink(transport), plan, cfg, worker_data.fixed_x, worker_data.fixed_y)
+    fixed_x, fixed_y = placed_rows(worker_data).in_memory()  # L-BFGS refuses streamed inputs
+    return worker_type(WorkerLink(transport), plan, cfg, fixed_x, fixed_y)
 
 
-def _gradient_worker(worker_type: type, transport: Transport, cfg: Config, plan: Any, dataset: Any,
-                     worker_data: Any) -> Any:
+def _gradient_worker(worker_type: type, transport: Transport, cfg: Config, plan: JobPlan, dataset: Dataset | None,
+                     worker_data: WorkerData | None) -> Any:
     """A worker seeded for its rank and round, dry-run on its first batch."""
     import keras
 
@@ -78,8 +85,8 @@ def _gradient_worker(worker_type: type, transport: Transport, cfg: Config, plan:
 def train_roles(transport: Transport, cfg: Config, inputs: JobInputs, job: JobSetup,
                 placements: list[RankPlacement]) -> Any:
     """Place the data, start the roles, train; rank 0 returns (engine, summary), a worker itself."""
-    worker_data, job.dataset = place_training_data(transport, cfg, job.dataset, job.plan)
-    role = make_worker(transport, cfg, job.plan, job.dataset, worker_data)
+    worker_data, job.dataset = place_training_data(transport, cfg, job.dataset, job.job_plan)
+    role = make_worker(transport, cfg, job.job_plan, job.dataset, worker_data)
     calibrating = time.perf_counter()
     speeds = calibrate_everywhere(transport, cfg, role)
     if transport.rank == 0:
@@ -98,7 +105,15 @@ def train_roles(transport: Transport, cfg: Config, inputs: JobInputs, job: JobSe
     return result
 
 
-def make_worker(transport: Transport, cfg: Config, plan: Any, dataset: Any, worker_data: Any) -> Any:
+def placed_rows(worker_data: WorkerData | None) -> WorkerData:
+    """A worker rank's training rows, which :func:`place_training_data` gives every worker."""
+    if worker_data is None:
+        raise RuntimeError("a worker rank has no training rows placed")
+    return worker_data
+
+
+def make_worker(transport: Transport, cfg: Config, plan: JobPlan, dataset: Dataset | None,
+                worker_data: WorkerData | None) -> Any:
     """A worker rank's role, dry-run on its first batch; every rank agrees that all of them passed.
 
     Bad input fails every rank with one line; a bug in the user's model (any other exception) also
@@ -132,11 +147,11 @@ def run_scheduler(transport: Transport, cfg: Config, job: JobSetup, placements: 
     rebalancing, and the seconds they took."""
     from mpi_trainer.comm.protocol import SchedulerLink
 
-    path = job.run.path
+    path = job.run_directory.path
     write_atomic(path / CONFIG_NAME, cfg.to_toml())
     log_placements(placements)
-    log_plan(job.plan, job.dataset)
-    if job.plan.model.user_compiled:
+    log_plan(job.job_plan, job.placed_dataset)
+    if job.job_plan.model.user_compiled:
         get_logger().info("the model function compiled the model: its own optimizer, loss and metrics are used "
                           "(model.optimizer, model.loss and model.metrics do not apply)")
     hosts = [placement.host for placement in placements]
@@ -144,7 +159,7 @@ def run_scheduler(transport: Transport, cfg: Config, job: JobSetup, placements: 
         inputs = inputs or JobInputs()
         # Keras callbacks and the History fit returns, except under L-BFGS (it has no Keras rounds)
         context = RunContext(placement=tuple(placement.as_dict() for placement in placements),
-                             fingerprint=job.run.fingerprint,
+                             fingerprint=job.run_directory.fingerprint,
                              callbacks=None if cfg.model.uses_lbfgs else tuple(inputs.callbacks),
                              initial_epoch=inputs.initial_epoch)
         engine = pick_roles(cfg).engine(SchedulerLink(transport), cfg, job.dataset, job.model, job.plan, path,

@@ -15,7 +15,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mpi_trainer.config import Config
 from mpi_trainer.errors import ConfigError
@@ -43,6 +43,10 @@ from mpi_trainer.persistence.run_state import (
     read_summary,
     remove_leftovers,
 )
+
+if TYPE_CHECKING:
+    from mpi_trainer.data.sources import Dataset
+
 
 RUN_DIR_ENV = "MPI_TRAINER_RUN_DIR"  # the launcher's run directory, the default of a supervised fit()
 
@@ -94,7 +98,7 @@ def open_run_dir(run_dir: str | None, config_path: str | None, cfg: Config, resu
     return RunDirectory(path, lock, state, summary, finished)
 
 
-def check_against_run(run: RunDirectory, cfg: Config, dataset: Any, model: Any) -> None:
+def check_against_run(run: RunDirectory, cfg: Config, dataset: Dataset, model: Any) -> None:
     """The new job's model and data against the checkpoint's (refused naming what differs)."""
     run.fingerprint = fingerprint(cfg.data.source, dataset, model)
     if run.state is not None:

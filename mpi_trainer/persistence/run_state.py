@@ -15,7 +15,7 @@ import json
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
 
@@ -97,7 +97,7 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def is_complete(summary: Mapping[str, Any] | None) -> bool:
+def is_complete(summary: Mapping[str, Any] | None) -> TypeGuard[Mapping[str, Any]]:
     return bool(summary and summary.get("completed"))
 
 
