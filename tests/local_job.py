@@ -20,33 +20,57 @@ from mpi_trainer.persistence.resume import load_resume_state
 from mpi_trainer.persistence.run_files import read_rounds
 from mpi_trainer.persistence.run_record import RunContext
 from mpi_trainer.worker import Worker
+from mpi_trainer.worker.training import LocalTraining
 
 
-class RecordingWorker(Worker):
-    """A real worker that keeps what it trained each round, for checking the aggregate by hand."""
+class RecordingTraining(LocalTraining):
+    """A real worker's training that keeps what it trained each round, for checking the aggregate by hand."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.trained: list[tuple[Report, np.ndarray]] = []
         self.step_rows_by_round: list[list[np.ndarray]] = []  # train.sync_every > 0: each step's block rows
         self.started_from: list[np.ndarray] = []  # the global weights each round trained from
-        self.scored_rounds: list[int] = []  # evaluation.where = "workers": the rounds it scored a shard of
 
-    def train_and_report(self, round_index: int, max_steps: int | None = None) -> tuple[Report, np.ndarray]:
+    def train_and_report(self, round_index: int, start: np.ndarray,
+                         max_steps: int | None = None) -> tuple[Report, np.ndarray]:
         self.step_rows_by_round.append([])
-        self.started_from.append(self.global_weights.copy())
-        report, local = super().train_and_report(round_index, max_steps)
+        self.started_from.append(start.copy())
+        report, local = super().train_and_report(round_index, start, max_steps)
         self.trained.append((report, local.copy()))
         return report, local
-
-    def evaluate(self, order: Any) -> None:
-        super().evaluate(order)
-        self.scored_rounds.append(order.round)
 
     def step_rows(self) -> np.ndarray:
         rows = super().step_rows()
         self.step_rows_by_round[-1].append(rows.copy())
         return rows
+
+
+class RecordingWorker(Worker):
+    """A real worker whose training records each round (:class:`RecordingTraining`)."""
+
+    training_type = RecordingTraining
+    training: RecordingTraining
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.scored_rounds: list[int] = []  # evaluation.where = "workers": the rounds it scored a shard of
+
+    @property
+    def trained(self) -> list[tuple[Report, np.ndarray]]:
+        return self.training.trained
+
+    @property
+    def step_rows_by_round(self) -> list[list[np.ndarray]]:
+        return self.training.step_rows_by_round
+
+    @property
+    def started_from(self) -> list[np.ndarray]:
+        return self.training.started_from
+
+    def evaluate(self, order: Any) -> None:
+        super().evaluate(order)
+        self.scored_rounds.append(order.round)
 
 
 @dataclass

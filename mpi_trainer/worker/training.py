@@ -1,29 +1,72 @@
 """A worker's local training: one local epoch of its block (or k steps of a walk through it), and the
 scores it reports.
 
-A mixin of :class:`~mpi_trainer.worker.worker.Worker`, which owns the model, the
-data placement and the round's bookkeeping that these methods read; it sends nothing.
+:class:`LocalTraining` is the collaborator a :class:`~mpi_trainer.worker.worker.Worker` holds: it
+owns the local model and its flat-weights codec, the walk and shuffle through the block, the step
+timer and the round's rows (read from the worker's data placement). Handed the global weights, it
+trains and returns a report and the trained weights; it never sends anything.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mpi_trainer.algorithms.step_budget import steps_per_round
-from mpi_trainer.comm.messages import Report
+from mpi_trainer.algorithms.sync_schedule import schedule_for
+from mpi_trainer.comm.flat_weights import WeightCodec
+from mpi_trainer.comm.messages import JobPlan, Report
+from mpi_trainer.config import Config
 from mpi_trainer.data.feed import fit_arguments
+from mpi_trainer.data.placement import TrainingInput, WorkerData
+from mpi_trainer.data.sources import Dataset
+from mpi_trainer.data.walk import BlockWalk
 from mpi_trainer.data.weights import training_weights
+from mpi_trainer.logs import get_logger
 from mpi_trainer.models import evaluate_model
-from mpi_trainer.persistence.preemption import preemption
+from mpi_trainer.persistence.resume import worker_seed
 from mpi_trainer.reporting.progress import with_batch_progress
+from mpi_trainer.reporting.timeline import PhaseLog
+from mpi_trainer.worker.step_timer import StepTimer
+
+if TYPE_CHECKING:
+    from mpi_trainer.data.adapters import BlockFeed
 
 
 class LocalTraining:
-    """Training and scoring on this worker's block, from the global weights it holds."""
+    """Training and scoring on this worker's block, from the global weights it is handed.
+
+    ``model``: the worker's compiled Keras model (built). ``data``: the worker's rows (its block, and
+    each round's draw). ``phases``: the worker's timeline, which the training adds its phases to.
+    ``slowdown`` (a Keras callback, or None) and ``nan_round`` are the test hooks that slow this
+    rank's steps and poison its weights once.
+    """
+
+    def __init__(self, model: Any, data: WorkerData, dataset: Dataset | None, cfg: Config, plan: JobPlan,
+                 phases: PhaseLog, slowdown: Any | None = None, nan_round: int | None = None) -> None:
+        self.model = model
+        self.codec = WeightCodec.from_weights(model.get_weights())
+        self.finalized = layers_with_state(model)  # e.g. an adapted Normalization: its stats are weights
+        self.local = self.codec.empty()  # the trained weights, flattened into the same buffer every round
+        self.data, self.dataset, self.cfg, self.phases = data, dataset, cfg, phases
+        self.x: TrainingInput = data.fixed_x  # this round's rows: arrays, or a streamed block's feed
+        self.y: np.ndarray | None = data.fixed_y
+        self.class_weight = plan.class_weight
+        self.schedule = schedule_for(cfg.train, plan.block_bounds)  # steps per round, as the scheduler has it
+        self.step_timer = StepTimer(cfg.train.batch_size)  # the speed that rebalancing cuts blocks by
+        self.shuffle_rng = np.random.default_rng(worker_seed(cfg.train.seed, data.rank, plan.start_round))
+        self.walk = BlockWalk(self.shuffle_rng, cfg.train.shuffle)  # k-step rounds; a resumed run starts afresh
+        self.slowdown = slowdown
+        self.nan_round = nan_round  # the round NaN is injected in (None: never, cleared once done)
+        self.log = get_logger()
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank now (a shrink under ``fault.survive`` renumbers it)."""
+        return self.data.rank
 
     def take_weights(self, flat: np.ndarray) -> None:
         """Load flat weights into the local model, and let layers that derive tensors from their weights
@@ -31,19 +74,22 @@ class LocalTraining:
         self.model.set_weights(self.codec.unflatten(flat))
         if self.finalized:  # the scheduler's first weights carry the stats; they never change after
             finalize_layers(self.finalized, self.model)
-            self.finalized = []
+            self.finalized.clear()
 
     def sample_weights(self, y: np.ndarray, block_rows: np.ndarray | None = None) -> np.ndarray | None:
         """The training weights of these labels' rows (``block_rows``: their places in the fixed block,
         None: the whole block or round), from ``fit``'s ``class_weight`` and ``sample_weight``."""
-        given = getattr(self.dataset.train, "weights", None) if self.dataset is not None else None
-        if given is not None:  # refused with increment, rebalance and scatter: the round's rows are the block
-            given = given[self.dataset.train.rows[self.data.fixed]]
+        train = self.dataset.train if self.dataset is not None else None
+        given = getattr(train, "weights", None)
+        if train is not None and given is not None:  # refused with increment, rebalance and scatter: the
+            given = given[train.rows[self.data.fixed]]  # round's rows are the block
             given = given if block_rows is None else given[block_rows]
         return training_weights(y, self.class_weight, given)
 
-    def train_and_report(self, round_index: int, max_steps: int | None = None) -> tuple[Report, np.ndarray]:
-        """This round's training from the global weights (one local epoch, or k steps); report and new weights."""
+    def train_and_report(self, round_index: int, start: np.ndarray,
+                         max_steps: int | None = None) -> tuple[Report, np.ndarray]:
+        """This round's training from the global weights ``start`` (one local epoch, or k steps); report and
+        new weights (the report's ``preempt`` is the worker's to set)."""
         k = self.schedule.steps(round_index)
         if k:
             # k-step rounds walk the fixed block (the config refuses data increment), augmenting per batch
@@ -51,6 +97,7 @@ class LocalTraining:
         else:
             self.x, self.y = self.data.for_round(round_index)
         learning_rate = current_learning_rate(self.model.optimizer)
+        self.take_weights(start)
         metrics, train_seconds, steps = self.train_steps(k, max_steps) if k else self.train_once(max_steps)
         self.phases.add("train", round_index, time.time() - train_seconds)
         local = self.codec.flatten(self.model.get_weights(), out=self.local)
@@ -58,19 +105,19 @@ class LocalTraining:
         loss = metrics.get("loss", 0.0 if not steps else math.nan)
         report = Report(self.rank, round_index, self.data.units(self.x), loss, metrics.get("accuracy", math.nan),
                         train_seconds, steps=steps, weights_finite=bool(np.isfinite(local).all()),
-                        train_metrics=metrics, preempt=preemption().requested,
-                        learning_rate=learning_rate)
+                        train_metrics=metrics, learning_rate=learning_rate)
         if not k and steps:  # k-step rounds are not timed: rebalancing is refused with them
             report.step_rate, report.timed_steps = self.step_timer.finish_round()
         return report, local
 
     def train_once(self, max_steps: int | None = None) -> tuple[dict[str, Any], float, int]:
         """One local epoch on the block (or ``max_steps`` batches of it); metrics, seconds, steps."""
-        self.take_weights(self.global_weights)
         batch = self.cfg.train.batch_size
         x, y = self.x, self.y
-        if self.data.streams:
-            return self.train_streamed(max_steps)
+        if not isinstance(x, np.ndarray):  # a streamed block (data.stream)
+            return self.train_streamed(x, max_steps)
+        if y is None:
+            raise TypeError("a block held in memory trains from its labels. Received: y=None")
         weights = self.sample_weights(y)
         if max_steps is not None:
             if max_steps == 0:
@@ -82,9 +129,9 @@ class LocalTraining:
         return self.fit_round(fit_arguments(x, y, batch, rng, sample_weight=weights), steps_per_round(len(x), batch),
                               len(x))
 
-    def train_streamed(self, max_steps: int | None) -> tuple[dict[str, Any], float, int]:
+    def train_streamed(self, feed: BlockFeed, max_steps: int | None) -> tuple[dict[str, Any], float, int]:
         """One pass over a streamed block (or ``max_steps`` batches of it); metrics, seconds, steps."""
-        batch, feed = self.cfg.train.batch_size, self.x
+        batch = self.cfg.train.batch_size
         steps = feed.steps(batch) if max_steps is None else min(max_steps, feed.steps(batch))
         if steps == 0:
             return {}, 0.0, 0
@@ -109,7 +156,6 @@ class LocalTraining:
         ``train_on_batch`` runs the model's compiled train function on one batch: no
         input pipeline is built per round, and the optimizer state carries over.
         """
-        self.take_weights(self.global_weights)
         steps = k if max_steps is None else min(max_steps, k)
         totals: dict[str, float] = {}
         seen = 0
@@ -126,7 +172,7 @@ class LocalTraining:
 
     def step_rows(self) -> np.ndarray:
         """Indices into the block of the next step's batch."""
-        return self.walk.next_rows(len(self.x), self.cfg.train.batch_size)
+        return self.walk.next_rows(self.data.units(self.x), self.cfg.train.batch_size)
 
     def train_step(self, x: np.ndarray, y: np.ndarray, weights: np.ndarray | None = None) -> dict[str, Any]:
         return one_step(self.model, x, y, self.slowdown, weights)
@@ -140,6 +186,8 @@ class LocalTraining:
 
     def score(self, report: Report) -> None:
         """Best-of election: score this round's weights on the shared validation split."""
+        if self.dataset is None:
+            raise RuntimeError("best-of scoring needs the validation split, and this worker holds no dataset")
         started = time.perf_counter()
         result = evaluate_model(self.model, self.dataset.x_val, self.dataset.y_val,
                                 max(256, self.cfg.train.batch_size))
@@ -179,7 +227,8 @@ def one_step(model: Any, x: np.ndarray, y: np.ndarray, slowdown: Any | None,
              weights: np.ndarray | None = None) -> dict[str, Any]:
     """One ``train_on_batch``, paused by the test hooks' slowdown callback when there is one."""
     if slowdown is None:
-        return model.train_on_batch(x, y, sample_weight=weights, return_dict=True)
+        logs: dict[str, Any] = model.train_on_batch(x, y, sample_weight=weights, return_dict=True)
+        return logs
     slowdown.on_train_batch_begin(0)
     logs = model.train_on_batch(x, y, sample_weight=weights, return_dict=True)
     slowdown.on_train_batch_end(0)

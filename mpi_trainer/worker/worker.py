@@ -11,73 +11,74 @@ election; under SSP, its weights point to point). With rebalancing the order
 names the block to train on, and under scatter the rows that changed owner
 follow it. It never decides when to stop and never writes files. It speaks
 only through its :class:`~mpi_trainer.comm.protocol.WorkerLink`. The training
-itself (one local epoch, k steps, scoring) is :class:`~mpi_trainer.worker.training.LocalTraining`'s.
+itself (one local epoch, k steps, scoring) is done by the
+:class:`~mpi_trainer.worker.training.LocalTraining` it holds, which owns the local model;
+the worker hands it the global weights and sends what it returns.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
 from mpi_trainer import hooks
 from mpi_trainer.algorithms import aggregation
 from mpi_trainer.algorithms.rebalance import MIN_TIMED_STEPS, Measurement
-from mpi_trainer.algorithms.sync_schedule import schedule_for
-from mpi_trainer.comm.flat_weights import WeightCodec
-from mpi_trainer.comm.protocol import JobPlan, Order, OrderKind, WorkerLink
+from mpi_trainer.comm.protocol import JobPlan, Order, OrderKind, Report, WorkerLink
 from mpi_trainer.comm.wire_dtype import WireFormat
 from mpi_trainer.config import Config
 from mpi_trainer.data.placement import HeldRows, WorkerData, peak_rss_mib
 from mpi_trainer.data.sources import Dataset
-from mpi_trainer.data.walk import BlockWalk
 from mpi_trainer.errors import RankLost, WorkerFailure
 from mpi_trainer.logs import get_logger
 from mpi_trainer.models import flat_metric_state, rebuild_model, summed_metric_state
 from mpi_trainer.models.dry_run import dry_run, reset_optimizer
 from mpi_trainer.persistence.optimizer_state import ensure_built, load_state_vector, state_vector
-from mpi_trainer.persistence.resume import worker_seed
+from mpi_trainer.persistence.preemption import Preemption, preemption
 from mpi_trainer.reporting.timeline import PhaseLog
 from mpi_trainer.worker.slowdown import make_slowdown
-from mpi_trainer.worker.step_timer import StepTimer
-from mpi_trainer.worker.training import LocalTraining, layers_with_state, one_step
+from mpi_trainer.worker.training import LocalTraining, one_step
 
 
-class Worker(LocalTraining):
+class Worker:
+    """Serves the scheduler's orders; ``preemption``: the process's preemption state, which its reports
+    pass on (by default the one the process's signal handlers set)."""
+
+    # What trains a round; a test substitutes a subclass that records what each round trained.
+    training_type: type[LocalTraining] = LocalTraining
+
     def __init__(self, link: WorkerLink, plan: JobPlan, dataset: Dataset, cfg: Config,
-                 data: WorkerData | None = None) -> None:
+                 data: WorkerData | None = None, preemption_state: Preemption | None = None) -> None:
         self.link = link
         self.cfg = cfg
         self.rank = link.rank
         self.log = get_logger()
-        self.model = rebuild_model(plan.model)
-        ensure_built(self.model)
-        self.codec = WeightCodec.from_weights(self.model.get_weights())
-        self.finalized = layers_with_state(self.model)  # e.g. an adapted Normalization: its stats are weights
-        self.global_weights = self.codec.empty()
-        self.local = self.codec.empty()  # the trained weights, flattened into the same buffer every round
+        self.preemption = preemption() if preemption_state is None else preemption_state
+        model = rebuild_model(plan.model)
+        ensure_built(model)
+        # The block (and, with increment, each round's draw) comes from the data placement.
+        self.data = data if data is not None else WorkerData(dataset.train, plan, self.rank, cfg)
+        self.phases = PhaseLog(cfg.log.timeline)  # this rank's phases, handed on with its next report
+        test_hooks = hooks.active()  # read once here rather than every round
+        self.training = self.training_type(
+            model, self.data, dataset, cfg, plan, self.phases, make_slowdown(test_hooks, self.rank),
+            test_hooks.nan_round if test_hooks.nan_rank == self.rank else None)
+        self.global_weights = self.training.codec.empty()
         self.wire = WireFormat(cfg.aggregation.wire_dtype)
         # where weights from the scheduler land: the float32 buffer itself, or a 16-bit one decoded into it
         self.arriving = self.wire.landing(self.global_weights)
-        self.candidate: np.ndarray | None = None
-        self.dataset = dataset
-        # The block (and, with increment, each round's draw) comes from the data placement.
-        self.data = data if data is not None else WorkerData(dataset.train, plan, self.rank, cfg)
-        self.x, self.y = self.data.fixed_x, self.data.fixed_y
-        test_hooks = hooks.active()  # read once here rather than every round
-        self.slowdown = make_slowdown(test_hooks, self.rank)
-        # the round NaN is injected in (None: never, cleared once done)
-        self.nan_round = test_hooks.nan_round if test_hooks.nan_rank == self.rank else None
+        self.candidate: np.ndarray | None = None  # best-of: this round's trained weights, until elected or not
         # (round, phase) in which this worker ends itself, if it does
         self.crash_at = ((test_hooks.crash_round, test_hooks.crash_phase)
                          if test_hooks.crash_rank == link.world_rank else None)
-        self.step_timer = StepTimer(cfg.train.batch_size)  # the speed that rebalancing cuts blocks by
-        self.shuffle_rng = np.random.default_rng(worker_seed(cfg.train.seed, self.rank, plan.start_round))
-        self.walk = BlockWalk(self.shuffle_rng, cfg.train.shuffle)  # k-step rounds; a resumed run starts a fresh walk
-        self.class_weight = plan.class_weight
-        self.schedule = schedule_for(cfg.train, plan.block_bounds)  # steps per round, as the scheduler has it
-        self.phases = PhaseLog(cfg.log.timeline)  # this rank's phases, handed on with its next report
         self.preempted = False  # the scheduler's STOP said the run was preempted
+
+    @property
+    def model(self) -> Any:
+        """The local Keras model (its training's)."""
+        return self.training.model
 
     def run(self) -> None:
         """Serve orders until the scheduler says stop."""
@@ -133,9 +134,13 @@ class Worker(LocalTraining):
         """
         batch = self.cfg.train.batch_size
         dry_run(self.model, *self.data.first_rows(batch))
-        partial = 0 if self.data.streams else len(self.data.fixed_x) % batch
-        if partial and (self.schedule.sync_every or self.schedule.warmup_rounds):
-            dry_run(self.model, self.x[:partial], self.y[:partial])
+        schedule = self.training.schedule
+        if self.data.streams or not (schedule.sync_every or schedule.warmup_rounds):
+            return
+        fixed_x, fixed_y = self.data.in_memory()
+        partial = len(fixed_x) % batch
+        if partial:
+            dry_run(self.model, fixed_x[:partial], fixed_y[:partial])
 
     def calibrate(self) -> Measurement | None:
         """Rebalancing: time a few training steps on this worker's block before round 0.
@@ -149,9 +154,10 @@ class Worker(LocalTraining):
         if not self.cfg.data.rebalance or len(self.data.first_rows(batch)[1]) < batch:
             return None
         slowdown, weights, seconds = make_slowdown(hooks.active(), self.rank), self.model.get_weights(), 0.0
+        span = self.data.units(self.data.fixed_x) - batch + 1  # where a batch of the block may start
         try:
             for step in range(MIN_TIMED_STEPS + 1):
-                x, y = self.data.batch(np.arange(batch) + (step * batch) % (self.data.units(self.x) - batch + 1))
+                x, y = self.data.batch(np.arange(batch) + (step * batch) % span)
                 started = time.perf_counter()
                 one_step(self.model, x, y, slowdown)
                 seconds += (time.perf_counter() - started) if step else 0.0
@@ -162,10 +168,19 @@ class Worker(LocalTraining):
         return Measurement(samples, seconds, samples / seconds, MIN_TIMED_STEPS)
 
     def send_candidate(self, order: Order) -> None:
+        if self.candidate is None:
+            raise RuntimeError("the scheduler asked for this worker's candidate weights before a round trained them")
         self.link.send_weights(self.wire.encode(self.candidate))
 
     def send_optimizer(self, order: Order) -> None:
         self.link.send_state(state_vector(self.model.optimizer))
+
+    def train(self, round_index: int, max_steps: int | None = None) -> tuple[Report, np.ndarray]:
+        """This round's training from the global weights; its report says whether this process was
+        asked to stop (a preemption signal)."""
+        report, local = self.training.train_and_report(round_index, self.global_weights, max_steps)
+        report.preempt = self.preemption.requested
+        return report, local
 
     # -- a synchronous round -----------------------------------------------------
     def run_round(self, order: Order) -> None:
@@ -182,10 +197,10 @@ class Worker(LocalTraining):
             self.wire.decode(self.arriving, self.global_weights)
         self.phases.add("wait", order.round, waited)
         self.maybe_crash(order.round, "train")
-        report, local = self.train_and_report(order.round, order.max_steps)
+        report, local = self.train(order.round, order.max_steps)
         elects = self.cfg.aggregation.elects
         if elects:
-            self.score(report)
+            self.training.score(report)
             self.candidate = local
         report.bytes_before_report = self.link.take_bytes()
         report.phases, sending = self.phases.take(), time.time()
@@ -207,8 +222,10 @@ class Worker(LocalTraining):
         test split (and of the validation split) and add the metrics' summed state to the scheduler's."""
         started = time.time()
         self.link.recv_broadcast(self.global_weights)
-        self.take_weights(self.global_weights)
+        self.training.take_weights(self.global_weights)
         shard, batch = self.data.evaluation, max(256, self.cfg.train.batch_size)
+        if shard is None:
+            raise RuntimeError("the scheduler asked this worker to evaluate, but it holds no shard of the test split")
         state = summed_metric_state(self.model, shard.x_test, shard.y_test, batch)
         if order.score_validation:
             state += summed_metric_state(self.model, shard.x_val, shard.y_val, batch)
@@ -252,9 +269,9 @@ class Worker(LocalTraining):
         self.wire.decode(self.arriving, self.global_weights)
         self.phases.add("wait", order.clock, waited)
         self.maybe_crash(order.clock, "train")
-        report, local = self.train_and_report(order.clock)
+        report, local = self.train(order.clock)
         if self.cfg.aggregation.elects:
-            self.score(report)
+            self.training.score(report)
         report.phases, sending = self.phases.take(), time.time()
         self.link.send_report(report)
         self.maybe_crash(order.clock, "contribute")

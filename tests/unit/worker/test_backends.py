@@ -37,7 +37,7 @@ live = {w.rank: state_vector(w.model.optimizer) for w in job.workers}
 resumed = rebuild_model(job.engine.plan.model)  # a worker of the resumed run
 ensure_built(resumed)
 load_state_vector(resumed.optimizer, saved[1])
-feed = fit_arguments(job.workers[0].x, job.workers[0].y, 32, np.random.default_rng(0))
+feed = fit_arguments(job.workers[0].training.x, job.workers[0].training.y, 32, np.random.default_rng(0))
 print(json.dumps({
     "backend": keras.backend.backend(),
     "accuracy": job.summary["final_test_accuracy"],

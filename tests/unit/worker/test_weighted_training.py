@@ -18,9 +18,10 @@ def train_one_round(run_dir, class_weight=None, sample_weight=None) -> list:
     gives the weight of every source row."""
     engine, team, world = build_local_job(run_dir, **ONE_ROUND)
     for worker in team:
-        worker.class_weight = class_weight  # what the plan hands every worker (fit's class_weight)
+        worker.training.class_weight = class_weight  # what the plan hands every worker (fit's class_weight)
     if sample_weight is not None:
-        team[0].dataset.train.weights = sample_weight(team[0].dataset.train, team)
+        train = team[0].training.dataset.train
+        train.weights = sample_weight(train, team)
     world.run({0: engine.run, **{w.rank: w.run for w in team}})
     return team
 
