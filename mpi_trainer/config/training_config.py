@@ -122,6 +122,16 @@ class TrainConfig(Section):
         """``nan_policy = "rollback"``: a non-finite round is trained again from its starting weights."""
         return self.nan_policy == "rollback"
 
+    @property
+    def watches_divergence(self) -> bool:
+        """``divergence`` is ``"warn"`` or ``"stop"``: a finite divergence is looked for."""
+        return self.divergence != "off"
+
+    @property
+    def stops_on_divergence(self) -> bool:
+        """``divergence = "stop"``: a confirmed divergence ends the run, keeping the best weights."""
+        return self.divergence == "stop"
+
 
 @dataclass
 class AggregationConfig(Section):

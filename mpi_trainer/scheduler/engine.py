@@ -1,10 +1,17 @@
-"""What both scheduler engines share: the global weights, the recorder, the watchdog, the run's frame.
+"""What every round-based scheduler engine shares: the global weights, the round's collaborators, the run's frame.
 
-An engine subclass supplies :meth:`Engine.run_rounds` (when workers run and
-what they get, until a stop) and :meth:`Engine.final_states` (optimizer state
-for the last checkpoint). Everything after a round's updates are in goes to the
-:class:`~mpi_trainer.scheduler.recorder.RoundRecorder`; everything on the wire
-goes through the :class:`~mpi_trainer.comm.protocol.SchedulerLink`.
+Separation of concerns: an engine owns a round. A subclass supplies
+:meth:`Engine.run_rounds` (when workers run and what they get, until a stop);
+this base holds what every round needs: the global weights, the outer optimizer
+(:class:`~mpi_trainer.algorithms.outer_optimizer.OuterOptimizer`, stepped from a
+round's aggregate), the sync schedule (each round's local steps), the
+:class:`~mpi_trainer.scheduler.evaluation.Evaluator` that scores the global model,
+the NaN policy, the :class:`~mpi_trainer.scheduler.watchdog.Watchdog`, and the
+surviving of a lost worker. A finished round goes to the
+:class:`~mpi_trainer.scheduler.recorder.RoundRecorder` as values (its row, its weights
+and, when a checkpoint is due, the :class:`~mpi_trainer.scheduler.round_row.EngineState`
+gathered for it); the recorder writes them and never calls back. Everything on the
+wire goes through the :class:`~mpi_trainer.comm.protocol.SchedulerLink`.
 """
 
 from __future__ import annotations
@@ -18,26 +25,46 @@ from typing import Any
 import numpy as np
 
 from mpi_trainer import hooks
+from mpi_trainer.algorithms import nan_guard
+from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
 from mpi_trainer.algorithms.rebalance import Measurement, Rebalancer
+from mpi_trainer.algorithms.sync_schedule import SyncSchedule, schedule_for
 from mpi_trainer.algorithms.wait_bounds import WaitBounds
+from mpi_trainer.comm.accounting import Shrunk
 from mpi_trainer.comm.flat_weights import WeightCodec
-from mpi_trainer.comm.protocol import JobPlan, Order, SchedulerLink
+from mpi_trainer.comm.messages import JobPlan, Report
+from mpi_trainer.comm.protocol import Order, SchedulerLink
 from mpi_trainer.comm.wire_dtype import WireFormat
 from mpi_trainer.config import Config
+from mpi_trainer.config.schema import EVERY_LOCAL_EPOCH
 from mpi_trainer.data.partition import block_bounds
 from mpi_trainer.data.placement import moved_rows
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.errors import RankLost, WorkerFailure
 from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.resume import ResumeState
-from mpi_trainer.persistence.run_record import NO_CONTEXT, RunContext
+from mpi_trainer.persistence.run_record import NO_CONTEXT, RunContext, RunState, StopReason
 from mpi_trainer.scheduler.evaluation import Evaluator
-from mpi_trainer.scheduler.recorder import RoundRecorder, RoundSources, StopReason
+from mpi_trainer.scheduler.recorder import RoundRecorder
+from mpi_trainer.scheduler.round_row import ClosedRound, EngineState, FinishedRound, Outcome, Retry, round_row
 from mpi_trainer.scheduler.watchdog import Watchdog
 
 
 class Engine(ABC):
     rebalancer: Rebalancer | None = None  # data.rebalance: the engine's own, cutting blocks by speed
+    # an engine that merges each update as it arrives has no round aggregate to step from: no outer optimizer
+    merges_each_update = False
+    weights_version = 0  # how many times the global weights were replaced (the workers may hold one version)
+
+    @property
+    def weights(self) -> np.ndarray:
+        """The global model; every assignment is a new version (:meth:`Evaluator.holds` compares them)."""
+        return self._weights
+
+    @weights.setter
+    def weights(self, value: np.ndarray) -> None:
+        self._weights = value
+        self.weights_version += 1
 
     def __init__(self, link: SchedulerLink, cfg: Config, dataset: Dataset, model: Any, plan: JobPlan,
                  run_dir: Path, hosts: list[str] | None = None, resume: ResumeState | None = None,
@@ -45,27 +72,41 @@ class Engine(ABC):
         self.link, self.cfg, self.dataset, self.model, self.plan = link, cfg, dataset, model, plan
         self.log = get_logger()
         self.codec = WeightCodec.from_weights(model.get_weights())
+        self.initial_weights = self.codec.flatten(model.get_weights())  # what a rollback before a checkpoint takes
         self.weights = self.codec.flatten(model.get_weights())  # the global model
         self.wire = WireFormat(cfg.aggregation.wire_dtype)  # what the weights travel as
         transport = link.transport
         hosts = hosts or [transport.host] * transport.size
         self.watchdog = Watchdog(WaitBounds(cfg.watchdog.setup_timeout, cfg.watchdog.worker_timeout), hosts)
         self.paced: float | None = None  # when the last round closed (or the rounds began)
-        self.recorder = RoundRecorder(cfg, dataset, model, self.codec, plan, run_dir, transport, hosts,
-                                      self.round_sources(), resume, context)
+        self.schedule: SyncSchedule = schedule_for(cfg.train, plan.block_bounds)  # each round's local steps
+        # the step from each round's aggregate to the next global model, over the trainable weights only
+        self.outer = OuterOptimizer(OuterSettings.from_config(cfg, len(plan.block_bounds), self.merges_each_update),
+                                    self.codec.trainable_spans(model))
+        self.evaluator = self.make_evaluator()
+        self.discarded_bytes = 0  # traffic of rounds rolled back, counted with the next recorded round
+        self.recorder = RoundRecorder(cfg, dataset, model, self.codec, plan, run_dir, transport, hosts, resume,
+                                      context, outer_optimizer=self.outer.settings.name)
         self.observers = self.recorder.observers
         if resume is not None:
             self.weights = resume.weights
+            self.resume_outer(resume)
         self.workers = link.workers
 
-    def round_sources(self) -> RoundSources:
-        """What the recorder is built with: the scheduler scores the global model itself, and checkpoints
-        hold no optimizer state (an engine that gathers them overrides this). Called while the base engine
-        is built, before a subclass's own attributes exist."""
-        return RoundSources(Evaluator(self.cfg, self.dataset, self.model, self.codec))
+    def make_evaluator(self) -> Evaluator:
+        """Who scores the global model: the scheduler itself (an engine may pick another). Called while the
+        base engine is built, before a subclass's own attributes exist."""
+        return Evaluator(self.cfg, self.dataset, self.model, self.codec)
+
+    def resume_outer(self, resume: ResumeState) -> None:
+        """The outer optimizer carries on from the checkpoint's state (or starts fresh without one)."""
+        self.outer.load_state(resume.outer_state, resume.weights.size)
+        if self.outer.active and not self.outer.state:
+            self.log.info("the checkpoint holds no %s outer optimizer state: it starts fresh after round %d",
+                          self.outer.settings.name, resume.next_round - 1)
 
     @property
-    def state(self) -> Any:
+    def state(self) -> RunState:
         return self.recorder.state
 
     @property
@@ -85,14 +126,15 @@ class Engine(ABC):
         try:
             self.recorder.begin()
             self.state.stop_reason = self.run_rounds()
-            states = self.final_states()
+            saved = self.final_state()
             try:
                 self.link.stop(preempted=self.state.stop_reason == StopReason.PREEMPTED)
             except TimeoutError as exc:
-                raise self.timed_out("take its order to stop", exc, self.workers) from None
+                raise self.watchdog.timed_out("take its order to stop", exc, self.workers) from None
             self.recorder.count_bytes(self.link.take_bytes())
-            summary = self.recorder.finish(self.weights, states)
-            self.weights = self.recorder.kept_weights
+            summary = self.recorder.finish(self.weights, saved)
+            if self.recorder.kept_weights is not None:
+                self.weights = self.recorder.kept_weights
             return summary
         finally:
             self.close()
@@ -110,9 +152,94 @@ class Engine(ABC):
     def run_rounds(self) -> StopReason:
         """Rounds from the start (or resume) point until one says stop; returns why."""
 
-    def final_states(self) -> dict[int, np.ndarray]:
-        """Optimizer state for the final checkpoint (none by default)."""
+    # -- a round's end ----------------------------------------------------------------
+    def evaluation_due(self, round_index: int) -> bool:
+        """Whether this round is scored: every ``evaluation.every``-th, the last, and any checkpointed one.
+
+        ``evaluation.every = 0`` (the default) scores once per local epoch, as ``fit`` does: every
+        round when a round is a local epoch, else the round that completes one (of the largest
+        block). During a sync warm-up a round is a step or a few, so there ``evaluation.every``
+        counts local epochs (the warm-up round that completes one) instead of rounds.
+        """
+        every, schedule = self.cfg.evaluation.every, self.schedule
+        last = round_index + 1 >= self.cfg.train.epochs or self.recorder.steps_exhausted()
+        if every == EVERY_LOCAL_EPOCH:
+            due = schedule.closes_epoch(round_index)
+        elif schedule.in_warmup(round_index):
+            epochs = (round_index + 1) // schedule.rounds_per_warmup_epoch
+            due = schedule.closes_warmup_epoch(round_index) and epochs % every == 0
+        else:
+            due = (round_index - schedule.warmup_rounds + 1) % every == 0
+        return due or last or self.recorder.checkpoint_due(round_index)
+
+    def score(self, closed: ClosedRound) -> FinishedRound:
+        """The round scored when :meth:`evaluation_due`, and its row but for the engine's timing columns."""
+        scored = self.evaluation_due(closed.index)
+        evaluation: dict[str, float] = {}
+        eval_seconds = 0.0
+        if scored:
+            evaluation, eval_seconds = self.evaluator.evaluate(self.weights, closed.index, self.weights_version)
+            self.observers.span("evaluate", closed.index, time.perf_counter() - eval_seconds)
+        row = round_row(closed, evaluation, self.plan.metric_names, len(self.plan.block_bounds),
+                        self.schedule.steps(closed.index), self.discarded_bytes)
+        self.discarded_bytes = 0
+        row["eval_seconds"] = eval_seconds
+        return FinishedRound(closed.index, row, self.weights, scored, any(r.preempt for r in closed.reports))
+
+    def record(self, finished: FinishedRound) -> StopReason | None:
+        """Hand the finished round to the recorder, with the checkpoint's state when one is due; returns a
+        stop reason or None."""
+        early_stop = self.recorder.record_round(finished)
+        if self.recorder.checkpoint_due(finished.index):
+            self.recorder.checkpoint(finished.index, finished.weights, self.engine_state(finished.index))
+        return self.recorder.verdict(finished, early_stop)
+
+    def engine_state(self, after_round: int) -> EngineState:
+        """What a checkpoint after ``after_round`` holds from the engine: the workers' optimizer states
+        (:meth:`optimizer_states`) and the outer optimizer's."""
+        return EngineState(self.optimizer_states(after_round), self.outer.state_arrays())
+
+    def optimizer_states(self, after_round: int) -> dict[int, np.ndarray]:
+        """Each worker's optimizer vector for a checkpoint after ``after_round`` (none by default)."""
         return {}
+
+    def final_state(self) -> EngineState:
+        """The engine's part of the final checkpoint (states gathered only when the recorder will write one)."""
+        last = self.recorder.last_round
+        states = self.optimizer_states(last) if self.recorder.needs_final_checkpoint() else {}
+        return EngineState(states, self.outer.state_arrays())
+
+    # -- the NaN policy -------------------------------------------------------
+    def non_finite_cause(self, reports: list[Report]) -> str | None:
+        """Why the round's result cannot be kept (a non-finite loss or weights), or None."""
+        outcomes = [nan_guard.WorkerOutcome(r.rank, r.train_loss, r.weights_finite) for r in reports]
+        return nan_guard.non_finite_cause(outcomes, self.weights)
+
+    def apply_nan_policy(self, round_index: int, cause: str, before: np.ndarray,
+                         received: int) -> tuple[Outcome, np.ndarray]:
+        """Apply ``train.nan_policy``: (NAN, the weights before the round) or (RETRY, the weights to rerun from)."""
+        self.discarded_bytes += received
+        policy, rollbacks = self.cfg.train.nan_policy, self.state.consecutive_rollbacks
+        if nan_guard.decide(policy, rollbacks) == nan_guard.STOP:
+            self.log.error("round %d: %s; stopping (train.nan_policy=%r, %d rollbacks in a row), keeping "
+                           "the best weights", round_index, cause, policy, rollbacks)
+            return StopReason.NAN, before
+        weights, checkpoint_round = self.last_good_weights()
+        self.recorder.roll_back(round_index, checkpoint_round, cause)
+        return Retry.ROUND, weights
+
+    def last_good_weights(self) -> tuple[np.ndarray, int]:
+        """The latest checkpoint's weights and round, or the initial weights (round -1) before one.
+
+        The outer optimizer goes back with them: to the checkpoint's state, or fresh before one.
+        """
+        saved = self.recorder.saved_checkpoint()
+        if saved is None:
+            self.outer.reset()
+            return self.initial_weights.copy(), -1
+        arrays, checkpoint_round = saved
+        self.outer.load_state(arrays, self.codec.size)
+        return arrays["weights"].astype(np.float32), checkpoint_round
 
     def pace(self, closed: int | None) -> None:
         """Round ``closed`` has been recorded (None: the rounds begin): the watchdog learns how long the
@@ -149,7 +276,8 @@ class Engine(ABC):
 
     def adopt_bounds(self, start_round: int) -> None:
         """The rebalancer's blocks become the plan from ``start_round`` on (the orders carry them)."""
-        self.plan.block_bounds = list(self.rebalancer.bounds)
+        if self.rebalancer is not None:
+            self.plan.block_bounds = [(start, end) for start, end in self.rebalancer.bounds]
 
     def hand_over_rows(self, worker: int, positions: np.ndarray, round_index: int) -> None:
         """Scatter: the rows that changed owner go to their new worker before it reads its block."""
@@ -182,13 +310,13 @@ class Engine(ABC):
             self.end_short_handed(next_round)
         self.replan(next_round)
 
-    def drop_lost(self, shrunk: Any, where: str) -> None:
+    def drop_lost(self, shrunk: Shrunk, where: str) -> None:
         """Forget the lost ranks' hosts (the others are renumbered in order) and say who was lost."""
         hosts = self.watchdog.hosts
         for rank, world_rank in zip(shrunk.lost, shrunk.lost_world):
             self.log.warning("%s: worker rank %d on host %s was lost; carrying on with %d workers", where,
                              world_rank, hosts[rank], len(shrunk.survivors) - 1)
-            self.recorder.lost_workers.append({"rank": world_rank, "host": hosts[rank], "where": where})
+            self.recorder.lost_worker(world_rank, hosts[rank], where)
         self.watchdog.hosts = [hosts[rank] for rank in shrunk.survivors]
         self.renumber(shrunk.survivors)
 
@@ -198,9 +326,9 @@ class Engine(ABC):
 
     def end_short_handed(self, next_round: int) -> None:
         """Fewer workers than ``fault.min_workers``: checkpoint the last recorded round, then fail."""
-        last = int(self.state.rounds[-1]["round"]) if self.state.rounds else -1
+        last = self.recorder.last_round
         if last >= 0:  # with no round recorded yet, a restart starts over
-            self.recorder.checkpoint(last, self.weights, self.recorder.optimizer_states())
+            self.recorder.checkpoint(last, self.weights, self.engine_state(last))
         raise WorkerFailure(f"{len(self.workers)} workers left, fewer than fault.min_workers="
                             f"{self.cfg.fault.min_workers}; checkpointed after round {last} and ending the job "
                             f"for `launch` to restart it")
@@ -219,7 +347,3 @@ class Engine(ABC):
             self.link.send_order(worker, order)
         except TimeoutError:
             raise self.watchdog.failure(f"take its order for {order.describe()}", [worker]) from None
-
-    def timed_out(self, what: str, error: TimeoutError, ranks: list[int]) -> Exception:
-        """The watchdog's failure for a wait that timed out, naming who was missing (else ``ranks``)."""
-        return self.watchdog.failure(what, getattr(error, "missing", None) or ranks)

@@ -5,7 +5,6 @@ its shard, with the metrics' summed state reduced to the scheduler."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -41,12 +40,12 @@ class Evaluator:
         changes to them): never, when the scheduler scores them itself."""
         return False
 
-    def evaluate(self, weights: np.ndarray, round_index: int = -1) -> tuple[dict[str, float], float]:
+    def evaluate(self, weights: np.ndarray, round_index: int = -1, version: int = -1) -> tuple[dict[str, float], float]:
         """Every compiled metric of ``weights`` as ``test_<name>`` (and ``val_<name>`` when scored),
-        and the seconds it took."""
+        and the seconds it took. ``version``: the engine's count of changes to its global weights."""
         started = time.perf_counter()
         self.model.set_weights(self.codec.unflatten(weights))
-        out = {}
+        out: dict[str, float] = {}
         if self.scores_test:
             out = prefixed("test", evaluate_model(self.model, self.dataset.x_test, self.dataset.y_test, self.batch))
         if self.scores_validation:
@@ -66,8 +65,9 @@ class WorkerEvaluator(Evaluator):
     without another broadcast (:meth:`holds`).
 
     It sends: an EVALUATE order to every worker, the broadcast, and the reduction.
-    ``version()`` gives the engine's count of changes to its global weights; the
-    workers hold the weights of the version they scored last, until it changes.
+    The engine names the version of its global weights it hands over (its count of
+    changes to them); the workers hold the weights of the version they scored last,
+    until it changes.
 
     Under ``fault.survive``, once a worker is lost its shard has no other reader
     (each worker read only its own part of the test split), so the scheduler,
@@ -76,9 +76,9 @@ class WorkerEvaluator(Evaluator):
     """
 
     def __init__(self, cfg: Config, dataset: Dataset, model: Any, codec: WeightCodec, link: SchedulerLink,
-                 watchdog: Watchdog, version: Callable[[], int]) -> None:
+                 watchdog: Watchdog) -> None:
         super().__init__(cfg, dataset, model, codec)
-        self.link, self.watchdog, self.version = link, watchdog, version
+        self.link, self.watchdog = link, watchdog
         self.state_size = sum(int(np.size(part)) for part in metric_state(model))
         self.held_version: int | None = None  # the version the workers scored last (None: none yet)
         self.scorers = len(link.workers)  # the workers that hold a shard; fewer after a loss
@@ -96,13 +96,13 @@ class WorkerEvaluator(Evaluator):
         """True when the workers' last EVALUATE broadcast carried ``version`` of the global weights."""
         return self.on_workers and self.held_version == version
 
-    def evaluate(self, weights: np.ndarray, round_index: int = -1) -> tuple[dict[str, float], float]:
+    def evaluate(self, weights: np.ndarray, round_index: int = -1, version: int = -1) -> tuple[dict[str, float], float]:
         if not self.on_workers:
             if not self.moved:
                 get_logger().warning("round %d: a worker and its test shard were lost; the scheduler scores the "
                                      "global model from now on", round_index)
                 self.moved = True
-            return super().evaluate(weights, round_index)
+            return super().evaluate(weights, round_index, version)
         started = time.perf_counter()
         order = Order(OrderKind.EVALUATE, round=round_index, score_validation=self.scores_validation)
         summed = np.zeros(self.state_size * (2 if self.scores_validation else 1), dtype=np.float64)
@@ -114,8 +114,8 @@ class WorkerEvaluator(Evaluator):
             self.link.broadcast_weights(weights, self.watchdog.timeout)
             self.link.reduce_metric_state(summed, self.watchdog.timeout)
         except TimeoutError as exc:
-            raise self.watchdog.failure(what, getattr(exc, "missing", None) or self.link.workers) from None
-        self.held_version = self.version()
+            raise self.watchdog.timed_out(what, exc, self.link.workers) from None
+        self.held_version = version
         out = prefixed("test", metrics_from_flat(self.model, summed[:self.state_size])) if self.scores_test else {}
         if self.scores_validation:
             out.update(prefixed("val", metrics_from_flat(self.model, summed[self.state_size:])))
@@ -123,10 +123,10 @@ class WorkerEvaluator(Evaluator):
 
 
 def make_evaluator(cfg: Config, dataset: Dataset, model: Any, codec: WeightCodec, link: SchedulerLink,
-                   watchdog: Watchdog, version: Callable[[], int]) -> Evaluator:
+                   watchdog: Watchdog) -> Evaluator:
     """The evaluator ``evaluation.where`` asks for: the scheduler's own, or the workers' (:class:`WorkerEvaluator`)."""
     if cfg.evaluation.on_workers:
-        return WorkerEvaluator(cfg, dataset, model, codec, link, watchdog, version)
+        return WorkerEvaluator(cfg, dataset, model, codec, link, watchdog)
     return Evaluator(cfg, dataset, model, codec)
 
 

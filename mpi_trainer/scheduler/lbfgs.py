@@ -3,11 +3,11 @@
 Separation of concerns: SciPy's L-BFGS-B owns the search (directions, line
 search, curvature history); :func:`~mpi_trainer.algorithms.lbfgs.minimize`
 wraps it. This engine owns the parameter vector's round trips to the
-workers and turns each accepted iterate into a row. The
-:class:`~mpi_trainer.scheduler.recorder.RoundRecorder`, as for the other
-engines, owns the evaluation, early stopping, checkpoints (``checkpoint.every``
-and ``every_seconds``) and every file of the run directory: rounds.csv,
-summary.json, TensorBoard, the timeline. Workers own their blocks and compute
+workers, scores each accepted iterate and turns it into a row, which it hands
+to the :class:`~mpi_trainer.scheduler.recorder.RoundRecorder` as the other engines
+do; the recorder owns early stopping, checkpoints (``checkpoint.every`` and
+``every_seconds``) and every file of the run directory: rounds.csv, summary.json,
+TensorBoard, the timeline. Workers own their blocks and compute
 loss and gradient sums there. One function evaluation is
 one broadcast of ``[flag, params]`` (float64) and one sum-reduction of
 ``[loss_sum, samples, seconds per worker, gradient_sum]`` (float64): one MPI
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,9 +30,11 @@ import numpy as np
 
 from mpi_trainer.algorithms.early_stopping import EarlyStopping
 from mpi_trainer.algorithms.lbfgs import Iterate, LbfgsResult, LbfgsSettings, WireLayout, minimize
+from mpi_trainer.algorithms.outer_optimizer import OuterSettings
 from mpi_trainer.algorithms.wait_bounds import WaitBounds
 from mpi_trainer.comm.flat_weights import WeightCodec
-from mpi_trainer.comm.protocol import JobPlan, SchedulerLink
+from mpi_trainer.comm.messages import JobPlan
+from mpi_trainer.comm.protocol import SchedulerLink
 from mpi_trainer.config import Config
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.errors import WorkerFailure
@@ -41,7 +44,8 @@ from mpi_trainer.persistence.resume import ResumeState
 from mpi_trainer.persistence.run_files import BUILT_IN_METRICS
 from mpi_trainer.persistence.run_record import NO_CONTEXT, RunContext, RunState, StopReason
 from mpi_trainer.scheduler.evaluation import Evaluator
-from mpi_trainer.scheduler.recorder import RoundRecorder, RoundSources
+from mpi_trainer.scheduler.recorder import RoundRecorder
+from mpi_trainer.scheduler.round_row import EngineState
 
 # rounds.csv: the rows every engine writes, then what only an L-BFGS iteration has
 LBFGS_COLUMNS = ["function_evaluations", "gradient_norm"]
@@ -101,15 +105,19 @@ class LbfgsScheduler:
         self.last_gradient: tuple[np.ndarray, np.ndarray] | None = None
         if resume is not None:  # before the recorder is built, so that it starts from the checkpoint's weights
             model.set_weights(self.codec.unflatten(resume.weights))
-        sources = RoundSources(Evaluator(cfg, dataset, model, self.codec), extra_columns=tuple(LBFGS_COLUMNS),
-                               summary_values=self.summary_values)
+        self.evaluator = Evaluator(cfg, dataset, model, self.codec)
         hosts = hosts or [transport.host] * transport.size
         # every file of the run directory (rows, summary, checkpoints, TensorBoard, timeline) is the recorder's
-        self.recorder = RoundRecorder(cfg, dataset, model, self.codec, plan, run_dir, transport, hosts, sources,
-                                      resume, context)
+        outer = OuterSettings.from_config(cfg, len(plan.block_bounds)).name  # none: L-BFGS takes no outer step
+        self.recorder = RoundRecorder(cfg, dataset, model, self.codec, plan, run_dir, transport, hosts, resume,
+                                      context, outer_optimizer=outer, extra_columns=LBFGS_COLUMNS)
         self.observers = self.recorder.observers
         self.start_iteration = self.recorder.start_round  # after a resume, the first iteration this run computes
         self.evaluations_before = self.recorder.state.steps  # function evaluations of the run before a resume
+        # what summary.json holds only for L-BFGS: no learning rate, the function evaluations, SciPy's last
+        # message and the float64 parameter vector's size
+        self.recorder.note_summary(learning_rate=None, function_evaluations=self.evaluations,
+                                   optimizer_message=self.message, parameter_bytes=self.vector.size * 8)
         if resume is not None:
             self.log.info("resuming L-BFGS after iteration %d (%d function evaluations so far) with an empty "
                           "curvature history", resume.next_round - 1, resume.steps)
@@ -160,7 +168,7 @@ class LbfgsScheduler:
         return minimize(self.evaluate, self.vector.read(), settings_from(self.cfg, remaining),
                         self.on_iteration, self.start_iteration)
 
-    def collective(self, verb: Any, buffer: np.ndarray, what: str) -> None:
+    def collective(self, verb: Callable[..., None], buffer: np.ndarray, what: str) -> None:
         try:
             verb(buffer, timeout=self.worker_timeout)
         except TimeoutError:
@@ -207,17 +215,20 @@ class LbfgsScheduler:
         self.vector.assign(iterate.params)
         weights = self.codec.flatten(self.model.get_weights())
         evaluation, eval_seconds = self.score(weights, iterate.iteration)
-        row = {"round": iterate.iteration, **self.clock.columns(ended), "eval_seconds": eval_seconds,
-               "wall_seconds": time.perf_counter() - self.clock.started, "max_staleness": 0,
-               "train_loss": iterate.loss,
-               "function_evaluations": self.evaluations_before + iterate.evaluations,
-               "gradient_norm": self.gradient_norm(iterate.params), "samples": self.plan.num_train,
-               "workers": self.workers, **evaluation}
-        self.state.steps = row["function_evaluations"]
+        evaluations = self.evaluations_before + iterate.evaluations
+        row: dict[str, Any] = {
+            "round": iterate.iteration, **self.clock.columns(ended), "eval_seconds": eval_seconds,
+            "wall_seconds": time.perf_counter() - self.clock.started, "max_staleness": 0,
+            "train_loss": iterate.loss, "function_evaluations": evaluations,
+            "gradient_norm": self.gradient_norm(iterate.params), "samples": self.plan.num_train,
+            "workers": self.workers, **evaluation}
+        self.state.steps = evaluations
+        self.recorder.note_summary(function_evaluations=evaluations)
         self.record(row)
         stop = self.early.update(iterate.iteration, row[self.early.monitor], weights)
         self.preempted = self.recorder.preempting() and iterate.iteration + 1 < self.cfg.train.epochs
-        self.recorder.maybe_checkpoint(iterate.iteration, weights)
+        if self.recorder.checkpoint_due(iterate.iteration):  # no optimizer state: the curvature starts anew
+            self.recorder.checkpoint(iterate.iteration, weights, EngineState())
         stop = self.recorder.run_callbacks(iterate.iteration, row, weights, scored=True) or stop
         self.clock = IterationClock.start(self.workers)
         return stop or self.preempted
@@ -227,7 +238,7 @@ class LbfgsScheduler:
         started = time.perf_counter()
         names = dict.fromkeys([*BUILT_IN_METRICS, *self.plan.metric_names])  # the fixed columns always filled
         out = {f"{split}_{name}": math.nan for name in names for split in ("test", "val")}
-        measured, seconds = self.recorder.evaluator.evaluate(weights, iteration)
+        measured, seconds = self.evaluator.evaluate(weights, iteration)
         out.update({key: value for key, value in measured.items() if key in out})
         self.observers.span("evaluate", iteration, started)
         return out, seconds
@@ -239,7 +250,7 @@ class LbfgsScheduler:
 
     def record(self, row: dict[str, Any]) -> None:
         """rounds.csv, the progress line, TensorBoard and the timeline, and summary.json (at most once a second)."""
-        self.recorder.record(row)
+        self.recorder.write_row(row)
         self.log.debug("iteration %d: train loss %.6g, %d function evaluations", row["round"], row["train_loss"],
                        row["function_evaluations"])
 
@@ -262,13 +273,8 @@ class LbfgsScheduler:
         self.message = outcome.message if outcome else "no iterations left"
         if self.state.stop_reason in (StopReason.NAN, StopReason.ABNORMAL):
             self.log.warning("L-BFGS stopped: %s", self.message)
-        summary = self.recorder.finish(self.codec.flatten(self.model.get_weights()), {})
+        self.recorder.note_summary(optimizer_message=self.message)
+        summary = self.recorder.finish(self.codec.flatten(self.model.get_weights()), EngineState())
         self.log.info("L-BFGS: %d function evaluations in %d iterations (%s)", self.evaluations,
                       summary["rounds_completed"], self.message)
         return summary
-
-    def summary_values(self) -> dict[str, Any]:
-        """What summary.json holds only for L-BFGS: no learning rate, the function
-        evaluations, SciPy's last message and the float64 parameter vector's size."""
-        return {"learning_rate": None, "function_evaluations": self.evaluations,
-                "optimizer_message": self.message, "parameter_bytes": self.vector.size * 8}

@@ -1,49 +1,48 @@
-"""One round, written once: what happens after a round's updates are in, whichever engine ran it.
+"""The run's writer: what a finished round leaves behind, whichever engine ran it.
 
-Separation of concerns: an engine (:mod:`.synchronous` or :mod:`.stale_synchronous`)
-decides when workers run and what they get, collects their reports and
-produces the round's aggregated (or elected) weights. The
-:class:`RoundRecorder` does everything after that: the NaN policy, the
-evaluation, the ``rounds.csv`` row and ``summary.json``, early stopping,
-checkpoints (:mod:`.checkpointing`), and the end of the run (final weights, summary, table). It owns
-the run's counters (:class:`RunState`) and is the only writer of the run
-directory. It sends nothing itself, but what it is built with may
-(:class:`RoundSources`): the evaluator (under ``evaluation.where = "workers"``
-it sends the workers an order, the weights and a reduction) and the
-optimizer-state source a checkpoint calls (the synchronous engine asks every
-worker for its state).
+Separation of concerns: an engine (:mod:`.synchronous`, :mod:`.stale_synchronous` or
+:mod:`.lbfgs`) owns a round: it decides when workers run and what they get, collects
+their reports, combines their weights, takes the outer optimizer's step, follows the
+sync schedule, applies the NaN policy and scores the global model. It hands the
+:class:`RoundRecorder` a :class:`~mpi_trainer.scheduler.round_row.FinishedRound` (the
+round's row and weights) and, when :meth:`RoundRecorder.checkpoint_due` says so, an
+:class:`~mpi_trainer.scheduler.round_row.EngineState` gathered beforehand. The
+recorder is a sink: it writes ``rounds.csv``, ``summary.json``, the checkpoints,
+TensorBoard and the timeline, runs early stopping, the divergence watch and the Keras
+callbacks on the round's logs, and says whether the run is to stop. It owns the run's
+counters (:class:`RunState`), is the only writer of the run directory, sends nothing
+and never calls an engine.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from mpi_trainer.algorithms import nan_guard
 from mpi_trainer.algorithms.divergence import DivergenceWatch
 from mpi_trainer.algorithms.early_stopping import EarlyStopping
-from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
-from mpi_trainer.algorithms.sync_schedule import schedule_for
 from mpi_trainer.comm.flat_weights import WeightCodec
-from mpi_trainer.comm.protocol import JobPlan, Report
+from mpi_trainer.comm.messages import JobPlan
 from mpi_trainer.config import Config
-from mpi_trainer.config.schema import EVERY_LOCAL_EPOCH
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.errors import EXIT_PREEMPTED
 from mpi_trainer.logs import get_logger
+from mpi_trainer.persistence.checkpoint import load_checkpoint, save_checkpoint
+from mpi_trainer.persistence.optimizer_state import ARRAY_PREFIX
 from mpi_trainer.persistence.preemption import preemption
-from mpi_trainer.persistence.resume import ResumeState
+from mpi_trainer.persistence.resume import ResumeState, worker_seed
 from mpi_trainer.persistence.run_files import (
+    CHECKPOINT_NAME,
     FINAL_WEIGHTS_NAME,
     ROUNDS_NAME,
     SUMMARY_NAME,
     RoundLog,
+    backup_path,
     round_fields,
     save_weights_atomic,
     write_json_atomic,
@@ -62,50 +61,44 @@ from mpi_trainer.persistence.run_record import (
 from mpi_trainer.reporting.observers import RunObservers
 from mpi_trainer.reporting.table import format_table
 from mpi_trainer.scheduler.callbacks import RoundCallbacks
-from mpi_trainer.scheduler.checkpointing import RecorderCheckpoints
-from mpi_trainer.scheduler.evaluation import Evaluator
-from mpi_trainer.scheduler.round_row import ClosedRound, Outcome, Retry, round_row
+from mpi_trainer.scheduler.round_row import EngineState, FinishedRound
 
 SUMMARY_EVERY_SECONDS = 1.0  # how often summary.json is rewritten during a run (always at the end)
 
 
+class WaitCounters(Protocol):
+    """The scheduler's own waiting, as its transport counts it (read for summary.json)."""
+
+    @property
+    def wait_wall_seconds(self) -> float: ...
+
+    @property
+    def wait_cpu_seconds(self) -> float: ...
 
 
-@dataclass
-class RoundSources:
-    """What the recorder gets from the engine's side, given when it is built: who scores the global model,
-    where a checkpoint gets the workers' optimizer states (by default none: checkpoints hold none),
-    whether the engine merges each update as it arrives (then no round aggregate is stepped from), the
-    rounds.csv columns only this engine fills (after every engine's), and the summary.json values only
-    it knows (L-BFGS's function evaluations, say), asked for each time the summary is written."""
+class RoundRecorder:
+    """The run directory's one writer, for every engine; see the module's docstring.
 
-    evaluator: Evaluator
-    optimizer_states: Callable[[], dict[int, np.ndarray]] = dict
-    merges_each_update: bool = False
-    extra_columns: tuple[str, ...] = ()
-    summary_values: Callable[[], dict[str, Any]] = dict
+    ``outer_optimizer``: the outer optimizer in effect, named in summary.json; ``extra_columns``: the
+    rounds.csv columns only this engine fills (after every engine's).
+    """
 
-
-class RoundRecorder(RecorderCheckpoints):
     def __init__(self, cfg: Config, dataset: Dataset, model: Any, codec: WeightCodec, plan: JobPlan,
-                 run_dir: Path, transport_stats: Any, hosts: list[str], sources: RoundSources,
-                 resume: ResumeState | None = None, context: RunContext = NO_CONTEXT) -> None:
+                 run_dir: Path, counters: WaitCounters, hosts: list[str], resume: ResumeState | None = None,
+                 context: RunContext = NO_CONTEXT, *, outer_optimizer: str = "none",
+                 extra_columns: Sequence[str] = ()) -> None:
         self.cfg, self.dataset, self.model, self.codec, self.plan = cfg, dataset, model, codec, plan
         self.run_dir = run_dir
-        self.transport_stats = transport_stats  # read-only: the scheduler's wait counters
+        self.counters = counters  # read-only: the scheduler's wait counters
+        self.outer_optimizer = outer_optimizer
         self.log = get_logger()
-        self.evaluator, self.optimizer_states = sources.evaluator, sources.optimizer_states
-        self.summary_values = sources.summary_values
-        self.early = EarlyStopping.from_config(cfg.early_stopping, plan.metric_names, len(dataset.y_test) > 0)
-        self.metric_names = plan.metric_names
-        self.schedule = schedule_for(cfg.train, plan.block_bounds)  # each round's local steps (post-local SGD)
+        self.metric_names: list[str] = list(plan.metric_names)
+        self.early = EarlyStopping.from_config(cfg.early_stopping, self.metric_names, len(dataset.y_test) > 0)
         self.state = RunState()
-        self.divergence = DivergenceWatch(0 if cfg.train.divergence == "off" else cfg.train.divergence_rounds,
+        self.divergence = DivergenceWatch(cfg.train.divergence_rounds if cfg.train.watches_divergence else 0,
                                           dataset.num_outputs if dataset.classes else None)
         self.started = time.perf_counter()
         self.start_round = 0
-        self.discarded_bytes = 0  # traffic of rounds rolled back, counted with the next recorded round
-        self.initial_weights = codec.flatten(model.get_weights())
         self.kept_weights: np.ndarray | None = None  # the weights the run ends with, once finished
         self.placement = [dict(rank) for rank in context.placement]  # host, backend and device of every rank
         self.callbacks = (None if context.callbacks is None else  # Keras callbacks from mpi_trainer.fit
@@ -114,10 +107,7 @@ class RoundRecorder(RecorderCheckpoints):
         # the learning rate a callback set on the scheduler's optimizer, for the workers' next round
         self.callback_rate: float | None = None
         self.summary_written = -math.inf
-        # the step from each round's aggregate to the next global model, over the trainable weights only;
-        # its state lives here only
-        self.outer = OuterOptimizer(OuterSettings.from_config(cfg, len(plan.block_bounds), sources.merges_each_update),
-                                    codec.trainable_spans(model))
+        self.summary_values: dict[str, Any] = {}  # summary.json's values only one engine knows
         self.lost_workers: list[dict[str, Any]] = []  # fault.survive: who was lost, on which host, when
         self.fingerprint = dict(context.fingerprint)  # the model's and data's, kept in checkpoints
         self.last_checkpoint = time.monotonic()  # checkpoint.every_seconds counts from here
@@ -126,7 +116,7 @@ class RoundRecorder(RecorderCheckpoints):
         self.preempt_reported = False  # a worker's report said it was signalled
         if resume is not None:
             self.restore(resume)
-        self.round_log = RoundLog(run_dir / ROUNDS_NAME, round_fields(self.metric_names) + list(sources.extra_columns))
+        self.round_log = RoundLog(run_dir / ROUNDS_NAME, round_fields(self.metric_names) + list(extra_columns))
         # progress, TensorBoard and the timeline: what rank 0 shows of each round besides rounds.csv
         self.observers = RunObservers(cfg, run_dir, self.start_round, hosts, self.state.rounds)
 
@@ -145,10 +135,6 @@ class RoundRecorder(RecorderCheckpoints):
                               rollbacks=resume.rollbacks)
         self.start_round = resume.next_round
         self.divergence.start_from([row for row in resume.rounds if is_scored(row)])
-        self.outer.load_state(resume.outer_state, resume.weights.size)
-        if self.outer.active and not self.outer.state:
-            self.log.info("the checkpoint holds no %s outer optimizer state: it starts fresh after round %d",
-                          self.outer.settings.name, resume.next_round - 1)
 
     @property
     def workers(self) -> int:
@@ -157,6 +143,11 @@ class RoundRecorder(RecorderCheckpoints):
     @property
     def learning_rate(self) -> float:
         return self.cfg.model.learning_rate * self.state.lr_scale
+
+    @property
+    def last_round(self) -> int:
+        """The last round recorded (-1 before one)."""
+        return int(self.state.rounds[-1]["round"]) if self.state.rounds else -1
 
     def elapsed(self) -> float:
         """Wall seconds of the whole run, including the attempts before a resume."""
@@ -169,21 +160,26 @@ class RoundRecorder(RecorderCheckpoints):
         """Traffic outside any round's row (set-up, release, a discarded round): in the run's total only."""
         self.state.traffic_bytes += nbytes
 
-    # -- the NaN policy -------------------------------------------------------
-    def non_finite_cause(self, reports: list[Report], weights: np.ndarray) -> str | None:
-        outcomes = [nan_guard.WorkerOutcome(r.rank, r.train_loss, r.weights_finite) for r in reports]
-        return nan_guard.non_finite_cause(outcomes, weights)
+    def note_summary(self, **values: Any) -> None:
+        """Values only the engine knows (L-BFGS's function evaluations, say), for every summary.json from now on."""
+        self.summary_values.update(values)
 
-    def on_non_finite(self, round_index: int, cause: str, before: np.ndarray,
-                      received: int) -> tuple[Outcome, np.ndarray]:
-        """Apply ``train.nan_policy``: (NAN, the weights before the round) or (RETRY, the weights to rerun from)."""
-        self.discarded_bytes += received
-        policy = self.cfg.train.nan_policy
-        if nan_guard.decide(policy, self.state.consecutive_rollbacks) == nan_guard.STOP:
-            self.log.error("round %d: %s; stopping (train.nan_policy=%r, %d rollbacks in a row), keeping "
-                           "the best weights", round_index, cause, policy, self.state.consecutive_rollbacks)
-            return StopReason.NAN, before
-        weights, checkpoint_round = self.last_good_weights()
+    def lost_worker(self, rank: int, host: str, where: str) -> None:
+        """fault.survive: a worker was lost (listed in summary.json)."""
+        self.lost_workers.append({"rank": rank, "host": host, "where": where})
+
+    # -- a rollback after a non-finite round ----------------------------------------
+    def saved_checkpoint(self) -> tuple[dict[str, np.ndarray], int] | None:
+        """The latest checkpoint's arrays and round, or None before one (what a NaN rollback goes back to)."""
+        path = self.run_dir / CHECKPOINT_NAME
+        if not (path.exists() or backup_path(path).exists()):
+            return None
+        arrays, meta = load_checkpoint(path)
+        return arrays, int(meta["round"])
+
+    def roll_back(self, round_index: int, checkpoint_round: int, cause: str) -> None:
+        """Round ``round_index`` is trained again from ``checkpoint_round``'s weights (-1: the initial
+        ones) at half the learning rate: counted, listed in summary.json and said in the log."""
         old_rate = self.learning_rate
         self.state.lr_scale /= 2
         self.state.consecutive_rollbacks += 1
@@ -194,38 +190,30 @@ class RoundRecorder(RecorderCheckpoints):
         self.log.warning("round %d: %s; rolled back to %s, learning rate %g -> %g, optimizer state reset; "
                          "running round %d again", round_index, cause, source, old_rate, self.learning_rate,
                          round_index)
-        return Retry.ROUND, weights
 
-    # -- closing a round --------------------------------------------------------
-    def close_round(self, closed: ClosedRound, weights: np.ndarray,
-                    timing: Callable[[float], dict[str, Any]]) -> StopReason | None:
-        """Evaluate, record, check early stopping and checkpoint; returns a stop reason or None.
+    # -- a finished round ---------------------------------------------------------------
+    def record_round(self, finished: FinishedRound) -> bool:
+        """Write the round's row and update early stopping; True when early stopping says stop.
 
-        ``timing(ended)`` gives the engine's own columns (wall, communication,
-        idle time, block sizes) once the evaluation has ended at ``ended``.
+        Then, when :meth:`checkpoint_due`, the engine hands over the checkpoint's
+        :class:`EngineState` (:meth:`checkpoint`), and :meth:`verdict` decides whether the run goes on.
         """
         self.state.consecutive_rollbacks = 0
-        self.preempt_reported = self.preempt_reported or any(r.preempt for r in closed.reports)
-        scored = self.evaluation_due(closed.index)
-        evaluation, eval_seconds = (self.evaluator.evaluate(weights, closed.index) if scored
-                                    else (self.evaluator.skipped(), 0.0))
-        if scored:
-            self.observers.span("evaluate", closed.index, time.perf_counter() - eval_seconds)
-        row = round_row(closed, evaluation, self.metric_names, self.workers, self.schedule.steps(closed.index),
-                        self.discarded_bytes)
-        self.discarded_bytes = 0
-        row.update(eval_seconds=eval_seconds, **timing(time.perf_counter()))
-        self.record(row)
+        self.preempt_reported = self.preempt_reported or finished.preempt
+        self.write_row(finished.row)
         # early stopping counts scored rounds only: an unscored round has nothing to compare
-        stop = scored and self.early.update(closed.index, row[self.early.monitor], weights)
-        self.maybe_checkpoint(closed.index, weights)
-        if stop:
+        return finished.scored and self.early.update(finished.index, finished.row[self.early.monitor],
+                                                     finished.weights)
+
+    def verdict(self, finished: FinishedRound, early_stop: bool) -> StopReason | None:
+        """After the round's checkpoint: early stopping, divergence, the callbacks, a preemption; None goes on."""
+        if early_stop:
             return StopReason.EARLY_STOPPING
-        if self.diverged(closed.index, row):
+        if self.diverged(finished.index, finished.row):
             return StopReason.DIVERGED
-        if self.run_callbacks(closed.index, row, weights, scored):
+        if self.run_callbacks(finished.index, finished.row, finished.weights, finished.scored):
             return StopReason.CALLBACK
-        if self.preempting() and closed.index + 1 < self.cfg.train.epochs and not self.steps_exhausted():
+        if self.preempting() and finished.index + 1 < self.cfg.train.epochs and not self.steps_exhausted():
             return StopReason.PREEMPTED
         return None
 
@@ -234,7 +222,7 @@ class RoundRecorder(RecorderCheckpoints):
         cause = self.divergence.update(row) if is_scored(row) else None
         if cause is None:
             return False
-        stop = self.cfg.train.divergence == "stop"
+        stop = self.cfg.train.stops_on_divergence
         self.state.divergence = {"round": round_index, "cause": cause, "action": "stopped" if stop else "warned"}
         self.log.warning("round %d: the run is diverging: %s; %s", round_index, cause,
                          "stopping and keeping the best weights (train.divergence='stop')" if stop else
@@ -262,26 +250,8 @@ class RoundRecorder(RecorderCheckpoints):
         """A preemption signal reached this rank or (by its report) a worker."""
         return self.preempt_reported or preemption().requested
 
-    def evaluation_due(self, round_index: int) -> bool:
-        """Whether this round is scored: every ``evaluation.every``-th, the last, and any checkpointed one.
-
-        ``evaluation.every = 0`` (the default) scores once per local epoch, as ``fit`` does: every
-        round when a round is a local epoch, else the round that completes one (of the largest
-        block). During a sync warm-up a round is a step or a few, so there ``evaluation.every``
-        counts local epochs (the warm-up round that completes one) instead of rounds.
-        """
-        every = self.cfg.evaluation.every
-        last = round_index + 1 >= self.cfg.train.epochs or self.steps_exhausted()
-        if every == EVERY_LOCAL_EPOCH:
-            due = self.schedule.closes_epoch(round_index)
-        elif self.schedule.in_warmup(round_index):
-            epochs = (round_index + 1) // self.schedule.rounds_per_warmup_epoch
-            due = self.schedule.closes_warmup_epoch(round_index) and epochs % every == 0
-        else:
-            due = (round_index - self.schedule.warmup_rounds + 1) % every == 0
-        return due or last or self.checkpoint_due(round_index)
-
-    def record(self, row: dict[str, Any]) -> None:
+    def write_row(self, row: dict[str, Any]) -> None:
+        """rounds.csv, the progress line, TensorBoard and the timeline, and summary.json (at most once a second)."""
         self.state.traffic_bytes += row["bytes"]
         row["elapsed_seconds"] = self.elapsed()
         row["steps"] = self.state.steps
@@ -294,6 +264,49 @@ class RoundRecorder(RecorderCheckpoints):
             write_json_atomic(self.run_dir / SUMMARY_NAME, self.summary())
             self.summary_written = time.perf_counter()
 
+    # -- checkpoints ----------------------------------------------------------------------
+    def checkpoint_due(self, round_index: int) -> bool:
+        """Every ``checkpoint.every`` rounds, after ``every_seconds``, or on preemption; decided once a round
+        (the engine asks before the round closes, to score it and gather what the checkpoint holds)."""
+        if self.due is not None and self.due[0] == round_index:
+            return self.due[1]
+        every, seconds = self.cfg.checkpoint.every, self.cfg.checkpoint.every_seconds
+        due = ((every > 0 and (round_index + 1) % every == 0) or self.preempting()
+               or (seconds > 0 and time.monotonic() - self.last_checkpoint >= seconds))
+        self.due = (round_index, due)
+        return due
+
+    def checkpoint(self, round_index: int, weights: np.ndarray, saved: EngineState) -> None:
+        begun = time.perf_counter()
+        arrays = {"weights": weights}
+        if self.early.best_weights is not None:
+            arrays["best_weights"] = self.early.best_weights
+        arrays.update({f"{ARRAY_PREFIX}{rank}": vector for rank, vector in saved.optimizer_states.items()})
+        arrays.update(saved.outer_arrays)
+        save_checkpoint(self.run_dir / CHECKPOINT_NAME, arrays, self.checkpoint_meta(round_index))
+        self.last_checkpoint, self.last_checkpoint_round = time.monotonic(), round_index
+        self.observers.span("checkpoint", round_index, begun)
+        self.log.debug("checkpoint written after round %d", round_index)
+
+    def checkpoint_meta(self, round_index: int) -> dict[str, Any]:
+        workers = range(1, self.workers + 1)
+        return {"round": round_index, "rounds_completed": round_index + 1,
+                "best_value": self.early.best_value, "best_round": self.early.best_round,
+                "wait": self.early.wait, "monitor": self.early.monitor,
+                "block_bounds": self.plan.block_bounds, "shuffle_seed": self.plan.shuffle_seed,
+                "traffic_bytes": self.state.traffic_bytes, "config": self.cfg.to_dict(),
+                "steps": self.state.steps, "lr_scale": self.state.lr_scale, "wall_seconds": self.elapsed(),
+                "rollbacks": self.state.rollbacks, "workers": self.workers, "optimizer": self.cfg.model.optimizer,
+                "fingerprint": self.fingerprint,
+                "rng_seeds": {"train": self.cfg.train.seed, "shuffle": self.plan.shuffle_seed,
+                              "workers": [worker_seed(self.cfg.train.seed, w, self.start_round) for w in workers]}}
+
+    def needs_final_checkpoint(self) -> bool:
+        """False when the last round's checkpoint already holds what the end would write."""
+        if not self.state.rounds:
+            return False
+        return self.last_checkpoint_round != self.last_round or self.state.stop_reason in KEEPS_BEST
+
     # -- the end ----------------------------------------------------------------------
     def final_weights(self, weights: np.ndarray) -> tuple[np.ndarray, dict[str, Any] | None]:
         """The weights kept and their round: the best ones after an early or NaN stop, else the last."""
@@ -302,8 +315,9 @@ class RoundRecorder(RecorderCheckpoints):
             return self.early.best_weights, next(r for r in rounds if int(r["round"]) == self.early.best_round)
         return weights, (rounds[-1] if rounds else None)
 
-    def finish(self, weights: np.ndarray, states: dict[int, np.ndarray]) -> dict[str, Any]:
-        """Final weights, final checkpoint, summary and the per-round table; returns the summary."""
+    def finish(self, weights: np.ndarray, saved: EngineState) -> dict[str, Any]:
+        """Final weights, final checkpoint (holding ``saved``), summary and the per-round table; returns
+        the summary."""
         kept, final = self.final_weights(weights)
         self.kept_weights = kept
         self.model.set_weights(self.codec.unflatten(kept))
@@ -311,7 +325,7 @@ class RoundRecorder(RecorderCheckpoints):
         if not preempted:  # a preempted run has no final weights yet; its checkpoint carries it on
             save_weights_atomic(self.model, self.run_dir / FINAL_WEIGHTS_NAME)
         if self.needs_final_checkpoint():
-            self.checkpoint(int(self.state.rounds[-1]["round"]), kept, states)
+            self.checkpoint(self.last_round, kept, saved)
         summary = self.summary(final)
         write_json_atomic(self.run_dir / SUMMARY_NAME, summary)
         if preempted:
@@ -345,7 +359,7 @@ class RoundRecorder(RecorderCheckpoints):
     def summary(self, final: dict[str, Any] | None = None) -> dict[str, Any]:
         rounds = self.state.rounds
         final = final or (rounds[-1] if rounds else {})
-        stats = self.transport_stats
+        counters = self.counters
         values = dict(
             rounds_completed=len(rounds), **final_columns(final, self.metric_names),
             best_test_accuracy=best_test_accuracy(rounds), metrics=self.metric_names,
@@ -356,12 +370,12 @@ class RoundRecorder(RecorderCheckpoints):
             traffic_bytes=self.state.traffic_bytes, checkpoint_bytes=self.state.checkpoint_bytes,
             model_bytes=self.codec.nbytes, stop_reason=self.state.stop_reason, workers=self.workers,
             optimizer=self.cfg.model.optimizer, aggregation=self.cfg.aggregation.method,
-            outer_optimizer=self.outer.settings.name, ssp=self.cfg.aggregation.ssp,
-            scheduler_wait_seconds=stats.wait_wall_seconds, scheduler_wait_cpu_seconds=stats.wait_cpu_seconds,
+            outer_optimizer=self.outer_optimizer, ssp=self.cfg.aggregation.ssp,
+            scheduler_wait_seconds=counters.wait_wall_seconds, scheduler_wait_cpu_seconds=counters.wait_cpu_seconds,
             dataset=self.dataset.describe(), placement=self.placement, lost_workers=self.lost_workers,
             divergence=self.state.divergence,
         )
-        return RunSummary(**{**values, **self.summary_values()}).as_dict()
+        return RunSummary(**{**values, **self.summary_values}).as_dict()
 
     def close(self) -> None:
         self.round_log.close()

@@ -1,11 +1,19 @@
-"""A round as an engine hands it to the recorder, and the rounds.csv row made of it."""
+"""A round as an engine closes it, the rounds.csv row made of it, and what the engine hands the recorder.
+
+:class:`ClosedRound` is a round's results as its engine collected them; :func:`round_row` makes the
+row of it; :class:`FinishedRound` is the scored round with its row, which the recorder writes;
+:class:`EngineState` is what only the engine knows of a checkpoint (the workers' optimizer states,
+the outer optimizer's state), handed over already gathered.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
+
+import numpy as np
 
 from mpi_trainer.comm.messages import Report
 from mpi_trainer.persistence.run_files import BUILT_IN_METRICS
@@ -35,10 +43,31 @@ class ClosedRound:
     max_staleness: int = 0
 
 
+@dataclass
+class FinishedRound:
+    """A round the engine has scored (when due) and timed: its rounds.csv row and the weights it ended with.
+    ``preempt``: a worker's report said it was signalled."""
+
+    index: int
+    row: dict[str, Any]
+    weights: np.ndarray
+    scored: bool = True
+    preempt: bool = False
+
+
+@dataclass
+class EngineState:
+    """What a checkpoint holds from the engine's side, gathered by the engine before it hands it over:
+    each worker's optimizer vector (by rank) and the outer optimizer's named arrays."""
+
+    optimizer_states: dict[int, np.ndarray] = field(default_factory=dict)
+    outer_arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+
 def train_metrics(reports: list[Report], names: list[str]) -> dict[str, float]:
     """``train_<name>``: each metric of the workers' local training, weighted by their samples
     (a report without the metric, e.g. from a worker that ran no step, is left out)."""
-    out = {}
+    out: dict[str, float] = {}
     for name in names:
         pairs = [(r.train_metrics[name], r.samples) for r in reports if name in r.train_metrics]
         total = sum(samples for _, samples in pairs)
@@ -54,7 +83,7 @@ def round_row(closed: ClosedRound, evaluation: dict[str, float], metric_names: l
     train_times = [r.train_seconds for r in reports]
     samples = sum(r.samples for r in reports)
     names = dict.fromkeys([*BUILT_IN_METRICS, *metric_names])  # the fixed columns are always filled
-    row = {f"{split}_{name}": math.nan for name in names for split in ("test", "val", "train")}
+    row: dict[str, Any] = {f"{split}_{name}": math.nan for name in names for split in ("test", "val", "train")}
     row.update(train_metrics(reports, metric_names))
     row.update({
         "round": closed.index, "train_seconds_max": max(train_times), "train_seconds_min": min(train_times),

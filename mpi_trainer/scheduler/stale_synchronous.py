@@ -1,9 +1,10 @@
 """The bounded-staleness (SSP) engine of the scheduler, used when ``aggregation.ssp > 0``.
 
 Separation of concerns: :class:`StaleSynchronousEngine` decides when each worker gets
-work and how its update is merged; once a round's updates are in, the
-:class:`~mpi_trainer.scheduler.recorder.RoundRecorder` evaluates, records,
-checks early stopping and checkpoints, exactly as for a synchronous round. The
+work and how its update is merged; once a round's updates are in, it scores the
+global model and hands the finished round to the
+:class:`~mpi_trainer.scheduler.recorder.RoundRecorder`, which records it, checks early
+stopping and checkpoints, exactly as for a synchronous round. The
 staleness clock and the merge rules are pure functions in
 :mod:`mpi_trainer.algorithms.staleness`; the shares are
 :func:`~mpi_trainer.algorithms.aggregation.contribution_scale`'s, as in
@@ -34,6 +35,7 @@ the loss stay, each whole; the survivors keep their clocks and get fresh work.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -59,9 +61,9 @@ from mpi_trainer.data.sources import Dataset
 from mpi_trainer.errors import RankLost
 from mpi_trainer.persistence.resume import ResumeState, trim_rounds
 from mpi_trainer.persistence.run_files import UPDATE_FIELDS, UPDATES_NAME, RoundLog
-from mpi_trainer.persistence.run_record import NO_CONTEXT, RunContext
+from mpi_trainer.persistence.run_record import NO_CONTEXT, RunContext, StopReason
 from mpi_trainer.scheduler.engine import Engine
-from mpi_trainer.scheduler.recorder import ClosedRound, RoundSources, StopReason
+from mpi_trainer.scheduler.round_row import ClosedRound
 
 
 @dataclass
@@ -92,6 +94,8 @@ class Window:
 
 
 class StaleSynchronousEngine(Engine):
+    merges_each_update = True  # each update is merged as it arrives: no round aggregate, no outer step
+
     def __init__(self, link: SchedulerLink, cfg: Config, dataset: Dataset, model: Any, plan: JobPlan,
                  run_dir: Path, hosts: list[str] | None = None, resume: ResumeState | None = None,
                  context: RunContext = NO_CONTEXT) -> None:
@@ -114,12 +118,6 @@ class StaleSynchronousEngine(Engine):
         self.ledger = (ScatterLedger(cfg, plan, self.workers)
                        if (cfg.data.rebalance or cfg.fault.survive) and cfg.data.scatters else None)
         self.told = {worker: list(plan.block_bounds) for worker in self.workers}  # the blocks each one trains on
-
-    def round_sources(self) -> RoundSources:
-        """The base engine's, for an engine that merges each update as it arrives (no outer step)."""
-        sources = super().round_sources()
-        sources.merges_each_update = True
-        return sources
 
     def describe(self) -> str:
         damping = " with staleness damping" if self.cfg.aggregation.staleness_damping else ""
@@ -157,7 +155,7 @@ class StaleSynchronousEngine(Engine):
         return StopReason.EPOCHS
 
     # -- surviving a lost worker (fault.survive) -------------------------------
-    def surviving(self, step: Any, round_index: int) -> bool:
+    def surviving(self, step: Callable[[], None], round_index: int) -> bool:
         """Run ``step``; False when a worker was lost in it and the survivors carry on without it."""
         try:
             step()
@@ -281,6 +279,7 @@ class StaleSynchronousEngine(Engine):
 
     def elect(self) -> None:
         winner, weights = self.best.close()
+        assert weights is not None, "a full window holds at least one offered update"
         self.weights = weights
         self.window.winner = winner
         scores = ", ".join(f"rank {r.rank} {r.val_accuracy:.4f}" for r in self.window.reports)
@@ -304,22 +303,24 @@ class StaleSynchronousEngine(Engine):
         closed = ClosedRound(round_index, reports, self.link.take_bytes() + window.received_bytes,
                              window.merge_seconds, window.winner, window.leader,
                              max(record.staleness for record in window.records))
-        cause = self.recorder.non_finite_cause(reports, self.weights)
+        cause = self.non_finite_cause(reports)
         if cause:
-            return self.recorder.on_non_finite(round_index, cause, self.weights, closed.bytes)[0]
+            outcome, _ = self.apply_nan_policy(round_index, cause, self.weights, closed.bytes)
+            # no SSP round is trained again (train.nan_policy = 'rollback' needs ssp = 0): the run ends
+            return outcome if isinstance(outcome, StopReason) else StopReason.NAN
         self.state.steps += sum(r.steps for r in reports)
-        stop = self.recorder.close_round(closed, self.weights, self.timing(window))
+        finished = self.score(closed)
+        finished.row.update(self.timing(window, time.perf_counter()))
+        stop = self.record(finished)
         self.pace(round_index)
         self.window = Window(time.perf_counter())
         return stop
 
-    def timing(self, window: Window) -> Any:
-        def columns(ended: float) -> dict[str, Any]:
-            return {"wall_seconds": ended - window.started, "comm_seconds": window.comm_seconds,
-                    "idle_fraction": idle_fraction(ended - window.started, self.busy_in(window, ended)),
-                    "block_sizes": ";".join(str(end - start) for start, end in self.plan.block_bounds)}
-
-        return columns
+    def timing(self, window: Window, ended: float) -> dict[str, Any]:
+        """The round's wall, communication and idle columns, once its evaluation ended at ``ended``."""
+        return {"wall_seconds": ended - window.started, "comm_seconds": window.comm_seconds,
+                "idle_fraction": idle_fraction(ended - window.started, self.busy_in(window, ended)),
+                "block_sizes": ";".join(str(end - start) for start, end in self.plan.block_bounds)}
 
     def busy_in(self, window: Window, ended: float) -> dict[int, float]:
         """Each worker's busy time in the window: merged updates, plus the one it is computing now."""

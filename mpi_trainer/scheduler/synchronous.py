@@ -4,15 +4,16 @@ Separation of concerns: this engine decides when workers run and what they
 get: each round's orders (block bounds after a re-cut, a step budget under
 ``train.max_steps``, a new learning rate after a NaN rollback), the weights
 broadcast, and the collection (one sum-reduction for ``average`` /
-``weighted``, scores then the winner's weights for ``best``). It re-cuts
+``weighted``, scores then the winner's weights for ``best``: its
+:class:`~mpi_trainer.scheduler.sync_collection.RoundCollector`). It re-cuts
 blocks by throughput (``data.rebalance``), runs the next round during the
 evaluation (``train.overlap_eval``) and gathers optimizer state for
 checkpoints. It applies the outer optimizer to each round's aggregate before
-anything reads it. Under ``fault.survive`` a worker lost during a round
-(:class:`~mpi_trainer.errors.RankLost`) leaves the survivors to redo that round from its
-starting weights on blocks re-planned for them (:meth:`Engine.survive_loss`). What happens
-once a round's weights are in belongs to the
-:class:`~mpi_trainer.scheduler.recorder.RoundRecorder`.
+anything reads it, scores the result and hands the finished round to the
+:class:`~mpi_trainer.scheduler.recorder.RoundRecorder`, which writes it down. Under
+``fault.survive`` a worker lost during a round (:class:`~mpi_trainer.errors.RankLost`)
+leaves the survivors to redo that round from its starting weights on blocks
+re-planned for them (:meth:`Engine.survive_loss`).
 """
 
 from __future__ import annotations
@@ -35,27 +36,14 @@ from mpi_trainer.data.sources import Dataset
 from mpi_trainer.errors import RankLost
 from mpi_trainer.persistence.optimizer_state import assign_states
 from mpi_trainer.persistence.resume import ResumeState
-from mpi_trainer.persistence.run_record import NO_CONTEXT, RunContext
+from mpi_trainer.persistence.run_record import NO_CONTEXT, RunContext, StopReason
 from mpi_trainer.scheduler.engine import Engine
-from mpi_trainer.scheduler.evaluation import make_evaluator
-from mpi_trainer.scheduler.recorder import RoundSources, StopReason
+from mpi_trainer.scheduler.evaluation import Evaluator, make_evaluator
 from mpi_trainer.scheduler.round_row import ClosedRound, Outcome, Retry
-from mpi_trainer.scheduler.sync_collection import RoundCollection
+from mpi_trainer.scheduler.sync_collection import RoundCollector
 
 
-class SynchronousEngine(RoundCollection, Engine):
-    weights_version = 0  # how many times the global weights were replaced (the workers may hold one version)
-
-    @property
-    def weights(self) -> np.ndarray:
-        """The global model; every assignment is a new version (:meth:`Evaluator.holds` compares them)."""
-        return self._weights
-
-    @weights.setter
-    def weights(self, value: np.ndarray) -> None:
-        self._weights = value
-        self.weights_version += 1
-
+class SynchronousEngine(Engine):
     def __init__(self, link: SchedulerLink, cfg: Config, dataset: Dataset, model: Any, plan: JobPlan,
                  run_dir: Path, hosts: list[str] | None = None, resume: ResumeState | None = None,
                  context: RunContext = NO_CONTEXT) -> None:
@@ -63,8 +51,8 @@ class SynchronousEngine(RoundCollection, Engine):
         self.next_order = Order(OrderKind.ROUND)  # fields every worker's next order carries
         self.pending_states: dict[int, np.ndarray] = {}
         self.next_started: float | None = None  # set while the next round runs ahead (overlap_eval)
-        # seconds from the last round's start to its last report: when this round's reports are due
-        self.report_lag: float | None = None
+        self.collector = RoundCollector(link, self.wire, self.codec.size, self.watchdog, self.observers, self.log,
+                                        cfg.aggregation.elects)
         self.rebalancer = Rebalancer(plan.block_bounds, cfg.data.rebalance_smoothing) if cfg.data.rebalance else None
         # Under scatter a re-cut moves rows: the ledger knows who holds what, ``moved`` what goes next.
         # (fault.survive: a lost worker's rows go to the survivors.)
@@ -76,12 +64,9 @@ class SynchronousEngine(RoundCollection, Engine):
             self.resume_from(resume)
         self.warn_inside_warmup()
 
-    def round_sources(self) -> RoundSources:
-        """The recorder scores with the evaluator ``evaluation.where`` asks for, and a checkpoint takes
-        every worker's optimizer state."""
-        evaluator = make_evaluator(self.cfg, self.dataset, self.model, self.codec, self.link, self.watchdog,
-                                   lambda: self.weights_version)
-        return RoundSources(evaluator, self.gather_optimizer_states)
+    def make_evaluator(self) -> Evaluator:
+        """The evaluator ``evaluation.where`` asks for (the workers may score the global model)."""
+        return make_evaluator(self.cfg, self.dataset, self.model, self.codec, self.link, self.watchdog)
 
     def resume_from(self, resume: ResumeState) -> None:
         self.pending_states = assign_states(resume.optimizer_states, self.workers)
@@ -93,16 +78,16 @@ class SynchronousEngine(RoundCollection, Engine):
 
     def describe(self) -> str:
         """The engine's line, with the outer optimizer and the sync schedule's phases when there is a warm-up."""
-        schedule, line = self.recorder.schedule, super().describe()
-        if self.recorder.outer.active:
-            line = f"{line}; {self.recorder.outer.settings.describe()}"
+        schedule, line = self.schedule, super().describe()
+        if self.outer.active:
+            line = f"{line}; {self.outer.settings.describe()}"
         if not schedule.warmup_rounds:
             return line
         return f"{line}; sync schedule: {schedule.describe()}"
 
     def warn_inside_warmup(self) -> None:
         """``train.epochs`` counts rounds, and a warm-up's rounds are a step each: say when it never ends."""
-        warmup, epochs = self.recorder.schedule.warmup_rounds, self.cfg.train.epochs
+        warmup, epochs = self.schedule.warmup_rounds, self.cfg.train.epochs
         if 0 < epochs <= warmup:
             self.log.warning("train.epochs=%d rounds end inside the sync warm-up of %d rounds "
                              "(train.sync_warmup_epochs=%d); train.epochs > %d trains past it", epochs, warmup,
@@ -130,14 +115,14 @@ class SynchronousEngine(RoundCollection, Engine):
         """
         before, steps = self.weights, self.state.steps
         # the outer step updates its state in place: only a job that survives a loss needs it as it was
-        outer_state = self.recorder.outer.snapshot() if self.cfg.fault.survive else None
+        outer_state = self.outer.snapshot() if self.cfg.fault.survive else None
         try:
             return self.run_round(round_index)
         except RankLost as error:
             # under train.overlap_eval the next round may have been handed out: it is dropped with this one
             self.weights, self.state.steps, self.next_started = before, steps, None
             if outer_state is not None:  # a loss after the outer step must not count the round twice
-                self.recorder.outer.restore(outer_state)
+                self.outer.restore(outer_state)
             self.recorder.count_bytes(self.link.take_bytes())  # the lost round's traffic: in the total only
             if self.ledger is not None:
                 self.ledger.doubt()
@@ -153,7 +138,7 @@ class SynchronousEngine(RoundCollection, Engine):
         before = self.weights
         closed = self.collect(started, round_index)
         collected = time.perf_counter()
-        cause = self.recorder.non_finite_cause(closed.reports, self.weights)
+        cause = self.non_finite_cause(closed.reports)
         if cause:
             return self.on_non_finite(round_index, cause, before, closed.bytes)
         self.outer_step(closed, before)
@@ -164,7 +149,9 @@ class SynchronousEngine(RoundCollection, Engine):
         if self.overlaps(round_index):
             # The workers train the next round while this one is evaluated and recorded.
             self.next_started = self.dispatch(round_index + 1)
-        stop = self.recorder.close_round(closed, self.weights, self.timing(closed, started, collected))
+        finished = self.score(closed)
+        finished.row.update(self.timing(closed, started, collected))
+        stop = self.record(finished)
         self.pace(round_index)
         if stop:
             self.drain_next(round_index + 1)
@@ -175,28 +162,31 @@ class SynchronousEngine(RoundCollection, Engine):
         """The outer optimizer moves the global model from the weights the round started from towards
         its aggregate (average, weighted or elected); ``none`` keeps the aggregate itself. Before the
         next round is dispatched and before the evaluation, so the workers train and score the result."""
-        if not self.recorder.outer.active:
+        if not self.outer.active:
             return
         started = time.perf_counter()
         # in place over the round's aggregate (a buffer of its own); ``before`` stays as it was
-        self.weights = self.recorder.outer.step(before, self.weights, out=self.weights)
+        self.weights = self.outer.step(before, self.weights, out=self.weights)
         closed.aggregate_seconds += time.perf_counter() - started
 
-    def timing(self, closed: ClosedRound, started: float, collected: float) -> Any:
-        """The round's wall, communication and idle columns, once its evaluation ended."""
+    def timing(self, closed: ClosedRound, started: float, collected: float) -> dict[str, Any]:
+        """The round's wall, communication and idle columns, asked for once its evaluation ended (the wall
+        ends where the next round began, when it runs ahead)."""
+        ended = self.next_started if self.next_started is not None else time.perf_counter()
+        wall, train_max = ended - started, max(r.train_seconds for r in closed.reports)
+        return {"wall_seconds": wall,
+                "comm_seconds": max(0.0, collected - started - train_max - closed.aggregate_seconds),
+                "idle_fraction": idle_fraction(wall, {r.rank: r.train_seconds for r in closed.reports}),
+                "block_sizes": ";".join(str(r.samples) for r in closed.reports)}
 
-        def columns(evaluated: float) -> dict[str, Any]:
-            ended = self.next_started if self.next_started is not None else evaluated
-            wall, train_max = ended - started, max(r.train_seconds for r in closed.reports)
-            return {"wall_seconds": wall,
-                    "comm_seconds": max(0.0, collected - started - train_max - closed.aggregate_seconds),
-                    "idle_fraction": idle_fraction(wall, {r.rank: r.train_seconds for r in closed.reports}),
-                    "block_sizes": ";".join(str(r.samples) for r in closed.reports)}
-
-        return columns
+    def collect(self, started: float, round_index: int) -> ClosedRound:
+        """The round's reports and aggregate (or elected) weights, which become the global model."""
+        closed, self.weights = self.collector.collect(started, round_index, self.workers)
+        return closed
 
     def on_non_finite(self, round_index: int, cause: str, before: np.ndarray, received: int) -> Outcome:
-        outcome, self.weights = self.recorder.on_non_finite(round_index, cause, before, received)
+        """The NaN policy; a rerun round's orders carry the halved rate and reset the workers' optimizers."""
+        outcome, self.weights = self.apply_nan_policy(round_index, cause, before, received)
         if outcome is Retry.ROUND:
             self.next_order = replace(self.next_order, learning_rate=self.recorder.learning_rate,
                                       reset_optimizer=True)
@@ -215,9 +205,7 @@ class SynchronousEngine(RoundCollection, Engine):
         if self.next_started is None:
             return
         started, self.next_started = self.next_started, None
-        kept = self.weights
-        closed = self.collect(started, round_index)
-        self.weights = kept
+        closed, _ = self.collector.collect(started, round_index, self.workers)
         self.recorder.count_bytes(self.link.take_bytes() + closed.bytes)
         self.log.info("round %d was already under way when early stopping decided; its result is discarded",
                       round_index)
@@ -228,7 +216,7 @@ class SynchronousEngine(RoundCollection, Engine):
         budgets = None
         if self.cfg.train.max_steps:
             budgets = step_budgets(self.cfg.train.max_steps - self.state.steps, self.full_round_steps(round_index))
-        orders, held = {}, self.recorder.evaluator.holds(self.weights_version)
+        orders, held = {}, self.evaluator.holds(self.weights_version)
         # a NaN rollback's halved rate, else the one a Keras callback set on the scheduler's optimizer
         rate = self.next_order.learning_rate
         rate = self.recorder.callback_rate if rate is None else rate
@@ -243,7 +231,7 @@ class SynchronousEngine(RoundCollection, Engine):
 
     def full_round_steps(self, round_index: int) -> dict[int, int]:
         """Each worker's steps in a whole round: the sync schedule's k, or one local epoch of its block."""
-        k, batch = self.recorder.schedule.steps(round_index), self.cfg.train.batch_size
+        k, batch = self.schedule.steps(round_index), self.cfg.train.batch_size
         return {worker: k or steps_per_round(end - start, batch)
                 for worker, (start, end) in zip(self.workers, self.plan.block_bounds)}
 
@@ -258,14 +246,14 @@ class SynchronousEngine(RoundCollection, Engine):
         for worker, vector in self.pending_states.items():
             self.link.send_state(worker, vector)
         self.pending_states = {}
-        if not self.recorder.evaluator.holds(self.weights_version):
+        if not self.evaluator.holds(self.weights_version):
             # the broadcast's arrival messages name a worker that stopped before it
             self.send_weights(round_index)
         else:  # the workers scored these weights and kept them: only "ready" says they are there
             try:
                 self.link.await_ready(self.watchdog.deadline(started))
             except TimeoutError as exc:
-                raise self.timed_out(f"start round {round_index}", exc, self.workers) from None
+                raise self.watchdog.timed_out(f"start round {round_index}", exc, self.workers) from None
         if self.ledger is not None:
             self.ledger.confirm()  # the broadcast (or "ready") came from every worker: each took its rows
         self.observers.span("send", round_index, started)
@@ -275,7 +263,7 @@ class SynchronousEngine(RoundCollection, Engine):
         try:
             self.link.broadcast_weights(self.wire.encode(self.weights), self.watchdog.timeout)
         except TimeoutError as exc:
-            raise self.timed_out(f"take the weights of round {round_index}", exc, self.workers) from None
+            raise self.watchdog.timed_out(f"take the weights of round {round_index}", exc, self.workers) from None
 
     def send_moved(self, worker: int, round_index: int) -> None:
         """Scatter: the rows that changed owner go to their new worker before it reads its block."""
@@ -309,23 +297,21 @@ class SynchronousEngine(RoundCollection, Engine):
             self.moved = self.ledger.recut(self.plan, next_round)
 
     # -- optimizer state for checkpoints ---------------------------------------------
-    def final_states(self) -> dict[int, np.ndarray]:
-        return self.gather_optimizer_states() if self.recorder.needs_final_checkpoint() else {}
-
-    def gather_optimizer_states(self) -> dict[int, np.ndarray]:
-        """Each worker's optimizer vector, for the checkpoint; none after a NaN (it may hold NaN)."""
+    def optimizer_states(self, after_round: int) -> dict[int, np.ndarray]:
+        """Each worker's optimizer vector, for the checkpoint after ``after_round``; none after a NaN (it
+        may hold NaN)."""
         if self.state.stop_reason == StopReason.NAN:
             return {}
-        states, received = {}, 0
+        states: dict[int, np.ndarray] = {}
+        received = 0
         for worker in self.workers:
             try:
                 message = self.link.request_state(worker, self.watchdog.timeout)
             except TimeoutError:
                 raise self.watchdog.failure("send its optimizer state", [worker]) from None
             except RankLost as error:  # fault.survive: the checkpoint takes the survivors' states
-                next_round = int(self.rounds[-1]["round"]) + 1 if self.rounds else self.recorder.start_round
-                self.survive_loss(error, next_round, f"the optimizer state gathered after round {next_round - 1}")
-                return self.gather_optimizer_states()
+                self.survive_loss(error, after_round + 1, f"the optimizer state gathered after round {after_round}")
+                return self.optimizer_states(after_round)
             states[worker], received = message.payload, received + message.nbytes
         # Checkpoint traffic is counted in the run's total, not in the round's row.
         sent = self.link.take_bytes() + received

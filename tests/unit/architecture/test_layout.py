@@ -1,4 +1,5 @@
-"""The package's shape: imports go down the layers and never in a circle."""
+"""The package's shape: imports go down the layers and never in a circle; the scheduler's run writer
+never reaches back into an engine."""
 
 from __future__ import annotations
 
@@ -76,4 +77,18 @@ def test_no_import_cycle_between_modules():
 
     for module in sorted(edges):
         visit(module, [module])
+
+
+
+# The scheduler's engines own a round; the run writer (the recorder and what it is made of) is a sink
+# that takes finished rounds and never calls back into an engine.
+ENGINE_MODULES = {f"mpi_trainer.scheduler.{name}" for name in
+                  ("engine", "synchronous", "stale_synchronous", "lbfgs", "sync_collection")}
+WRITER_MODULES = {f"mpi_trainer.scheduler.{name}" for name in ("recorder", "round_row", "callbacks")}
+
+
+def test_the_run_writer_imports_no_engine():
+    edges = graph()
+    reached = {module: sorted(edges[module] & ENGINE_MODULES) for module in WRITER_MODULES}
+    assert reached == {module: [] for module in WRITER_MODULES}
 

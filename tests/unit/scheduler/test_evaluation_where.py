@@ -57,8 +57,8 @@ def test_workers_hold_the_version_of_the_weights_they_scored_until_the_engine_re
     from mpi_trainer.scheduler.evaluation import WorkerEvaluator
 
     job = run_local_job(tmp_path / "run", workers=2, train={"epochs": 2}, evaluation={"where": "workers"})
-    engine, evaluator = job.engine, job.engine.recorder.evaluator
-    assert isinstance(evaluator, WorkerEvaluator)  # built into the recorder, not swapped in later
+    engine, evaluator = job.engine, job.engine.evaluator
+    assert isinstance(evaluator, WorkerEvaluator)  # built with the engine, not swapped in later
     scored = evaluator.held_version
     assert scored is not None and evaluator.holds(scored)
     # the run's end put the kept weights in place: a new version, which the workers do not hold

@@ -73,7 +73,7 @@ def test_the_engine_steps_the_trainable_weights_and_averages_the_moving_statisti
     engine = job.engine
     codec, model = engine.codec, engine.model
     spans = codec.trainable_spans(model)
-    outer, weights = OuterOptimizer(NESTEROV, spans), engine.recorder.initial_weights
+    outer, weights = OuterOptimizer(NESTEROV, spans), engine.initial_weights
     for round_index in range(3):
         aggregate = np.float32(0.5) * job.trained(round_index)[0][1] + np.float32(0.5) * job.trained(round_index)[1][1]
         weights = outer.step(weights, aggregate)
@@ -81,5 +81,5 @@ def test_the_engine_steps_the_trainable_weights_and_averages_the_moving_statisti
                                    rtol=1e-6)
     np.testing.assert_allclose(engine.weights, weights, atol=2e-5)
     assert moving_variance(model, codec, engine.weights).min() > 0
-    assert engine.recorder.outer.state["velocity"].size == sum(b - a for a, b in spans)
+    assert engine.outer.state["velocity"].size == sum(b - a for a, b in spans)
     assert float(job.rounds()[-1]["test_accuracy"]) > 0.5

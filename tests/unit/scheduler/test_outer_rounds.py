@@ -58,7 +58,7 @@ def test_each_round_takes_the_outer_step_and_the_workers_train_from_its_result(t
     sections["train"] = {"epochs": 4, **sections.get("train", {})}
     job = run_local_job(tmp_path, model=SGD, **sections)
     rounds = len(job.rounds())
-    expected = by_hand(job, range(rounds), job.engine.recorder.initial_weights,
+    expected = by_hand(job, range(rounds), job.engine.initial_weights,
                        fresh_outer(job))
     np.testing.assert_allclose(job.engine.weights, expected[-1], atol=2e-5)
     for round_index in range(1, rounds):
@@ -74,7 +74,7 @@ def test_the_default_steps_nesterov_from_averaged_rounds_and_nothing_from_electe
     job = run_local_job(tmp_path / "average", model=SGD, aggregation={"outer_optimizer": "auto"}, train={"epochs": 3})
     assert job.summary["outer_optimizer"] == "nesterov"
     outer = OuterOptimizer(OuterSettings(name="nesterov", learning_rate=1.0, momentum=0.5))
-    expected = by_hand(job, range(3), job.engine.recorder.initial_weights, outer)
+    expected = by_hand(job, range(3), job.engine.initial_weights, outer)
     np.testing.assert_allclose(job.engine.weights, expected[-1], atol=2e-5)
     best = run_local_job(tmp_path / "best", aggregation={"outer_optimizer": "auto", "method": "best"},
                          train={"epochs": 1})
@@ -96,7 +96,7 @@ def test_a_16_bit_wire_sends_the_outer_steps_result_rounded(tmp_path):
     job = run_local_job(tmp_path, model=SGD, train={"epochs": 3},
                         aggregation={**NESTEROV, "wire_dtype": "bfloat16"})
     wire, half = WireFormat("bfloat16"), np.float32(0.5)
-    outer, weights = fresh_outer(job), job.engine.recorder.initial_weights
+    outer, weights = fresh_outer(job), job.engine.initial_weights
     for round_index in range(3):
         for start in started_from(job, round_index):  # what arrived: the global weights, rounded once
             np.testing.assert_array_equal(start, wire.decode(wire.encode(weights)))
@@ -109,7 +109,7 @@ def test_a_16_bit_wire_sends_the_outer_steps_result_rounded(tmp_path):
 def test_best_of_steps_from_the_elected_workers_weights(tmp_path):
     job = run_local_job(tmp_path, workers=3, model=SGD, train={"epochs": 2},
                         aggregation={**NESTEROV, "method": "best"})
-    outer, weights = fresh_outer(job), job.engine.recorder.initial_weights
+    outer, weights = fresh_outer(job), job.engine.initial_weights
     for round_index, row in enumerate(job.rounds()):
         elected = dict((r.rank, w) for r, w in last_trained(job, round_index))[int(row["winner"])]
         weights = outer.step(weights, elected)
@@ -120,7 +120,7 @@ def test_the_checkpoint_holds_the_outer_state_and_an_elastic_resume_goes_on_from
     first = run_local_job(tmp_path, model=SGD, train={"epochs": 2}, checkpoint={"every": 1}, aggregation=NESTEROV)
     arrays, meta = load_checkpoint(tmp_path / "checkpoint.h5")
     assert meta["round"] == 1 and sorted(k for k in arrays if k.startswith("outer_")) == ["outer_velocity"]
-    np.testing.assert_array_equal(arrays["outer_velocity"], first.engine.recorder.outer.state["velocity"])
+    np.testing.assert_array_equal(arrays["outer_velocity"], first.engine.outer.state["velocity"])
     np.testing.assert_array_equal(arrays["weights"], first.engine.weights)
     # three workers now: the outer state is the model's, not the workers'
     resumed = run_local_job(tmp_path, workers=3, resume=True, model=SGD, train={"epochs": 4},
@@ -143,9 +143,9 @@ def test_a_nan_rollback_takes_the_outer_state_back_with_the_weights(tmp_path):
                         debug={"nan_rank": 1, "nan_round": 1})
     assert [(r["round"], r["checkpoint_round"]) for r in job.summary["rollbacks"]] == [(1, -1)]
     for start in started_from(job, 1):
-        np.testing.assert_array_equal(start, job.engine.recorder.initial_weights)
+        np.testing.assert_array_equal(start, job.engine.initial_weights)
     outer = fresh_outer(job)
-    expected = by_hand(job, range(1, 3), job.engine.recorder.initial_weights, outer)
+    expected = by_hand(job, range(1, 3), job.engine.initial_weights, outer)
     np.testing.assert_allclose(job.engine.weights, expected[-1], atol=2e-5)
 
 
@@ -163,7 +163,7 @@ def test_keras_callbacks_see_the_stepped_weights_and_can_stop_the_job(tmp_path):
     stop = keras.callbacks.EarlyStopping(monitor="test_accuracy", mode="max", patience=0, min_delta=1.0)
     job = run_local_job(tmp_path, model=SGD, aggregation=NESTEROV, train={"epochs": 5}, callbacks=[seen, stop])
     assert job.summary["stop_reason"] == "callback" and len(seen.seen) == 2
-    expected = by_hand(job, range(2), job.engine.recorder.initial_weights, fresh_outer(job))
+    expected = by_hand(job, range(2), job.engine.initial_weights, fresh_outer(job))
     for got, want in zip(seen.seen, expected, strict=True):
         np.testing.assert_allclose(got, want, atol=2e-5)
 
@@ -173,7 +173,7 @@ def test_a_round_redone_after_a_lost_worker_takes_one_outer_step(tmp_path):
     job = run_local_job(tmp_path, workers=3, model=SGD, aggregation=NESTEROV, train={"epochs": 3},
                         fault={"survive": True}, debug=crash)
     assert [int(r["workers"]) for r in job.rounds()] == [3, 2, 2]
-    outer, weights = fresh_outer(job), job.engine.recorder.initial_weights
+    outer, weights = fresh_outer(job), job.engine.initial_weights
     for round_index in range(3):
         # the lost worker's partial round left nothing: each round is its last training by those who finished it
         trained = [[t for t in w.trained if t[0].round == round_index][-1] for w in job.workers

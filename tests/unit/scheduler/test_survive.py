@@ -77,7 +77,7 @@ def test_with_evaluation_on_workers_the_scheduler_scores_after_a_loss(tmp_path, 
     assert [int(r["round"]) for r in rows] == [0, 1, 2] and int(rows[-1]["workers"]) == 2
     # every round is scored, before the loss by the workers' shards and after it by the scheduler
     assert all(0.0 < float(r["test_accuracy"]) <= 1.0 for r in rows)
-    evaluator = job.engine.recorder.evaluator
+    evaluator = job.engine.evaluator
     assert not evaluator.on_workers and evaluator.moved
     scored_by_workers = {report_round for w in job.workers for report_round in w.scored_rounds}
     assert scored_by_workers == set(range(crash_round))  # none after the loss: their shards no longer cover the split

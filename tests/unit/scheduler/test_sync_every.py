@@ -23,7 +23,7 @@ def replay_synchronous_sgd(job) -> np.ndarray:
     """Single-process SGD from the same start on each step's batches of all workers, concatenated."""
     model = rebuild_model(job.engine.plan.model)
     codec = job.engine.codec
-    model.set_weights(codec.unflatten(job.engine.recorder.initial_weights))
+    model.set_weights(codec.unflatten(job.engine.initial_weights))
     first, second = job.workers
     for rows_a, rows_b in zip(first.step_rows_by_round, second.step_rows_by_round, strict=True):
         for a, b in zip(rows_a, rows_b, strict=True):
@@ -39,7 +39,7 @@ def test_averaging_after_every_step_is_synchronous_sgd_on_the_concatenated_batch
     assert sizes[0] == sizes[1]  # equal blocks: every step's two batches have the same size
     assert all(len(steps) == 1 for w in job.workers for steps in w.step_rows_by_round)
     expected = replay_synchronous_sgd(job)
-    assert not np.allclose(expected, job.engine.recorder.initial_weights, atol=1e-3)  # it did train
+    assert not np.allclose(expected, job.engine.initial_weights, atol=1e-3)  # it did train
     np.testing.assert_allclose(job.engine.weights, expected, atol=1e-5)
 
 
@@ -94,7 +94,7 @@ def test_k_step_rounds_train_augmented_batches(tmp_path):
         rows = np.concatenate([rows for steps in worker.step_rows_by_round for rows in steps])
         assert [len(steps) for steps in worker.step_rows_by_round] == [2, 2] and len(set(rows)) == 4 * 32
     assert np.isfinite(job.engine.weights).all() and not np.allclose(job.engine.weights,
-                                                                     job.engine.recorder.initial_weights)
+                                                                     job.engine.initial_weights)
 
 
 def test_a_nan_rollback_in_k_step_rounds_goes_back_and_keeps_k_steps_a_round(tmp_path):

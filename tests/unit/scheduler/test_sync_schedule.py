@@ -38,10 +38,10 @@ def test_after_the_warm_up_a_round_is_one_local_epoch(tmp_path):
 def test_warm_up_rounds_are_synchronous_sgd_on_the_concatenated_batches(tmp_path):
     job = run_local_job(tmp_path, workers=2, train={"epochs": 4, "batch_size": 32, "sync_warmup_epochs": 1,
                                                     "sync_every": 5}, **EXACT)
-    assert job.engine.recorder.schedule.warmup_rounds > 4  # every round of this run is a warm-up round
+    assert job.engine.schedule.warmup_rounds > 4  # every round of this run is a warm-up round
     assert [int(row["sync_every"]) for row in job.rounds()] == [1, 1, 1, 1]
     expected = replay_synchronous_sgd(job)
-    assert not np.allclose(expected, job.engine.recorder.initial_weights, atol=1e-3)
+    assert not np.allclose(expected, job.engine.initial_weights, atol=1e-3)
     np.testing.assert_allclose(job.engine.weights, expected, atol=1e-5)
 
 
