@@ -19,12 +19,16 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mpi_trainer.errors import ConfigError, InputError
 from mpi_trainer.launch.fit_history import history_everywhere
+
+if TYPE_CHECKING:
+    from mpi_trainer.comm.transport import Transport
+    from mpi_trainer.config import Config
 
 __all__ = ["Rank", "fit", "init"]
 
@@ -77,7 +81,7 @@ def init(*, device: str | None = None, scheduler_device: str | None = None, thre
 
 
 @contextmanager
-def _refused_together(transport: Any) -> Iterator[None]:
+def _refused_together(transport: Transport) -> Iterator[None]:
     """Input refused on every rank ends each with its message, once all have printed it."""
     from mpi_trainer.launch.job import AgreedInputError, report_error
 
@@ -198,11 +202,12 @@ class FitRequest:
     overrides: Any
 
 
-def _run(transport: Any, request: FitRequest, run_dir: Any, resume: bool) -> Any:
+def _run(transport: Transport, request: FitRequest, run_dir: Any, resume: bool) -> Any:
     from mpi_trainer.launch.job import JobInputs, agree, load_config_everywhere, run_job
 
     arrays = builder = class_weight = pipeline = None
-    pairs, error = [], None
+    pairs: list[tuple[str, Any]] = []
+    error = None
     try:  # a bad argument on one rank must fail every rank, not leave them waiting for it
         pipeline, arrays, pairs = _arguments(request, transport.size - 1)
         builder, model_overrides = _model_source(request.model, arrays)
@@ -281,7 +286,7 @@ def _check_callbacks(callbacks: list[Any]) -> None:
     check_callbacks(callbacks)
 
 
-def _refusal(cfg: Any, request: FitRequest, has_sample_weight: bool) -> str | None:
+def _refusal(cfg: Config, request: FitRequest, has_sample_weight: bool) -> str | None:
     """What the loaded config cannot do with these arguments (the same on every rank), or None."""
     lbfgs = cfg.model.uses_lbfgs
     if lbfgs and request.callbacks:
@@ -300,7 +305,7 @@ def _refusal(cfg: Any, request: FitRequest, has_sample_weight: bool) -> str | No
     return None
 
 
-def getattr_path(cfg: Any, key: str) -> Any:
+def getattr_path(cfg: Config, key: str) -> Any:
     value = cfg
     for part in key.split("."):
         value = getattr(value, part)
@@ -334,7 +339,7 @@ def _model_source(model: Any, arrays: Any = None) -> tuple[Any, list[tuple[str, 
     return model, [("model.name", str(name))]
 
 
-def _agree_on_arrays(transport: Any, arrays: Any) -> tuple[Any, list[tuple[str, Any]]]:
+def _agree_on_arrays(transport: Transport, arrays: Any) -> tuple[Any, list[tuple[str, Any]]]:
     """The arrays this rank loads, and the data.* overrides every rank applies.
 
     Rank 0's arrays are the data. A worker that passed the same ones reads its block from them;
@@ -348,7 +353,7 @@ def _agree_on_arrays(transport: Any, arrays: Any) -> tuple[Any, list[tuple[str, 
         ("data.source", "arrays"), ("data.placement", "shared" if shared else "scatter")]
 
 
-def _agree_on_pipeline(transport: Any, pipeline: Any) -> bool:
+def _agree_on_pipeline(transport: Transport, pipeline: Any) -> bool:
     """Whether the data is a pipeline; every rank builds one, of the same kind, or all fail."""
     from mpi_trainer.launch.job import agree
 

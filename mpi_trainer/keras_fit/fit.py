@@ -16,7 +16,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mpi_trainer.errors import ConfigError, InputError
 from mpi_trainer.keras_fit import shares
@@ -24,7 +24,11 @@ from mpi_trainer.keras_fit.record import FitRecord, fingerprint
 from mpi_trainer.keras_fit.rounds import SchedulerRounds, WorkerRounds
 from mpi_trainer.keras_fit.saving import save_whole_files
 from mpi_trainer.keras_fit.state import ModelState
-from mpi_trainer.launch.agreement import agree, load_config_everywhere
+from mpi_trainer.launch.agreement import agree, agreed, load_config_everywhere
+
+if TYPE_CHECKING:
+    from mpi_trainer.comm.transport import Transport
+    from mpi_trainer.config import Config
 
 ARGUMENT_KEYS = ("batch_size", "epochs", "shuffle", "class_weight", "initial_epoch", "steps_per_epoch",
                  "validation_split", "validation_steps", "validation_batch_size", "validation_freq")
@@ -45,7 +49,7 @@ def plain_fit(model: Any, kwargs: dict[str, Any]) -> Any:
     return model.fit(**kwargs)
 
 
-def fit_model(transport: Any, model: Any, kwargs: dict[str, Any], config: Any, overrides: list[Any],
+def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: Any, overrides: list[Any],
               run_dir: Any, resume: bool) -> Any:
     """The data-parallel fit of ``model`` on this rank (see the module docstring); returns its History."""
     from mpi_trainer.launch.job import start_rank
@@ -64,6 +68,7 @@ def fit_model(transport: Any, model: Any, kwargs: dict[str, Any], config: Any, o
     except (InputError, ValueError, TypeError) as exc:  # Keras' refusals are ValueError / TypeError
         error = str(exc)
     agree(transport, error)
+    prepared = agreed(prepared)
     build(model, kwargs, prepared)
     state = ModelState(model)
     layouts = transport.allgather((state.size, len(state.integers)))
@@ -79,7 +84,7 @@ def fit_model(transport: Any, model: Any, kwargs: dict[str, Any], config: Any, o
             error = str(exc)
     agree(transport, error)
     if transport.rank == 0:
-        history = schedule(transport, model, state, kwargs, cfg, prepared, record, saved, placements)
+        history = schedule(transport, model, state, kwargs, cfg, prepared, agreed(record), saved, placements)
     else:
         weighted = cfg.aggregation.method == "weighted"
         WorkerRounds(transport, model, state, prepared.share, prepared.rows, weighted, wait_bounds(cfg)).run()
@@ -94,13 +99,13 @@ ENGINE_ONLY = ("aggregation.ssp", "fault.survive", "early_stopping.patience", "t
                "evaluation.where")
 
 
-def _value(cfg: Any, key: str) -> Any:
+def _value(cfg: Config, key: str) -> Any:
     for part in key.split("."):
         cfg = getattr(cfg, part)
     return cfg
 
 
-def check_config(cfg: Any, run_dir: Any, resume: bool) -> None:
+def check_config(cfg: Config, run_dir: Any, resume: bool) -> None:
     """What the config asks that training the user's model round by round does not do."""
     from mpi_trainer.config import load_config
 
@@ -170,7 +175,7 @@ def prepare(model: Any, kwargs: dict[str, Any], rank: int, workers: int) -> Prep
     return prepared
 
 
-def build(model: Any, kwargs: dict[str, Any], prepared: Prepared | None) -> None:
+def build(model: Any, kwargs: dict[str, Any], prepared: Prepared) -> None:
     """Build the model, its compiled metrics and its optimizer as ``fit``'s first batch would."""
     # Layers not built yet (a Sequential without keras.Input, a subclassed model's own layers): built from
     # the first batch. A model whose layers are all built but that has no call of its own (a GAN) is left.
@@ -210,13 +215,13 @@ def arguments_print(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {key: kwargs.get(key) for key in ARGUMENT_KEYS if kwargs.get(key) is not None}
 
 
-def wait_bounds(cfg: Any) -> Any:
+def wait_bounds(cfg: Config) -> Any:
     from mpi_trainer.algorithms.wait_bounds import WaitBounds
 
     return WaitBounds(cfg.watchdog.setup_timeout, cfg.watchdog.worker_timeout)
 
 
-def make_record(model: Any, kwargs: dict[str, Any], cfg: Any, prepared: Prepared, run_dir: Any,
+def make_record(model: Any, kwargs: dict[str, Any], cfg: Config, prepared: Prepared, run_dir: Any,
                 placements: list[Any]) -> FitRecord:
     """Rank 0's record of this fit, in ``run_dir`` (or ``launch``'s), or kept in memory only."""
     path = run_dir if run_dir is not None else os.environ.get("MPI_TRAINER_RUN_DIR")
@@ -228,8 +233,8 @@ def make_record(model: Any, kwargs: dict[str, Any], cfg: Any, prepared: Prepared
                      cfg.checkpoint.every, cfg.checkpoint.every_seconds)
 
 
-def schedule(transport: Any, model: Any, state: ModelState, kwargs: dict[str, Any], cfg: Any, prepared: Prepared,
-             record: FitRecord, saved: dict[str, Any] | None, placements: list[Any]) -> Any:
+def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[str, Any], cfg: Config,
+             prepared: Prepared, record: FitRecord, saved: dict[str, Any] | None, placements: list[Any]) -> Any:
     """Rank 0's whole fit: the epochs and the callbacks, recorded; returns the History."""
     import keras
 
@@ -299,7 +304,7 @@ def _history(callbacks: Any, record: FitRecord) -> Any:
     return history
 
 
-def finish(transport: Any, model: Any, history: Any) -> Any:
+def finish(transport: Transport, model: Any, history: Any) -> Any:
     """Every rank's History (rank 0's), its model already holding the final state; saving made safe."""
     import keras
 

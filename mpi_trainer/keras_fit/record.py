@@ -126,14 +126,15 @@ class FitRecord:
             raise ConfigError(f"`run_dir` {str(self.path)!r} holds the run of another fit: its {', '.join(differs)} "
                               f"differ from this call's. Received: run_dir={str(self.path)!r}; expected a new "
                               f"directory (or none) for a different model, data, compile or arguments")
-        return self._saved()
+        return self._saved(self.path)
 
-    def _saved(self) -> dict[str, Any] | None:
+    @staticmethod
+    def _saved(path: Path) -> dict[str, Any] | None:
         from mpi_trainer.persistence.checkpoint import load_checkpoint
 
-        if not (self.path / STATE_NAME).exists():
+        if not (path / STATE_NAME).exists():
             return None
-        arrays, meta = load_checkpoint(self.path / STATE_NAME)
+        arrays, meta = load_checkpoint(path / STATE_NAME)
         return {"state": arrays["state"], "integers": [arrays[f"integer_{i}"] for i in range(meta["integers"])],
                 "next_epoch": meta["next_epoch"], "complete": meta["complete"], "history": meta["history"],
                 "epochs": meta["epochs"], "rows": meta["rows"], "stop_reason": meta["stop_reason"]}
@@ -149,7 +150,7 @@ class FitRecord:
             self.rows, self.history, self.epochs = saved["rows"], saved["history"], saved["epochs"]
             self.log.info("%s holds this fit's run: %s from epoch %d", self.path,
                           "complete, nothing to train" if saved["complete"] else "resuming", saved["next_epoch"])
-        self._rewrite_rows()
+        self._rewrite_rows(self.path)
 
     # -- each epoch ---------------------------------------------------------------
     def warn(self, message: str) -> None:
@@ -170,26 +171,26 @@ class FitRecord:
         self.rows.append(row)
         self.log.debug("epoch %d: %s", epoch, ", ".join(f"{k} {v:.4g}" for k, v in sorted(logs.items())))
         if self.path is not None:
-            self._append_row(row)
+            self._append_row(self.path, row)
 
     def _columns(self) -> list[str]:
         extra = sorted({key for row in self.rows for key in row} - set(FIXED_COLUMNS))
         return FIXED_COLUMNS + extra
 
-    def _append_row(self, row: dict[str, Any]) -> None:
+    def _append_row(self, path: Path, row: dict[str, Any]) -> None:
         if len(self.rows) == 1 or set(row) - set(self.header):
-            self._rewrite_rows()  # a new column (a callback's log): the header grows, the rows are rewritten
+            self._rewrite_rows(path)  # a new column (a callback's log): the header grows, the rows are rewritten
             return
-        with open(self.path / ROUNDS_NAME, "a", encoding="utf-8") as handle:
+        with open(path / ROUNDS_NAME, "a", encoding="utf-8") as handle:
             handle.write(",".join(_cell(row.get(c, "")) for c in self.header) + "\n")
             handle.flush()
 
-    def _rewrite_rows(self) -> None:
+    def _rewrite_rows(self, path: Path) -> None:
         from mpi_trainer.persistence.run_files import write_atomic
 
         columns = self.header = self._columns()
         lines = [",".join(columns)] + [",".join(_cell(row.get(c, "")) for c in columns) for row in self.rows]
-        write_atomic(self.path / ROUNDS_NAME, "\n".join(lines) + "\n")
+        write_atomic(path / ROUNDS_NAME, "\n".join(lines) + "\n")
 
     def checkpoint(self, next_epoch: int, state: Any, callbacks: Any) -> None:
         """Save the state after an epoch when ``checkpoint.every`` or ``every_seconds`` says so."""

@@ -18,11 +18,14 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mpi_trainer.keras_fit.state import ModelState
+
+if TYPE_CHECKING:
+    from mpi_trainer.comm.transport import Transport
 
 
 @dataclass
@@ -50,7 +53,7 @@ class RoundClock:
     """Bounds this rank's waits by the rounds seen so far (:mod:`~mpi_trainer.algorithms.wait_bounds`): a
     rank that stops answering is named within a multiple of the slowest round, not the set-up bound."""
 
-    def __init__(self, transport: Any, bounds: Any) -> None:
+    def __init__(self, transport: Transport, bounds: Any) -> None:
         self.transport, self.bounds = transport, bounds
         self.last: float | None = None
 
@@ -84,7 +87,7 @@ class _BatchCounter:
 class WorkerRounds:
     """A worker: takes the state, trains one epoch of its share with ``model.fit``, reports."""
 
-    def __init__(self, transport: Any, model: Any, state: ModelState, share: dict[str, Any], rows: int | None,
+    def __init__(self, transport: Transport, model: Any, state: ModelState, share: dict[str, Any], rows: int | None,
                  weighted: bool, bounds: Any = None) -> None:
         from mpi_trainer.algorithms.wait_bounds import WaitBounds
 
@@ -125,7 +128,7 @@ class WorkerRounds:
 class SchedulerRounds:
     """Rank 0: hands out the state, combines the workers' states, validates, runs the callbacks."""
 
-    def __init__(self, transport: Any, model: Any, state: ModelState, outer: Any, callbacks: Any,
+    def __init__(self, transport: Transport, model: Any, state: ModelState, outer: Any, callbacks: Any,
                  validation: dict[str, Any] | None, validation_freq: Any, record: Any, bounds: Any = None) -> None:
         from mpi_trainer.algorithms.wait_bounds import WaitBounds
 

@@ -29,7 +29,8 @@ SHARE_SEED = 1234  # the permutation that deals rows to workers (the same on eve
 def is_dataset(x: Any) -> bool:
     from keras.src.trainers.data_adapters import is_tf_dataset
 
-    return is_tf_dataset(x)
+    dataset: bool = is_tf_dataset(x)
+    return dataset
 
 
 def is_py_dataset(x: Any) -> bool:
@@ -70,7 +71,7 @@ def share_rows(rows: int, workers: int, index: int, shuffle: Any) -> np.ndarray:
     return np.sort(np.array_split(order, workers)[index])
 
 
-def take_rows(arrays: Any, rows: np.ndarray) -> Any:
+def take_rows(arrays: Any, rows: np.ndarray | list[int]) -> Any:
     """The given rows of every array in a structure (NumPy by indexing, others by Keras' own slicing)."""
     import keras
     from keras.src.trainers.data_adapters import array_slicing

@@ -38,7 +38,7 @@ class JobInputs:
     arrays: RawArrays | None = None  # the data as arrays, instead of data.source
     builder: Any = None  # a model function or a built model, instead of model.name
     callbacks: Sequence[Any] = ()  # Keras callbacks, run on rank 0 once per round
-    config_path: str | None = None  # names the default run directory
+    config_path: str | Path | None = None  # names the default run directory
     pipeline: Any = None  # an input adapter (tf.data, PyDataset, generator...), instead of arrays
     validation: Any = None  # the pipeline's validation_data, read by the ranks that score
     class_weight: dict[int, float] | None = None  # fit's class_weight, for the workers' training loss

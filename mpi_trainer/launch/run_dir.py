@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 RUN_DIR_ENV = "MPI_TRAINER_RUN_DIR"  # the launcher's run directory, the default of a supervised fit()
 
 
-def default_run_dir(config_path: str | None) -> Path:
+def default_run_dir(config_path: str | Path | None) -> Path:
     """``runs/<config>-slurm<job id>`` under Slurm (a requeued job finds its run again), else
     ``runs/<config>-<time>-<pid>-<random>``: two jobs started in the same second get two directories."""
     stem = Path(config_path).stem if config_path else "run"
@@ -77,11 +77,11 @@ class RunDirectory:
         self.lock.release(unused=not self.written)
 
 
-def chosen_path(run_dir: str | None, config_path: str | None) -> Path:
+def chosen_path(run_dir: str | None, config_path: str | Path | None) -> Path:
     return Path(run_dir or os.environ.get(RUN_DIR_ENV) or default_run_dir(config_path))
 
 
-def open_run_dir(run_dir: str | None, config_path: str | None, cfg: Config, resume: bool) -> RunDirectory:
+def open_run_dir(run_dir: str | None, config_path: str | Path | None, cfg: Config, resume: bool) -> RunDirectory:
     """Rank 0: lock the directory and read what it holds; writes nothing else."""
     if resume and not (run_dir or os.environ.get(RUN_DIR_ENV)):
         raise ConfigError("`--resume` needs the run directory to continue. Received: no --run-dir; "
