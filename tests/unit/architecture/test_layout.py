@@ -1,5 +1,5 @@
 """The package's shape: imports go down the layers and never in a circle; the scheduler's run writer
-never reaches back into an engine."""
+never reaches back into an engine; no class is spread over mixins."""
 
 from __future__ import annotations
 
@@ -92,3 +92,52 @@ def test_the_run_writer_imports_no_engine():
     reached = {module: sorted(edges[module] & ENGINE_MODULES) for module in WRITER_MODULES}
     assert reached == {module: [] for module in WRITER_MODULES}
 
+
+def classes() -> dict[str, list[tuple[Path, ast.ClassDef]]]:
+    """Every class the package defines, by name (a name defined in two modules lists both)."""
+    found: dict[str, list[tuple[Path, ast.ClassDef]]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                found.setdefault(node.name, []).append((path, node))
+    return found
+
+
+def declared_names(node: ast.ClassDef) -> set[str]:
+    """What a class declares itself: its methods, class attributes and annotated fields."""
+    names = set()
+    for item in node.body:
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(item.name)
+        elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            names.add(item.target.id)
+        elif isinstance(item, ast.Assign):
+            names.update(target.id for target in item.targets if isinstance(target, ast.Name))
+    return names
+
+
+def self_attributes(node: ast.ClassDef) -> set[str]:
+    """The ``self.<name>`` a class's methods read or write."""
+    return {sub.attr for sub in ast.walk(node) if isinstance(sub, ast.Attribute)
+            and isinstance(sub.value, ast.Name) and sub.value.id == "self"}
+
+
+def is_mixin(node: ast.ClassDef) -> bool:
+    """A class with no base of its own whose methods use a ``self.<name>`` it never declares or assigns:
+    a part of another class, living elsewhere (a subclass inherits what it uses; an ABC, a Protocol, an
+    Enum or an exception declares it)."""
+    if node.bases:
+        return False
+    assigned = {sub.attr for sub in ast.walk(node) if isinstance(sub, ast.Attribute)
+                and isinstance(sub.value, ast.Name) and sub.value.id == "self" and isinstance(sub.ctx, ast.Store)}
+    return bool(self_attributes(node) - declared_names(node) - assigned)
+
+
+def test_no_class_is_spread_over_mixins():
+    """A base class that reads attributes only its subclass sets is one class cut in parts:
+    collaborators are held, not inherited."""
+    defined = classes()
+    mixins = sorted(f"{path.relative_to(PACKAGE.parent)}: {node.name}({base.id})"
+                    for same_name in defined.values() for path, node in same_name for base in node.bases
+                    if isinstance(base, ast.Name) and any(is_mixin(other) for _, other in defined.get(base.id, [])))
+    assert not mixins, mixins
