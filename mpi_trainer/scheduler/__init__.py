@@ -1,9 +1,10 @@
-"""The scheduler (rank 0): two engines over one round recorder, and full-batch L-BFGS.
+"""The scheduler (rank 0): three engines over one run writer.
 
 * :mod:`.synchronous`: every worker trains every round on the same weights (``aggregation.ssp = 0``);
 * :mod:`.stale_synchronous`: bounded staleness, updates merged as they arrive (``aggregation.ssp > 0``);
 * :mod:`.lbfgs`: full-batch L-BFGS (``model.optimizer = "lbfgs"``), one round trip per evaluation;
-* :mod:`.recorder`: what happens once a round's weights are in, for both engines;
+* :mod:`.engine`: what the round-based engines share (outer optimizer, sync schedule, NaN policy, survival);
+* :mod:`.recorder`: the run writer every engine hands its finished rounds to; it never calls an engine;
 * :mod:`.evaluation`, :mod:`.watchdog`: scoring the global model, and naming workers that do not answer.
 
 Which engine (and which worker) a job runs is picked in one place, :func:`mpi_trainer.launch.roles.pick_roles`.
