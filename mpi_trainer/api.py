@@ -121,7 +121,7 @@ def fit(model: Any = None, x: Any = None, y: Any = None, batch_size: int | None 
     ``run_dir``, ``summary`` and ``rounds`` (rounds.csv's numbers) attached; ``model`` then holds the
     final (or restored best) weights on every rank. Bad input raises
     :class:`mpi_trainer.errors.InputError` on every rank before training; an unknown keyword ``TypeError``.
-    An error on one rank during the job raises on every rank (:class:`~mpi_trainer.comm.transport.PeerFailure`,
+    An error on one rank during the job raises on every rank (:class:`~mpi_trainer.errors.PeerFailure`,
     naming it, on the others); a rank that stops answering ends the job within its wait bound.
     """
     from mpi_trainer.launch.fail_together import fail_together

@@ -12,9 +12,7 @@ from mpi_trainer.errors import EXIT_INPUT_ERROR, ConfigError
 def quiet_backend() -> None:
     """Keep TensorFlow's C++ start-up chatter off the console unless the user asked for it."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    # oneDNN stays on (TensorFlow's default): LeNet trained at 560-620 samples/s with it against
-    # 280 without on this project's 2-core CI machine. Its reordered float arithmetic can make
-    # repeated runs differ in the last bits; TF_ENABLE_ONEDNN_OPTS=0 trades that speed for repeatability.
+    # oneDNN stays on (TensorFlow's default; why, with the figure: docs/commands.md, "Backends").
 
 
 def report_error(exc: BaseException) -> int:
