@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import asdict
 
-from benchmarks.harness import Environment, SuiteResult, load_average, prepared, run_comparison, skip_reason
+from benchmarks.harness import (
+    Environment,
+    SuiteResult,
+    conclusions_of,
+    load_average,
+    prepared,
+    run_comparison,
+    save_conclusions,
+    skip_reason,
+)
 from benchmarks.report import write_performance
 from benchmarks.suites import SUITES
 
@@ -23,7 +33,8 @@ def run_suite(name: str, repeats: int, quick: bool) -> bool:
         tables = [run_comparison(comparison, repeats, lambda line: print(line, flush=True))
                   for comparison in module.comparisons(quick)]
     environment.load_average_end = load_average()
-    path = SuiteResult(name, module.QUESTION, environment, tables).save()
+    conclusions = conclusions_of(module, [asdict(table) for table in tables])
+    path = SuiteResult(name, module.QUESTION, environment, tables, conclusions).save()
     print(f"{name}: results in {path}", flush=True)
     return True
 
@@ -36,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("suites", nargs="*", default=[], metavar="SUITE", help=f"any of {', '.join(SUITES)}")
     run.add_argument("--repeats", type=int, default=3, help="alternating repeats of every variant")
     run.add_argument("--quick", action="store_true", help="smaller models and fewer rounds")
+    commands.add_parser("conclude", help="draw the saved results' conclusions again from their tables")
     commands.add_parser("docs", help="regenerate docs/performance.md from benchmarks/results")
     args = parser.parse_args(argv)
     if args.command == "list":
@@ -48,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown suites {unknown}; expected any of {list(SUITES)}")
         for name in args.suites or SUITES:
             run_suite(name, args.repeats, args.quick)
+    elif args.command == "conclude":
+        for path in save_conclusions(SUITES):
+            print(path)
     else:
         print(write_performance())
     return 0

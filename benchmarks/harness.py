@@ -183,6 +183,27 @@ class SuiteResult:
         return path
 
 
+def conclusions_of(suite: ModuleType | None, tables: list[dict[str, Any]]) -> list[str]:
+    """What a suite concludes from its tables, given as saved (plain dicts): its ``conclude(tables)``, or
+    nothing. A conclusion is a sentence built from those figures, so it is never older than they are."""
+    conclude = getattr(suite, "conclude", None)
+    return list(conclude(tables)) if conclude is not None else []
+
+
+def save_conclusions(suites: Mapping[str, ModuleType], folder: Path = RESULTS) -> list[Path]:
+    """Draw every saved result's conclusions again from its tables (after a suite's ``conclude`` changed),
+    measuring nothing; returns the files that changed."""
+    changed = []
+    for path in sorted(folder.glob("*.json")):
+        result = json.loads(path.read_text())
+        conclusions = conclusions_of(suites.get(result["suite"]), result["tables"])
+        if conclusions != result.get("conclusions"):
+            result["conclusions"] = conclusions
+            path.write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")
+            changed.append(path)
+    return changed
+
+
 def load_results(folder: Path = RESULTS) -> list[dict[str, Any]]:
     """Every saved result, as plain dicts (the docs generator's input)."""
     return [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]

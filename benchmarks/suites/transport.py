@@ -11,14 +11,6 @@ QUESTION = "Transport: mpi_trainer's verbs against blocking MPI calls"
 BTLS = {"shared memory": ["--mca", "btl", "self,sm"], "TCP": ["--mca", "btl", "self,tcp"],
         "fault-tolerant": FAULT_TOLERANT_OPTIONS}
 PAIRS = (("reduce", "Reduce"), ("broadcast", "Bcast"), ("send_recv", "Send_Recv"))
-SETTLED = [
-    "Bulk transfers are blocking MPI calls behind a readiness handshake, not polled non-blocking collectives: "
-    "Open MPI advances a transfer only inside MPI calls, and a polled `MPI_Ireduce` of LeNet's 1.85 MB took "
-    "1,279 ms at 2 ranks where `reduce_sum` takes 0.90 ms (commit `c3666de`).",
-    "Waits poll and sleep rather than block in MPI: rank 0 used 0.011 of a core waiting 3 s for a late rank in "
-    "`reduce_sum`, against 0.995 in Open MPI's blocking `Reduce`, which spins (3 ranks, LeNet's 1.85 MB; "
-    "commit `cda6100`; a whole job's waits are in the communication suite).",
-]
 
 
 def verbs(btl: str, ranks: int, megabytes: float, reps: int) -> Figures:

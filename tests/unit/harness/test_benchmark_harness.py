@@ -8,7 +8,16 @@ from dataclasses import asdict
 
 import pytest
 
-from benchmarks.harness import Comparison, Environment, Spread, SuiteResult, load_results, run_comparison
+from benchmarks.harness import (
+    Comparison,
+    Environment,
+    Spread,
+    SuiteResult,
+    conclusions_of,
+    load_results,
+    run_comparison,
+    save_conclusions,
+)
 from benchmarks.jobs import seeded, time_to
 from benchmarks.report import cell, number, render
 from benchmarks.suites import SUITES
@@ -109,11 +118,32 @@ def test_every_saved_table_is_reproduced_by_a_harness_suite():
         assert result["environment"]["commit"] and not result.get("carried")
 
 
-def test_settled_answers_are_rendered_under_their_question():
-    page = render([])
-    throughput = page.index("## Throughput")
-    assert page.index("Settled, with the figure that settled it:", throughput) > throughput
-    assert "oneDNN" in page and "commit `3eb03e7`" in page
+def test_conclusions_are_drawn_from_the_tables_saved_and_rendered_under_them(tmp_path):
+    """A suite's conclusions are sentences built from its own figures: a result measured again concludes
+    from the new figures, and the page prints what the result file holds, under its tables."""
+    def outer(epochs, seconds):
+        return {"epochs_to": asdict(Spread.of(epochs)), "seconds_to": asdict(Spread.of(seconds))}
+
+    title = "MLP on digits, 2 workers; target test accuracy 0.95"
+    rows = {"1 local epoch, outer `none`": outer([4.0, 4.0, math.inf], [2.0, 2.0, math.inf]),
+            "1 local epoch, outer `nesterov`": outer([3.0, 3.0, 5.0], [1.0, 1.0, 1.5])}
+    table = {"title": title, "command": "python -m benchmarks run schedules", "columns": {}, "rows": rows,
+             "repeats": 3, "notes": ""}
+    (concluded,) = conclusions_of(SUITES["schedules"], [table])
+    assert "reached it in 3 of 3 seeds, after 3 local epochs, 0.50x the time" in concluded
+    assert "reached it in 2 of 3 seeds, after 4 local epochs" in concluded
+    rows["1 local epoch, outer `nesterov`"] = outer([6.0, 6.0, 6.0], [4.0, 4.0, 4.0])  # measured again
+    assert "2.00x the time" in conclusions_of(SUITES["schedules"], [table])[0]
+    assert conclusions_of(SUITES["faults"], [table]) == []  # a suite without conclude concludes nothing
+
+    result = asdict(SuiteResult("schedules", "Q", Environment.here(), [], []))
+    result["tables"] = [table]
+    (tmp_path / "schedules.json").write_text(json.dumps(result))
+    assert save_conclusions(SUITES, tmp_path) == [tmp_path / "schedules.json"]
+    assert save_conclusions(SUITES, tmp_path) == []  # nothing changed the second time
+    saved = load_results(tmp_path)
+    page = render(saved)
+    assert page.index("Settled by these figures:") > page.index(title) and saved[0]["conclusions"][0] in page
 
 
 def test_seeded_variants_get_seed_n_on_repeat_n_and_targets_compare_at_float32_precision():
