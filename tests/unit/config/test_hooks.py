@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from mpi_trainer import hooks
-from mpi_trainer.cli import main
+from mpi_trainer.cli import build_parser, main
 from mpi_trainer.config import Config, all_keys, config_from_dict, load_config
 from mpi_trainer.errors import ConfigError
 from mpi_trainer.hooks import TestHooks
+from mpi_trainer.launch.launcher import job_command
+from mpi_trainer.launch.supervisor import AttemptHosts
+from mpi_trainer.worker import slowdown
 
 QUICKSTART = "configs/quickstart.toml"
 HOOKS = ["debug.slow_ranks=[2]", "debug.slow_factor=3.0", "debug.async_engine=true", "debug.nan_rank=1"]
@@ -21,6 +26,46 @@ def test_hooks_set_with_set_go_to_the_hook_module_not_the_config():
     assert not [key for key in all_keys() if key.startswith("debug.")]
     assert "debug" not in cfg.to_dict()
     assert "debug" not in cfg.to_toml() and "slow_ranks" not in cfg.to_toml()
+
+
+def test_launch_passes_the_hooks_to_every_attempt_s_train_line_as_they_were_typed(tmp_path):
+    """Fault-injection scripts type `launch ... --set debug.batch_delay=...`: the first attempt and every
+    restart (with --resume) run `train` with the same --set, so each rank installs the same hooks."""
+    typed = ["--set", "debug.batch_delay=0.04", "--set", "debug.nan_rank=1", "--set", "train.epochs=2"]
+    args = build_parser().parse_args(["launch", "-n", "3", QUICKSTART, *typed])
+    command_for = job_command(args, AttemptHosts(3, None), tmp_path)
+    for attempt in (0, 1):
+        line = command_for(attempt)
+        train = line[line.index("train"):]
+        assert train[:2 + len(typed)] == ["train", QUICKSTART, *typed], train
+
+
+def _batches(monkeypatch, rank, compute_seconds, batches=3):
+    """Seconds each batch of ``rank`` takes under the hooks in force (its compute plus the hook's pause),
+    on a fake clock; None when the rank gets no slowdown at all."""
+    clock = SimpleNamespace(now=0.0, pauses=[])
+    fake_time = SimpleNamespace(perf_counter=lambda: clock.now,
+                                sleep=lambda seconds: clock.pauses.append(seconds))
+    monkeypatch.setattr(slowdown, "time", fake_time)
+    callback = slowdown.make_slowdown(hooks.active(), rank)
+    if callback is None:
+        return None
+    for batch in range(batches):
+        callback.on_train_batch_begin(batch)
+        clock.now += compute_seconds
+        callback.on_train_batch_end(batch)
+    return [compute_seconds + pause for pause in clock.pauses]
+
+
+def test_set_on_the_command_line_slows_the_named_ranks_by_the_factor_and_every_worker_by_the_delay(monkeypatch):
+    args = build_parser().parse_args(["train", QUICKSTART, "--set", "debug.batch_delay=0.04",
+                                      "--set", "debug.slow_ranks=[2]", "--set", "debug.slow_factor=3.0"])
+    load_config(args.config, args.overrides)
+    # the first batch (graph tracing) is never slowed; then rank 2 takes 3 x (compute + delay) per batch
+    assert _batches(monkeypatch, 2, 0.01) == pytest.approx([3 * (0.01 + 0.04)] * 2)
+    assert _batches(monkeypatch, 1, 0.01) == pytest.approx([0.01 + 0.04] * 2)
+    load_config(QUICKSTART, [])
+    assert _batches(monkeypatch, 2, 0.01) is None  # without hooks no rank gets a callback
 
 
 def test_a_table_and_the_python_api_s_overrides_spell_them_alike():

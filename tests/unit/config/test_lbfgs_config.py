@@ -7,10 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy.optimize import fmin_l_bfgs_b
+from scipy.optimize import fmin_l_bfgs_b, minimize, rosen, rosen_der
 
 from mpi_trainer.config import ConfigError, config_from_dict, load_config
 from mpi_trainer.launch.console import check
+from mpi_trainer.scheduler.lbfgs import settings_from
 
 ROOT = Path(__file__).resolve().parents[3]
 LBFGS = {"model": {"name": "softmax_regression", "optimizer": "lbfgs"}}
@@ -28,6 +29,20 @@ def test_defaults_are_scipys_own():
     assert cfg.gtol == scipy["pgtol"]
     assert cfg.ftol == pytest.approx(scipy["factr"] * np.finfo(float).eps)  # SciPy: ftol = factr * eps
     assert cfg.max_evaluations == scipy["maxfun"]
+
+
+def test_the_options_a_default_config_hands_scipy_run_scipys_own_l_bfgs_b():
+    """The engine calls ``scipy.optimize.minimize(method="L-BFGS-B", options=...)``: with the config's
+    defaults it takes the same iterates and stops at the same point as a call with no options at all."""
+    options = settings_from(lbfgs_config(), iterations=15000).scipy_options()
+    del options["maxiter"]  # the iteration limit is train.epochs, not one of L-BFGS's own defaults
+    start = np.array([-1.2, 1.0, -0.5, 0.8, 1.5])
+    ours = minimize(rosen, start, jac=rosen_der, method="L-BFGS-B", options=options)
+    scipys = minimize(rosen, start, jac=rosen_der, method="L-BFGS-B")
+    assert (ours.nit, ours.nfev, ours.message) == (scipys.nit, scipys.nfev, scipys.message)
+    np.testing.assert_array_equal(ours.x, scipys.x)
+    fewer = minimize(rosen, start, jac=rosen_der, method="L-BFGS-B", options={**options, "maxcor": 3})
+    assert (fewer.nit, fewer.nfev) != (scipys.nit, scipys.nfev)  # the comparison can tell options apart
 
 
 @pytest.mark.parametrize("key, value, expected", [
