@@ -2,6 +2,7 @@
 
 :func:`exchange` runs on every rank of a world of any size >= 2 and returns what that rank saw;
 :func:`expected` is what every transport must produce, worked out from the rank and the size alone.
+The links' orders (one of every kind) travel through it too, as the scheduler sends them.
 ``tests/unit/comm/test_transport_contract.py`` runs it on the in-process transport and
 ``tests/mpirun/contract_job.py`` under ``mpirun -n 3`` on the MPI one.
 """
@@ -11,6 +12,17 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+from mpi_trainer.comm.protocol import (
+    EvaluateOrder,
+    RoundOrder,
+    SchedulerLink,
+    SendOptimizerOrder,
+    SendWeightsOrder,
+    StopOrder,
+    UpdateOrder,
+    WorkerLink,
+)
 
 N = 50_000  # float32 elements: 200 kB, above the size from which the MPI transport announces a payload
 TIMEOUT = 60.0
@@ -36,9 +48,11 @@ def exchange(transport: Any) -> dict[str, Any]:
         seen["reduce"] = bool(np.array_equal(summed, pattern * (size * (size + 1) // 2)))
         seen["gather"] = rows[:, 0].tolist()
         seen["reports"] = sorted(_collect_reports(transport, size))
+        _send_orders(SchedulerLink(transport))
     else:
         transport.send_object({"from": rank}, 0, tag=7, timeout=TIMEOUT)
         transport.send_array(pattern * rank, 0, tag=8, timeout=TIMEOUT)
+        seen["orders"] = _receive_orders(WorkerLink(transport))
     transport.take_bytes()
     transport.barrier(timeout=TIMEOUT)
     return seen
@@ -53,6 +67,28 @@ def _collect_reports(transport: Any, size: int) -> list[tuple[int, int, bool]]:
         array = transport.recv_array(np.empty(N, np.float32), source=message.source, tag=8, timeout=TIMEOUT)
         found.append((message.source, message.payload["from"], bool(np.array_equal(array.payload,
                                                                                     pattern * message.source))))
+    return found
+
+
+# One order of every kind, as the scheduler's link sends them (frozen dataclasses, pickled).
+ORDERS = [RoundOrder(3, blocks=[(0, 5), (5, 9)], moved_rows=2, learning_rate=0.5, held_weights=True),
+          UpdateOrder(4, learning_rate=0.25), SendWeightsOrder(), SendOptimizerOrder(),
+          EvaluateOrder(3, score_validation=True), StopOrder(preempted=True)]
+
+
+def _send_orders(link: SchedulerLink) -> None:
+    for worker in link.workers:
+        for order in ORDERS:
+            link.send_order(worker, order)
+
+
+def _receive_orders(link: WorkerLink) -> list[list[Any]]:
+    """What a worker finds in each order: its type, what a timeout would call it, and its fields but ``bound``."""
+    found = []
+    for _ in ORDERS:
+        order = link.recv_order()
+        fields = {name: value for name, value in vars(order).items() if name != "bound"}
+        found.append([type(order).__name__, order.describe(), repr(fields)])
     return found
 
 
@@ -71,4 +107,8 @@ def expected(rank: int, size: int) -> dict[str, Any]:
     if rank == 0:
         seen.update(reduce=True, gather=[float(r) for r in range(size)],
                     reports=[(r, r, True) for r in range(1, size)])
+    else:
+        seen["orders"] = [[type(order).__name__, order.describe(),
+                           repr({name: value for name, value in vars(order).items() if name != "bound"})]
+                          for order in ORDERS]
     return seen

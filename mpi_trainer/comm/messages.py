@@ -1,27 +1,15 @@
 """The messages the scheduler and the workers exchange: the plan, orders, reports and moved rows.
 
-Plain dataclasses, pickled by the transport; :mod:`mpi_trainer.comm.protocol` says
-on which tag and in which order each travels.
+Plain dataclasses, pickled by the transport (an order is a frozen one, one type per kind of order);
+:mod:`mpi_trainer.comm.protocol` says on which tag and in which order each travels.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 import numpy as np
-
-
-class OrderKind(str, Enum):
-    ROUND = "round"  # a synchronous round: take the broadcast, train, report, contribute
-    UPDATE = "update"  # SSP: take the weights point to point, train once, send report and weights back
-    SEND_WEIGHTS = "send_weights"  # best-of: the elected worker sends its candidate
-    SEND_OPTIMIZER = "send_optimizer"  # the checkpoint wants the worker's optimizer state
-    EVALUATE = "evaluate"  # evaluation.where = "workers": take the broadcast, score a shard, add its metric state
-    STOP = "stop"
-
-    __str__ = str.__str__
 
 
 @dataclass
@@ -41,26 +29,24 @@ class JobPlan:
     class_weight: dict[int, float] | None = None
 
 
-@dataclass
-class Order:
-    """Scheduler -> worker. Only ``kind`` is always set; the rest applies to some kinds.
+# -- orders: scheduler -> worker, one type per kind -----------------------------------------------
+# Every order carries ``bound``: the scheduler's wait bound when it sent the order
+# (mpi_trainer.algorithms.wait_bounds); the worker's waits until its next order last WORKER_FACTOR
+# times as long. None: keep the last. The link fills it in as the order leaves.
 
-    ``round``: the synchronous round (ROUND). ``clock``/``version``: the SSP
-    update's clock (the round its data follows) and the global version it
-    starts from (UPDATE). With ROUND, and with UPDATE after a re-cut: ``blocks``
-    (every worker's ``[start, end)``), ``moved_rows`` (under scatter, that many
-    rows follow the order). With ROUND: ``learning_rate``, ``reset_optimizer``
-    (after a NaN rollback), ``optimizer_state`` (a resumed state follows the
-    order), ``max_steps`` (the last, partial round under ``train.max_steps``),
-    ``held_weights`` (no broadcast: the round starts from the weights of the
-    last EVALUATE). With EVALUATE: ``round`` and ``score_validation`` (add the
-    validation shard's state). Every order carries ``bound``.
+
+@dataclass(frozen=True)
+class RoundOrder:
+    """A synchronous round: take the broadcast, train, report, contribute.
+
+    ``blocks``: every worker's ``[start, end)`` after a re-cut (None: unchanged); ``moved_rows``: under
+    scatter, that many rows follow the order. ``learning_rate``: the rate to train at (None: keep it);
+    ``reset_optimizer``: after a NaN rollback; ``optimizer_state``: a resumed state follows the order;
+    ``max_steps``: the last, partial round under ``train.max_steps``; ``held_weights``: no broadcast,
+    the round starts from the weights of the last :class:`EvaluateOrder`.
     """
 
-    kind: OrderKind
-    round: int = -1
-    clock: int = -1
-    version: int = -1
+    round: int
     blocks: list[tuple[int, int]] | None = None
     moved_rows: int | None = None
     learning_rate: float | None = None
@@ -68,19 +54,77 @@ class Order:
     optimizer_state: bool = False
     max_steps: int | None = None
     held_weights: bool = False
-    score_validation: bool = False
-    preempted: bool = False  # with STOP: the run stopped for a preemption (every rank exits 75)
-    # The scheduler's wait bound when it sent the order (mpi_trainer.algorithms.wait_bounds): the
-    # worker's waits until its next order last WORKER_FACTOR times as long. None: keep the last.
     bound: float | None = None
 
     def describe(self) -> str:
         """What the worker does for this order, as a timeout names it."""
-        if self.kind == OrderKind.ROUND:
-            return f"round {self.round}"
-        if self.kind == OrderKind.UPDATE:
-            return f"the update at clock {self.clock}"
-        return f"the order {self.kind.value!r}"
+        return f"round {self.round}"
+
+
+@dataclass(frozen=True)
+class UpdateOrder:
+    """SSP: take the weights point to point, train once, send the report and the weights back.
+
+    ``clock``: the round the update's data follows; ``blocks``/``moved_rows`` as in :class:`RoundOrder`
+    (the first update after a re-cut carries them); ``learning_rate``: a Keras callback's rate (None: keep it).
+    """
+
+    clock: int
+    blocks: list[tuple[int, int]] | None = None
+    moved_rows: int | None = None
+    learning_rate: float | None = None
+    bound: float | None = None
+
+    def describe(self) -> str:
+        return f"the update at clock {self.clock}"
+
+
+@dataclass(frozen=True)
+class SendWeightsOrder:
+    """Best-of: the elected worker sends its candidate weights."""
+
+    bound: float | None = None
+
+    def describe(self) -> str:
+        return "the order 'send_weights'"
+
+
+@dataclass(frozen=True)
+class SendOptimizerOrder:
+    """The checkpoint wants the worker's optimizer state."""
+
+    bound: float | None = None
+
+    def describe(self) -> str:
+        return "the order 'send_optimizer'"
+
+
+@dataclass(frozen=True)
+class EvaluateOrder:
+    """``evaluation.where = "workers"``: take the broadcast of ``round``'s weights, score a shard of the
+    test split (and of the validation split with ``score_validation``), add its metric state."""
+
+    round: int
+    score_validation: bool = False
+    bound: float | None = None
+
+    def describe(self) -> str:
+        return "the order 'evaluate'"
+
+
+@dataclass(frozen=True)
+class StopOrder:
+    """The run is over; ``preempted``: it stopped for a preemption (every rank exits 75)."""
+
+    preempted: bool = False
+    bound: float | None = None
+
+    def describe(self) -> str:
+        return "the order 'stop'"
+
+
+# What the links carry from the scheduler to a worker; the worker dispatches on the type.
+Order = RoundOrder | UpdateOrder | SendWeightsOrder | SendOptimizerOrder | EvaluateOrder | StopOrder
 
 
 @dataclass

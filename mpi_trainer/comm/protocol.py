@@ -9,30 +9,31 @@ engines and the worker call the verbs of :class:`SchedulerLink` and
 
 A synchronous round, as the scheduler sees it::
 
-    send_order(ROUND) to every worker -> [send_rows, when a re-cut moved rows]
+    send_order(RoundOrder) to every worker -> [send_rows, when a re-cut moved rows]
     -> [send_state, when resuming optimizer state] -> broadcast_weights
     -> recv_report (every worker)
     -> sum_weights (average, weighted) | request_weights(winner) (best)
 
 Under ``evaluation.where = "workers"`` a scored round ends with
-``send_order(EVALUATE)`` to every worker -> broadcast_weights
--> reduce_metric_state; the next ROUND order then says ``held_weights`` and
+``send_order(EvaluateOrder)`` to every worker -> broadcast_weights
+-> reduce_metric_state; the next RoundOrder then says ``held_weights`` and
 its broadcast is left out (the workers hold the weights they just scored): each
 worker sends "ready" instead (``await_ready``), so that the watchdog still
 names a worker that stopped before the round. A broadcast's own arrival
 messages do that when one follows.
 
-An SSP update: ``send_order(UPDATE)``, [``send_rows`` after a re-cut under
+An SSP update: ``send_order(UpdateOrder)``, [``send_rows`` after a re-cut under
 scatter] and ``send_weights`` to one worker; its
 ``recv_report`` and ``recv_weights`` come back when it is done. At the end of
-a run: ``send_order(SEND_OPTIMIZER)`` / ``recv_state`` for the checkpoint, then
-``send_order(STOP)``. Reports always travel before weights, so a scheduler
+a run: ``send_order(SendOptimizerOrder)`` / ``recv_state`` for the checkpoint, then
+``send_order(StopOrder)``. Reports always travel before weights, so a scheduler
 that times out knows which rank is missing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -40,12 +41,24 @@ import numpy as np
 from mpi_trainer.algorithms.wait_bounds import for_rank
 from mpi_trainer.comm.accounting import Received, Shrunk
 from mpi_trainer.comm.interface import RankTransport
-from mpi_trainer.comm.messages import JobPlan, Order, OrderKind, Report, Rows
+from mpi_trainer.comm.messages import (
+    EvaluateOrder,
+    JobPlan,
+    Order,
+    Report,
+    RoundOrder,
+    Rows,
+    SendOptimizerOrder,
+    SendWeightsOrder,
+    StopOrder,
+    UpdateOrder,
+)
 from mpi_trainer.comm.wire_dtype import WireFormat
 from mpi_trainer.errors import RankLost
 
 # The messages are importable from here too, with the links that carry them.
-__all__ = ["JobPlan", "MissingRanks", "Order", "OrderKind", "Report", "Rows", "SchedulerLink", "WorkerLink"]
+__all__ = ["EvaluateOrder", "JobPlan", "MissingRanks", "Order", "Report", "RoundOrder", "Rows", "SchedulerLink",
+           "SendOptimizerOrder", "SendWeightsOrder", "StopOrder", "UpdateOrder", "WorkerLink"]
 
 # Below the transport's own hand-shake tags (handshakes.FIRST_TRANSPORT_TAG and up).
 _TAG_ORDER = 11
@@ -78,8 +91,7 @@ class SchedulerLink:
         return self.transport.take_bytes()
 
     def send_order(self, worker: int, order: Order) -> None:
-        order.bound = self.transport.bound
-        self.transport.send_object(order, worker, _TAG_ORDER)
+        self.transport.send_object(replace(order, bound=self.transport.bound), worker, _TAG_ORDER)
 
     def await_ready(self, timeout_at: Callable[[], float | None]) -> None:
         """Every worker's "ready" for the round; ``timeout_at()`` gives the seconds left each time.
@@ -111,12 +123,12 @@ class SchedulerLink:
         self.transport.reduce_sum(out, timeout=timeout)
 
     def reduce_metric_state(self, out: np.ndarray, timeout: float | None) -> None:
-        """The sum of the workers' metric states (float64, zeros on entry), after an EVALUATE."""
+        """The sum of the workers' metric states (float64, zeros on entry), after an EvaluateOrder."""
         self.transport.reduce_sum(out, timeout=timeout)
 
     def request_weights(self, worker: int, out: np.ndarray, timeout: float | None) -> Received:
         """Best-of: the elected worker's candidate weights."""
-        self.send_order(worker, Order(OrderKind.SEND_WEIGHTS))
+        self.send_order(worker, SendWeightsOrder())
         return self.transport.recv_array(out, source=worker, tag=_TAG_WEIGHTS, timeout=timeout)
 
     def send_weights(self, worker: int, weights: np.ndarray, timeout: float | None = None) -> None:
@@ -130,7 +142,7 @@ class SchedulerLink:
 
     def request_state(self, worker: int, timeout: float | None) -> Received:
         """A worker's optimizer state vector, for the checkpoint."""
-        self.send_order(worker, Order(OrderKind.SEND_OPTIMIZER))
+        self.send_order(worker, SendOptimizerOrder())
         return self.transport.recv_object(worker, _TAG_STATE, timeout=timeout)
 
     def send_rows(self, worker: int, rows: RowArrays, timeout: float | None = None) -> int:
@@ -149,7 +161,7 @@ class SchedulerLink:
     def stop(self, preempted: bool = False) -> None:
         for worker in self.workers:
             try:
-                self.send_order(worker, Order(OrderKind.STOP, preempted=preempted))
+                self.send_order(worker, StopOrder(preempted=preempted))
             except RankLost:
                 continue  # lost after the last round: it needs no stop, the others still do
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from mpi_trainer.comm.flat_weights import WeightCodec
-from mpi_trainer.comm.protocol import Order, OrderKind, SchedulerLink
+from mpi_trainer.comm.protocol import EvaluateOrder, SchedulerLink
 from mpi_trainer.config import Config
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.logs import get_logger
@@ -64,7 +64,7 @@ class WorkerEvaluator(Evaluator):
     the whole split. The workers keep the weights, so the next round starts
     without another broadcast (:meth:`holds`).
 
-    It sends: an EVALUATE order to every worker, the broadcast, and the reduction.
+    It sends: an EvaluateOrder to every worker, the broadcast, and the reduction.
     The engine names the version of its global weights it hands over (its count of
     changes to them); the workers hold the weights of the version they scored last,
     until it changes.
@@ -93,7 +93,7 @@ class WorkerEvaluator(Evaluator):
         return len(self.link.workers) == self.scorers
 
     def holds(self, version: int) -> bool:
-        """True when the workers' last EVALUATE broadcast carried ``version`` of the global weights."""
+        """True when the workers' last EvaluateOrder broadcast carried ``version`` of the global weights."""
         return self.on_workers and self.held_version == version
 
     def evaluate(self, weights: np.ndarray, round_index: int = -1, version: int = -1) -> tuple[dict[str, float], float]:
@@ -104,7 +104,7 @@ class WorkerEvaluator(Evaluator):
                 self.moved = True
             return super().evaluate(weights, round_index, version)
         started = time.perf_counter()
-        order = Order(OrderKind.EVALUATE, round=round_index, score_validation=self.scores_validation)
+        order = EvaluateOrder(round_index, self.scores_validation)
         summed = np.zeros(self.state_size * (2 if self.scores_validation else 1), dtype=np.float64)
         what = f"score round {round_index}"
         try:

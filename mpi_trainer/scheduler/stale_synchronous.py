@@ -11,7 +11,7 @@ staleness clock and the merge rules are pure functions in
 synchronous rounds.
 
 Exchange: every update travels point to point. The scheduler sends a worker an
-``UPDATE`` order and the current global weights; the worker trains once on its
+``UpdateOrder`` and the current global weights; the worker trains once on its
 block and sends back its report and its weights. The scheduler takes whichever
 update arrives first (a non-blocking probe polled with sleeps, so it does not
 spin), merges it, and hands fresh work to every idle worker the staleness
@@ -21,7 +21,7 @@ synchronous round, which it is at ``s = 0``.
 
 With ``data.rebalance`` every merged update's measured speed goes to the same
 :class:`~mpi_trainer.algorithms.rebalance.Rebalancer` as between synchronous
-rounds; a re-cut reaches each worker with its next ``UPDATE`` order (and,
+rounds; a re-cut reaches each worker with its next ``UpdateOrder`` (and,
 under scatter, the rows it lacks follow that order).
 
 Under ``fault.survive`` a lost worker (:class:`~mpi_trainer.errors.RankLost`, met
@@ -53,7 +53,7 @@ from mpi_trainer.algorithms.staleness import (
     merge_delta,
     merge_share,
 )
-from mpi_trainer.comm.protocol import JobPlan, Order, OrderKind, Report, SchedulerLink
+from mpi_trainer.comm.protocol import JobPlan, Report, SchedulerLink, UpdateOrder
 from mpi_trainer.config import Config
 from mpi_trainer.data.increment import round_samples
 from mpi_trainer.data.placement import ScatterLedger
@@ -206,22 +206,21 @@ class StaleSynchronousEngine(Engine):
                                           time.perf_counter(), [end - start for start, end in self.plan.block_bounds])
         self.dispatched += 1
 
-    def update_order(self, worker: int, clock: int) -> tuple[Order, np.ndarray | None]:
-        """The worker's UPDATE order and, under scatter after a re-cut, the rows that follow it.
+    def update_order(self, worker: int, clock: int) -> tuple[UpdateOrder, np.ndarray | None]:
+        """The worker's UpdateOrder and, under scatter after a re-cut, the rows that follow it.
 
         A re-cut reaches each worker with its next update (the one it is computing
         keeps its old block), so between a re-cut and the slower worker's next
         update two blocks can overlap or leave rows out for that one update.
         """
-        order = Order(OrderKind.UPDATE, clock=clock, version=self.version, learning_rate=self.recorder.callback_rate)
+        rate = self.recorder.callback_rate
         if self.told.get(worker) == self.plan.block_bounds:
-            return order, None
-        order.blocks = self.told[worker] = list(self.plan.block_bounds)
+            return UpdateOrder(clock, learning_rate=rate), None
+        blocks = self.told[worker] = list(self.plan.block_bounds)
         if self.ledger is None:
-            return order, None
+            return UpdateOrder(clock, blocks, learning_rate=rate), None
         moved = self.ledger.hand_over(self.plan, worker, clock)
-        order.moved_rows = len(moved)
-        return order, moved
+        return UpdateOrder(clock, blocks, len(moved), rate), moved
 
     # -- taking updates in --------------------------------------------------
     def receive_update(self) -> tuple[Report, np.ndarray, int]:

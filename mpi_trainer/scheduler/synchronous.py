@@ -19,7 +19,6 @@ re-planned for them (:meth:`Engine.survive_loss`).
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ import numpy as np
 from mpi_trainer.algorithms.rebalance import Rebalancer, measured
 from mpi_trainer.algorithms.staleness import idle_fraction
 from mpi_trainer.algorithms.step_budget import step_budgets, steps_per_round
-from mpi_trainer.comm.protocol import JobPlan, Order, OrderKind, Report, SchedulerLink
+from mpi_trainer.comm.protocol import JobPlan, Report, RoundOrder, SchedulerLink
 from mpi_trainer.config import Config
 from mpi_trainer.data.increment import log_data_shares
 from mpi_trainer.data.placement import ScatterLedger
@@ -48,7 +47,9 @@ class SynchronousEngine(Engine):
                  run_dir: Path, hosts: list[str] | None = None, resume: ResumeState | None = None,
                  context: RunContext = NO_CONTEXT) -> None:
         super().__init__(link, cfg, dataset, model, plan, run_dir, hosts, resume, context)
-        self.next_order = Order(OrderKind.ROUND)  # fields every worker's next order carries
+        # what the next round's orders carry: a NaN rollback's or a resume's rate, a reset of the workers' optimizers
+        self.next_rate: float | None = None
+        self.reset_next = False
         self.pending_states: dict[int, np.ndarray] = {}
         self.next_started: float | None = None  # set while the next round runs ahead (overlap_eval)
         self.collector = RoundCollector(link, self.wire, self.codec.size, self.watchdog, self.observers, self.log,
@@ -71,7 +72,7 @@ class SynchronousEngine(Engine):
     def resume_from(self, resume: ResumeState) -> None:
         self.pending_states = assign_states(resume.optimizer_states, self.workers)
         if resume.lr_scale != 1.0:
-            self.next_order.learning_rate = self.recorder.learning_rate
+            self.next_rate = self.recorder.learning_rate
         self.log.info("resuming after round %d (%d steps so far); %d workers now, %d before%s",
                       resume.next_round - 1, resume.steps, len(self.workers), resume.previous_workers,
                       "" if resume.previous_workers == len(self.workers) else ": blocks re-planned")
@@ -113,6 +114,8 @@ class SynchronousEngine(Engine):
         A loss surfaces before the round is recorded (in its orders, broadcast, reports or
         collection), so nothing of the interrupted round reaches the global model or rounds.csv.
         """
+        if not self.cfg.fault.survive:  # a loss ends the job: the round's starting weights need not outlive it
+            return self.run_round(round_index)
         before, steps = self.weights, self.state.steps
         # the outer step updates its state in place: only a job that survives a loss needs it as it was
         outer_state = self.outer.snapshot() if self.cfg.fault.survive else None
@@ -142,6 +145,7 @@ class SynchronousEngine(Engine):
         if cause:
             return self.on_non_finite(round_index, cause, before, closed.bytes)
         self.outer_step(closed, before)
+        del before  # not read again: without fault.survive its buffer is freed before the evaluation
         self.state.steps += sum(r.steps for r in closed.reports)
         log_data_shares(self.log, self.cfg.data.increment, round_index, closed.reports, self.plan.num_train)
         closed.bytes += self.link.take_bytes()  # this round's bytes, before the next one starts
@@ -188,8 +192,7 @@ class SynchronousEngine(Engine):
         """The NaN policy; a rerun round's orders carry the halved rate and reset the workers' optimizers."""
         outcome, self.weights = self.apply_nan_policy(round_index, cause, before, received)
         if outcome is Retry.ROUND:
-            self.next_order = replace(self.next_order, learning_rate=self.recorder.learning_rate,
-                                      reset_optimizer=True)
+            self.next_rate, self.reset_next = self.recorder.learning_rate, True
         return outcome
 
     def overlaps(self, round_index: int) -> bool:
@@ -211,22 +214,22 @@ class SynchronousEngine(Engine):
                       round_index)
 
     # -- handing out a round ------------------------------------------------------
-    def round_orders(self, round_index: int) -> dict[int, Order]:
+    def round_orders(self, round_index: int) -> dict[int, RoundOrder]:
         """Each worker's order, with a step budget when train.max_steps ends the run mid-round."""
         budgets = None
         if self.cfg.train.max_steps:
             budgets = step_budgets(self.cfg.train.max_steps - self.state.steps, self.full_round_steps(round_index))
         orders, held = {}, self.evaluator.holds(self.weights_version)
         # a NaN rollback's halved rate, else the one a Keras callback set on the scheduler's optimizer
-        rate = self.next_order.learning_rate
-        rate = self.recorder.callback_rate if rate is None else rate
+        rate = self.recorder.callback_rate if self.next_rate is None else self.next_rate
         for worker in self.workers:
-            orders[worker] = replace(
-                self.next_order, round=round_index, learning_rate=rate, optimizer_state=worker in self.pending_states,
+            orders[worker] = RoundOrder(
+                round_index, learning_rate=rate, reset_optimizer=self.reset_next,
+                optimizer_state=worker in self.pending_states,
                 max_steps=None if budgets is None else budgets[worker], held_weights=held,
                 blocks=list(self.plan.block_bounds) if self.rebalancer or self.replanned else None,
                 moved_rows=len(self.moved[worker]) if self.moved else None)
-        self.next_order, self.replanned = Order(OrderKind.ROUND), False
+        self.next_rate, self.reset_next, self.replanned = None, False, False
         return orders
 
     def full_round_steps(self, round_index: int) -> dict[int, int]:

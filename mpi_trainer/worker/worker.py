@@ -26,7 +26,18 @@ import numpy as np
 from mpi_trainer import hooks
 from mpi_trainer.algorithms import aggregation
 from mpi_trainer.algorithms.rebalance import MIN_TIMED_STEPS, Measurement
-from mpi_trainer.comm.protocol import JobPlan, Order, OrderKind, Report, WorkerLink
+from mpi_trainer.comm.protocol import (
+    EvaluateOrder,
+    JobPlan,
+    Order,
+    Report,
+    RoundOrder,
+    SendOptimizerOrder,
+    SendWeightsOrder,
+    StopOrder,
+    UpdateOrder,
+    WorkerLink,
+)
 from mpi_trainer.comm.wire_dtype import WireFormat
 from mpi_trainer.config import Config
 from mpi_trainer.data.placement import HeldRows, WorkerData, peak_rss_mib
@@ -82,21 +93,33 @@ class Worker:
 
     def run(self) -> None:
         """Serve orders until the scheduler says stop."""
-        handlers = {OrderKind.ROUND: self.run_round, OrderKind.UPDATE: self.run_update,
-                    OrderKind.SEND_WEIGHTS: self.send_candidate, OrderKind.SEND_OPTIMIZER: self.send_optimizer,
-                    OrderKind.EVALUATE: self.evaluate}
         while True:
             try:
-                order = self.link.recv_order()
-                if order.kind == OrderKind.STOP:
-                    self.log.debug("stop received; peak RSS %.1f MiB", peak_rss_mib())
-                    self.preempted = order.preempted
+                if not self.serve(self.link.recv_order()):
                     return
-                if order.kind not in handlers:
-                    raise RuntimeError(f"unknown order {order.kind!r} from the scheduler")
-                handlers[order.kind](order)
             except RankLost as error:
                 self.rejoin(error)
+
+    def serve(self, order: Order) -> bool:
+        """Carry out one order; False once it is the order to stop."""
+        match order:
+            case RoundOrder():
+                self.run_round(order)
+            case UpdateOrder():
+                self.run_update(order)
+            case SendWeightsOrder():
+                self.send_candidate(order)
+            case SendOptimizerOrder():
+                self.send_optimizer(order)
+            case EvaluateOrder():
+                self.evaluate(order)
+            case StopOrder():
+                self.log.debug("stop received; peak RSS %.1f MiB", peak_rss_mib())
+                self.preempted = order.preempted
+                return False
+            case _:
+                raise RuntimeError(f"unknown order {order!r} from the scheduler")
+        return True
 
     def rejoin(self, error: RankLost) -> None:
         """fault.survive: a rank was lost; carry on with the survivors, under this worker's new rank.
@@ -167,12 +190,12 @@ class Worker:
         samples = MIN_TIMED_STEPS * batch
         return Measurement(samples, seconds, samples / seconds, MIN_TIMED_STEPS)
 
-    def send_candidate(self, order: Order) -> None:
+    def send_candidate(self, order: SendWeightsOrder) -> None:
         if self.candidate is None:
             raise RuntimeError("the scheduler asked for this worker's candidate weights before a round trained them")
         self.link.send_weights(self.wire.encode(self.candidate))
 
-    def send_optimizer(self, order: Order) -> None:
+    def send_optimizer(self, order: SendOptimizerOrder) -> None:
         self.link.send_state(state_vector(self.model.optimizer))
 
     def train(self, round_index: int, max_steps: int | None = None) -> tuple[Report, np.ndarray]:
@@ -183,12 +206,12 @@ class Worker:
         return report, local
 
     # -- a synchronous round -----------------------------------------------------
-    def run_round(self, order: Order) -> None:
-        self.follow_blocks(order)
+    def run_round(self, order: RoundOrder) -> None:
+        self.follow_blocks(order.blocks, order.moved_rows, order.round)
         self.apply_optimizer_changes(order)
         self.link.take_bytes()
         waited = time.time()
-        if order.held_weights:  # the weights of the last EVALUATE are this round's
+        if order.held_weights:  # the weights of the last EvaluateOrder are this round's
             # "ready": lets the scheduler's watchdog name a rank that stopped before training
             # (a broadcast's own arrival messages do that when one follows).
             self.link.send_ready(order.round)
@@ -217,7 +240,7 @@ class Worker:
         hooks.maybe_freeze(self.rank, order.round)
 
     # -- scoring a shard of the global model (evaluation.where = "workers") ----------------
-    def evaluate(self, order: Order) -> None:
+    def evaluate(self, order: EvaluateOrder) -> None:
         """Take the global weights (float32, whatever the wire format), score this worker's shard of the
         test split (and of the validation split) and add the metrics' summed state to the scheduler's."""
         started = time.time()
@@ -232,7 +255,7 @@ class Worker:
         self.link.contribute_metric_state(flat_metric_state(state))
         self.phases.add("evaluate", order.round, started)
 
-    def apply_optimizer_changes(self, order: Order) -> None:
+    def apply_optimizer_changes(self, order: RoundOrder) -> None:
         """Optimizer changes the scheduler asks for before a round (NaN rollback, resume)."""
         optimizer = self.model.optimizer
         if order.optimizer_state:
@@ -243,24 +266,23 @@ class Worker:
             optimizer.learning_rate = order.learning_rate
             self.log.debug("learning rate set to %g", order.learning_rate)
 
-    def follow_blocks(self, order: Order) -> None:
-        """Rebalancing: adopt the blocks the scheduler re-cut for this round.
+    def follow_blocks(self, blocks: list[tuple[int, int]] | None, moved_rows: int | None, when: int) -> None:
+        """Rebalancing: adopt the ``blocks`` the scheduler re-cut for round ``when`` (an SSP update's clock).
 
-        Under scatter the rows that changed owner follow the order; otherwise only bounds travel.
+        Under scatter the rows that changed owner follow the order (``moved_rows``); otherwise only bounds travel.
         """
-        if order.blocks is None:
+        if blocks is None:
             return
-        when = order.round if order.kind == OrderKind.ROUND else order.clock  # an SSP update's data follows its clock
-        if order.moved_rows is not None:
+        if moved_rows is not None:
             rows = self.link.recv_rows()
-            self.data.take_rows(HeldRows(rows.positions, rows.x, rows.y), order.blocks, when)
-        if self.data.set_blocks(order.blocks):
-            self.log.debug("round %d: block now [%d, %d)", when, *order.blocks[self.rank - 1])
+            self.data.take_rows(HeldRows(rows.positions, rows.x, rows.y), blocks, when)
+        if self.data.set_blocks(blocks):
+            self.log.debug("round %d: block now [%d, %d)", when, *blocks[self.rank - 1])
 
     # -- an SSP update --------------------------------------------------------------
-    def run_update(self, order: Order) -> None:
+    def run_update(self, order: UpdateOrder) -> None:
         """SSP: receive the current global weights, train once, send the report and the weights back."""
-        self.follow_blocks(order)
+        self.follow_blocks(order.blocks, order.moved_rows, order.clock)  # an SSP update's data follows its clock
         if order.learning_rate is not None:  # a Keras callback's rate on the scheduler
             self.model.optimizer.learning_rate = order.learning_rate
         self.link.take_bytes()

@@ -10,7 +10,7 @@ from local_job import build_local_job
 
 from mpi_trainer.comm.failures import PeerFailure, notice_text
 from mpi_trainer.comm.local import LocalWorld
-from mpi_trainer.comm.protocol import Order, OrderKind, SchedulerLink, WorkerLink
+from mpi_trainer.comm.protocol import RoundOrder, SchedulerLink, WorkerLink
 from mpi_trainer.launch.fail_together import fail_together
 
 
@@ -55,7 +55,7 @@ def test_a_worker_waits_for_its_next_order_at_most_twice_the_schedulers_bound():
     world = LocalWorld(2)
     scheduler, worker = world.transports()
     scheduler.bound = 0.2
-    SchedulerLink(scheduler).send_order(1, Order(OrderKind.ROUND, round=3))
+    SchedulerLink(scheduler).send_order(1, RoundOrder(3))
     link = WorkerLink(worker)
     assert link.recv_order().round == 3 and worker.bound == pytest.approx(0.4)
     started = time.perf_counter()

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpi_trainer.comm.protocol import JobPlan, OrderKind, Report, SchedulerLink
+from mpi_trainer.comm.protocol import JobPlan, Report, SchedulerLink, StopOrder, UpdateOrder
 from mpi_trainer.comm.transport import Received
 from mpi_trainer.config import Config, config_from_dict
 from mpi_trainer.data.sources import Dataset, TrainRows
@@ -52,15 +52,15 @@ class FakeWorkers:
         return 0
 
     def send_object(self, order, dest: int, tag: int) -> int:
-        self.orders.append((dest, order.kind))
-        if order.kind == OrderKind.STOP:
+        self.orders.append((dest, type(order)))
+        if isinstance(order, StopOrder):
             self.stopped.add(dest)
         self.last_order[dest] = order
         return 64
 
     def send_array(self, buf: np.ndarray, dest: int, tag: int = 0, timeout: float | None = None) -> None:
         assert timeout is not None, "the scheduler would wait forever for a worker that takes nothing"
-        assert self.last_order[dest].kind == OrderKind.UPDATE
+        assert isinstance(self.last_order[dest], UpdateOrder)
         clock = self.last_order[dest].clock
         self.results[dest] = buf + np.float32(self.step * dest)  # each worker learns its own step
         if clock >= self.nan_from.get(dest, clock + 1):
@@ -143,7 +143,7 @@ def test_early_stop_takes_in_the_updates_in_flight_before_releasing_workers(tmp_
     summary = scheduler.run()
     assert summary["stop_reason"] == "early_stopping" and summary["rounds_completed"] == 2
     assert not transport.pending and transport.stopped == {1, 2}
-    assert set(transport.orders[-2:]) == {(1, OrderKind.STOP), (2, OrderKind.STOP)}
+    assert set(transport.orders[-2:]) == {(1, StopOrder), (2, StopOrder)}
 
 
 def test_best_under_ssp_elects_the_highest_validation_accuracy_per_window(tmp_path):
