@@ -11,38 +11,40 @@ import sys
 import pytest
 from conftest import ROOT
 
-from mpi_trainer.launch.mpirun import find_mpirun, mpirun_command
+from mpi_trainer.launch.mpirun import mpirun_command
+
+# Examples with checks of their own: run in the corpus's mpirun job, with these command lines.
+CHECKED = {
+    "test_the_examples_train_under_mpirun": ["horovod_keras_mnist.py --epochs 2",
+                                             "structured_data_classification.py --epochs 4"],
+    "test_the_multi_output_example_trains_under_mpirun": ["multi_output.py --epochs 3"],
+}
 
 
-def run_example(name: str, args: list[str], cwd) -> str:
-    command = [find_mpirun(), "-n", "3", "--oversubscribe", "--bind-to", "none"]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        command.append("--allow-run-as-root")
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])  # this checkout's package first
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": path}
-    proc = subprocess.run([*command, sys.executable, str(ROOT / "examples" / name), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output
-    return output
+def outputs(corpus: dict, name: str) -> list[str]:
+    """Each rank's output of ``name`` in the mpirun job (an error fails the test with its traceback)."""
+    reports = [corpus["mpirun"].get((name, rank)) for rank in range(3)]
+    assert all(report is not None for report in reports), reports
+    assert all(report["error"] is None for report in reports), [report["error"] for report in reports]
+    return [report["output"] for report in reports]
 
 
-def test_the_examples_train_under_mpirun(tmp_path):
+def test_the_examples_train_under_mpirun(corpus):
     # Horovod's Keras MNIST, ported: an unbuilt Sequential, ModelCheckpoint on rank 0, History on every rank
-    output = run_example("horovod_keras_mnist.py", ["--epochs", "2", "--checkpoint-dir", str(tmp_path)], tmp_path)
+    output = "".join(outputs(corpus, "horovod_keras_mnist.py"))
     losses = [float(v) for v in re.findall(r"rank-local check: final training loss (\S+)", output)]
     assert len(losses) == 3 and len(set(losses)) == 1, output  # the same History on every rank
-    assert sorted(p.name for p in tmp_path.glob("checkpoint-*.weights.h5")) == [
-        "checkpoint-1.weights.h5", "checkpoint-2.weights.h5"]
+    assert sorted(p.name for p in (corpus["mpirun_dir"] / "horovod_keras_mnist").glob(
+        "checkpoint-*.weights.h5")) == ["checkpoint-1.weights.h5", "checkpoint-2.weights.h5"]
     # dict inputs, validation_split and class_weight
-    output = run_example("structured_data_classification.py", ["--epochs", "4"], tmp_path)
+    output = "".join(outputs(corpus, "structured_data_classification.py"))
     recall = re.search(r"held-out rows: accuracy (\S+), recall (\S+)", output)
     assert recall and float(recall.group(1)) > 0.85 and float(recall.group(2)) > 0.8, output
 
 
-def test_the_multi_output_example_trains_under_mpirun(tmp_path):
+def test_the_multi_output_example_trains_under_mpirun(corpus):
     # a functional model with two heads: y as a dict per output, each scored under its Keras name
-    output = run_example("multi_output.py", ["--epochs", "3"], tmp_path)
+    output = "".join(outputs(corpus, "multi_output.py"))
     keys = re.findall(r"rank \d: history keys (.+)", output)
     assert len(keys) == 3 and len(set(keys)) == 1 and "'val_even_auc'" in keys[0], output
     held_out = re.search(r"held-out images: digit accuracy ([\d.]+), even accuracy ([\d.]+)", output)
@@ -83,16 +85,22 @@ PORTED_IN_ONE_PROCESS = "custom_train_step.py"  # also run ported, in the plain 
 CORPUS_SECONDS = 900  # each job, on a loaded 2-core machine
 
 
-def run_examples_job(command: list[str], cwd) -> dict[tuple[str, int], dict]:
-    """The job's JSON reports, by (example, rank)."""
+def start_examples_job(command: list[str], cwd) -> subprocess.Popen:
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": path}
+    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def examples_job_reports(job: subprocess.Popen) -> dict[tuple[str, int], dict]:
+    """The job's JSON reports, by (example, rank)."""
     try:
-        proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=CORPUS_SECONDS)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{command[0]} did not finish within {CORPUS_SECONDS} s:\n{exc.stdout}\n{exc.stderr}")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        stdout, stderr = job.communicate(timeout=CORPUS_SECONDS)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        stdout, stderr = job.communicate()
+        pytest.fail(f"{job.args[0]} did not finish within {CORPUS_SECONDS} s:\n{stdout}\n{stderr}")
+    assert job.returncode == 0, stdout + stderr
+    reports = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     return {(report["example"], report["rank"]) if report["keras_only"] or report["size"] > 1
             else ("ported", report["example"]): report for report in reports}
 
@@ -105,8 +113,9 @@ def selected_examples(session) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def corpus(request, tmp_path_factory) -> dict[str, dict]:
-    """Both runs of the selected examples: {"plain": reports, "mpirun": reports}."""
+def corpus(request, tmp_path_factory) -> dict:
+    """Both runs of the selected examples, side by side: {"plain": reports, "mpirun": reports,
+    "mpirun_dir": the mpirun job's directory}; the mpirun job also runs the CHECKED examples selected."""
     selected = selected_examples(request.session)
     if any(item.originalname == "test_a_ported_example_run_as_one_process_is_plain_keras"
            for item in request.session.items) and PORTED_IN_ONE_PROCESS not in selected:
@@ -114,11 +123,14 @@ def corpus(request, tmp_path_factory) -> dict[str, dict]:
     paths = [str(ROOT / "examples" / name) for name in selected]
     plain_dir, mpi_dir = tmp_path_factory.mktemp("plain"), tmp_path_factory.mktemp("mpirun")
     ported = [str(ROOT / "examples" / PORTED_IN_ONE_PROCESS)] if PORTED_IN_ONE_PROCESS in selected else []
-    plain = run_examples_job([sys.executable, str(EXAMPLES_JOB), str(plain_dir), "--keras-only", *paths,
-                              "--ported", *ported], plain_dir)
-    job = [sys.executable, str(EXAMPLES_JOB), str(mpi_dir), *paths]
-    data_parallel = run_examples_job(mpirun_command(3, [], program=job), mpi_dir)
-    return {"plain": plain, "mpirun": data_parallel}
+    checked = [str(ROOT / "examples" / line) for item in request.session.items
+               for line in CHECKED.get(item.originalname, [])]
+    plain = start_examples_job([sys.executable, str(EXAMPLES_JOB), str(plain_dir), "--keras-only", *paths,
+                                "--ported", *ported], plain_dir) if paths else None
+    job = [sys.executable, str(EXAMPLES_JOB), str(mpi_dir), *paths, *checked]
+    data_parallel = start_examples_job(mpirun_command(3, [], program=job), mpi_dir)
+    return {"plain": examples_job_reports(plain) if plain else {}, "mpirun": examples_job_reports(data_parallel),
+            "mpirun_dir": mpi_dir}
 
 
 def _corpus_param(name: str):

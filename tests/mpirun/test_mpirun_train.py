@@ -1,6 +1,7 @@
-"""Real ``mpirun`` jobs on tiny data: one per aggregation method, a user model imported on every rank and
-a raising worker. (Bad data found at set-up: test_mpirun_data.py; refusals of bad config, early stopping
-and the 16-bit wire are tested in one process: tests/unit/launch/test_agreement.py, tests/unit/scheduler.)"""
+"""Real ``mpirun`` jobs on tiny data: one per aggregation method (weighted averaging with a user model
+imported on every rank) and a raising worker. (Bad data found at set-up: test_mpirun_data.py; refusals of
+bad config, early stopping and the 16-bit wire are tested in one process: tests/unit/launch/test_agreement.py,
+tests/unit/scheduler.)"""
 
 from __future__ import annotations
 
@@ -17,11 +18,8 @@ def _model_bytes(summary: dict) -> int:
     return int(summary["model_bytes"])
 
 
-@pytest.mark.parametrize("method", ["average", "weighted", "best"])
-def test_each_method_trains_and_matches_traffic_minimum(method, tmp_path):
-    run_dir = tmp_path / method
-    result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", f"aggregation.method={method}",
-                         "--set", "train.epochs=4", "--set", "checkpoint.every=2"], run_dir)
+def check_trained(result, run_dir, method: str) -> dict:
+    """Four rounds of ``method`` trained and checkpointed, each round moving the fewest bytes it can."""
     assert result.returncode == 0, result.output
     summary = result.summary()
     rounds = result.rounds()
@@ -38,17 +36,28 @@ def test_each_method_trains_and_matches_traffic_minimum(method, tmp_path):
         assert minimum <= sent <= minimum * 1.01 + CONTROL_ALLOWANCE_PER_WORKER * workers, row
     for name in ("config.toml", "train.log", "checkpoint.h5", "final.weights.h5"):
         assert (run_dir / name).is_file(), name
+    return summary
+
+
+@pytest.mark.parametrize("method", ["average", "best"])
+def test_each_method_trains_and_matches_traffic_minimum(method, tmp_path):
+    run_dir = tmp_path / method
+    result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", f"aggregation.method={method}",
+                         "--set", "train.epochs=4", "--set", "checkpoint.every=2"], run_dir)
+    check_trained(result, run_dir, method)
     if method == "best":
-        assert all(r["winner"] in ("1", "2") for r in rounds)
+        assert all(r["winner"] in ("1", "2") for r in result.rounds())
         assert "election" in (run_dir / "train.log").read_text()
 
 
-def test_user_model_by_module_path(tmp_path, tiny_npz):
+def test_a_user_model_by_module_path_trains_by_weighted_average_on_every_rank(tmp_path, tiny_npz):
+    run_dir = tmp_path / "run"
     result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", f"data.source='{tiny_npz}'",
-                         "--set", "model.name=user_models:small_cnn", "--set", "train.epochs=2"],
-                     tmp_path / "run", extra_env={"PYTHONPATH": str(ROOT / "tests")})
-    assert result.returncode == 0, result.output
-    assert "input (8, 8, 1), 3 classes" in result.summary()["dataset"]
+                         "--set", "model.name=user_models:small_cnn", "--set", "aggregation.method=weighted",
+                         "--set", "train.epochs=4", "--set", "checkpoint.every=2"],
+                     run_dir, extra_env={"PYTHONPATH": str(ROOT / "tests")})
+    summary = check_trained(result, run_dir, "weighted")
+    assert "input (8, 8, 1), 3 classes" in summary["dataset"]
 
 
 def test_a_raising_worker_ends_the_whole_job_with_its_rank_and_traceback(tmp_path):

@@ -91,3 +91,16 @@ def test_the_warm_up_trains_under_election_with_overlapped_scoring_and_checkpoin
     assert all(row["winner"] in ("1", "2") for row in rows)  # every round elected a worker's weights
     assert [[r.steps for r, _ in w.trained] for w in job.workers] == [[1, 1, 1, 3], [1, 1, 1, 3]]
     assert load_checkpoint(tmp_path / "checkpoint.h5")[1]["round"] == 3
+
+
+def test_a_run_resumed_inside_the_warm_up_finishes_the_warm_up_then_takes_k_step_rounds(tmp_path):
+    # two warm-up epochs are 6 one-step rounds; the first run ends after 4 of them, checkpointing every round
+    schedule = {**WARMUP, "sync_warmup_epochs": 2, "sync_every": 2}
+    run_local_job(tmp_path, workers=2, train={**schedule, "epochs": 4}, checkpoint={"every": 1})
+    resumed = run_local_job(tmp_path, workers=2, resume=True, train={**schedule, "epochs": 8},
+                            checkpoint={"every": 1})
+    rows = resumed.rounds()
+    assert [int(row["round"]) for row in rows] == list(range(8))
+    assert [int(row["sync_every"]) for row in rows] == [1] * 6 + [2, 2]  # the phase follows the round index
+    assert [[r.steps for r, _ in w.trained] for w in resumed.workers] == [[1, 1, 2, 2]] * 2
+    assert resumed.summary["resumed_after_round"] == 3 and resumed.summary["steps"] == 2 * (6 * 1 + 2 * 2)
