@@ -93,7 +93,7 @@ def place(world: LocalWorld, cfg: Any, dataset: Any, plan: JobPlan) -> dict[int,
     transports = world.transports()
     roles = {0: lambda: place_data(SchedulerLink(transports[0]), 0, cfg, dataset, plan)}
     for rank in range(1, world.size):
-        mine = dataset if cfg.data.placement == "shared" else None
+        mine = None if cfg.data.scatters else dataset
         roles[rank] = lambda rank=rank, mine=mine: place_data(WorkerLink(transports[rank]), rank, cfg, mine, plan)
     return world.run(roles)
 
@@ -116,7 +116,7 @@ def build_local_job(run_dir: Path, workers: int = 2, builder: Any = None, resume
     for name, values in sections.items():
         table[name] = {**table.get(name, {}), **values}
     cfg = config_from_dict(table)
-    if cfg.data.stream == "auto":  # as a job resolves it before set-up (launch.job_setup.resolve_stream)
+    if cfg.data.stream_auto:  # as a job resolves it before set-up (launch.job_setup.resolve_stream)
         from mpi_trainer.data.memory import decide
         from mpi_trainer.launch.job_setup import with_stream
 

@@ -152,6 +152,12 @@ class DataConfig(Section):
         return self.feature_dtype == "uint8"
 
     @property
+    def stream_auto(self) -> bool:
+        """``stream = "auto"``: the job streams when a worker's block would not fit comfortably in memory
+        (decided at the job's start; ``stream`` is true or false from then on)."""
+        return self.stream == "auto"
+
+    @property
     def scatters(self) -> bool:
         """``placement = "scatter"``: rank 0 reads the data and sends each worker its rows."""
         return self.placement == "scatter"

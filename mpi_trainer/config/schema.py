@@ -164,9 +164,8 @@ class Config:
         ``"auto"`` is Nesterov for synchronous rounds that average two or more workers, and none where no
         average is stepped from (one worker, SSP, best-of election, L-BFGS, or an engine that
         ``merges_each_update`` as it arrives)."""
-        chosen = self.aggregation.outer_optimizer
-        if chosen != "auto":
-            return chosen
+        if not self.aggregation.outer_optimizer_auto:
+            return self.aggregation.outer_optimizer
         averaged = workers > 1 and not (self.aggregation.ssp > 0 or merges_each_update
                                         or self.aggregation.elects or self.model.uses_lbfgs)
         return AUTO_OUTER_OPTIMIZER if averaged else "none"

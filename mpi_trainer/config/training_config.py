@@ -64,6 +64,16 @@ class ModelConfig(Section):
         return self.activation == "sigmoid"
 
     @property
+    def cross_entropy(self) -> bool:
+        """``loss = "cross_entropy"``: the cross-entropy that the output and the labels imply."""
+        return self.loss == "cross_entropy"
+
+    @property
+    def squared_error(self) -> bool:
+        """``loss = "squared_error"``: mean squared error, against the one-hot label for classes."""
+        return self.loss == "squared_error"
+
+    @property
     def uses_lbfgs(self) -> bool:
         """Full-batch L-BFGS (``optimizer = "lbfgs"``) instead of a Keras optimizer."""
         return self.optimizer == LBFGS
@@ -174,6 +184,21 @@ class AggregationConfig(Section):
     def elects(self) -> bool:
         """Best-of: one worker's weights are elected (on the validation split) instead of averaged."""
         return self.method == "best"
+
+    @property
+    def weighs_by_samples(self) -> bool:
+        """``method = "weighted"``: each worker's weights count in the average by the samples it trained on."""
+        return self.method == "weighted"
+
+    @property
+    def wire_dtype_auto(self) -> bool:
+        """``wire_dtype = "auto"``: float16 or float32, chosen at the job's start by timing each link."""
+        return self.wire_dtype == "auto"
+
+    @property
+    def outer_optimizer_auto(self) -> bool:
+        """``outer_optimizer = "auto"``: Nesterov where rounds average two or more workers, else none."""
+        return self.outer_optimizer == "auto"
 
 
 @dataclass

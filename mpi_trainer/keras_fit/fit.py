@@ -86,7 +86,7 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
     if transport.rank == 0:
         history = schedule(transport, model, state, kwargs, cfg, prepared, agreed(record), saved, placements)
     else:
-        weighted = cfg.aggregation.method == "weighted"
+        weighted = cfg.aggregation.weighs_by_samples
         WorkerRounds(transport, model, state, prepared.share, prepared.rows, weighted, wait_bounds(cfg)).run()
         history = None
     return finish(transport, model, history)
@@ -116,7 +116,7 @@ def check_config(cfg: Config, run_dir: Any, resume: bool) -> None:
                               f"`train`, or `mpi_trainer.fit(build_fn, ...)`); a keras.Model trains in synchronous "
                               f"epochs with Keras' own callbacks. Received: {key}={_value(cfg, key)!r}; expected "
                               f"{_value(defaults, key)!r}")
-    if cfg.aggregation.method not in ("average", "weighted"):
+    if cfg.aggregation.elects:
         raise ConfigError(f"`aggregation.method` must be 'average' or 'weighted' when `model` is a keras.Model. "
                           f"Received: aggregation.method={cfg.aggregation.method!r}")
     if resume and run_dir is None and not os.environ.get("MPI_TRAINER_RUN_DIR"):

@@ -38,7 +38,7 @@ def check(cfg: Config, workers: int | None = None) -> str:
 
     check_training_backend(configured_backend(), backend_installed)
     stream_note = ""
-    if cfg.data.stream == "auto":
+    if cfg.data.stream_auto:
         from mpi_trainer.data.memory import decide
 
         decision = decide(cfg.data.source, workers or 1, 1 + (workers or 1))
@@ -57,10 +57,10 @@ def check(cfg: Config, workers: int | None = None) -> str:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     outer = OuterSettings.from_config(cfg, 2 if workers is None else workers).describe()
-    if cfg.aggregation.outer_optimizer == "auto":
+    if cfg.aggregation.outer_optimizer_auto:
         outer += ", chosen by aggregation.outer_optimizer = \"auto\"" + (" (none with one worker)"
                                                                          if workers is None else "")
     wire = ("; aggregation.wire_dtype = auto: float16 or float32, chosen at the job's start by timing each link"
-            if cfg.aggregation.wire_dtype == "auto" else "")
+            if cfg.aggregation.wire_dtype_auto else "")
     return (f"{dataset.describe()}; model {cfg.model.name} with {model.count_params()} parameters; {outer}"
             f"{stream_note}{wire}")

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from mpi_trainer.config.choices import Device, SchedulerDevice
 from mpi_trainer.errors import ConfigError
 
 TRAINING_BACKENDS = ("tensorflow", "jax", "torch")
@@ -150,7 +151,7 @@ def gpu_users(node_ranks: list[int], scheduler_on_gpu: bool) -> list[int]:
     return [r for r in sorted(node_ranks) if r != 0 or scheduler_on_gpu]
 
 
-def choose_placement(rank: int, host: str, node_ranks: list[int], requested: str, scheduler_device: str,
+def choose_placement(rank: int, host: str, node_ranks: list[int], requested: Device, scheduler_device: SchedulerDevice,
                      inventory: GpuInventory, backend: str) -> RankPlacement:
     """Where ``rank`` runs: GPU ``i mod gpus`` for the i-th GPU user of its node, else the CPU.
 
@@ -158,7 +159,7 @@ def choose_placement(rank: int, host: str, node_ranks: list[int], requested: str
     scheduler follows ``train.scheduler_device`` (cpu, gpu).
     """
     role: Literal["scheduler", "worker"] = "scheduler" if rank == 0 else "worker"
-    want = scheduler_device if rank == 0 else requested
+    want: Device = scheduler_device if rank == 0 else requested
     local_rank = sorted(node_ranks).index(rank)
     cpu = RankPlacement(rank, host, local_rank, role, backend, "cpu")
     if want == "cpu" or (want == "auto" and not inventory.ids):
@@ -238,7 +239,8 @@ def backend_sees_gpu(backend: str) -> bool:
     return bool(tf.config.list_physical_devices("GPU"))
 
 
-def confirm_placement(placement: RankPlacement, requested: str, sees_gpu: Callable[[str], bool]) -> RankPlacement:
+def confirm_placement(placement: RankPlacement, requested: Device | SchedulerDevice,
+                      sees_gpu: Callable[[str], bool]) -> RankPlacement:
     """Check that the backend really runs on the chosen GPU (a CPU-only build would train on CPU).
 
     ``auto`` falls back to the CPU; an explicit ``gpu`` fails before training.

@@ -63,7 +63,7 @@ def cast_seconds_per_value() -> float:
 def resolve_wire(transport: Transport, cfg: Config) -> Config:
     """``aggregation.wire_dtype = "auto"``: rank 0 times a round trip to every worker and a float16 cast,
     picks the faster wire (:func:`narrow_pays`), logs why, and every rank takes its choice."""
-    if cfg.aggregation.wire_dtype != "auto":
+    if not cfg.aggregation.wire_dtype_auto:
         return cfg
     seconds = probe_links(transport, PROBE_BYTES, transport.bound)
     choice = None

@@ -40,13 +40,12 @@ def implied_loss(model: Any, cfg: ModelConfig | None = None, classes: bool = Tru
     """
     from mpi_trainer.models import losses
 
-    name = "cross_entropy" if cfg is None else cfg.loss
     units = model.outputs[0].shape[-1]
     sigmoid = cfg is not None and cfg.sigmoid_output
-    if name == "squared_error":
+    if cfg is not None and cfg.squared_error:
         return losses.SQUARED_ERROR if classes else "mean_squared_error"
-    if name != "cross_entropy":
-        return name
+    if cfg is not None and not cfg.cross_entropy:
+        return cfg.loss  # a Keras loss identifier
     if units == 1 or (sigmoid and not classes):
         return "binary_crossentropy"
     if classes:
