@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from mpi_trainer.config import Config, load_config
@@ -60,19 +57,18 @@ def test_an_outer_optimizer_without_synchronous_rounds_is_refused_naming_both_ke
     load_config(QUICKSTART, [other])  # fine with the default, which takes no outer step there
 
 
-def test_check_shows_the_outer_settings_and_refuses_a_bad_combination():
-    ok = subprocess.run([sys.executable, "-m", "mpi_trainer", "check", QUICKSTART,
-                         "--set", "aggregation.outer_optimizer=nesterov"], capture_output=True, text=True)
-    assert ok.returncode == 0, ok.stderr
-    assert 'outer_optimizer = "nesterov"' in ok.stdout and "outer_learning_rate = 1.0" in ok.stdout
-    assert "outer_momentum = 0.5" in ok.stdout
-    default = subprocess.run([sys.executable, "-m", "mpi_trainer", "check", QUICKSTART], capture_output=True, text=True)
-    assert default.returncode == 0, default.stderr
-    assert 'outer_optimizer = "auto"' in default.stdout
+def test_check_shows_the_outer_settings_and_refuses_a_bad_combination(capsys):
+    from mpi_trainer.cli import main
+
+    assert main(["check", QUICKSTART, "--set", "aggregation.outer_optimizer=nesterov"]) == 0
+    ok = capsys.readouterr().out
+    assert 'outer_optimizer = "nesterov"' in ok and "outer_learning_rate = 1.0" in ok
+    assert "outer_momentum = 0.5" in ok
+    assert main(["check", QUICKSTART]) == 0
+    default = capsys.readouterr().out
+    assert 'outer_optimizer = "auto"' in default
     assert ("outer optimizer nesterov (learning rate 1, momentum 0.5), chosen by aggregation.outer_optimizer = "
-            '"auto" (none with one worker)') in default.stdout
-    bad = subprocess.run([sys.executable, "-m", "mpi_trainer", "check", QUICKSTART, "--set",
-                          "aggregation.outer_optimizer=adam", "--set", "aggregation.ssp=2"],
-                         capture_output=True, text=True)
-    assert bad.returncode != 0
-    assert "aggregation.ssp=2" in bad.stderr and "aggregation.outer_optimizer" in bad.stderr
+            '"auto" (none with one worker)') in default
+    assert main(["check", QUICKSTART, "--set", "aggregation.outer_optimizer=adam", "--set", "aggregation.ssp=2"]) != 0
+    bad = capsys.readouterr().err
+    assert "aggregation.ssp=2" in bad and "aggregation.outer_optimizer" in bad
