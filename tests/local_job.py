@@ -14,6 +14,7 @@ from mpi_trainer.config import config_from_dict
 from mpi_trainer.data.partition import block_bounds
 from mpi_trainer.data.placement import place_data
 from mpi_trainer.data.sources import load_dataset
+from mpi_trainer.data.streamed import streamed_train
 from mpi_trainer.launch.job_setup import JobInputs, load_dataset_for_rank, plan_job
 from mpi_trainer.launch.roles import pick_roles
 from mpi_trainer.persistence.resume import load_resume_state
@@ -126,7 +127,8 @@ def build_local_job(run_dir: Path, workers: int = 2, builder: Any = None, resume
     streamed = inputs.pipeline or cfg.data.stream or cfg.data.is_image_folder or cfg.data.is_tfrecord
     dataset = load_dataset_for_rank(0, cfg, None, workers, inputs) if streamed else load_dataset(
         cfg.data, cfg.train.seed, arrays=inputs.arrays)
-    bounds = (dataset.train.block_bounds(workers) if hasattr(dataset.train, "block_bounds")
+    streamed_rows = streamed_train(dataset)  # an adapter cuts its own blocks, as in launch.job_setup.setup
+    bounds = (streamed_rows.block_bounds(workers) if streamed_rows is not None
               else block_bounds(dataset.num_train, workers))
     model, plan = plan_job(cfg, dataset, inputs, bounds, None)
     world = LocalWorld(workers + 1)
