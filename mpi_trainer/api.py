@@ -64,7 +64,7 @@ def init(*, device: str | None = None, scheduler_device: str | None = None, thre
     keep this placement (a config asking for another fails every rank). Calling it again is harmless.
     Without ``mpirun`` (one process) it places nothing: the script then runs as plain Keras.
     """
-    from mpi_trainer.comm.transport import Transport
+    from mpi_trainer.comm.transport import Transport, abort_on_error
     from mpi_trainer.launch.job import load_config_everywhere, quiet_backend, start_rank
 
     quiet_backend()
@@ -73,7 +73,7 @@ def init(*, device: str | None = None, scheduler_device: str | None = None, thre
         return Rank(0, 1, transport.host, "cpu", None)
     given = {"train.device": device, "train.scheduler_device": scheduler_device, "train.threads": threads,
              "train.bind_cores": bind_cores}
-    with _refused_together(transport):
+    with abort_on_error(transport), _refused_together(transport):
         cfg = load_config_everywhere(transport, None, [(k, v) for k, v in given.items() if v is not None])
         _, placements = start_rank(transport, cfg)
     mine = placements[transport.rank]
@@ -90,9 +90,7 @@ def _refused_together(transport: Transport) -> Iterator[None]:
     except AgreedInputError as exc:
         report_error(exc)
         transport.barrier()  # every rank has printed before any leaves
-        # a refused job ends by this exception on every rank, not by MPI_Abort
-        sys.excepthook = getattr(sys.excepthook, "previous", sys.excepthook)
-        raise
+        raise  # a refused job ends by this exception on every rank, not by MPI_Abort (abort_on_error)
 
 
 def fit(model: Any = None, x: Any = None, y: Any = None, batch_size: int | None = None, epochs: int | None = None,
@@ -124,6 +122,7 @@ def fit(model: Any = None, x: Any = None, y: Any = None, batch_size: int | None 
     An error on one rank during the job raises on every rank (:class:`~mpi_trainer.errors.PeerFailure`,
     naming it, on the others); a rank that stops answering ends the job within its wait bound.
     """
+    from mpi_trainer.comm.transport import abort_on_error
     from mpi_trainer.launch.fail_together import fail_together
     from mpi_trainer.launch.job import quiet_backend
     from mpi_trainer.launch.keras_args import KerasFitArguments
@@ -142,7 +141,8 @@ def fit(model: Any = None, x: Any = None, y: Any = None, batch_size: int | None 
                                    validation_steps, validation_batch_size, validation_freq, validation_split)
     request = FitRequest(model, (x, y, sample_weight, validation_data), keras_args, class_weight,
                          list(callbacks or []), config, overrides)
-    with _refused_together(transport), fail_together(transport):
+    # within the job an uncaught error on one rank ends every rank; the script's code after it is its own
+    with abort_on_error(transport), _refused_together(transport), fail_together(transport):
         finished = _run(transport, request, run_dir, resume)
         return history_everywhere(transport, model, finished)
 
@@ -156,6 +156,7 @@ def _is_keras_model(model: Any) -> bool:
 def _fit_keras_model(model: Any, kwargs: dict[str, Any], config: Any, overrides: Any, run_dir: Any,
                      resume: bool) -> Any:
     """The user's model object: plain ``model.fit`` in one process, else trained by Keras on every worker."""
+    from mpi_trainer.comm.transport import abort_on_error
     from mpi_trainer.keras_fit import fit_model, plain_fit
     from mpi_trainer.launch.fail_together import fail_together
     from mpi_trainer.launch.keras_args import user_sets
@@ -173,7 +174,7 @@ def _fit_keras_model(model: Any, kwargs: dict[str, Any], config: Any, overrides:
             kwargs[name] = 1 if name == "epochs" else None
         elif kwargs[name] is None:
             kwargs[name] = "config"
-    with _refused_together(transport), fail_together(transport):
+    with abort_on_error(transport), _refused_together(transport), fail_together(transport):
         return fit_model(transport, model, kwargs, str(config) if isinstance(config, Path) else config,
                          _pairs(overrides), run_dir, resume)
 

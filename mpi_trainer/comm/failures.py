@@ -7,7 +7,7 @@ a rank that has left. Under ``fault.survive`` a lost peer surfaces as
 :class:`~mpi_trainer.errors.RankLost`, and the survivors ``shrink`` to a communicator of
 their own and ``agree`` on it (the transports' verbs; this module holds what they share:
 the notice's tag and text, the MPI error classes of a lost peer, the check of the mpirun line).
-An uncaught exception ends the whole job (:func:`install_abort_on_error`).
+An uncaught exception within a job ends the whole job (:func:`abort_on_error`).
 """
 
 from __future__ import annotations
@@ -16,18 +16,20 @@ import os
 import re
 import sys
 import traceback
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from mpi_trainer.errors import PeerFailure
+from mpi_trainer.errors import AgreedInputError, PeerFailure
 
 if TYPE_CHECKING:
     from mpi_trainer.comm.interface import RankTransport
 
 # PeerFailure is raised by the transports' waits; importable from here as it always was.
 __all__ = ["FAILURE_CLASSES", "NOTICE_CHARS", "NOTICE_SECONDS", "TAG_FAILED", "PeerFailure",
-           "fault_tolerance_problem", "install_abort_on_error", "notice_text", "prepare_mpi_environment"]
+           "abort_on_error", "fault_tolerance_problem", "install_abort_on_error", "notice_text",
+           "prepare_mpi_environment"]
 
 # After the hand-shake tags of mpi_trainer.comm.handshakes.
 TAG_FAILED = 21  # a failure notice: the sender failed and left the job (pickled rank, host, text)
@@ -105,3 +107,24 @@ def install_abort_on_error(transport: RankTransport) -> None:
 
     hook.previous = previous  # type: ignore[attr-defined]
     sys.excepthook = hook
+
+
+@contextmanager
+def abort_on_error(transport: RankTransport) -> Iterator[None]:
+    """Around a job on one rank: within it, an uncaught exception ends the whole job
+    (:func:`install_abort_on_error`).
+
+    Leaving it normally, or with input that every rank refused together
+    (:class:`~mpi_trainer.errors.AgreedInputError`, which ends each rank by itself), puts back the hook
+    that was there before: the script's own code after the job is its own. Any other exception keeps
+    the abort hook as it leaves: should the script not catch it, the interpreter calls the hook only
+    after this block is gone, and the other ranks must still be ended.
+    """
+    entered = sys.excepthook
+    install_abort_on_error(transport)
+    try:
+        yield
+    except AgreedInputError:
+        sys.excepthook = entered
+        raise
+    sys.excepthook = entered

@@ -39,6 +39,7 @@ from mpi_trainer.comm.failures import (
     NOTICE_SECONDS,
     TAG_FAILED,
     PeerFailure,
+    abort_on_error,
     fault_tolerance_problem,
     install_abort_on_error,
     notice_text,
@@ -61,7 +62,7 @@ if TYPE_CHECKING:
 
 # What other modules import from here, whichever module of mpi_trainer.comm defines it.
 __all__ = ["MAX_MESSAGE_BYTES", "PeerFailure", "RankAccounting", "Received", "Shrunk", "Transport",
-           "TransportTimeout", "fault_tolerance_problem", "install_abort_on_error", "notice_text"]
+           "TransportTimeout", "abort_on_error", "fault_tolerance_problem", "install_abort_on_error", "notice_text"]
 
 # MPI counts are C ints: one message carries fewer than 2**31 elements, so data
 # arrays travel as byte chunks of at most 1 GiB.

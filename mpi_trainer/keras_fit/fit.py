@@ -13,7 +13,6 @@ plain ``model.fit``.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -323,6 +322,4 @@ def finish(transport: Transport, model: Any, history: Any) -> Any:
         history.run_dir = None if outcome["run_dir"] is None else Path(outcome["run_dir"])
         model.history = history
     save_whole_files(model)
-    # the script's own code follows: its errors are its own, not a failure of the job to abort for
-    sys.excepthook = getattr(sys.excepthook, "previous", sys.excepthook)
     return history

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpi_trainer import hooks
-from mpi_trainer.comm.transport import Transport, install_abort_on_error
+from mpi_trainer.comm.transport import Transport
 from mpi_trainer.config import Config
 from mpi_trainer.errors import EXIT_PREEMPTED, AgreedInputError
 from mpi_trainer.launch.agreement import agree, check_fault_tolerance, check_world, load_config_everywhere
@@ -50,13 +50,13 @@ THIS_PROCESS = ThisProcess()
 
 def start_rank(transport: Transport, cfg: Config,
                process: ThisProcess = THIS_PROCESS) -> tuple[Config, list[RankPlacement]]:
-    """Logging, the world's size, abort on an uncaught error, then this process's device and threads
-    (chosen the first time; checked against ``cfg`` after that). Returns ``cfg`` and every rank's placement."""
+    """Logging, the world's size, then this process's device and threads (chosen the first time; checked
+    against ``cfg`` after that). Returns ``cfg`` and every rank's placement. The caller's scope ends the
+    job on an uncaught error (:func:`~mpi_trainer.comm.failures.abort_on_error`)."""
     transport.max_sleep = cfg.comm.poll_interval
     setup_logging(transport.rank, transport.size, transport.host, cfg.log.verbosity)
     check_world(transport)
     check_fault_tolerance(transport, cfg)
-    install_abort_on_error(transport)
     transport.learn_hosts()
     cfg, process.placed = place_or_follow(transport, cfg, process.placed)
     return cfg, process.placed.placements

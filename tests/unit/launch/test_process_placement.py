@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from mpi_trainer.comm.local import LocalTransport, LocalWorld
-from mpi_trainer.comm.transport import install_abort_on_error
+from mpi_trainer.comm.transport import abort_on_error, install_abort_on_error
 from mpi_trainer.config import load_config
 from mpi_trainer.errors import AgreedInputError, ConfigError
 from mpi_trainer.launch.devices import GpuInventory, RankPlacement, refuse_started_backend
@@ -82,6 +82,23 @@ def test_installing_the_abort_hook_again_keeps_the_users_hook_reachable(monkeypa
     install_abort_on_error(transport)
     install_abort_on_error(transport)  # a second job in the same process
     assert sys.excepthook is not users_hook and sys.excepthook.previous is users_hook
+
+
+def test_the_abort_hook_lasts_the_job_and_an_escaping_error_keeps_it(monkeypatch):
+    def users_hook(*args):
+        pass
+
+    monkeypatch.setattr(sys, "excepthook", users_hook)
+    transport = single_rank()
+    with abort_on_error(transport):
+        assert sys.excepthook.previous is users_hook
+    assert sys.excepthook is users_hook  # the script's code after the job is its own
+    with pytest.raises(AgreedInputError), abort_on_error(transport):
+        raise AgreedInputError("refused on every rank")
+    assert sys.excepthook is users_hook  # every rank ends by the exception itself
+    with pytest.raises(RuntimeError), abort_on_error(transport):
+        raise RuntimeError("a bug on one rank")
+    assert sys.excepthook.previous is users_hook  # uncaught, it must still end every rank
 
 
 def test_each_worker_of_a_node_keeps_to_its_own_run_of_cores():
