@@ -87,7 +87,10 @@ class EarlyStopping:
         if self.improved(value):
             self.best_value = float(value)
             self.best_round = round_index
-            self.best_weights = weights.copy()
+            if self.best_weights is not None and self.best_weights.shape == weights.shape:
+                np.copyto(self.best_weights, weights)  # into the copy held: no second one while it is replaced
+            else:
+                self.best_weights = weights.copy()
             self.wait = 0
             return False
         self.wait += 1

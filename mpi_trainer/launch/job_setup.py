@@ -160,7 +160,9 @@ def plan_job(cfg: Config, dataset: Dataset, inputs: JobInputs, bounds: list[tupl
     model, spec = build_model(cfg.model, dataset.input_shape, dataset.num_outputs, dataset.classes, inputs.builder)
     if cfg.model.uses_lbfgs:
         BlockGradient(model)  # a loss it cannot differentiate fails here, on every rank
-    metric_names = dry_run(model, *dataset.train.read(np.arange(min(SAMPLES, dataset.num_train))))
+    # rank 0 never trains: evaluating the rows meets the loss with the output and the labels without
+    # building the optimizer's state (the workers' dry runs train a step)
+    metric_names = dry_run(model, *dataset.train.read(np.arange(min(SAMPLES, dataset.num_train))), train=False)
     check_monitor(cfg, metric_names, len(dataset.y_test) > 0)
     # Blocks are always planned for the workers present now: a resume may have fewer or more.
     check_class_coverage(inputs.class_weight, dataset.num_outputs, dataset.classes)

@@ -47,14 +47,17 @@ def is_mismatch(exc: Exception) -> bool:
     return isinstance(exc, (ValueError, TypeError)) or type(exc).__name__ == "InvalidArgumentError"
 
 
-def dry_run(model: Any, x: np.ndarray, y: np.ndarray) -> list[str]:
+def dry_run(model: Any, x: np.ndarray, y: np.ndarray, train: bool = True) -> list[str]:
     """Train one step on ``(x, y)`` (one batch) and evaluate on it, then restore the model.
 
-    Returns the names of the compiled metrics as evaluation reports them (``loss`` first).
+    ``train=False`` only evaluates: the loss still meets the model's output and the labels, and the
+    optimizer's state (twice the model under Adam) is never built. The scheduler, which never
+    trains, runs it so; the workers train the step. Returns the names of the compiled metrics as
+    evaluation reports them (``loss`` first).
     """
-    weights = model.get_weights()
+    weights = model.get_weights() if train else None
     try:
-        if getattr(model, "optimizer", None) is not None:
+        if train and getattr(model, "optimizer", None) is not None:
             model.train_on_batch(x, y)
         result = model.test_on_batch(x, y, return_dict=True)
     except Exception as exc:
@@ -62,8 +65,9 @@ def dry_run(model: Any, x: np.ndarray, y: np.ndarray) -> list[str]:
             raise  # a bug in user code is a crash, with its traceback, not bad input
         raise mismatch(model, y, exc) from None
     finally:
-        model.set_weights(weights)
-        reset_optimizer(getattr(model, "optimizer", None))
+        if weights is not None:
+            model.set_weights(weights)
+            reset_optimizer(getattr(model, "optimizer", None))
     return ["loss", *sorted(name for name in result if name != "loss")]
 
 

@@ -16,11 +16,12 @@ wire goes through the :class:`~mpi_trainer.comm.protocol.SchedulerLink`.
 
 from __future__ import annotations
 
+import tempfile
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -66,14 +67,21 @@ class Engine(ABC):
         self._weights = value
         self.weights_version += 1
 
+    @property
+    def initial_weights(self) -> np.ndarray:
+        """The weights the run was built with, read-only, mapped from the file they were spilled to."""
+        return np.memmap(self.initial_spill, dtype=np.float32, mode="r", shape=(self.codec.size,))
+
     def __init__(self, link: SchedulerLink, cfg: Config, dataset: Dataset, model: Any, plan: JobPlan,
                  run_dir: Path, hosts: list[str] | None = None, resume: ResumeState | None = None,
                  context: RunContext = NO_CONTEXT) -> None:
         self.link, self.cfg, self.dataset, self.model, self.plan = link, cfg, dataset, model, plan
         self.log = get_logger()
-        self.codec = WeightCodec.from_weights(model.get_weights())
-        self.initial_weights = self.codec.flatten(model.get_weights())  # what a rollback before a checkpoint takes
-        self.weights = self.codec.flatten(model.get_weights())  # the global model
+        arrays = model.get_weights()  # one host copy of the model, dropped once flattened
+        self.codec = WeightCodec.from_weights(arrays)
+        self.weights = self.codec.flatten(arrays)  # the global model
+        del arrays
+        self.initial_spill = spill(self.weights)  # what a rollback before a checkpoint takes: on disk, not in memory
         self.wire = WireFormat(cfg.aggregation.wire_dtype)  # what the weights travel as
         transport = link.transport
         hosts = hosts or [transport.host] * transport.size
@@ -236,7 +244,7 @@ class Engine(ABC):
         saved = self.recorder.saved_checkpoint()
         if saved is None:
             self.outer.reset()
-            return self.initial_weights.copy(), -1
+            return np.array(self.initial_weights, dtype=np.float32), -1
         arrays, checkpoint_round = saved
         self.outer.load_state(arrays, self.codec.size)
         return arrays["weights"].astype(np.float32), checkpoint_round
@@ -347,3 +355,12 @@ class Engine(ABC):
             self.link.send_order(worker, order)
         except TimeoutError:
             raise self.watchdog.failure(f"take its order for {order.describe()}", [worker]) from None
+
+
+def spill(values: np.ndarray) -> IO[bytes]:
+    """``values`` written to an anonymous temporary file (gone when it is closed or the process ends): a
+    copy of the model that is rarely read back costs no memory while it is not."""
+    spilled = tempfile.TemporaryFile(prefix="mpi_trainer-")
+    values.tofile(spilled)
+    spilled.flush()
+    return spilled
