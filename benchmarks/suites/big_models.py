@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import tempfile
-from functools import cache
+from collections.abc import Callable
+from functools import cache, partial
 from pathlib import Path
 
 from benchmarks.harness import ROOT, Comparison, Figures
@@ -16,40 +18,83 @@ QUESTION = "Big models: each phase of a round against the MPI floor, per wire dt
 SIZES = {"25m": 99.0, "100m": 402.0}  # the MLP's float32 megabytes (benchmarks.big_mlp)
 WIRES, OUTERS = ("float32", "float16"), ("none", "nesterov")
 ROUNDS, STEPS = 3, 4  # rounds of a few local steps: the round's other phases are what is measured
+# rank 0's budget above the backend's baseline: the weights, the reduction buffer, the outer state, a checkpoint copy
+SCHEDULER_COPIES, WORKER_COPIES = 4, 2  # a worker's budget: plain Keras training the model, plus 2 copies
 
 
 @cache
 def floor_seconds(megabytes: float) -> float:
     """Blocking MPI Reduce + Bcast of the model's bytes at 3 ranks (median of 3), in seconds."""
     result = program("transport_job", ["--payload-mb", str(megabytes), "--reps", "3"], ranks=3)
-    return (result["Reduce"] + result["Bcast"]) / 1000
+    return float(result["Reduce"] + result["Bcast"]) / 1000
 
 
-def overrides(size: str, wire: str, outer: str) -> list[str]:
-    return [f"model.name=benchmarks.big_mlp:mlp_{size}", f"train.epochs={ROUNDS}", "train.batch_size=128",
-            f"train.sync_every={STEPS}", "evaluation.every=1", "checkpoint.every=0", "log.plots=false",
-            f"aggregation.wire_dtype={wire}", f"aggregation.outer_optimizer={outer}"]
+def overrides(size: str, wire: str, outer: str, model: str | None = None) -> list[str]:
+    return [f"model.name={model or f'benchmarks.big_mlp:mlp_{size}'}", f"train.epochs={ROUNDS}",
+            "train.batch_size=128", f"train.sync_every={STEPS}", "evaluation.every=1", "checkpoint.every=0",
+            "log.plots=false", f"aggregation.wire_dtype={wire}", f"aggregation.outer_optimizer={outer}"]
+
+
+def peak_rss_command(command: list[str], folder: Path) -> list[str]:
+    """``... python -m MODULE ARGS`` as ``... python -m benchmarks.peak_rss FOLDER MODULE ARGS``."""
+    at = command.index("-m")
+    return [*command[:at], "-m", "benchmarks.peak_rss", str(folder), *command[at + 1:]]
+
+
+def peaks_of(command: list[str], folder: Path) -> dict[int, float]:
+    """Run ``command`` (under :mod:`benchmarks.peak_rss`); every rank's peak RSS in GB."""
+    proc = subprocess.run(peak_rss_command(command, folder), cwd=ROOT, env=ENV, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise JobFailed(f"job failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return {int(p["rank"]): p["peak_rss_gb"] for p in (json.loads(f.read_text()) for f in folder.glob("*.json"))}
+
+
+@cache
+def backend_baseline() -> tuple[float, float]:
+    """Peak RSS of rank 0 and of a worker in the same job with the quick start's small MLP: the backend's cost."""
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        command = train_command(3, "configs/quickstart.toml", overrides("25m", "float32", "nesterov", "mlp"),
+                                Path(tmp) / "run")
+        peaks = peaks_of(command, Path(tmp) / "rss")
+    return peaks[0], max(v for k, v in peaks.items() if k)
+
+
+@cache
+def plain_keras_peak(size: str) -> float:
+    """Peak RSS of one process training the model with plain Keras ``fit`` (one epoch, the same batch)."""
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        command = [sys.executable, "-m", "benchmarks.plain_keras", "--epochs", "1",
+                   "--set", f"model.name=benchmarks.big_mlp:mlp_{size}", "--set", "train.batch_size=128"]
+        return peaks_of(command, Path(tmp) / "rss")[0]
 
 
 def job(size: str, wire: str, outer: str) -> Figures:
-    """One 3-rank job: rounds.csv's phases (rounds after the first), bytes, and every rank's peak RSS."""
+    """One 3-rank job: rounds.csv's phases (rounds after the first), bytes, and every rank's peak RSS against
+    its budget."""
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        run_dir, rss = Path(tmp) / "run", Path(tmp) / "rss"
-        command = train_command(3, "configs/quickstart.toml", overrides(size, wire, outer), run_dir)
-        at = command.index("-m")  # ... python -m mpi_trainer ARGS -> python -m benchmarks.peak_rss DIR mpi_trainer ARGS
-        command[at:at + 2] = ["-m", "benchmarks.peak_rss", str(rss), "mpi_trainer"]
-        proc = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise JobFailed(f"job failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        run_dir = Path(tmp) / "run"
+        peaks = peaks_of(train_command(3, "configs/quickstart.toml", overrides(size, wire, outer), run_dir),
+                         Path(tmp) / "rss")
         rounds = read_rounds(run_dir / "rounds.csv")
-        peaks = {int(p["rank"]): p["peak_rss_gb"] for p in (json.loads(f.read_text()) for f in rss.glob("*.json"))}
-    floor = floor_seconds(SIZES[size])
+    floor, model_gb = floor_seconds(SIZES[size]), SIZES[size] / 1000
     aggregate = mean(after_first(rounds, "aggregate_seconds"))
     return {"floor": floor, "train": mean(after_first(rounds, "train_seconds_max")),
             "comm": mean(after_first(rounds, "comm_seconds")), "aggregate": aggregate,
             "eval": mean(after_first(rounds, "eval_seconds")), "ratio": aggregate / floor,
             "bytes": mean(after_first(rounds, "bytes")) / 1e6, "rss0": peaks.get(0, float("nan")),
-            "rss_workers": max((v for k, v in peaks.items() if k), default=float("nan"))}
+            "budget0": backend_baseline()[0] + SCHEDULER_COPIES * model_gb,
+            "rss_workers": max((v for k, v in peaks.items() if k), default=float("nan")),
+            "budget_workers": plain_keras_peak(size) + WORKER_COPIES * model_gb}
+
+
+def variants(sizes: list[str]) -> dict[str, Callable[[], Figures]]:
+    """Every size with float32 and float16 wires under none and nesterov, and the wire ``auto`` picks."""
+    named: dict[str, Callable[[], Figures]] = {}
+    for size in sizes:
+        for wire in (*WIRES, "auto"):
+            for outer in OUTERS if wire != "auto" else ("nesterov",):
+                named[f"{size.upper()} parameters, {wire} wire, outer {outer}"] = partial(job, size, wire, outer)
+    return named
 
 
 def comparisons(quick: bool) -> list[Comparison]:
@@ -58,16 +103,22 @@ def comparisons(quick: bool) -> list[Comparison]:
     return [Comparison(
         title="Seconds per round (mean of rounds 1-2) on 3 ranks; peak RSS of each rank",
         command=f"python -m benchmarks run big_models{flag} --repeats 1",
-        variants={f"{size.upper()} parameters, {wire} wire, outer {outer}":
-                  (lambda s=size, w=wire, o=outer: job(s, w, o))
-                  for size in sizes for wire in WIRES for outer in OUTERS},
+        variants=variants(sizes),
         columns={"floor": "MPI floor s (Reduce + Bcast)", "train": "training s", "comm": "communication s",
                  "aggregate": "outer step s", "ratio": "outer step / floor", "eval": "evaluation s",
-                 "bytes": "MB per round", "rss0": "rank 0 peak GB", "rss_workers": "worker peak GB"},
+                 "bytes": "MB per round", "rss0": "rank 0 peak GB", "budget0": "rank 0 budget GB",
+                 "rss_workers": "worker peak GB", "budget_workers": "worker budget GB"},
         notes=f"MLPs of 3 hidden layers on digits (`benchmarks.big_mlp`), 2 workers, {ROUNDS} rounds of "
               f"{STEPS} local steps (`train.sync_every={STEPS}`), so that what a round does besides training "
-              "shows; evaluation every round; no checkpoints. The floor is blocking MPI `Reduce` + `Bcast` "
-              "of the float32 model at 3 ranks in the same run. Communication is the round's wall time "
+              "shows; evaluation every round; no checkpoint but the final one. The floor is blocking MPI "
+              "`Reduce` + `Bcast` of the float32 model at 3 ranks in the same run. "
+              "Communication is the round's wall time "
               "outside training, the outer step and evaluation: the workers' flatten and encode, the "
-              "reduction (for 16 bits, the segmented gather and the root's additions) and the broadcast.",
+              "reduction (for 16 bits, the segmented gather and the root's additions) and the broadcast. "
+              "`auto`: the wire `aggregation.wire_dtype = \"auto\"` picks after timing each link and a float16 "
+              "cast (over this machine's shared memory: float32). Peak RSS is `getrusage`'s, over the whole "
+              f"job, the final checkpoint included. Rank 0's budget: its peak in the same job with the quick "
+              f"start's small MLP (the backend's baseline) + {SCHEDULER_COPIES}x the model; a worker's: plain "
+              f"Keras `fit` of the model in one process (`benchmarks.plain_keras --epochs 1`) + "
+              f"{WORKER_COPIES}x the model.",
     )]
