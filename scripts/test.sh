@@ -7,4 +7,6 @@ source "$ROOT/scripts/setup_env.sh" test,jax
 cd "$ROOT"
 "$ROOT/.venv/bin/ruff" check mpi_trainer tests scripts benchmarks
 "$ROOT/.venv/bin/mypy"  # the package, under the settings in setup.cfg [mypy]
-exec "$ROOT/.venv/bin/python" -m pytest -q "$@"
+# One test process per core, at most 4 (each holds a TensorFlow); the examples' corpus stays in one
+# process (its two jobs are shared by its tests). Arguments given later win: -n 0 runs in this process.
+exec "$ROOT/.venv/bin/python" -m pytest -q --numprocesses auto --maxprocesses 4 --dist loadgroup "$@"
