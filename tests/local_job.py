@@ -17,6 +17,7 @@ from mpi_trainer.data.sources import load_dataset
 from mpi_trainer.data.streamed import streamed_train
 from mpi_trainer.launch.job_setup import JobInputs, load_dataset_for_rank, plan_job
 from mpi_trainer.launch.roles import pick_roles
+from mpi_trainer.persistence.preemption import Preemption
 from mpi_trainer.persistence.resume import load_resume_state
 from mpi_trainer.persistence.run_files import read_rounds
 from mpi_trainer.persistence.run_record import RunContext
@@ -100,7 +101,7 @@ def place(world: LocalWorld, cfg: Any, dataset: Any, plan: JobPlan) -> dict[int,
 
 
 def build_local_job(run_dir: Path, workers: int = 2, builder: Any = None, resume: bool = False,
-                    inputs: JobInputs | None = None, callbacks: Any = None,
+                    inputs: JobInputs | None = None, callbacks: Any = None, preemption: Preemption | None = None,
                     **sections: Any) -> tuple[Any, list, Any]:
     """The scheduler's engine, the workers (dry-run, not calibrated) and their local world, not yet running.
 
@@ -109,6 +110,8 @@ def build_local_job(run_dir: Path, workers: int = 2, builder: Any = None, resume
     (:func:`plan_job`: build, dry run, metric names); ``builder`` is a model function or model as
     :func:`mpi_trainer.fit` takes it.
     ``resume``: the engine carries on from ``run_dir``'s checkpoint (the workers get its weights).
+    ``preemption``: the job's preemption state, shared by every rank here (one process); a test
+    requests the stop on it as a signal handler would.
     Rounds are plain averages unless ``aggregation`` names an outer optimizer (``"auto"`` included), so
     that a test can check the global model against the workers' weights by hand.
     """
@@ -136,11 +139,13 @@ def build_local_job(run_dir: Path, workers: int = 2, builder: Any = None, resume
     placed = place(world, cfg, dataset, plan)
     run_dir.mkdir(parents=True, exist_ok=True)
     state = load_resume_state(run_dir, cfg.to_dict()) if resume else None
-    context = RunContext(callbacks=None if callbacks is None else tuple(callbacks))  # Keras callbacks on rank 0
+    preemption = preemption or Preemption()
+    context = RunContext(callbacks=None if callbacks is None else tuple(callbacks),  # Keras callbacks on rank 0
+                         preemption=preemption)
     engine = pick_roles(cfg).engine(SchedulerLink(transports[0]), cfg, dataset, model, plan, run_dir, resume=state,
                                     context=context)
     # Built one after another (not in their threads) so that every run seeds its layers alike.
-    team = [RecordingWorker(WorkerLink(transports[rank]), plan, placed[rank][1], cfg, placed[rank][0])
+    team = [RecordingWorker(WorkerLink(transports[rank]), plan, placed[rank][1], cfg, placed[rank][0], preemption)
             for rank in range(1, workers + 1)]
     for worker in team:
         worker.preflight()
@@ -148,9 +153,11 @@ def build_local_job(run_dir: Path, workers: int = 2, builder: Any = None, resume
 
 
 def run_local_job(run_dir: Path, workers: int = 2, builder: Any = None, callbacks: Any = (),
-                  resume: bool = False, inputs: JobInputs | None = None, **sections: Any) -> LocalJob:
+                  resume: bool = False, inputs: JobInputs | None = None, preemption: Preemption | None = None,
+                  **sections: Any) -> LocalJob:
     """Train with ``workers`` worker threads (see :func:`build_local_job`); returns the finished job."""
-    engine, team, world = build_local_job(run_dir, workers, builder, resume, inputs, callbacks or None, **sections)
+    engine, team, world = build_local_job(run_dir, workers, builder, resume, inputs, callbacks or None, preemption,
+                                          **sections)
     # data.rebalance: round 0's blocks are cut from each worker's timed steps, as run_job does
     engine.seed_speeds({worker.rank: speed for worker in team if (speed := worker.calibrate()) is not None})
     results = world.run({0: engine.run, **{w.rank: w.run for w in team}})

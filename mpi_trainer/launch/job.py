@@ -29,7 +29,7 @@ from mpi_trainer.launch.roles import train_roles
 from mpi_trainer.launch.run_dir import finished_run
 from mpi_trainer.launch.wire_choice import resolve_wire
 from mpi_trainer.logs import setup_logging
-from mpi_trainer.persistence.preemption import preemption
+from mpi_trainer.persistence.preemption import Preemption
 
 # what mpi_trainer.fit and mpi_trainer.init call, in one place
 __all__ = ["THIS_PROCESS", "AgreedInputError", "JobInputs", "ThisProcess", "agree", "load_config_everywhere",
@@ -70,7 +70,7 @@ def run_job(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str |
     A preempted job raises :class:`~mpi_trainer.errors.Preempted` on every rank (exit status 75).
     """
     run = claim_run_dir(transport, cfg, inputs, run_dir, resume)
-    watch = preemption()
+    watch = Preemption()  # this job's: its signal handlers note a signal here, the roles read it
     try:
         cfg, placements = start_rank(transport, cfg, process)
         cfg = resolve_wire(transport, resolve_stream(transport, cfg))
@@ -81,7 +81,7 @@ def run_job(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str |
         job.plan = transport.bcast_object(job.plan)
         if job.plan.finished:  # a complete run, and no more rounds asked for: every rank leaves
             return finished_run(job.run_directory, job.model) if transport.rank == 0 else None
-        return train_roles(transport, cfg, inputs, job, placements)
+        return train_roles(transport, cfg, inputs, job, placements, watch)
     finally:
         watch.uninstall()
         if run is not None:

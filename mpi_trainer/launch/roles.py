@@ -23,6 +23,7 @@ from mpi_trainer.launch.fail_together import end_stuck
 from mpi_trainer.launch.job_setup import JobInputs, JobSetup, log_plan, place_training_data
 from mpi_trainer.launch.process_placement import log_placements
 from mpi_trainer.logs import get_logger
+from mpi_trainer.persistence.preemption import Preemption
 from mpi_trainer.persistence.run_files import CONFIG_NAME, REPORT_NAME, write_atomic
 from mpi_trainer.persistence.run_record import RunContext
 
@@ -31,8 +32,8 @@ if TYPE_CHECKING:
     from mpi_trainer.data.placement import WorkerData
     from mpi_trainer.data.sources import Dataset
 
-# (worker class, transport, cfg, plan, dataset, worker data) -> worker
-WorkerBuilder = Callable[[type, Transport, Config, "JobPlan", "Dataset | None", "WorkerData | None"], Any]
+# (worker class, transport, cfg, plan, dataset, worker data, the job's preemption state) -> worker
+WorkerBuilder = Callable[[type, Transport, Config, "JobPlan", "Dataset | None", "WorkerData | None", Preemption], Any]
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class Roles:
 
     engine: type
     worker: type
-    build_worker: WorkerBuilder  # (worker class, transport, cfg, plan, dataset, worker data) -> worker
+    build_worker: WorkerBuilder  # (worker class, transport, cfg, plan, dataset, worker data, preemption) -> worker
 
 
 def pick_roles(cfg: Config) -> Roles:
@@ -61,7 +62,8 @@ def pick_roles(cfg: Config) -> Roles:
 
 
 def _full_batch_worker(worker_type: type, transport: Transport, cfg: Config, plan: JobPlan, dataset: Dataset | None,
-                       worker_data: WorkerData | None) -> Any:
+                       worker_data: WorkerData | None, preemption: Preemption) -> Any:
+    """The L-BFGS worker (a preemption reaches it with the scheduler's stop request)."""
     from mpi_trainer.comm.protocol import WorkerLink
 
     fixed_x, fixed_y = placed_rows(worker_data).in_memory()  # L-BFGS refuses streamed inputs
@@ -69,29 +71,30 @@ def _full_batch_worker(worker_type: type, transport: Transport, cfg: Config, pla
 
 
 def _gradient_worker(worker_type: type, transport: Transport, cfg: Config, plan: JobPlan, dataset: Dataset | None,
-                     worker_data: WorkerData | None) -> Any:
-    """A worker seeded for its rank and round, dry-run on its first batch."""
+                     worker_data: WorkerData | None, preemption: Preemption) -> Any:
+    """A worker seeded for its rank and round, dry-run on its first batch; its reports pass on ``preemption``."""
     import keras
 
     from mpi_trainer.comm.protocol import WorkerLink
     from mpi_trainer.persistence.resume import worker_seed
 
     keras.utils.set_random_seed(worker_seed(cfg.train.seed, transport.rank, plan.start_round))
-    worker = worker_type(WorkerLink(transport), plan, dataset, cfg, worker_data)
+    worker = worker_type(WorkerLink(transport), plan, dataset, cfg, worker_data, preemption)
     worker.preflight()
     return worker
 
 
 def train_roles(transport: Transport, cfg: Config, inputs: JobInputs, job: JobSetup,
-                placements: list[RankPlacement]) -> Any:
-    """Place the data, start the roles, train; rank 0 returns (engine, summary), a worker itself."""
+                placements: list[RankPlacement], preemption: Preemption) -> Any:
+    """Place the data, start the roles, train; rank 0 returns (engine, summary), a worker itself.
+    ``preemption``: the job's preemption state, which its signal handlers set."""
     worker_data, job.dataset = place_training_data(transport, cfg, job.dataset, job.job_plan)
-    role = make_worker(transport, cfg, job.job_plan, job.dataset, worker_data)
+    role = make_worker(transport, cfg, job.job_plan, job.dataset, worker_data, preemption)
     calibrating = time.perf_counter()
     speeds = calibrate_everywhere(transport, cfg, role)
     if transport.rank == 0:
         engine, summary = run_scheduler(transport, cfg, job, placements, inputs,
-                                        (speeds, time.perf_counter() - calibrating))
+                                        (speeds, time.perf_counter() - calibrating), preemption)
         if summary.get("stop_reason") == "preempted":
             raise Preempted()
         result = engine, summary
@@ -113,7 +116,7 @@ def placed_rows(worker_data: WorkerData | None) -> WorkerData:
 
 
 def make_worker(transport: Transport, cfg: Config, plan: JobPlan, dataset: Dataset | None,
-                worker_data: WorkerData | None) -> Any:
+                worker_data: WorkerData | None, preemption: Preemption | None = None) -> Any:
     """A worker rank's role, dry-run on its first batch; every rank agrees that all of them passed.
 
     Bad input fails every rank with one line; a bug in the user's model (any other exception) also
@@ -122,7 +125,8 @@ def make_worker(transport: Transport, cfg: Config, plan: JobPlan, dataset: Datas
     try:
         if transport.rank != 0:
             roles = pick_roles(cfg)
-            role = roles.build_worker(roles.worker, transport, cfg, plan, dataset, worker_data)
+            role = roles.build_worker(roles.worker, transport, cfg, plan, dataset, worker_data,
+                                      preemption or Preemption())
     except Exception as exc:  # noqa: BLE001 - agreed on by every rank, then raised again where it happened
         failure = exc
     agree_on_failure(transport, failure)
@@ -141,10 +145,11 @@ def calibrate_everywhere(transport: Transport, cfg: Config, role: Any) -> dict[i
 
 
 def run_scheduler(transport: Transport, cfg: Config, job: JobSetup, placements: list[RankPlacement],
-                  inputs: JobInputs | None = None, calibration: tuple[Mapping[int, Any], float] = ({}, 0.0)) -> Any:
+                  inputs: JobInputs | None = None, calibration: tuple[Mapping[int, Any], float] = ({}, 0.0),
+                  preemption: Preemption | None = None) -> Any:
     """Rank 0's part; returns the engine and the run's summary. A watchdog failure ends the whole job
     with a one-line message, not a traceback. ``calibration``: the workers' timed steps for
-    rebalancing, and the seconds they took."""
+    rebalancing, and the seconds they took; ``preemption``: the job's preemption state."""
     from mpi_trainer.comm.protocol import SchedulerLink
 
     path = job.run_directory.path
@@ -161,7 +166,7 @@ def run_scheduler(transport: Transport, cfg: Config, job: JobSetup, placements: 
         context = RunContext(placement=tuple(placement.as_dict() for placement in placements),
                              fingerprint=job.run_directory.fingerprint,
                              callbacks=None if cfg.model.uses_lbfgs else tuple(inputs.callbacks),
-                             initial_epoch=inputs.initial_epoch)
+                             initial_epoch=inputs.initial_epoch, preemption=preemption)
         engine = pick_roles(cfg).engine(SchedulerLink(transport), cfg, job.dataset, job.model, job.plan, path,
                                         hosts, job.state, context)
         if calibration[0]:  # data.rebalance (which L-BFGS refuses)

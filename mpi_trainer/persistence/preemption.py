@@ -82,10 +82,3 @@ class Preemption:
         self.signal_name = self.received_at = None
         self.on_expire = None
 
-
-_PROCESS = Preemption()
-
-
-def preemption() -> Preemption:
-    """This process's preemption state (signal handlers are per process)."""
-    return _PROCESS

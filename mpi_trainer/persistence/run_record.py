@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from mpi_trainer.persistence.preemption import Preemption
+
 
 class StopReason(str, Enum):
     """Why a run ended (``summary.json`` ``stop_reason``)."""
@@ -48,13 +50,15 @@ UNFINISHED = (StopReason.RUNNING, StopReason.PREEMPTED)
 class RunContext:
     """What the job knows of a run before its scheduler engine is built, given to the engine with it:
     every rank's host, backend and device (summary.json), the model's and data's fingerprint
-    (checkpoints), and the Keras callbacks of :func:`mpi_trainer.fit` with the epoch they count from
-    (None: no Keras callbacks run, and no History is kept)."""
+    (checkpoints), the Keras callbacks of :func:`mpi_trainer.fit` with the epoch they count from
+    (None: no Keras callbacks run, and no History is kept), and the job's preemption state, which its
+    signal handlers set (None: no signal reaches this run)."""
 
     placement: tuple[Mapping[str, Any], ...] = ()
     fingerprint: Mapping[str, Any] = field(default_factory=dict)
     callbacks: tuple[Any, ...] | None = None
     initial_epoch: int = 0
+    preemption: Preemption | None = None
 
 
 NO_CONTEXT = RunContext()  # a run built without a job around it (frozen, so one serves every such run)

@@ -34,7 +34,7 @@ from mpi_trainer.errors import EXIT_PREEMPTED
 from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.checkpoint import load_checkpoint, save_checkpoint
 from mpi_trainer.persistence.optimizer_state import ARRAY_PREFIX
-from mpi_trainer.persistence.preemption import preemption
+from mpi_trainer.persistence.preemption import Preemption
 from mpi_trainer.persistence.resume import ResumeState, worker_seed
 from mpi_trainer.persistence.run_files import (
     CHECKPOINT_NAME,
@@ -110,6 +110,8 @@ class RoundRecorder:
         self.summary_values: dict[str, Any] = {}  # summary.json's values only one engine knows
         self.lost_workers: list[dict[str, Any]] = []  # fault.survive: who was lost, on which host, when
         self.fingerprint = dict(context.fingerprint)  # the model's and data's, kept in checkpoints
+        # this rank's preemption signal, as the job's handlers note it (a run without them: never signalled)
+        self.preemption = context.preemption or Preemption()
         self.last_checkpoint = time.monotonic()  # checkpoint.every_seconds counts from here
         self.last_checkpoint_round = -1
         self.due: tuple[int, bool] | None = None  # (round, whether it checkpoints): decided once a round
@@ -248,7 +250,7 @@ class RoundRecorder:
 
     def preempting(self) -> bool:
         """A preemption signal reached this rank or (by its report) a worker."""
-        return self.preempt_reported or preemption().requested
+        return self.preempt_reported or self.preemption.requested
 
     def write_row(self, row: dict[str, Any]) -> None:
         """rounds.csv, the progress line, TensorBoard and the timeline, and summary.json (at most once a second)."""
@@ -330,7 +332,7 @@ class RoundRecorder:
         write_json_atomic(self.run_dir / SUMMARY_NAME, summary)
         if preempted:
             self.log.warning("preempted (%s): checkpoint written after round %s; exiting with status %d. Run "
-                             "the same command again to resume", preemption().signal_name or "a worker's signal",
+                             "the same command again to resume", self.preemption.signal_name or "a worker's signal",
                              summary["final_round"], EXIT_PREEMPTED)
             return summary
         if self.callbacks is not None:

@@ -47,15 +47,15 @@ from mpi_trainer.logs import get_logger
 from mpi_trainer.models import flat_metric_state, rebuild_model, summed_metric_state
 from mpi_trainer.models.dry_run import dry_run, reset_optimizer
 from mpi_trainer.persistence.optimizer_state import ensure_built, load_state_vector, state_vector
-from mpi_trainer.persistence.preemption import Preemption, preemption
+from mpi_trainer.persistence.preemption import Preemption
 from mpi_trainer.reporting.timeline import PhaseLog
 from mpi_trainer.worker.slowdown import make_slowdown
 from mpi_trainer.worker.training import LocalTraining, one_step
 
 
 class Worker:
-    """Serves the scheduler's orders; ``preemption``: the process's preemption state, which its reports
-    pass on (by default the one the process's signal handlers set)."""
+    """Serves the scheduler's orders; ``preemption_state``: the job's preemption state, which its signal
+    handlers set and its reports pass on (None: no signal reaches this worker)."""
 
     # What trains a round; a test substitutes a subclass that records what each round trained.
     training_type: type[LocalTraining] = LocalTraining
@@ -66,7 +66,7 @@ class Worker:
         self.cfg = cfg
         self.rank = link.rank
         self.log = get_logger()
-        self.preemption = preemption() if preemption_state is None else preemption_state
+        self.preemption = Preemption() if preemption_state is None else preemption_state
         model = rebuild_model(plan.model)
         ensure_built(model)
         # The block (and, with increment, each round's draw) comes from the data placement.

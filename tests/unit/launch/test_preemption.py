@@ -12,13 +12,14 @@ import pytest
 from local_job import run_local_job
 
 from mpi_trainer.persistence.checkpoint import load_checkpoint
-from mpi_trainer.persistence.preemption import preemption
+from mpi_trainer.persistence.preemption import Preemption
 
 
 @pytest.fixture
 def watch():
-    yield preemption()
-    preemption().uninstall()
+    state = Preemption()
+    yield state
+    state.uninstall()
 
 
 def test_the_signal_is_noted_and_the_grace_timer_ends_the_job(watch):
@@ -41,9 +42,9 @@ def test_a_preempted_run_checkpoints_the_round_under_way_and_is_not_complete(tmp
 
     # the signal arrives while round 1 closes
     signal_cb = keras.callbacks.LambdaCallback(
-        on_epoch_end=lambda epoch, logs=None: epoch == 1 and preemption().request("SIGTERM"))
-    job = run_local_job(tmp_path, workers=2, callbacks=[signal_cb], train={"epochs": 5, "batch_size": 64},
-                        checkpoint={"every_seconds": 0})
+        on_epoch_end=lambda epoch, logs=None: epoch == 1 and watch.request("SIGTERM"))
+    job = run_local_job(tmp_path, workers=2, callbacks=[signal_cb], preemption=watch,
+                        train={"epochs": 5, "batch_size": 64}, checkpoint={"every_seconds": 0})
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["stop_reason"] == "preempted" and summary["completed"] is False
     assert [int(r["round"]) for r in job.rounds()] == [0, 1]

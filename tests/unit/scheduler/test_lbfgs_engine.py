@@ -19,9 +19,10 @@ from mpi_trainer.data.partition import block_bounds
 from mpi_trainer.data.sources import load_dataset
 from mpi_trainer.errors import WorkerFailure
 from mpi_trainer.models import build_model
-from mpi_trainer.persistence.preemption import preemption
+from mpi_trainer.persistence.preemption import Preemption
 from mpi_trainer.persistence.resume import load_resume_state
 from mpi_trainer.persistence.run_files import read_rounds
+from mpi_trainer.persistence.run_record import RunContext
 from mpi_trainer.scheduler.lbfgs import LbfgsScheduler
 from mpi_trainer.worker.lbfgs import LbfgsWorker
 
@@ -66,7 +67,8 @@ class InProcessTransport:
             buf += part
 
 
-def make_engine(run_dir: Path, overrides: dict, resume: bool = False, stall: bool = False) -> LbfgsScheduler:
+def make_engine(run_dir: Path, overrides: dict, resume: bool = False, stall: bool = False,
+                preemption: Preemption | None = None) -> LbfgsScheduler:
     table = {"data": {"source": "digits", "validation_size": 0.0},
              "model": {"name": "softmax_regression", "optimizer": "lbfgs"}, **overrides}
     cfg = config_from_dict(table)
@@ -81,7 +83,7 @@ def make_engine(run_dir: Path, overrides: dict, resume: bool = False, stall: boo
     state = load_resume_state(run_dir, cfg.to_dict()) if resume else None
     run_dir.mkdir(exist_ok=True)
     return LbfgsScheduler(SchedulerLink(InProcessTransport(workers, stall)), cfg, dataset, model, plan, run_dir,
-                          resume=state)
+                          resume=state, context=RunContext(preemption=preemption))
 
 
 @pytest.fixture(scope="module")
@@ -167,19 +169,20 @@ def test_early_stopping_keeps_the_best_iterate(tmp_path):
 
 def test_a_preemption_checkpoints_the_iterate_tells_the_workers_and_resumes_after_it(tmp_path):
     run_dir = tmp_path / "run"
-    engine = make_engine(run_dir, {"train": {"epochs": 5}})
+    watch = Preemption()
+    engine = make_engine(run_dir, {"train": {"epochs": 5}}, preemption=watch)
     record = engine.record
 
     def record_then_signal(row: dict) -> None:  # the signal arrives while iteration 1 is recorded
         record(row)
         if int(row["round"]) == 1:
-            preemption().request("SIGTERM")
+            watch.request("SIGTERM")
 
     engine.record = record_then_signal
     try:
         summary = engine.run()
     finally:
-        preemption().uninstall()
+        watch.uninstall()
     assert summary["stop_reason"] == "preempted" and summary["completed"] is False
     assert [int(r["round"]) for r in read_rounds(run_dir / "rounds.csv")] == [0, 1]
     with h5py.File(run_dir / "checkpoint.h5") as handle:
