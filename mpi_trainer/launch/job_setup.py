@@ -275,7 +275,7 @@ def log_plan(plan: JobPlan, dataset: Dataset) -> None:
 def resolve_stream(transport: Transport, cfg: Config) -> Config:
     """``data.stream = "auto"`` decided (:mod:`mpi_trainer.data.memory`): every rank estimates whether a
     worker's block fits its memory, and the job streams when any rank's would not. Logged on rank 0."""
-    if cfg.data.stream != "auto":
+    if not cfg.data.stream_auto:
         return cfg
     from mpi_trainer.data.memory import StreamDecision, decide
 
