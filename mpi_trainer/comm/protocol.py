@@ -138,12 +138,14 @@ class SchedulerLink:
         return self.transport.recv_array(out, source=worker, tag=_TAG_WEIGHTS, timeout=timeout)
 
     def send_state(self, worker: int, vector: np.ndarray) -> None:
-        self.transport.send_object(vector, worker, _TAG_STATE)
+        """A worker's optimizer state vector (a resume), as raw bytes: no pickled copy of it on either side."""
+        self.transport.send_large_array(vector, worker, _TAG_STATE)
 
     def request_state(self, worker: int, timeout: float | None) -> Received:
-        """A worker's optimizer state vector, for the checkpoint."""
+        """A worker's optimizer state vector, for the checkpoint, received into one array of its size."""
         self.send_order(worker, SendOptimizerOrder())
-        return self.transport.recv_object(worker, _TAG_STATE, timeout=timeout)
+        vector = self.transport.recv_large_array(worker, _TAG_STATE, timeout=timeout)
+        return Received(vector, worker, vector.nbytes)
 
     def send_rows(self, worker: int, rows: RowArrays, timeout: float | None = None) -> int:
         """Training rows (``positions``, ``x``, ``y``), in chunks below MPI's message limit; returns their bytes."""
@@ -255,11 +257,10 @@ class WorkerLink:
         self.transport.recv_array(out, source=0, tag=_TAG_WEIGHTS)
 
     def recv_state(self) -> np.ndarray:
-        vector: np.ndarray = self.transport.recv_object(0, _TAG_STATE).payload
-        return vector
+        return self.transport.recv_large_array(0, _TAG_STATE)
 
     def send_state(self, vector: np.ndarray) -> None:
-        self.transport.send_object(vector, 0, _TAG_STATE)
+        self.transport.send_large_array(vector, 0, _TAG_STATE)
 
     def recv_rows(self) -> Rows:
         return Rows(*(self.transport.recv_large_array(0, _TAG_DATA) for _ in range(3)))

@@ -28,8 +28,15 @@ def ensure_built(model: Any) -> None:
 
 
 def state_vector(optimizer: Any) -> np.ndarray:
-    parts = [np.ravel(np.asarray(v.numpy(), dtype=np.float32)) for v in _state_variables(optimizer)]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+    """The optimizer's state in one float32 vector, filled variable by variable (no second copy of it)."""
+    variables = _state_variables(optimizer)
+    vector = np.empty(sum(int(np.prod(v.shape)) for v in variables), dtype=np.float32)
+    offset = 0
+    for variable in variables:
+        values = np.ravel(np.asarray(variable.numpy()))
+        vector[offset:offset + values.size] = values
+        offset += values.size
+    return vector
 
 
 def load_state_vector(optimizer: Any, flat: np.ndarray) -> None:
