@@ -64,7 +64,7 @@ def init(*, device: str | None = None, scheduler_device: str | None = None, thre
     keep this placement (a config asking for another fails every rank). Calling it again is harmless.
     Without ``mpirun`` (one process) it places nothing: the script then runs as plain Keras.
     """
-    from mpi_trainer.comm.transport import Transport, abort_on_error
+    from mpi_trainer.comm.transport import Transport, abort_on_error, install_abort_on_error
     from mpi_trainer.launch.job import load_config_everywhere, quiet_backend, start_rank
 
     quiet_backend()
@@ -76,6 +76,9 @@ def init(*, device: str | None = None, scheduler_device: str | None = None, thre
     with abort_on_error(transport), _refused_together(transport):
         cfg = load_config_everywhere(transport, None, [(k, v) for k, v in given.items() if v is not None])
         _, placements = start_rank(transport, cfg)
+    # The script's code up to fit is part of the job: a rank that fails there ends every rank at once,
+    # not after fit's set-up bound; fit puts back the script's own hook when it returns.
+    install_abort_on_error(transport)
     mine = placements[transport.rank]
     return Rank(transport.rank, transport.size, transport.host, mine.device, mine.threads, mine.cores)
 

@@ -115,12 +115,13 @@ def abort_on_error(transport: RankTransport) -> Iterator[None]:
     (:func:`install_abort_on_error`).
 
     Leaving it normally, or with input that every rank refused together
-    (:class:`~mpi_trainer.errors.AgreedInputError`, which ends each rank by itself), puts back the hook
-    that was there before: the script's own code after the job is its own. Any other exception keeps
-    the abort hook as it leaves: should the script not catch it, the interpreter calls the hook only
-    after this block is gone, and the other ranks must still be ended.
+    (:class:`~mpi_trainer.errors.AgreedInputError`, which ends each rank by itself), puts back the
+    script's own hook (the one before any abort hook, such as the one ``init()`` leaves until ``fit``
+    ends): the script's own code after the job is its own. Any other exception keeps the abort hook
+    as it leaves: should the script not catch it, the interpreter calls the hook only after this
+    block is gone, and the other ranks must still be ended.
     """
-    entered = sys.excepthook
+    entered = getattr(sys.excepthook, "previous", sys.excepthook)
     install_abort_on_error(transport)
     try:
         yield

@@ -101,6 +101,18 @@ def test_the_abort_hook_lasts_the_job_and_an_escaping_error_keeps_it(monkeypatch
     assert sys.excepthook.previous is users_hook  # uncaught, it must still end every rank
 
 
+def test_the_abort_hook_init_leaves_for_the_scripts_code_before_fit_ends_with_fit(monkeypatch):
+    def users_hook(*args):
+        pass
+
+    monkeypatch.setattr(sys, "excepthook", users_hook)
+    transport = single_rank()
+    install_abort_on_error(transport)  # as init() leaves it: a rank failing before fit ends every rank
+    with abort_on_error(transport):  # fit
+        assert sys.excepthook.previous is users_hook
+    assert sys.excepthook is users_hook  # after fit, the script's own hook
+
+
 def test_each_worker_of_a_node_keeps_to_its_own_run_of_cores():
     node = [0, 1, 2, 3, 4]  # the scheduler and four workers filling 8 cores, 2 threads each
     cores = list(range(8))
