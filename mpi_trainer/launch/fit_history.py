@@ -20,7 +20,8 @@ def history_everywhere(transport: Any, model: Any, finished: Any) -> Any:
     outcome = _outcome(finished) if transport.rank == 0 else None
     outcome = transport.bcast_object(outcome)
     target = model if isinstance(model, keras.Model) else _rank_model(finished)
-    _take_weights(target, outcome)
+    _prepare(target, outcome)
+    _share_weights(transport, _rank_model(finished) if transport.rank == 0 else None, target, outcome["weights"])
     history = keras.callbacks.History()
     history.history, history.epoch = outcome["history"], outcome["epoch"]
     history.set_model(target)
@@ -50,7 +51,9 @@ def _outcome(finished: Any) -> dict[str, Any]:
                 history.setdefault(key, []).append(value)
     return {"history": {k: [float(v) for v in values] for k, values in history.items()}, "epoch": list(epoch),
             "rounds": {key: [float(row[key]) for row in rounds] for key in numeric},
-            "summary": summary, "run_dir": str(engine.run_dir), "weights": model.get_weights(),
+            "summary": summary, "run_dir": str(engine.run_dir),
+            # each weight's shape and dtype: the values follow as raw arrays (_share_weights), not pickled
+            "weights": [(tuple(v.shape), np.dtype(str(v.dtype)).str) for v in model.weights],
             # a complete run read back (nothing trained) has neither plan nor dataset
             "spec": getattr(getattr(engine, "plan", None), "model", None),
             "input_shape": tuple(getattr(getattr(engine, "dataset", None), "input_shape", None)
@@ -66,8 +69,8 @@ def _rank_model(finished: Any) -> Any:
     return getattr(finished, "model", None)
 
 
-def _take_weights(model: Any, outcome: dict[str, Any]) -> None:
-    """Build (an unbuilt model), compile (as the job did, unless the script compiled it) and load the final weights."""
+def _prepare(model: Any, outcome: dict[str, Any]) -> None:
+    """Build (an unbuilt model) and compile it (as the job did, unless the script compiled it)."""
     from mpi_trainer.models import compile_model
 
     if model is None:
@@ -77,7 +80,20 @@ def _take_weights(model: Any, outcome: dict[str, Any]) -> None:
     spec = outcome["spec"]
     if getattr(model, "optimizer", None) is None and spec is not None and spec.optimizer is not None:
         compile_model(model, spec)
-    model.set_weights(outcome["weights"])
+
+
+def _share_weights(transport: Any, source: Any, target: Any, specs: list[tuple[tuple[int, ...], str]]) -> None:
+    """Rank 0's final weights (``source``'s) into every rank's ``target``, one array at a time: no rank holds
+    a second copy of the whole model, pickled or not. Every rank takes part in every broadcast."""
+    if target is not None and len(target.weights) != len(specs):
+        raise ValueError(f"the model holds {len(target.weights)} weight arrays, the job's final weights "
+                         f"{len(specs)}")
+    for index, (shape, dtype) in enumerate(specs):
+        values = (np.ascontiguousarray(source.weights[index].numpy()) if source is not None
+                  else np.empty(shape, np.dtype(dtype)))
+        transport.broadcast(values)
+        if target is not None and target is not source:
+            target.weights[index].assign(values)
 
 
 def _is_number(value: Any) -> bool:

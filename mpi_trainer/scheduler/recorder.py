@@ -322,12 +322,15 @@ class RoundRecorder:
         the summary."""
         kept, final = self.final_weights(weights)
         self.kept_weights = kept
+        if self.needs_final_checkpoint():
+            self.checkpoint(self.last_round, kept, saved)
+        # written: the workers' optimizer states (twice the model each under Adam) are let go before the
+        # model takes the final weights
+        saved.optimizer_states.clear()
         self.model.set_weights(self.codec.unflatten(kept))
         preempted = self.state.stop_reason == StopReason.PREEMPTED
         if not preempted:  # a preempted run has no final weights yet; its checkpoint carries it on
             save_weights_atomic(self.model, self.run_dir / FINAL_WEIGHTS_NAME)
-        if self.needs_final_checkpoint():
-            self.checkpoint(self.last_round, kept, saved)
         summary = self.summary(final)
         write_json_atomic(self.run_dir / SUMMARY_NAME, summary)
         if preempted:
