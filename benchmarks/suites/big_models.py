@@ -122,3 +122,33 @@ def comparisons(quick: bool) -> list[Comparison]:
               f"Keras `fit` of the model in one process (`benchmarks.plain_keras --epochs 1`) + "
               f"{WORKER_COPIES}x the model.",
     )]
+
+
+def conclude(tables: list[dict]) -> list[str]:
+    """Per size: the outer step against the floor, each wire's communication, and every rank's peak against
+    its budget."""
+    lines = []
+    for table in tables:
+        rows = table["rows"]
+        if "budget0" not in table["columns"]:
+            continue
+        for size in SIZES:
+            named = {name.split(", ", 1)[1]: figures for name, figures in rows.items()
+                     if name.startswith(f"{size.upper()} parameters, ")}
+            if named:
+                lines.append(size_line(size, {name: {k: v["median"] for k, v in f.items()} for name, f in
+                                              named.items()}))
+    return lines
+
+
+def size_line(size: str, rows: dict[str, dict[str, float]]) -> str:
+    """One size's findings from its rows (``"<wire> wire, outer <outer>"`` -> figure -> median)."""
+    nesterov = rows.get("float32 wire, outer nesterov", {})
+    wires = ", ".join(f"{wire} {rows[f'{wire} wire, outer nesterov']['comm']:.3g} s"
+                      for wire in (*WIRES, "auto") if f"{wire} wire, outer nesterov" in rows)
+    rank0 = max(rows.values(), key=lambda f: f["rss0"] - f["budget0"])
+    worker = max(rows.values(), key=lambda f: f["rss_workers"] - f["budget_workers"])
+    return (f"At {size.upper()} parameters the outer Nesterov step took {nesterov.get('ratio', float('nan')):.2g}x "
+            f"the MPI floor (target 0.5x); a round's communication under Nesterov: {wires}; peak RSS: rank 0 up "
+            f"to {rank0['rss0']:.2f} GB against a budget of {rank0['budget0']:.2f} GB, a worker up to "
+            f"{worker['rss_workers']:.2f} GB against {worker['budget_workers']:.2f} GB.")
