@@ -75,3 +75,61 @@ class RankAccounting:
         if self.hosts:
             self.hosts = [self.hosts[rank] for rank in survivors]
         return shrunk
+
+
+class AccountedRank:
+    """A transport's rank as its :class:`RankAccounting` tells it: who it is and what it spent. Both
+    transports are one (each holds its ``accounting``)."""
+
+    accounting: RankAccounting
+
+    @property
+    def rank(self) -> int:
+        return self.accounting.rank
+
+    @property
+    def size(self) -> int:
+        return self.accounting.size
+
+    @property
+    def workers(self) -> int:
+        return self.size - 1
+
+    @property
+    def host(self) -> str:
+        return self.accounting.host
+
+    @property
+    def world_rank(self) -> int:
+        return self.accounting.world_rank
+
+    @property
+    def world_ranks(self) -> list[int]:
+        return self.accounting.world_ranks
+
+    @property
+    def hosts(self) -> list[str] | None:
+        return self.accounting.hosts
+
+    @hosts.setter
+    def hosts(self, hosts: list[str] | None) -> None:
+        self.accounting.hosts = hosts
+
+    @property
+    def wait_wall_seconds(self) -> float:
+        return self.accounting.wait_wall_seconds
+
+    @property
+    def wait_cpu_seconds(self) -> float:
+        return self.accounting.wait_cpu_seconds
+
+    @property
+    def total_bytes_sent(self) -> int:
+        return self.accounting.total_bytes_sent
+
+    def describe(self) -> str:
+        return self.accounting.describe()
+
+    def take_bytes(self) -> int:
+        """Bytes this rank sent since the previous call."""
+        return self.accounting.take_bytes()

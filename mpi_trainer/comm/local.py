@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from mpi_trainer.comm.accounting import RankAccounting, Received, Shrunk
+from mpi_trainer.comm.accounting import AccountedRank, RankAccounting, Received, Shrunk
 from mpi_trainer.errors import PeerFailure, RankLost
 
 _ANY = -1
@@ -159,7 +159,7 @@ class LocalWorld:
         self.cond.notify_all()
 
 
-class LocalTransport:
+class LocalTransport(AccountedRank):
     """One rank's end of a :class:`LocalWorld`, with :class:`~mpi_trainer.comm.transport.Transport`'s verbs."""
 
     def __init__(self, world: LocalWorld, rank: int) -> None:
@@ -169,50 +169,6 @@ class LocalTransport:
         self.bound: float | None = None  # seconds a wait without a timeout of its own may last (None: for ever)
         self.phase = "set-up"  # what this rank is doing, named when a wait runs out
         self._sequence = 0  # this rank's count of collective calls, to match them across ranks
-
-    # -- who this rank is (its accounting's) ------------------------------------------
-    @property
-    def rank(self) -> int:
-        return self.accounting.rank
-
-    @property
-    def size(self) -> int:
-        return self.accounting.size
-
-    @property
-    def host(self) -> str:
-        return self.accounting.host
-
-    @property
-    def world_rank(self) -> int:
-        return self.accounting.world_rank
-
-    @property
-    def world_ranks(self) -> list[int]:
-        return self.accounting.world_ranks
-
-    @property
-    def hosts(self) -> list[str] | None:
-        return self.accounting.hosts
-
-    @property
-    def workers(self) -> int:
-        return self.size - 1
-
-    @property
-    def wait_wall_seconds(self) -> float:
-        return self.accounting.wait_wall_seconds
-
-    @property
-    def wait_cpu_seconds(self) -> float:
-        return self.accounting.wait_cpu_seconds
-
-    def describe(self) -> str:
-        return self.accounting.describe()
-
-    def take_bytes(self) -> int:
-        """Bytes this rank sent since the previous call."""
-        return self.accounting.take_bytes()
 
     def _limit(self, timeout: float | None) -> float | None:
         """A verb's own ``timeout``, else the transport's ``bound``."""

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
-from mpi_trainer.comm.accounting import RankAccounting, Received, Shrunk
+from mpi_trainer.comm.accounting import AccountedRank, RankAccounting, Received, Shrunk
 from mpi_trainer.comm.failures import (
     FAILURE_CLASSES,
     NOTICE_CHARS,
@@ -87,7 +87,7 @@ def surfacing_failures(verb: Callable[Concatenate[Transport, P], R]) -> Callable
     return wrapper
 
 
-class Transport:
+class Transport(AccountedRank):
     """MPI verbs for one rank, with byte counters and non-spinning waits.
 
     ``max_sleep = 0`` turns every wait into a plain blocking MPI call (no
@@ -113,58 +113,6 @@ class Transport:
         self.announce_bytes = ANNOUNCE_BYTES
         self._failure_classes = {getattr(MPI, name) for name in FAILURE_CLASSES if hasattr(MPI, name)}
         self._guard: StuckGuard | None = None
-
-    # -- who this rank is (its accounting's) ------------------------------------
-    @property
-    def rank(self) -> int:
-        return self.accounting.rank
-
-    @property
-    def size(self) -> int:
-        return self.accounting.size
-
-    @property
-    def host(self) -> str:
-        return self.accounting.host
-
-    @property
-    def world_rank(self) -> int:
-        return self.accounting.world_rank
-
-    @property
-    def world_ranks(self) -> list[int]:
-        return self.accounting.world_ranks
-
-    @property
-    def hosts(self) -> list[str] | None:
-        return self.accounting.hosts
-
-    @hosts.setter
-    def hosts(self, hosts: list[str] | None) -> None:
-        self.accounting.hosts = hosts
-
-    @property
-    def workers(self) -> int:
-        return self.size - 1
-
-    @property
-    def wait_wall_seconds(self) -> float:
-        return self.accounting.wait_wall_seconds
-
-    @property
-    def wait_cpu_seconds(self) -> float:
-        return self.accounting.wait_cpu_seconds
-
-    @property
-    def total_bytes_sent(self) -> int:
-        return self.accounting.total_bytes_sent
-
-    def describe(self) -> str:
-        return self.accounting.describe()
-
-    def take_bytes(self) -> int:
-        """Bytes this rank sent since the previous call."""
-        return self.accounting.take_bytes()
 
     def _limit(self, timeout: float | None) -> float | None:
         """A verb's own ``timeout``, else the transport's ``bound``."""
