@@ -33,9 +33,10 @@ def state_vector(optimizer: Any) -> np.ndarray:
     vector = np.empty(sum(int(np.prod(v.shape)) for v in variables), dtype=np.float32)
     offset = 0
     for variable in variables:
-        values = np.ravel(np.asarray(variable.numpy()))
-        vector[offset:offset + values.size] = values
-        offset += values.size
+        size = int(np.prod(variable.shape))
+        # one variable's host copy at a time: it is freed once copied in
+        vector[offset:offset + size] = np.ravel(np.asarray(variable.numpy()))
+        offset += size
     return vector
 
 

@@ -13,9 +13,11 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from mpi_trainer.algorithms.early_stopping import EarlyStopping
 from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
 from mpi_trainer.algorithms.passes import all_finite
 from mpi_trainer.comm.wire_dtype import WireFormat
+from mpi_trainer.persistence.optimizer_state import state_vector
 
 SIZE = 1_000_000  # 4 MB of float32
 MODEL_BYTES = SIZE * 4
@@ -70,3 +72,39 @@ def test_a_16_bit_sum_holds_segments_not_copies(monkeypatch, name):
     # two segments of three ranks (3/16 of a model here); one 16-bit copy of a contribution would be half
     assert peak_bytes(lambda: wire.sum_to_root(root, summed)) < MODEL_BYTES / 3
     np.testing.assert_array_equal(summed, np.ones(SIZE, np.float32))
+
+
+def test_a_new_best_round_is_copied_into_the_best_weights_held():
+    early, weights = EarlyStopping("test_accuracy"), np.zeros(SIZE, np.float32)
+    early.update(0, 0.5, weights)  # the first best allocates its copy
+    held = early.best_weights
+    weights += 1
+    assert peak_bytes(lambda: early.update(1, 0.6, weights)) < MODEL_BYTES / 8
+    assert early.best_weights is held and early.best_round == 1
+    np.testing.assert_array_equal(held, weights)
+    weights += 1  # the copy is the best round's, not a view of the global weights
+    assert held[0] == 1
+
+
+class Variable:
+    def __init__(self, values: np.ndarray, path: str) -> None:
+        self.values, self.path, self.shape = values, path, values.shape
+
+    def numpy(self) -> np.ndarray:
+        return self.values.copy()  # as a backend's variable does: a host copy
+
+
+class Optimizer:
+    def __init__(self) -> None:
+        moments = [np.full((SIZE // 8, 2), rank, np.float32) for rank in range(4)]
+        self.variables = [Variable(np.float32(0.1), "learning_rate"), Variable(np.int64(3), "iterations"),
+                          *(Variable(m, f"m{i}") for i, m in enumerate(moments))]
+
+
+def test_an_optimizer_state_vector_is_filled_variable_by_variable():
+    optimizer = Optimizer()
+    vector = state_vector(optimizer)
+    assert vector.size == 1 + SIZE and vector[0] == 3 and vector[-1] == 3
+    state_bytes = vector.nbytes
+    # the vector and one variable's host copy at a time, not every copy and then their concatenation
+    assert peak_bytes(lambda: state_vector(optimizer)) < state_bytes * 1.3
