@@ -7,6 +7,7 @@ source "$ROOT/scripts/setup_env.sh" test,jax
 cd "$ROOT"
 "$ROOT/.venv/bin/ruff" check mpi_trainer tests scripts benchmarks
 "$ROOT/.venv/bin/mypy"  # the package, under the settings in setup.cfg [mypy]
-# One test process per core, at most 4 (each holds a TensorFlow); the examples' corpus stays in one
-# process (its two jobs are shared by its tests). Arguments given later win: -n 0 runs in this process.
-exec "$ROOT/.venv/bin/python" -m pytest -q --numprocesses auto --maxprocesses 4 --dist loadgroup "$@"
+# One test process per core, at most 4 (each holds a TensorFlow), each taking whole files: a file's
+# module fixtures (the examples' corpus and its two jobs) run once. Arguments given later win: -n 0
+# runs everything in this process.
+exec "$ROOT/.venv/bin/python" -m pytest -q --numprocesses auto --maxprocesses 4 --dist loadfile "$@"

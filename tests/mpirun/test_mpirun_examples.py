@@ -13,9 +13,6 @@ from conftest import ROOT
 
 from mpi_trainer.launch.mpirun import mpirun_command
 
-# Under pytest-xdist the module's tests share one test process: the corpus's jobs run once.
-pytestmark = pytest.mark.xdist_group("examples")
-
 # Examples with checks of their own: run in the corpus's mpirun job, with these command lines.
 CHECKED = {
     "test_the_examples_train_under_mpirun": ["horovod_keras_mnist.py --epochs 2",
