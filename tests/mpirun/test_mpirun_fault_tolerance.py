@@ -1,4 +1,5 @@
-"""Real ``mpirun`` jobs that fail on purpose: a killed worker, a stopped worker, NaN weights, resumes."""
+"""Real ``mpirun`` jobs that fail on purpose: a worker killed under ``launch`` and resumed, a stopped worker.
+(NaN policies and an elastic resume run in one process: tests/unit/scheduler/test_nan_policies.py.)"""
 
 from __future__ import annotations
 
@@ -88,37 +89,3 @@ def test_stopped_worker_ends_the_job_naming_its_rank(tmp_path):
         assert "did not complete within" in output and "a peer stopped inside it" in output, output
     assert not psutil.pid_exists(stopped) or psutil.Process(stopped).status() == psutil.STATUS_ZOMBIE
 
-
-def test_nan_policies_and_an_elastic_resume(tmp_path):
-    """(e) NaN in one worker's weights: stop keeps the best, rollback halves the learning rate;
-    (c) the rolled-back run resumes on fewer workers. (A resume with another model is refused:
-    tests/unit/persistence/test_fault_tolerance.py; a resume inside the sync warm-up:
-    tests/unit/scheduler/test_sync_schedule.py.)"""
-    nan = ["--set", "debug.nan_rank=1", "--set", "debug.nan_round=2", "--set", "checkpoint.every=1"]
-    stopped = run_mpi(3, ["train", *QUICK, *nan, "--set", "train.epochs=6"], tmp_path / "stop")
-    assert stopped.returncode == 0, stopped.output
-    summary = stopped.summary()
-    assert summary["stop_reason"] == "nan" and summary["rounds_completed"] == 2
-    assert summary["final_test_accuracy"] == summary["best_test_accuracy"]
-    assert "non-finite weights from worker rank(s) [1]; stopping" in stopped.output
-
-    rollback = ["--set", "train.nan_policy=rollback"]
-    rolled = run_mpi(3, ["train", *QUICK, *nan, *rollback, "--set", "train.epochs=8",
-                         "--set", "train.max_steps=190"], tmp_path / "rollback")
-    assert rolled.returncode == 0, rolled.output
-    summary = rolled.summary()
-    assert summary["stop_reason"] == "max_steps" and summary["steps"] == 190
-    assert [int(r["round"]) for r in rolled.rounds()] == [0, 1, 2, 3, 4]
-    assert summary["learning_rate"] == 0.0015 and summary["rollbacks"][0]["checkpoint_round"] == 1
-    assert "rolled back to the checkpoint of round 1, learning rate 0.003 -> 0.0015" in rolled.output
-
-    resumed = run_mpi(2, ["train", *QUICK, *nan, *rollback, "--set", "train.epochs=7", "--resume"],
-                      tmp_path / "rollback")
-    assert resumed.returncode == 0, resumed.output
-    after = resumed.summary()
-    assert [int(r["round"]) for r in resumed.rounds()] == list(range(7))
-    assert after["workers"] == 1 and after["rounds_completed"] == 7 and after["resumed_after_round"] == 4
-    assert after["steps"] == 190 + 2 * 41
-    assert after["traffic_bytes"] > summary["traffic_bytes"]
-    assert after["wall_seconds"] > summary["wall_seconds"]
-    assert len(after["rollbacks"]) == 1 and after["learning_rate"] == 0.0015

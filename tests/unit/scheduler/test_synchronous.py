@@ -49,6 +49,9 @@ def test_best_keeps_the_elected_workers_weights_exactly(tmp_path):
     np.testing.assert_array_equal(job.engine.weights, dict((r.rank, w) for r, w in trained)[winner])
     (row,) = job.rounds()
     assert row["winner"] == str(winner)
+    # down: one broadcast copy per worker; up: the winner's weights alone, plus small messages
+    model_bytes = job.summary["model_bytes"]
+    assert 4 * model_bytes <= int(row["bytes"]) < 4 * model_bytes + 20_000
 
 
 @pytest.mark.parametrize("method", ["average", "weighted", "best"])
