@@ -1,4 +1,4 @@
-"""A script for ``mpi-trainer launch -n 3 --run-dir D -- python tests/mpirun/launch_fit_job.py``.
+"""A script for ``mpi-trainer launch -n 2 --run-dir D -- python tests/mpirun/launch_fit_job.py``.
 
 It names no run directory: ``fit`` takes the launcher's. Eight rounds of digits, a short sleep
 after every batch so that a test can kill a worker mid-run, a checkpoint every 2 rounds.
@@ -25,6 +25,6 @@ def classifier(input_shape, num_outputs):
 
 x, y = load_digits(return_X_y=True)
 history = mpi_trainer.fit(classifier, x / 16.0, y, epochs=8, batch_size=32,
-                          overrides={"log.plots": False, "debug.batch_delay": 0.04, "checkpoint.every": 2})
+                          overrides={"log.plots": False, "debug.batch_delay": 0.02, "checkpoint.every": 2})
 if placed.is_scheduler:
     print(json.dumps({"rounds": len(history.rounds["round"]), "run_dir": str(history.run_dir)}), flush=True)
