@@ -1,8 +1,12 @@
 """The script test_mpirun_api.py runs under ``mpirun -n 3``: ``mpi_trainer.fit`` as a user calls it.
 
-    python tests/mpirun/fit_job.py RUN_DIR shared | scattered | keras | refusals | built | init_built | caught
+    python tests/mpirun/fit_job.py RUN_DIR MODE[,MODE...]
+    MODE: shared | scattered | keras | refusals | built | init_built | caught
 
-Every rank prints one JSON line, ``{"rank": r, "result": ...}``, with what ``fit`` returned there.
+Every rank prints one JSON line per mode, ``{"rank": r, "mode": m, "result": ...}``, with what ``fit``
+returned there. Several modes run one after another in the same processes, as a script that calls
+``fit`` more than once does, each in ``RUN_DIR/<mode>`` (``built`` and ``init_built`` end the process:
+they run alone).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import keras
 from mpi4py import MPI
@@ -157,13 +162,14 @@ def built_model(mode: str, run_dir: str, x, y, overrides: dict) -> dict | None:
     model.predict(x[:2], verbose=0)
     history = mpi_trainer.fit(model, x, y, epochs=2, run_dir=run_dir, overrides=overrides)
     out = {"summary": history.summary}
-    print(json.dumps({"rank": MPI.COMM_WORLD.Get_rank(), "result": out}), flush=True)
+    print(json.dumps({"rank": MPI.COMM_WORLD.Get_rank(), "mode": mode, "result": out}), flush=True)
     if mode == "init_built":  # a process placed at 1 thread cannot train a job at 2
         mpi_trainer.fit(model, x, y, epochs=1, run_dir=run_dir + "-again", overrides={**overrides, "train.threads": 2})
     sys.exit(0)
 
 
 if __name__ == "__main__":
-    rank = MPI.COMM_WORLD.Get_rank()
-    out = run(sys.argv[2], sys.argv[1], rank)
-    print(json.dumps({"rank": rank, "result": out}), flush=True)
+    rank, modes = MPI.COMM_WORLD.Get_rank(), sys.argv[2].split(",")
+    for mode in modes:
+        out = run(mode, sys.argv[1] if len(modes) == 1 else str(Path(sys.argv[1]) / mode), rank)
+        print(json.dumps({"rank": rank, "mode": mode, "result": out}), flush=True)

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -16,21 +17,46 @@ from mpi_trainer.launch.mpirun import find_mpirun
 JOB = ROOT / "tests" / "mpirun" / "fit_job.py"
 
 
-def run_fit(run_dir, mode: str, timeout: float = 240, **env_vars: str) -> tuple[int, dict[int, dict], str]:
+def run_fits(run_dir, modes: str, timeout: float = 240,
+             **env_vars: str) -> tuple[int, dict[str, dict[int, dict]], str]:
+    """``fit_job.py`` under ``mpirun -n 3`` with ``modes`` (comma-separated); what each rank printed, by
+    mode and rank."""
     command = [find_mpirun(), "-n", "3", "--oversubscribe", "--bind-to", "none"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         command.append("--allow-run-as-root")
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **env_vars}
-    proc = subprocess.run([*command, sys.executable, str(JOB), str(run_dir), mode], cwd=ROOT, env=env,
+    proc = subprocess.run([*command, sys.executable, str(JOB), str(run_dir), modes], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"rank"')]
-    return proc.returncode, {line["rank"]: line["result"] for line in lines}, proc.stdout + proc.stderr
+    results: dict[str, dict[int, dict]] = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith('{"rank"'):
+            printed = json.loads(line)
+            results.setdefault(printed["mode"], {})[printed["rank"]] = printed["result"]
+    return proc.returncode, results, proc.stdout + proc.stderr
 
 
-def test_fit_returns_the_same_history_and_trained_model_on_every_rank_and_a_callback_stops_them(tmp_path):
-    code, results, output = run_fit(tmp_path / "run", "shared")
+def run_fit(run_dir, mode: str, timeout: float = 240, **env_vars: str) -> tuple[int, dict[int, dict], str]:
+    code, results, output = run_fits(run_dir, mode, timeout, **env_vars)
+    return code, results.get(mode, {}), output
+
+
+# One job runs these one after another in the same processes, each in its own run directory (a script
+# may call fit more than once): a refusal on every rank, then two trainings and a Keras script.
+SCRIPTED = ("refusals", "shared", "scattered", "keras")
+
+
+@pytest.fixture(scope="module")
+def scripted(tmp_path_factory) -> tuple[dict[str, dict[int, dict]], str, Path]:
+    """What each rank's fit returned in each of the SCRIPTED modes, the job's output and its directory."""
+    base = tmp_path_factory.mktemp("scripted")
+    code, results, output = run_fits(base, ",".join(SCRIPTED), timeout=480)
     assert code == 0, output
-    assert sorted(results) == [0, 1, 2]
+    return results, output, base
+
+
+def test_fit_returns_the_same_history_and_trained_model_on_every_rank_and_a_callback_stops_them(scripted):
+    results, output, base = scripted[0]["shared"], scripted[1], scripted[2]
+    assert sorted(results) == [0, 1, 2], output
     result = results[0]
     assert result["epochs_seen"] == [0, 1] and result["summary"]["stop_reason"] == "callback"
     history = result["history"]
@@ -41,14 +67,13 @@ def test_fit_returns_the_same_history_and_trained_model_on_every_rank_and_a_call
     for worker in (1, 2):  # every rank: the same History, the same final weights in its own model
         assert results[worker]["history"] == history and results[worker]["run_dir"] == result["run_dir"]
         assert abs(results[worker]["model_loss"] - result["model_loss"]) < 1e-6
-    log = (tmp_path / "run" / "train.log").read_text()
+    log = (base / "shared" / "train.log").read_text()
     assert "scatter: sent" not in log  # both workers had the arrays: only block bounds travelled
     assert "fit: 1797 training rows (arrays), in 2 shares of 29 batches an epoch; no validation data" in log
 
 
-def test_a_keras_script_ports_unchanged_early_stopping_restores_the_best_round_and_workers_follow_the_lr(tmp_path):
-    code, results, output = run_fit(tmp_path / "run", "keras")
-    assert code == 0, output
+def test_a_keras_script_ports_unchanged_early_stopping_restores_the_best_round_and_workers_follow_the_lr(scripted):
+    results = scripted[0]["keras"]
     result = results[0]
     history = result["history"]
     # LearningRateScheduler adds learning_rate to the logs, as in model.fit
@@ -63,9 +88,9 @@ def test_a_keras_script_ports_unchanged_early_stopping_restores_the_best_round_a
     assert rates == pytest.approx([0.4, 0.4] + [0.8] * (len(rates) - 2)), rates
 
 
-def test_what_fit_refuses_fails_every_rank_before_training_one_job_after_another(tmp_path):
-    code, results, output = run_fit(tmp_path / "run", "refusals", timeout=180)
-    assert code == 0 and sorted(results) == [0, 1, 2], output  # each refusal raised on every rank; none hung
+def test_what_fit_refuses_fails_every_rank_before_training_one_job_after_another(scripted):
+    results, output, base = scripted[0]["refusals"], scripted[1], scripted[2]
+    assert sorted(results) == [0, 1, 2], output  # each refusal raised on every rank; none hung
     raised = {rank: results[rank]["raised"] for rank in results}
     for rank in (0, 1, 2):
         assert raised[rank]["refused"].startswith("`validation_freq` must be an integer"), raised
@@ -76,18 +101,17 @@ def test_what_fit_refuses_fails_every_rank_before_training_one_job_after_another
         # rank 2 alone passed x without y: the others fail too, naming it, instead of waiting for it
         assert raised[rank]["half_arguments"].startswith("`x` and `y` go together. Received: x=ndarray"), raised
     assert [("(reported by rank 2)" in raised[rank]["half_arguments"]) for rank in (0, 1, 2)] == [True, True, False]
-    assert not (tmp_path / "run").exists()  # nothing was written: every refusal came before the run directory
+    assert not (base / "refusals").exists()  # nothing was written: every refusal came before the run directory
 
 
-def test_fit_with_arrays_only_on_the_scheduler_scatters_them_and_trains_a_regression(tmp_path):
-    code, results, output = run_fit(tmp_path / "run", "scattered")
-    assert code == 0, output
+def test_fit_with_arrays_only_on_the_scheduler_scatters_them_and_trains_a_regression(scripted):
+    results, base = scripted[0]["scattered"], scripted[2]
     result = results[0]
     mae = result["history"]["val_mae"]
     assert len(mae) == 3 and mae[-1] < mae[0], mae
     assert result["summary"]["metrics"] == ["loss", "mae"]
     assert results[1]["model_mae"] == result["model_mae"]  # a worker's copy holds the same final weights
-    log = (tmp_path / "run" / "train.log").read_text()
+    log = (base / "scattered" / "train.log").read_text()
     assert log.count("scatter: sent worker rank") == 2
 
 
