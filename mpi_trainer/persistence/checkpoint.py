@@ -2,11 +2,15 @@
 
 A save writes ``<name>.tmp`` (created new, never through a link), flushes and
 fsyncs it, moves the current file to ``<name>.bak``, renames the new one into
-place and fsyncs the directory. Each file records a SHA-256 of its contents (every
-array's name, dtype, shape and bytes, then the metadata) in its ``sha256``
-attribute. A reader that finds the latest file missing, unreadable or not matching
-its digest falls back to the backup with a warning naming the file; when neither
-holds, it fails naming both.
+place and fsyncs the directory. Arrays are written one at a time as they are
+handed over, so a checkpoint of large arrays that arrive one after another (each
+worker's optimizer state) never holds them all in memory. Each dataset records a
+SHA-256 of its name, dtype, shape and bytes in its ``sha256`` attribute; the file's
+``sha256`` attribute is the SHA-256 of those digests (sorted by name) and the
+metadata. A reader that finds the latest file missing, unreadable or not matching
+its digests falls back to the backup with a warning naming the file; when neither
+holds, it fails naming both. Files of format 2 (one digest over every array's
+bytes) are still read and checked.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,53 +28,95 @@ import numpy as np
 from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.run_files import backup_path, fsync_dir, fsync_file, prepare_new
 
-FORMAT_VERSION = 2  # 2: the ``sha256`` attribute
+FORMAT_VERSION = 3  # 2: one ``sha256`` over every array; 3: one per dataset, and the file's over them
 
 
 class CheckpointDamaged(ValueError):
     """A checkpoint that parses but whose contents do not match the digest it records."""
 
 
-def contents_digest(arrays: dict[str, np.ndarray], meta_json: str) -> str:
-    """SHA-256 over every array (sorted by name: name, dtype, shape, bytes), then the metadata's JSON."""
+def _hash_array(digest: Any, name: str, array: np.ndarray) -> None:
+    array = np.ascontiguousarray(array)
+    digest.update(f"{name}\0{array.dtype.str}\0{array.shape}\0".encode())
+    digest.update(array.data.cast("B"))
+
+
+def array_digest(name: str, array: np.ndarray) -> str:
+    """SHA-256 of one array: its name, dtype, shape and bytes."""
     digest = hashlib.sha256()
-    for name in sorted(arrays):
-        array = np.ascontiguousarray(arrays[name])
-        digest.update(f"{name}\0{array.dtype.str}\0{array.shape}\0".encode())
-        digest.update(array.data.cast("B"))
+    _hash_array(digest, name, array)
+    return digest.hexdigest()
+
+
+def contents_digest(array_digests: Mapping[str, str], meta_json: str) -> str:
+    """The file's SHA-256: every array's digest (sorted by name), then the metadata's JSON."""
+    digest = hashlib.sha256()
+    for name in sorted(array_digests):
+        digest.update(f"{name}\0{array_digests[name]}\0".encode())
     digest.update(meta_json.encode())
     return digest.hexdigest()
 
 
-def save_checkpoint(path: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
-    """Write ``arrays`` (datasets) and ``meta`` (JSON attribute) atomically to ``path``."""
+def _format_2_digest(arrays: Mapping[str, np.ndarray], meta_json: str) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(arrays):
+        _hash_array(digest, name, arrays[name])
+    digest.update(meta_json.encode())
+    return digest.hexdigest()
+
+
+def save_checkpoint(path: Path, arrays: Mapping[str, Any] | Iterable[tuple[str, Any]],
+                    meta: dict[str, Any]) -> None:
+    """Write ``arrays`` (datasets) and ``meta`` (JSON attribute) atomically to ``path``.
+
+    ``arrays`` is a mapping or ``(name, array)`` pairs; pairs from a generator are written as it yields
+    them, one held at a time."""
     path = Path(path)
     tmp = prepare_new(path.with_name(path.name + ".tmp"))
-    arrays = {name: np.asarray(array) for name, array in arrays.items()}
+    items = arrays.items() if isinstance(arrays, Mapping) else arrays
     meta_json = json.dumps(meta, sort_keys=True)
-    with h5py.File(tmp, "w") as handle:
-        for name, array in sorted(arrays.items()):
-            handle.create_dataset(name, data=array)
-        handle.attrs["meta"] = meta_json
-        handle.attrs["format_version"] = FORMAT_VERSION
-        handle.attrs["sha256"] = contents_digest(arrays, meta_json)
-        handle.flush()
-    fsync_file(tmp)
+    digests: dict[str, str] = {}
+    try:
+        with h5py.File(tmp, "w") as handle:
+            for name, value in items:
+                array = np.asarray(value)
+                dataset = handle.create_dataset(name, data=array)
+                digests[name] = dataset.attrs["sha256"] = array_digest(name, array)
+                del array, value  # the next array may be as large: this one is on its way to disk
+            handle.attrs["meta"] = meta_json
+            handle.attrs["format_version"] = FORMAT_VERSION
+            handle.attrs["sha256"] = contents_digest(digests, meta_json)
+            handle.flush()
+        fsync_file(tmp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # an array that could not be had (a lost worker's state): no file
+        raise
     if path.exists():
         os.replace(path, backup_path(path))
     os.replace(tmp, path)
     fsync_dir(path.parent)
 
 
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _read(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     with h5py.File(path, "r") as handle:
-        arrays = {name: handle[name][()] for name in handle.keys()}
-        meta_json = handle.attrs["meta"]
+        meta_json = _text(handle.attrs["meta"])
         recorded = handle.attrs.get("sha256")
-    meta_json = meta_json.decode() if isinstance(meta_json, bytes) else str(meta_json)
+        version = int(handle.attrs.get("format_version", 1))
+        arrays, digests = {}, {}
+        for name in handle.keys():
+            arrays[name] = handle[name][()]
+            if version >= 3:
+                digests[name] = array_digest(name, arrays[name])
+                if digests[name] != _text(handle[name].attrs.get("sha256", "")):
+                    raise CheckpointDamaged(f"the SHA-256 of its array {name!r} is {digests[name]}, the file "
+                                            f"records {_text(handle[name].attrs.get('sha256', 'none'))}")
     if recorded is not None:  # checkpoints of format 1 hold none
-        recorded = recorded.decode() if isinstance(recorded, bytes) else str(recorded)
-        actual = contents_digest(arrays, meta_json)
+        recorded = _text(recorded)
+        actual = contents_digest(digests, meta_json) if version >= 3 else _format_2_digest(arrays, meta_json)
         if actual != recorded:
             raise CheckpointDamaged(f"its contents' SHA-256 is {actual}, the file records {recorded}")
     return arrays, json.loads(meta_json)

@@ -9,8 +9,9 @@ round's aggregate), the sync schedule (each round's local steps), the
 the NaN policy, the :class:`~mpi_trainer.scheduler.watchdog.Watchdog`, and the
 surviving of a lost worker. A finished round goes to the
 :class:`~mpi_trainer.scheduler.recorder.RoundRecorder` as values (its row, its weights
-and, when a checkpoint is due, the :class:`~mpi_trainer.scheduler.round_row.EngineState`
-gathered for it); the recorder writes them and never calls back. Everything on the
+and, when a checkpoint is due, the :class:`~mpi_trainer.scheduler.round_row.EngineState`,
+whose workers' optimizer states are asked for one at a time as the checkpoint is
+written); the recorder writes them and calls no engine method. Everything on the
 wire goes through the :class:`~mpi_trainer.comm.protocol.SchedulerLink`.
 """
 
@@ -134,13 +135,13 @@ class Engine(ABC):
         try:
             self.recorder.begin()
             self.state.stop_reason = self.run_rounds()
-            saved = self.final_state()
+            self.write_checkpoint(self.recorder.last_round, self.weights, final=True)
             try:
                 self.link.stop(preempted=self.state.stop_reason == StopReason.PREEMPTED)
             except TimeoutError as exc:
                 raise self.watchdog.timed_out("take its order to stop", exc, self.workers) from None
             self.recorder.count_bytes(self.link.take_bytes())
-            summary = self.recorder.finish(self.weights, saved)
+            summary = self.recorder.finish(self.weights)
             if self.recorder.kept_weights is not None:
                 self.weights = self.recorder.kept_weights
             return summary
@@ -199,23 +200,29 @@ class Engine(ABC):
         stop reason or None."""
         early_stop = self.recorder.record_round(finished)
         if self.recorder.checkpoint_due(finished.index):
-            self.recorder.checkpoint(finished.index, finished.weights, self.engine_state(finished.index))
+            self.write_checkpoint(finished.index, finished.weights)
         return self.recorder.verdict(finished, early_stop)
 
-    def engine_state(self, after_round: int) -> EngineState:
-        """What a checkpoint after ``after_round`` holds from the engine: the workers' optimizer states
-        (:meth:`optimizer_states`) and the outer optimizer's."""
-        return EngineState(self.optimizer_states(after_round), self.outer.state_arrays())
+    def write_checkpoint(self, after_round: int, weights: np.ndarray, final: bool = False) -> None:
+        """The checkpoint after ``after_round`` (``final``: the run's end, written if the last round's does
+        not hold it). It holds the outer optimizer's state and the workers' optimizer states
+        (:meth:`optimizer_states`), each asked of its worker as the file is written. Under ``fault.survive``
+        a worker lost meanwhile leaves the checkpoint to the survivors' states."""
+        while True:
+            saved = EngineState(self.optimizer_states(after_round), self.outer.state_arrays())
+            try:
+                if final:
+                    self.recorder.final_checkpoint(weights, saved)
+                else:
+                    self.recorder.checkpoint(after_round, weights, saved)
+                return
+            except RankLost as error:
+                self.survive_loss(error, after_round + 1, f"the optimizer state gathered after round {after_round}")
 
-    def optimizer_states(self, after_round: int) -> dict[int, np.ndarray]:
-        """Each worker's optimizer vector for a checkpoint after ``after_round`` (none by default)."""
+    def optimizer_states(self, after_round: int) -> Mapping[int, np.ndarray]:
+        """Each worker's optimizer vector for a checkpoint after ``after_round``, by rank, asked of the worker
+        when read (none by default)."""
         return {}
-
-    def final_state(self) -> EngineState:
-        """The engine's part of the final checkpoint (states gathered only when the recorder will write one)."""
-        last = self.recorder.last_round
-        states = self.optimizer_states(last) if self.recorder.needs_final_checkpoint() else {}
-        return EngineState(states, self.outer.state_arrays())
 
     # -- the NaN policy -------------------------------------------------------
     def non_finite_cause(self, reports: list[Report]) -> str | None:
@@ -336,7 +343,7 @@ class Engine(ABC):
         """Fewer workers than ``fault.min_workers``: checkpoint the last recorded round, then fail."""
         last = self.recorder.last_round
         if last >= 0:  # with no round recorded yet, a restart starts over
-            self.recorder.checkpoint(last, self.weights, self.engine_state(last))
+            self.write_checkpoint(last, self.weights)
         raise WorkerFailure(f"{len(self.workers)} workers left, fewer than fault.min_workers="
                             f"{self.cfg.fault.min_workers}; checkpointed after round {last} and ending the job "
                             f"for `launch` to restart it")

@@ -274,7 +274,9 @@ class LbfgsScheduler:
         if self.state.stop_reason in (StopReason.NAN, StopReason.ABNORMAL):
             self.log.warning("L-BFGS stopped: %s", self.message)
         self.recorder.note_summary(optimizer_message=self.message)
-        summary = self.recorder.finish(self.codec.flatten(self.model.get_weights()), EngineState())
+        weights = self.codec.flatten(self.model.get_weights())
+        self.recorder.final_checkpoint(weights, EngineState())  # no optimizer state: the curvature starts anew
+        summary = self.recorder.finish(weights)
         self.log.info("L-BFGS: %d function evaluations in %d iterations (%s)", self.evaluations,
                       summary["rounds_completed"], self.message)
         return summary

@@ -6,19 +6,19 @@ their reports, combines their weights, takes the outer optimizer's step, follows
 sync schedule, applies the NaN policy and scores the global model. It hands the
 :class:`RoundRecorder` a :class:`~mpi_trainer.scheduler.round_row.FinishedRound` (the
 round's row and weights) and, when :meth:`RoundRecorder.checkpoint_due` says so, an
-:class:`~mpi_trainer.scheduler.round_row.EngineState` gathered beforehand. The
-recorder is a sink: it writes ``rounds.csv``, ``summary.json``, the checkpoints,
-TensorBoard and the timeline, runs early stopping, the divergence watch and the Keras
-callbacks on the round's logs, and says whether the run is to stop. It owns the run's
-counters (:class:`RunState`), is the only writer of the run directory, sends nothing
-and never calls an engine.
+:class:`~mpi_trainer.scheduler.round_row.EngineState` (the workers' optimizer states
+in it are read one at a time as the checkpoint is written). The recorder is a sink: it
+writes ``rounds.csv``, ``summary.json``, the checkpoints, TensorBoard and the timeline,
+runs early stopping, the divergence watch and the Keras callbacks on the round's logs,
+and says whether the run is to stop. It owns the run's counters (:class:`RunState`), is
+the only writer of the run directory, sends nothing and never calls an engine.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -279,16 +279,23 @@ class RoundRecorder:
         return due
 
     def checkpoint(self, round_index: int, weights: np.ndarray, saved: EngineState) -> None:
+        """Write the checkpoint after ``round_index``. The workers' optimizer states are read from ``saved``
+        as they are written, one at a time (the engine asks each worker for its state then)."""
         begun = time.perf_counter()
-        arrays = {"weights": weights}
-        if self.early.best_weights is not None:
-            arrays["best_weights"] = self.early.best_weights
-        arrays.update({f"{ARRAY_PREFIX}{rank}": vector for rank, vector in saved.optimizer_states.items()})
-        arrays.update(saved.outer_arrays)
-        save_checkpoint(self.run_dir / CHECKPOINT_NAME, arrays, self.checkpoint_meta(round_index))
+        save_checkpoint(self.run_dir / CHECKPOINT_NAME, self.checkpoint_arrays(weights, saved),
+                        self.checkpoint_meta(round_index))
         self.last_checkpoint, self.last_checkpoint_round = time.monotonic(), round_index
         self.observers.span("checkpoint", round_index, begun)
         self.log.debug("checkpoint written after round %d", round_index)
+
+    def checkpoint_arrays(self, weights: np.ndarray, saved: EngineState) -> Iterator[tuple[str, np.ndarray]]:
+        yield "weights", weights
+        if self.early.best_weights is not None:
+            yield "best_weights", self.early.best_weights
+        yield from saved.outer_arrays.items()
+        for rank, vector in saved.optimizer_states.items():  # fetched as the previous one is on disk
+            yield f"{ARRAY_PREFIX}{rank}", vector
+            del vector
 
     def checkpoint_meta(self, round_index: int) -> dict[str, Any]:
         workers = range(1, self.workers + 1)
@@ -317,16 +324,18 @@ class RoundRecorder:
             return self.early.best_weights, next(r for r in rounds if int(r["round"]) == self.early.best_round)
         return weights, (rounds[-1] if rounds else None)
 
-    def finish(self, weights: np.ndarray, saved: EngineState) -> dict[str, Any]:
-        """Final weights, final checkpoint (holding ``saved``), summary and the per-round table; returns
-        the summary."""
+    def final_checkpoint(self, weights: np.ndarray, saved: EngineState) -> None:
+        """The checkpoint of the run's end, unless the last round's already holds it: the weights kept (the
+        best ones after an early or NaN stop) and ``saved``. Before the workers are let go: their
+        optimizer states are asked for as it is written."""
+        if self.needs_final_checkpoint():
+            self.checkpoint(self.last_round, self.final_weights(weights)[0], saved)
+
+    def finish(self, weights: np.ndarray) -> dict[str, Any]:
+        """Final weights, summary and the per-round table (after :meth:`final_checkpoint`); returns the
+        summary."""
         kept, final = self.final_weights(weights)
         self.kept_weights = kept
-        if self.needs_final_checkpoint():
-            self.checkpoint(self.last_round, kept, saved)
-        # written: the workers' optimizer states (twice the model each under Adam) are let go before the
-        # model takes the final weights
-        saved.optimizer_states.clear()
         self.model.set_weights(self.codec.unflatten(kept))
         preempted = self.state.stop_reason == StopReason.PREEMPTED
         if not preempted:  # a preempted run has no final weights yet; its checkpoint carries it on

@@ -9,6 +9,7 @@ the outer optimizer's state), handed over already gathered.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -57,10 +58,11 @@ class FinishedRound:
 
 @dataclass
 class EngineState:
-    """What a checkpoint holds from the engine's side, gathered by the engine before it hands it over:
-    each worker's optimizer vector (by rank) and the outer optimizer's named arrays."""
+    """What a checkpoint holds from the engine's side: each worker's optimizer vector (by rank; the
+    engine may hand over a mapping that asks each worker for its vector when it is read) and the outer
+    optimizer's named arrays."""
 
-    optimizer_states: dict[int, np.ndarray] = field(default_factory=dict)
+    optimizer_states: Mapping[int, np.ndarray] = field(default_factory=dict)
     outer_arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
 

@@ -19,6 +19,7 @@ re-planned for them (:meth:`Engine.survive_loss`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -300,24 +301,41 @@ class SynchronousEngine(Engine):
             self.moved = self.ledger.recut(self.plan, next_round)
 
     # -- optimizer state for checkpoints ---------------------------------------------
-    def optimizer_states(self, after_round: int) -> dict[int, np.ndarray]:
-        """Each worker's optimizer vector, for the checkpoint after ``after_round``; none after a NaN (it
-        may hold NaN)."""
+    def optimizer_states(self, after_round: int) -> Mapping[int, np.ndarray]:
+        """Each worker's optimizer vector, for the checkpoint after ``after_round``, asked of the worker as
+        the checkpoint reads it; none after a NaN (it may hold NaN)."""
         if self.state.stop_reason == StopReason.NAN:
             return {}
-        states: dict[int, np.ndarray] = {}
-        received = 0
-        for worker in self.workers:
-            try:
-                message = self.link.request_state(worker, self.watchdog.timeout)
-            except TimeoutError:
-                raise self.watchdog.failure("send its optimizer state", [worker]) from None
-            except RankLost as error:  # fault.survive: the checkpoint takes the survivors' states
-                self.survive_loss(error, after_round + 1, f"the optimizer state gathered after round {after_round}")
-                return self.optimizer_states(after_round)
-            states[worker], received = message.payload, received + message.nbytes
+        return WorkerStates(self.workers, self.request_state)
+
+    def request_state(self, worker: int) -> np.ndarray:
+        """One worker's optimizer vector (a lost worker raises :class:`RankLost` under ``fault.survive``)."""
+        try:
+            message = self.link.request_state(worker, self.watchdog.timeout)
+        except TimeoutError:
+            raise self.watchdog.failure("send its optimizer state", [worker]) from None
         # Checkpoint traffic is counted in the run's total, not in the round's row.
-        sent = self.link.take_bytes() + received
+        sent = self.link.take_bytes() + message.nbytes
         self.state.checkpoint_bytes += sent
         self.recorder.count_bytes(sent)
-        return states
+        vector: np.ndarray = message.payload
+        return vector
+
+
+class WorkerStates(Mapping[int, np.ndarray]):
+    """The workers' optimizer vectors by rank, each asked of its worker when it is read: a checkpoint that
+    writes them one after another holds one at a time (under Adam each is twice the model)."""
+
+    def __init__(self, workers: Sequence[int], request: Callable[[int], np.ndarray]) -> None:
+        self.workers, self.request = list(workers), request
+
+    def __getitem__(self, worker: int) -> np.ndarray:
+        if worker not in self.workers:
+            raise KeyError(worker)
+        return self.request(worker)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.workers)
+
+    def __len__(self) -> int:
+        return len(self.workers)

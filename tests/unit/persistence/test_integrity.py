@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import h5py
 import numpy as np
 import pytest
@@ -67,6 +69,54 @@ def test_both_damaged_fails_naming_both(tmp_path):
     _flip_a_bit(path, "weights")
     _flip_a_bit(path.with_name("checkpoint.h5.bak"), "weights")
     with pytest.raises(FileNotFoundError, match=r"checkpoint\.h5: .*SHA-256.*checkpoint\.h5\.bak: .*SHA-256"):
+        load_checkpoint(path)
+
+
+def test_arrays_handed_over_one_at_a_time_are_written_as_they_come_and_a_failure_keeps_the_last_file(tmp_path):
+    path, handed, held = tmp_path / "checkpoint.h5", [], []
+
+    def states():  # as the scheduler gathers the workers' optimizer states, one after another
+        yield "weights", np.zeros(10, np.float32)
+        for rank in (1, 2, 3):
+            held.append(sum(ref() is not None for ref in handed))  # earlier states still in memory
+            state = np.full(1000, rank, np.float32)
+            handed.append(weakref.ref(state))
+            yield f"optimizer_rank_{rank}", state
+            del state
+
+    save_checkpoint(path, states(), {"round": 0})
+    assert held == [0, 0, 0]  # each state was let go once written
+    arrays, meta = load_checkpoint(path)
+    assert sorted(arrays) == ["optimizer_rank_1", "optimizer_rank_2", "optimizer_rank_3", "weights"]
+    assert arrays["optimizer_rank_3"].tolist() == [3.0] * 1000 and meta == {"round": 0}
+
+    def lost():
+        yield "weights", np.ones(10, np.float32)
+        raise RuntimeError("worker rank 2 was lost")
+
+    with pytest.raises(RuntimeError, match="was lost"):
+        save_checkpoint(path, lost(), {"round": 1})
+    assert not path.with_name("checkpoint.h5.tmp").exists()
+    assert load_checkpoint(path)[1] == {"round": 0}  # the last whole checkpoint is untouched
+
+
+def test_a_checkpoint_of_the_previous_format_is_read_and_checked(tmp_path, caplog):
+    import hashlib
+    import json
+
+    path, meta = tmp_path / "checkpoint.h5", json.dumps({"round": 3})
+    weights = np.arange(5, dtype=np.float32)
+    digest = hashlib.sha256(f"weights\0{weights.dtype.str}\0{weights.shape}\0".encode())
+    digest.update(weights.tobytes())
+    digest.update(meta.encode())
+    with h5py.File(path, "w") as handle:  # format 2: one digest over every array, none per dataset
+        handle.create_dataset("weights", data=weights)
+        handle.attrs.update({"meta": meta, "format_version": 2, "sha256": digest.hexdigest()})
+    arrays, loaded = load_checkpoint(path)
+    assert loaded == {"round": 3} and arrays["weights"].tolist() == weights.tolist()
+    with h5py.File(path, "r+") as handle:
+        handle["weights"][0] = 9.0
+    with pytest.raises(FileNotFoundError, match="SHA-256"):
         load_checkpoint(path)
 
 

@@ -13,6 +13,7 @@ from mpi_trainer.errors import ConfigError, RankLost, WorkerFailure
 from mpi_trainer.persistence.checkpoint import load_checkpoint
 from mpi_trainer.persistence.run_files import CHECKPOINT_NAME, read_rounds
 from mpi_trainer.scheduler.evaluation import Evaluator
+from mpi_trainer.worker import Worker
 
 # plain averaging: the global model is the survivors' mean (the outer step with a loss: test_outer_rounds)
 PLAIN = {"outer_optimizer": "none"}
@@ -140,6 +141,27 @@ def test_scatter_sends_the_lost_workers_rows_to_the_survivors(tmp_path):
     survivors = [w for w in job.workers if w.link.transport.world_rank != 2]
     held = np.concatenate([w.data.fixed for w in survivors])
     assert len(np.unique(held)) == job.engine.plan.num_train  # every row is trained on by a survivor
+
+
+def test_a_worker_lost_while_the_checkpoint_gathers_states_leaves_the_survivors_states_in_it(tmp_path, monkeypatch):
+    sent = Worker.send_optimizer
+
+    def lost_when_asked(worker, order):  # starting rank 2 dies when asked for its state after round 0
+        if worker.link.transport.world_rank == 2:
+            worker.link.crash()
+        sent(worker, order)
+
+    monkeypatch.setattr(Worker, "send_optimizer", lost_when_asked)
+    job = run_local_job(tmp_path, workers=3, train={"epochs": 2}, aggregation=PLAIN, checkpoint={"every": 1},
+                        fault={"survive": True})
+    assert [int(r["workers"]) for r in job.rounds()] == [3, 2]
+    assert job.summary["lost_workers"] == [{"rank": 2, "host": "local",
+                                            "where": "the optimizer state gathered after round 0"}]
+    arrays, meta = load_checkpoint(tmp_path / CHECKPOINT_NAME)  # written again, with the survivors' states
+    assert meta["round"] == 1 and meta["workers"] == 2
+    assert sorted(name for name in arrays if name.startswith("optimizer_rank_")) == ["optimizer_rank_1",
+                                                                                   "optimizer_rank_2"]
+    assert not (tmp_path / (CHECKPOINT_NAME + ".tmp")).exists()
 
 
 def test_below_min_workers_the_job_checkpoints_and_fails(tmp_path):
