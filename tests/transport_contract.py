@@ -52,21 +52,26 @@ def exchange(transport: Any) -> dict[str, Any]:
     else:
         transport.send_object({"from": rank}, 0, tag=7, timeout=TIMEOUT)
         transport.send_array(pattern * rank, 0, tag=8, timeout=TIMEOUT)
+        # one array sent part by part (a worker's optimizer state): it arrives whole
+        parts = (part for part in np.array_split(pattern - rank, 3))
+        transport.send_array_parts(parts, (N // 2, 2), np.float32, 0, tag=9, timeout=TIMEOUT)
         seen["orders"] = _receive_orders(WorkerLink(transport))
     transport.take_bytes()
     transport.barrier(timeout=TIMEOUT)
     return seen
 
 
-def _collect_reports(transport: Any, size: int) -> list[tuple[int, int, bool]]:
-    """Rank 0: one object and one array from every worker, in whatever order they come."""
+def _collect_reports(transport: Any, size: int) -> list[tuple[int, int, bool, bool]]:
+    """Rank 0: one object and two arrays from every worker, in whatever order they come."""
     found = []
     pattern = (np.arange(N) % 1000).astype(np.float32)
     for _ in range(size - 1):
         message = transport.recv_object(tag=7, timeout=TIMEOUT)
         array = transport.recv_array(np.empty(N, np.float32), source=message.source, tag=8, timeout=TIMEOUT)
-        found.append((message.source, message.payload["from"], bool(np.array_equal(array.payload,
-                                                                                    pattern * message.source))))
+        whole = transport.recv_large_array(message.source, tag=9, timeout=TIMEOUT)
+        found.append((message.source, message.payload["from"],
+                      bool(np.array_equal(array.payload, pattern * message.source)),
+                      bool(np.array_equal(whole, (pattern - message.source).reshape(N // 2, 2)))))
     return found
 
 
@@ -106,7 +111,7 @@ def expected(rank: int, size: int) -> dict[str, Any]:
     }
     if rank == 0:
         seen.update(reduce=True, gather=[float(r) for r in range(size)],
-                    reports=[(r, r, True) for r in range(1, size)])
+                    reports=[(r, r, True, True) for r in range(1, size)])
     else:
         seen["orders"] = [[type(order).__name__, order.describe(),
                            repr({name: value for name, value in vars(order).items() if name != "bound"})]

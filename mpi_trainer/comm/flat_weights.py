@@ -28,7 +28,10 @@ class WeightCodec:
     def empty(self) -> np.ndarray:
         return np.zeros(self.size, dtype=np.float32)
 
-    def flatten(self, weights: Sequence[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+    def flatten(self, weights: Sequence[Any], out: np.ndarray | None = None) -> np.ndarray:
+        """``weights`` in one vector (``out`` when given). They may be a model's variables (``model.weights``,
+        in ``get_weights()``'s order): each is copied to the host in turn, so the full list of host copies
+        that ``get_weights()`` makes never exists beside ``out``."""
         if len(weights) != len(self.shapes):
             raise ValueError(f"expected {len(self.shapes)} weight arrays, received {len(weights)}")
         out = self.empty() if out is None else out

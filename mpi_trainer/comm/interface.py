@@ -9,6 +9,7 @@ exchanges through both and expects the same results.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -76,6 +77,9 @@ class RankTransport(Protocol):
                    timeout: float | None = None) -> Received: ...
 
     def send_large_array(self, array: np.ndarray, dest: int, tag: int = 0, timeout: float | None = None) -> None: ...
+
+    def send_array_parts(self, parts: Iterable[np.ndarray], shape: tuple[int, ...], dtype: Any, dest: int,
+                         tag: int = 0, timeout: float | None = None) -> None: ...
 
     def recv_large_array(self, source: int, tag: int = 0, timeout: float | None = None) -> np.ndarray: ...
 

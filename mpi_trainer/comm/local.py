@@ -26,7 +26,7 @@ from __future__ import annotations
 import pickle
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -222,6 +222,14 @@ class LocalTransport(AccountedRank):
 
     def send_large_array(self, array: np.ndarray, dest: int, tag: int = 0, timeout: float | None = None) -> None:
         self._post(dest, tag, np.array(array, copy=True), array.nbytes)
+
+    def send_array_parts(self, parts: Iterable[np.ndarray], shape: tuple[int, ...], dtype: Any, dest: int,
+                         tag: int = 0, timeout: float | None = None) -> None:
+        array = np.concatenate([np.ravel(np.asarray(part, dtype=dtype)) for part in parts] or
+                               [np.empty(0, dtype)])
+        if array.size != int(np.prod(shape, dtype=np.int64)):
+            raise ValueError(f"the parts of an array of shape {tuple(shape)} held {array.size} elements")
+        self._post(dest, tag, array.reshape(shape), array.nbytes)
 
     def recv_large_array(self, source: int, tag: int = 0, timeout: float | None = None) -> np.ndarray:
         array: np.ndarray = self._take(source, tag, timeout).payload

@@ -32,7 +32,7 @@ that times out knows which rank is missing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -259,8 +259,10 @@ class WorkerLink:
     def recv_state(self) -> np.ndarray:
         return self.transport.recv_large_array(0, _TAG_STATE)
 
-    def send_state(self, vector: np.ndarray) -> None:
-        self.transport.send_large_array(vector, 0, _TAG_STATE)
+    def send_state(self, parts: Iterable[np.ndarray], size: int) -> None:
+        """This worker's optimizer state vector of ``size`` float32 values, sent part by part as ``parts``
+        yields them (rank 0 receives the one vector)."""
+        self.transport.send_array_parts(parts, (size,), np.float32, 0, _TAG_STATE)
 
     def recv_rows(self) -> Rows:
         return Rows(*(self.transport.recv_large_array(0, _TAG_DATA) for _ in range(3)))

@@ -25,7 +25,7 @@ import pickle
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
@@ -396,12 +396,30 @@ class Transport(AccountedRank):
         once the receiver is ready. ``timeout`` bounds that wait (for a small
         array, the wait for each chunk to be taken); TimeoutError after it.
         """
-        timeout = self._limit(timeout)
         array = np.ascontiguousarray(array)
-        announced = array.nbytes >= self.announce_bytes and not self._blocking(timeout)
-        self.send_object((array.shape, array.dtype.str, announced), dest, tag, timeout)
+        self.send_array_parts([array.reshape(-1)], array.shape, array.dtype, dest, tag, timeout)
+
+    @surfacing_failures
+    def send_array_parts(self, parts: Iterable[np.ndarray], shape: tuple[int, ...], dtype: Any, dest: int,
+                         tag: int = 0, timeout: float | None = None) -> None:
+        """Send one array of ``shape`` and ``dtype`` given as ``parts`` (its elements in order, each a flat
+        array of ``dtype``), as :meth:`send_large_array` sends it whole: the receiver's
+        :meth:`recv_large_array` gets the one array. A generator of parts has one in memory at a time."""
+        timeout, dtype = self._limit(timeout), np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        announced = nbytes >= self.announce_bytes and not self._blocking(timeout)
+        self.send_object((tuple(shape), dtype.str, announced), dest, tag, timeout)
         if announced:
             self._wait_for_peer(dest, TAG_CLEAR, timeout, "receiver for the data")
+        sent = 0
+        for part in parts:
+            sent += self._send_bytes(np.ascontiguousarray(part, dtype=dtype), dest, tag, timeout, announced)
+            del part  # the next part may be as large: this one is sent
+        if sent != nbytes:
+            raise ValueError(f"the parts of an array of shape {tuple(shape)} ({nbytes} bytes) held {sent} bytes")
+
+    def _send_bytes(self, array: np.ndarray, dest: int, tag: int, timeout: float | None, announced: bool) -> int:
+        """A contiguous array's bytes in chunks of at most ``max_message_bytes``; returns their count."""
         flat = array.reshape(-1).view(np.uint8)
         for start in range(0, flat.nbytes, self.max_message_bytes):
             chunk = [flat[start:start + self.max_message_bytes], self._mpi.BYTE]
@@ -411,6 +429,7 @@ class Transport(AccountedRank):
             else:
                 self._wait(self.comm.Isend(chunk, dest, tag), "data send", timeout, dest)
             self._count(chunk[0].nbytes)
+        return int(flat.nbytes)
 
     @surfacing_failures
     def recv_large_array(self, source: int, tag: int = 0, timeout: float | None = None) -> np.ndarray:

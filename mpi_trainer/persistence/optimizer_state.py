@@ -9,7 +9,7 @@ scheduler owns it (NaN rollbacks halve it).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,16 +27,26 @@ def ensure_built(model: Any) -> None:
         model.optimizer.build(model.trainable_variables)
 
 
+def state_size(optimizer: Any) -> int:
+    """Values in the optimizer's state vector."""
+    return sum(int(np.prod(v.shape)) for v in _state_variables(optimizer))
+
+
+def state_parts(optimizer: Any) -> Iterator[np.ndarray]:
+    """The state vector's parts in order, one variable's float32 host copy at a time: sent as they come,
+    the whole vector never exists on the worker."""
+    for variable in _state_variables(optimizer):
+        yield np.ravel(np.asarray(variable.numpy(), dtype=np.float32))
+
+
 def state_vector(optimizer: Any) -> np.ndarray:
     """The optimizer's state in one float32 vector, filled variable by variable (no second copy of it)."""
-    variables = _state_variables(optimizer)
-    vector = np.empty(sum(int(np.prod(v.shape)) for v in variables), dtype=np.float32)
+    vector = np.empty(state_size(optimizer), dtype=np.float32)
     offset = 0
-    for variable in variables:
-        size = int(np.prod(variable.shape))
-        # one variable's host copy at a time: it is freed once copied in
-        vector[offset:offset + size] = np.ravel(np.asarray(variable.numpy()))
-        offset += size
+    for part in state_parts(optimizer):
+        vector[offset:offset + part.size] = part
+        offset += part.size
+        del part  # copied in: freed before the next variable's copy is made
     return vector
 
 

@@ -100,7 +100,7 @@ class LocalTraining:
         self.take_weights(start)
         metrics, train_seconds, steps = self.train_steps(k, max_steps) if k else self.train_once(max_steps)
         self.phases.add("train", round_index, time.time() - train_seconds)
-        local = self.codec.flatten(self.model.get_weights(), out=self.local)
+        local = self.codec.flatten(self.model.weights, out=self.local)
         self.maybe_inject_nan(round_index, local)
         loss = metrics.get("loss", 0.0 if not steps else math.nan)
         report = Report(self.rank, round_index, self.data.units(self.x), loss, metrics.get("accuracy", math.nan),

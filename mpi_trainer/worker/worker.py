@@ -46,7 +46,7 @@ from mpi_trainer.errors import RankLost, WorkerFailure
 from mpi_trainer.logs import get_logger
 from mpi_trainer.models import flat_metric_state, rebuild_model, summed_metric_state
 from mpi_trainer.models.dry_run import dry_run, reset_optimizer
-from mpi_trainer.persistence.optimizer_state import ensure_built, load_state_vector, state_vector
+from mpi_trainer.persistence.optimizer_state import ensure_built, load_state_vector, state_parts, state_size
 from mpi_trainer.persistence.preemption import Preemption
 from mpi_trainer.reporting.timeline import PhaseLog
 from mpi_trainer.worker.slowdown import make_slowdown
@@ -196,7 +196,7 @@ class Worker:
         self.link.send_weights(self.wire.encode(self.candidate))
 
     def send_optimizer(self, order: SendOptimizerOrder) -> None:
-        self.link.send_state(state_vector(self.model.optimizer))
+        self.link.send_state(state_parts(self.model.optimizer), state_size(self.model.optimizer))
 
     def train(self, round_index: int, max_steps: int | None = None) -> tuple[Report, np.ndarray]:
         """This round's training from the global weights; its report says whether this process was

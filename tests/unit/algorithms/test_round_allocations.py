@@ -1,4 +1,5 @@
-"""Rank 0's per-round passes over the weights allocate nothing of the model's size (tracemalloc).
+"""Rank 0's per-round passes over the weights allocate nothing of the model's size (tracemalloc), and a
+worker's copies of its model and optimizer state are made one variable at a time.
 
 NumPy reports its array buffers to tracemalloc, so a full-size temporary shows in the peak. The
 outer step and the NaN check run in place over chunks; a 16-bit sum holds one segment per rank,
@@ -9,6 +10,7 @@ aggregate, which becomes the next global model.
 from __future__ import annotations
 
 import tracemalloc
+from collections import deque
 
 import numpy as np
 import pytest
@@ -16,8 +18,9 @@ import pytest
 from mpi_trainer.algorithms.early_stopping import EarlyStopping
 from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
 from mpi_trainer.algorithms.passes import all_finite
+from mpi_trainer.comm.flat_weights import WeightCodec
 from mpi_trainer.comm.wire_dtype import WireFormat
-from mpi_trainer.persistence.optimizer_state import state_vector
+from mpi_trainer.persistence.optimizer_state import state_parts, state_size, state_vector
 
 SIZE = 1_000_000  # 4 MB of float32
 MODEL_BYTES = SIZE * 4
@@ -93,6 +96,9 @@ class Variable:
     def numpy(self) -> np.ndarray:
         return self.values.copy()  # as a backend's variable does: a host copy
 
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return self.numpy() if dtype is None else self.numpy().astype(dtype)
+
 
 class Optimizer:
     def __init__(self) -> None:
@@ -108,3 +114,20 @@ def test_an_optimizer_state_vector_is_filled_variable_by_variable():
     state_bytes = vector.nbytes
     # the vector and one variable's host copy at a time, not every copy and then their concatenation
     assert peak_bytes(lambda: state_vector(optimizer)) < state_bytes * 1.3
+
+
+def test_a_workers_optimizer_state_goes_out_one_variable_at_a_time():
+    optimizer = Optimizer()
+    largest = max(v.values.nbytes for v in optimizer.variables)
+    assert sum(part.size for part in state_parts(optimizer)) == state_size(optimizer) == 1 + SIZE
+    np.testing.assert_array_equal(np.concatenate(list(state_parts(optimizer))), state_vector(optimizer))
+    # sent as they come (a consumer that keeps none): one variable's copy at a time, never the whole vector
+    assert peak_bytes(lambda: deque(state_parts(optimizer), maxlen=0)) < largest * 1.5 < MODEL_BYTES / 2
+
+
+def test_a_workers_weights_are_flattened_from_its_variables_one_at_a_time():
+    variables = [Variable(np.full((SIZE // 8, 2), i, np.float32), f"w{i}") for i in range(4)]
+    codec, out = WeightCodec([v.shape for v in variables]), np.empty(SIZE, np.float32)
+    # what get_weights() would make first: a host copy of every variable at once, a model's size
+    assert peak_bytes(lambda: codec.flatten(variables, out=out)) < MODEL_BYTES / 3
+    np.testing.assert_array_equal(out, np.repeat(np.arange(4, dtype=np.float32), SIZE // 4))
