@@ -68,11 +68,18 @@ def _collect_reports(transport: Any, size: int) -> list[tuple[int, int, bool, bo
     for _ in range(size - 1):
         message = transport.recv_object(tag=7, timeout=TIMEOUT)
         array = transport.recv_array(np.empty(N, np.float32), source=message.source, tag=8, timeout=TIMEOUT)
-        whole = transport.recv_large_array(message.source, tag=9, timeout=TIMEOUT)
+        whole = _receive_in_parts(transport, message.source)
         found.append((message.source, message.payload["from"],
                       bool(np.array_equal(array.payload, pattern * message.source)),
                       bool(np.array_equal(whole, (pattern - message.source).reshape(N // 2, 2)))))
     return found
+
+
+def _receive_in_parts(transport: Any, source: int) -> np.ndarray:
+    """An array received message by message (the transport may reuse its buffer: each part is copied)."""
+    incoming, parts = transport.recv_large_array_header(source, tag=9, timeout=TIMEOUT), []
+    transport.recv_large_array_body(incoming, lambda part: parts.append(part.copy()), timeout=TIMEOUT)
+    return np.concatenate(parts).reshape(incoming.shape)
 
 
 # One order of every kind, as the scheduler's link sends them (frozen dataclasses, pickled).

@@ -3,13 +3,15 @@
 Both the MPI :class:`~mpi_trainer.comm.transport.Transport` and the in-process
 :class:`~mpi_trainer.comm.local.LocalTransport` hold one :class:`RankAccounting`, so both
 count and renumber alike; the small records their verbs return (:class:`Received`,
-:class:`Shrunk`) live here too.
+:class:`IncomingArray`, :class:`Shrunk`) live here too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 
 @dataclass
@@ -19,6 +21,18 @@ class Received:
     payload: Any
     source: int
     nbytes: int
+
+
+@dataclass
+class IncomingArray:
+    """A large array whose header has arrived (``shape``, ``dtype``) and whose elements have not yet: the
+    transport's ``recv_large_array_body`` hands them over part by part. ``state`` is the transport's own."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    source: int
+    tag: int
+    state: Any = None
 
 
 @dataclass

@@ -9,12 +9,12 @@ exchanges through both and expects the same results.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from mpi_trainer.comm.accounting import Received, Shrunk
+from mpi_trainer.comm.accounting import IncomingArray, Received, Shrunk
 
 
 @runtime_checkable
@@ -82,6 +82,12 @@ class RankTransport(Protocol):
                          tag: int = 0, timeout: float | None = None) -> None: ...
 
     def recv_large_array(self, source: int, tag: int = 0, timeout: float | None = None) -> np.ndarray: ...
+
+    def recv_large_array_header(self, source: int, tag: int = 0,
+                                timeout: float | None = None) -> IncomingArray: ...
+
+    def recv_large_array_body(self, incoming: IncomingArray, take: Callable[[np.ndarray], None],
+                              timeout: float | None = None) -> None: ...
 
     # -- collectives -----------------------------------------------------------------
     def broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None: ...

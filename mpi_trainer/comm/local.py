@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from mpi_trainer.comm.accounting import AccountedRank, RankAccounting, Received, Shrunk
+from mpi_trainer.comm.accounting import AccountedRank, IncomingArray, RankAccounting, Received, Shrunk
 from mpi_trainer.errors import PeerFailure, RankLost
 
 _ANY = -1
@@ -234,6 +234,14 @@ class LocalTransport(AccountedRank):
     def recv_large_array(self, source: int, tag: int = 0, timeout: float | None = None) -> np.ndarray:
         array: np.ndarray = self._take(source, tag, timeout).payload
         return array
+
+    def recv_large_array_header(self, source: int, tag: int = 0, timeout: float | None = None) -> IncomingArray:
+        array = self.recv_large_array(source, tag, timeout)
+        return IncomingArray(tuple(array.shape), array.dtype, source, tag, state=array)
+
+    def recv_large_array_body(self, incoming: IncomingArray, take: Callable[[np.ndarray], None],
+                              timeout: float | None = None) -> None:
+        take(np.ravel(incoming.state))  # one message here: the array arrived whole
 
     # -- collectives ------------------------------------------------------------
     def _collective(self) -> _Collective:

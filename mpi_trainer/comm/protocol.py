@@ -39,7 +39,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from mpi_trainer.algorithms.wait_bounds import for_rank
-from mpi_trainer.comm.accounting import Received, Shrunk
+from mpi_trainer.comm.accounting import IncomingArray, Received, Shrunk
 from mpi_trainer.comm.interface import RankTransport
 from mpi_trainer.comm.messages import (
     EvaluateOrder,
@@ -141,11 +141,18 @@ class SchedulerLink:
         """A worker's optimizer state vector (a resume), as raw bytes: no pickled copy of it on either side."""
         self.transport.send_large_array(vector, worker, _TAG_STATE)
 
-    def request_state(self, worker: int, timeout: float | None) -> Received:
-        """A worker's optimizer state vector, for the checkpoint, received into one array of its size."""
+    def request_state(self, worker: int, timeout: float | None) -> IncomingArray:
+        """Ask a worker for its optimizer state vector, for the checkpoint: its header (size and dtype);
+        :meth:`receive_state` hands over the values."""
         self.send_order(worker, SendOptimizerOrder())
-        vector = self.transport.recv_large_array(worker, _TAG_STATE, timeout=timeout)
-        return Received(vector, worker, vector.nbytes)
+        return self.transport.recv_large_array_header(worker, _TAG_STATE, timeout=timeout)
+
+    def receive_state(self, incoming: IncomingArray, take: Callable[[np.ndarray], None],
+                      timeout: float | None) -> int:
+        """The values of a state vector :meth:`request_state` announced, to ``take`` message by message;
+        returns their bytes."""
+        self.transport.recv_large_array_body(incoming, take, timeout=timeout)
+        return int(np.prod(incoming.shape, dtype=np.int64)) * incoming.dtype.itemsize
 
     def send_rows(self, worker: int, rows: RowArrays, timeout: float | None = None) -> int:
         """Training rows (``positions``, ``x``, ``y``), in chunks below MPI's message limit; returns their bytes."""

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
-from mpi_trainer.comm.accounting import AccountedRank, RankAccounting, Received, Shrunk
+from mpi_trainer.comm.accounting import AccountedRank, IncomingArray, RankAccounting, Received, Shrunk
 from mpi_trainer.comm.failures import (
     FAILURE_CLASSES,
     NOTICE_CHARS,
@@ -421,8 +421,9 @@ class Transport(AccountedRank):
     def _send_bytes(self, array: np.ndarray, dest: int, tag: int, timeout: float | None, announced: bool) -> int:
         """A contiguous array's bytes in chunks of at most ``max_message_bytes``; returns their count."""
         flat = array.reshape(-1).view(np.uint8)
-        for start in range(0, flat.nbytes, self.max_message_bytes):
-            chunk = [flat[start:start + self.max_message_bytes], self._mpi.BYTE]
+        step = max(array.itemsize, self.max_message_bytes - self.max_message_bytes % array.itemsize)
+        for start in range(0, flat.nbytes, step):  # whole elements in every message
+            chunk = [flat[start:start + step], self._mpi.BYTE]
             if announced:
                 with self._bulk(timeout, "data send"):
                     self.comm.Send(chunk, dest, tag)
@@ -434,20 +435,46 @@ class Transport(AccountedRank):
     @surfacing_failures
     def recv_large_array(self, source: int, tag: int = 0, timeout: float | None = None) -> np.ndarray:
         """Receive what :meth:`send_large_array` sent, chunk by chunk, whatever the sender's chunk size."""
+        incoming = self.recv_large_array_header(source, tag, timeout)
+        array = np.empty(incoming.shape, dtype=incoming.dtype)
+        flat, filled = array.reshape(-1).view(np.uint8), 0
+        while filled < flat.nbytes:
+            filled += self._recv_chunk(incoming, flat[filled:], timeout)
+        return array
+
+    @surfacing_failures
+    def recv_large_array_header(self, source: int, tag: int = 0, timeout: float | None = None) -> IncomingArray:
+        """The header of what :meth:`send_large_array` or :meth:`send_array_parts` sent: its shape and
+        dtype. :meth:`recv_large_array_body` takes the elements."""
         timeout = self._limit(timeout)
         shape, dtype, announced = self.recv_object(source, tag, timeout).payload
         if announced:
             self._send_nothing(source, TAG_CLEAR)
-        array = np.empty(shape, dtype=np.dtype(dtype))
-        flat = array.reshape(-1).view(np.uint8)
-        filled = 0
-        while filled < flat.nbytes:
-            status = self._probe(source, tag, timeout)
-            size = status.Get_count(self._mpi.BYTE)
+        return IncomingArray(tuple(shape), np.dtype(dtype), source, tag)
+
+    @surfacing_failures
+    def recv_large_array_body(self, incoming: IncomingArray, take: Callable[[np.ndarray], None],
+                              timeout: float | None = None) -> None:
+        """The elements of ``incoming``, handed to ``take`` as flat arrays in order, one message at a time (at
+        most ``max_message_bytes``, in one buffer reused for the next): the whole array is never held."""
+        timeout = self._limit(timeout)
+        total = int(np.prod(incoming.shape, dtype=np.int64)) * incoming.dtype.itemsize
+        buffer, received = np.empty(0, np.uint8), 0
+        while received < total:
+            size = self._probe(incoming.source, incoming.tag, timeout).Get_count(self._mpi.BYTE)
+            if buffer.nbytes < size:
+                buffer = np.empty(size, np.uint8)
             with self._bulk(timeout, "data receive"):
-                self.comm.Recv([flat[filled:filled + size], self._mpi.BYTE], source, tag)
-            filled += size
-        return array
+                self.comm.Recv([buffer[:size], self._mpi.BYTE], incoming.source, incoming.tag)
+            received += size
+            take(buffer[:size].view(incoming.dtype))
+
+    def _recv_chunk(self, incoming: IncomingArray, into: np.ndarray, timeout: float | None) -> int:
+        """The next message of ``incoming``'s elements, into the front of ``into`` (bytes); returns its size."""
+        size = int(self._probe(incoming.source, incoming.tag, timeout).Get_count(self._mpi.BYTE))
+        with self._bulk(timeout, "data receive"):
+            self.comm.Recv([into[:size], self._mpi.BYTE], incoming.source, incoming.tag)
+        return size
 
     # -- set-up collectives -------------------------------------------------
     @surfacing_failures

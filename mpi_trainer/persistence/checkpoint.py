@@ -18,7 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +32,31 @@ from mpi_trainer.persistence.run_files import backup_path, fsync_dir, fsync_file
 FORMAT_VERSION = 3  # 2: one ``sha256`` over every array; 3: one per dataset, and the file's over them
 
 
+@dataclass(frozen=True)
+class StreamedArray:
+    """A flat array of ``size`` values of ``dtype`` that arrives in parts: ``deliver(take)`` calls ``take``
+    with each part, in order. A checkpoint writes each part as it comes (a worker's optimizer state,
+    received message by message), so the whole array is never in memory."""
+
+    size: int
+    dtype: np.dtype
+    deliver: Callable[[Callable[[np.ndarray], None]], None]
+
+
+CheckpointArray = np.ndarray | StreamedArray
+
+
 class CheckpointDamaged(ValueError):
     """A checkpoint that parses but whose contents do not match the digest it records."""
 
 
+def _hash_header(digest: Any, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    digest.update(f"{name}\0{dtype.str}\0{shape}\0".encode())
+
+
 def _hash_array(digest: Any, name: str, array: np.ndarray) -> None:
     array = np.ascontiguousarray(array)
-    digest.update(f"{name}\0{array.dtype.str}\0{array.shape}\0".encode())
+    _hash_header(digest, name, array.dtype, array.shape)
     digest.update(array.data.cast("B"))
 
 
@@ -70,7 +89,7 @@ def save_checkpoint(path: Path, arrays: Mapping[str, Any] | Iterable[tuple[str, 
     """Write ``arrays`` (datasets) and ``meta`` (JSON attribute) atomically to ``path``.
 
     ``arrays`` is a mapping or ``(name, array)`` pairs; pairs from a generator are written as it yields
-    them, one held at a time."""
+    them, one held at a time, and a :class:`StreamedArray` is written part by part as it arrives."""
     path = Path(path)
     tmp = prepare_new(path.with_name(path.name + ".tmp"))
     items = arrays.items() if isinstance(arrays, Mapping) else arrays
@@ -79,10 +98,14 @@ def save_checkpoint(path: Path, arrays: Mapping[str, Any] | Iterable[tuple[str, 
     try:
         with h5py.File(tmp, "w") as handle:
             for name, value in items:
-                array = np.asarray(value)
-                dataset = handle.create_dataset(name, data=array)
-                digests[name] = dataset.attrs["sha256"] = array_digest(name, array)
-                del array, value  # the next array may be as large: this one is on its way to disk
+                if isinstance(value, StreamedArray):
+                    digests[name] = _write_streamed(handle, name, value)
+                else:
+                    array = np.asarray(value)
+                    dataset = handle.create_dataset(name, data=array)
+                    digests[name] = dataset.attrs["sha256"] = array_digest(name, array)
+                    del array
+                del value  # the next array may be as large: this one is on its way to disk
             handle.attrs["meta"] = meta_json
             handle.attrs["format_version"] = FORMAT_VERSION
             handle.attrs["sha256"] = contents_digest(digests, meta_json)
@@ -95,6 +118,30 @@ def save_checkpoint(path: Path, arrays: Mapping[str, Any] | Iterable[tuple[str, 
         os.replace(path, backup_path(path))
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def _write_streamed(handle: h5py.File, name: str, value: StreamedArray) -> str:
+    """One dataset filled part by part as ``value`` delivers them; returns (and records) its digest, the same
+    as :func:`array_digest` of the whole array."""
+    dtype = np.dtype(value.dtype)
+    dataset = handle.create_dataset(name, shape=(value.size,), dtype=dtype)
+    digest, written = hashlib.sha256(), 0
+    _hash_header(digest, name, dtype, (value.size,))
+
+    def take(part: np.ndarray) -> None:
+        nonlocal written
+        part = np.ascontiguousarray(part, dtype=dtype).reshape(-1)
+        if written + part.size > value.size:
+            raise ValueError(f"array {name!r} of {value.size} values was handed more")
+        dataset[written:written + part.size] = part
+        digest.update(part.data.cast("B"))
+        written += part.size
+
+    value.deliver(take)
+    if written != value.size:
+        raise ValueError(f"array {name!r} of {value.size} values was handed {written}")
+    dataset.attrs["sha256"] = digest.hexdigest()
+    return digest.hexdigest()
 
 
 def _text(value: Any) -> str:

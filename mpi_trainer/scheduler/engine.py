@@ -44,6 +44,7 @@ from mpi_trainer.data.placement import moved_rows
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.errors import RankLost, WorkerFailure
 from mpi_trainer.logs import get_logger
+from mpi_trainer.persistence.checkpoint import CheckpointArray
 from mpi_trainer.persistence.resume import ResumeState
 from mpi_trainer.persistence.run_record import NO_CONTEXT, RunContext, RunState, StopReason
 from mpi_trainer.scheduler.evaluation import Evaluator
@@ -219,7 +220,7 @@ class Engine(ABC):
             except RankLost as error:
                 self.survive_loss(error, after_round + 1, f"the optimizer state gathered after round {after_round}")
 
-    def optimizer_states(self, after_round: int) -> Mapping[int, np.ndarray]:
+    def optimizer_states(self, after_round: int) -> Mapping[int, CheckpointArray]:
         """Each worker's optimizer vector for a checkpoint after ``after_round``, by rank, asked of the worker
         when read (none by default)."""
         return {}

@@ -32,7 +32,7 @@ from mpi_trainer.config import Config
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.errors import EXIT_PREEMPTED
 from mpi_trainer.logs import get_logger
-from mpi_trainer.persistence.checkpoint import load_checkpoint, save_checkpoint
+from mpi_trainer.persistence.checkpoint import CheckpointArray, load_checkpoint, save_checkpoint
 from mpi_trainer.persistence.optimizer_state import ARRAY_PREFIX
 from mpi_trainer.persistence.preemption import Preemption
 from mpi_trainer.persistence.resume import ResumeState, worker_seed
@@ -288,7 +288,7 @@ class RoundRecorder:
         self.observers.span("checkpoint", round_index, begun)
         self.log.debug("checkpoint written after round %d", round_index)
 
-    def checkpoint_arrays(self, weights: np.ndarray, saved: EngineState) -> Iterator[tuple[str, np.ndarray]]:
+    def checkpoint_arrays(self, weights: np.ndarray, saved: EngineState) -> Iterator[tuple[str, CheckpointArray]]:
         yield "weights", weights
         if self.early.best_weights is not None:
             yield "best_weights", self.early.best_weights

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from mpi_trainer.comm.messages import Report
+from mpi_trainer.persistence.checkpoint import CheckpointArray
 from mpi_trainer.persistence.run_files import BUILT_IN_METRICS
 from mpi_trainer.persistence.run_record import StopReason
 
@@ -62,7 +63,7 @@ class EngineState:
     engine may hand over a mapping that asks each worker for its vector when it is read) and the outer
     optimizer's named arrays."""
 
-    optimizer_states: Mapping[int, np.ndarray] = field(default_factory=dict)
+    optimizer_states: Mapping[int, CheckpointArray] = field(default_factory=dict)
     outer_arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
 

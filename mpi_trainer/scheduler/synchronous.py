@@ -34,6 +34,7 @@ from mpi_trainer.data.increment import log_data_shares
 from mpi_trainer.data.placement import ScatterLedger
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.errors import RankLost
+from mpi_trainer.persistence.checkpoint import CheckpointArray, StreamedArray
 from mpi_trainer.persistence.optimizer_state import assign_states
 from mpi_trainer.persistence.resume import ResumeState
 from mpi_trainer.persistence.run_record import NO_CONTEXT, RunContext, StopReason
@@ -301,35 +302,42 @@ class SynchronousEngine(Engine):
             self.moved = self.ledger.recut(self.plan, next_round)
 
     # -- optimizer state for checkpoints ---------------------------------------------
-    def optimizer_states(self, after_round: int) -> Mapping[int, np.ndarray]:
+    def optimizer_states(self, after_round: int) -> Mapping[int, CheckpointArray]:
         """Each worker's optimizer vector, for the checkpoint after ``after_round``, asked of the worker as
-        the checkpoint reads it; none after a NaN (it may hold NaN)."""
+        the checkpoint reads it and written as it arrives; none after a NaN (it may hold NaN)."""
         if self.state.stop_reason == StopReason.NAN:
             return {}
         return WorkerStates(self.workers, self.request_state)
 
-    def request_state(self, worker: int) -> np.ndarray:
-        """One worker's optimizer vector (a lost worker raises :class:`RankLost` under ``fault.survive``)."""
+    def request_state(self, worker: int) -> StreamedArray:
+        """One worker's optimizer vector, arriving message by message (a lost worker raises
+        :class:`RankLost` under ``fault.survive``)."""
         try:
-            message = self.link.request_state(worker, self.watchdog.timeout)
+            incoming = self.link.request_state(worker, self.watchdog.timeout)
         except TimeoutError:
             raise self.watchdog.failure("send its optimizer state", [worker]) from None
-        # Checkpoint traffic is counted in the run's total, not in the round's row.
-        sent = self.link.take_bytes() + message.nbytes
-        self.state.checkpoint_bytes += sent
-        self.recorder.count_bytes(sent)
-        vector: np.ndarray = message.payload
-        return vector
+
+        def deliver(take: Callable[[np.ndarray], None]) -> None:
+            try:
+                received = self.link.receive_state(incoming, take, self.watchdog.timeout)
+            except TimeoutError:
+                raise self.watchdog.failure("send its optimizer state", [worker]) from None
+            # Checkpoint traffic is counted in the run's total, not in the round's row.
+            sent = self.link.take_bytes() + received
+            self.state.checkpoint_bytes += sent
+            self.recorder.count_bytes(sent)
+
+        return StreamedArray(int(np.prod(incoming.shape, dtype=np.int64)), incoming.dtype, deliver)
 
 
-class WorkerStates(Mapping[int, np.ndarray]):
-    """The workers' optimizer vectors by rank, each asked of its worker when it is read: a checkpoint that
-    writes them one after another holds one at a time (under Adam each is twice the model)."""
+class WorkerStates(Mapping[int, CheckpointArray]):
+    """The workers' optimizer vectors by rank, each asked of its worker when it is read and written as it
+    arrives: a checkpoint holds one message of one at a time (under Adam each is twice the model)."""
 
-    def __init__(self, workers: Sequence[int], request: Callable[[int], np.ndarray]) -> None:
+    def __init__(self, workers: Sequence[int], request: Callable[[int], StreamedArray]) -> None:
         self.workers, self.request = list(workers), request
 
-    def __getitem__(self, worker: int) -> np.ndarray:
+    def __getitem__(self, worker: int) -> StreamedArray:
         if worker not in self.workers:
             raise KeyError(worker)
         return self.request(worker)

@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from mpi_trainer.persistence.checkpoint import load_checkpoint, save_checkpoint
+from mpi_trainer.persistence.checkpoint import StreamedArray, array_digest, load_checkpoint, save_checkpoint
 from mpi_trainer.persistence.run_files import (
     digest_path,
     file_sha256,
@@ -98,6 +98,21 @@ def test_arrays_handed_over_one_at_a_time_are_written_as_they_come_and_a_failure
         save_checkpoint(path, lost(), {"round": 1})
     assert not path.with_name("checkpoint.h5.tmp").exists()
     assert load_checkpoint(path)[1] == {"round": 0}  # the last whole checkpoint is untouched
+
+
+def test_an_array_that_arrives_in_parts_is_written_as_they_come_with_the_whole_arrays_digest(tmp_path):
+    state, path = np.arange(10_000, dtype=np.float32), tmp_path / "checkpoint.h5"
+    streamed = StreamedArray(state.size, state.dtype, lambda take: [take(part.copy()) for part in
+                                                                    np.array_split(state, 7)])
+    save_checkpoint(path, {"weights": np.zeros(3, np.float32), "optimizer_rank_1": streamed}, {"round": 2})
+    arrays, _ = load_checkpoint(path)
+    np.testing.assert_array_equal(arrays["optimizer_rank_1"], state)
+    with h5py.File(path, "r") as handle:
+        assert handle["optimizer_rank_1"].attrs["sha256"] == array_digest("optimizer_rank_1", state)
+    short = StreamedArray(state.size, state.dtype, lambda take: take(state[:10]))
+    with pytest.raises(ValueError, match="of 10000 values was handed 10"):
+        save_checkpoint(path, {"optimizer_rank_1": short}, {"round": 3})
+    assert load_checkpoint(path)[1] == {"round": 2}  # the whole checkpoint stays
 
 
 def test_a_checkpoint_of_the_previous_format_is_read_and_checked(tmp_path, caplog):
