@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import run_mpi
+from conftest import quickstart_job, run_mpi
 
 from mpi_trainer.launch.mpirun import FAULT_TOLERANT_OPTIONS
 
@@ -27,10 +27,11 @@ def test_a_killed_worker_leaves_two_that_finish_every_round_without_a_restart(tm
     assert [lost["rank"] for lost in summary["lost_workers"]] == [2]
     assert "round 2: worker rank 2 on host" in survived.output and "was lost" in survived.output
     assert "the scheduler scores the global model from now on" in survived.output
-    undisturbed = run_mpi(4, ["train", *QUICK, *SURVIVE], tmp_path / "undisturbed", mpirun_args=FAULT_TOLERANT_OPTIONS)
-    assert undisturbed.returncode == 0, undisturbed.output[-4000:]
+    # as accurate as the same job that lost no worker (run in one process: the reference is not about them)
+    undisturbed = quickstart_job(tmp_path / "undisturbed", 3, **{"train.epochs": EPOCHS})
     assert [int(r["workers"]) for r in undisturbed.rounds()] == [3] * EPOCHS
-    assert abs(summary["final_test_accuracy"] - undisturbed.summary()["final_test_accuracy"]) <= 0.01
+    assert abs(summary["final_test_accuracy"] - undisturbed.summary["final_test_accuracy"]) <= 0.01, \
+        (summary["final_test_accuracy"], undisturbed.summary["final_test_accuracy"])
 
 
 def test_under_ssp_a_killed_worker_leaves_the_others_to_finish_every_round(tmp_path):
