@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,6 +93,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if mpirun_dir in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.mpirun)
+
+
+@pytest.fixture
+def job_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """What an in-process job logs (its own logger may not propagate to the root)."""
+    logger = logging.getLogger("mpi_trainer")
+    logger.addHandler(caplog.handler)
+    caplog.set_level(logging.DEBUG, logger="mpi_trainer")
+    yield caplog
+    logger.removeHandler(caplog.handler)
 
 
 @pytest.fixture

@@ -4,24 +4,12 @@ resumes on fewer workers (an elastic resume)."""
 
 from __future__ import annotations
 
-import logging
 import math
-from collections.abc import Iterator
 
-import pytest
 from local_job import run_local_job
 
 NAN = {"nan_rank": 1, "nan_round": 2}
 QUICK = {"model": {"optimizer": "adam", "learning_rate": 0.003}, "checkpoint": {"every": 1}}
-
-
-@pytest.fixture
-def job_log(caplog) -> Iterator[pytest.LogCaptureFixture]:
-    logger = logging.getLogger("mpi_trainer")
-    logger.addHandler(caplog.handler)
-    caplog.set_level(logging.INFO, logger="mpi_trainer")
-    yield caplog
-    logger.removeHandler(caplog.handler)
 
 
 def round_steps(job) -> list[int]:

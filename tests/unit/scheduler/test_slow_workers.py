@@ -4,9 +4,7 @@ evaluation."""
 
 from __future__ import annotations
 
-import logging
 import re
-from collections.abc import Iterator
 
 import pytest
 from local_job import LocalJob, run_local_job
@@ -24,16 +22,6 @@ SLOW_RANK_2 = {"batch_delay": 0.01, "slow_ranks": [2], "slow_factor": 3.0}
 def quick_job(run_dir, epochs: int, train: dict | None = None, data: dict | None = None, **sections) -> LocalJob:
     return run_local_job(run_dir, train={"epochs": epochs, "batch_size": 32, **(train or {})},
                          data={**QUICK["data"], **(data or {})}, model=QUICK["model"], **sections)
-
-
-@pytest.fixture
-def job_log(caplog) -> Iterator[pytest.LogCaptureFixture]:
-    """What the job logs (its own logger may not propagate to the root)."""
-    logger = logging.getLogger("mpi_trainer")
-    logger.addHandler(caplog.handler)
-    caplog.set_level(logging.DEBUG, logger="mpi_trainer")
-    yield caplog
-    logger.removeHandler(caplog.handler)
 
 
 def logged(log: pytest.LogCaptureFixture, start: str) -> list[str]:
