@@ -85,15 +85,16 @@ def _format_2_digest(arrays: Mapping[str, np.ndarray], meta_json: str) -> str:
 
 
 def save_checkpoint(path: Path, arrays: Mapping[str, Any] | Iterable[tuple[str, Any]],
-                    meta: dict[str, Any]) -> None:
+                    meta: dict[str, Any] | Callable[[], dict[str, Any]]) -> None:
     """Write ``arrays`` (datasets) and ``meta`` (JSON attribute) atomically to ``path``.
 
     ``arrays`` is a mapping or ``(name, array)`` pairs; pairs from a generator are written as it yields
-    them, one held at a time, and a :class:`StreamedArray` is written part by part as it arrives."""
+    them, one held at a time, and a :class:`StreamedArray` is written part by part as it arrives.
+    ``meta`` may be a function, called once every array is written (metadata that counts what their
+    arrival cost)."""
     path = Path(path)
     tmp = prepare_new(path.with_name(path.name + ".tmp"))
     items = arrays.items() if isinstance(arrays, Mapping) else arrays
-    meta_json = json.dumps(meta, sort_keys=True)
     digests: dict[str, str] = {}
     try:
         with h5py.File(tmp, "w") as handle:
@@ -106,6 +107,7 @@ def save_checkpoint(path: Path, arrays: Mapping[str, Any] | Iterable[tuple[str, 
                     digests[name] = dataset.attrs["sha256"] = array_digest(name, array)
                     del array
                 del value  # the next array may be as large: this one is on its way to disk
+            meta_json = json.dumps(meta() if callable(meta) else meta, sort_keys=True)
             handle.attrs["meta"] = meta_json
             handle.attrs["format_version"] = FORMAT_VERSION
             handle.attrs["sha256"] = contents_digest(digests, meta_json)

@@ -282,8 +282,9 @@ class RoundRecorder:
         """Write the checkpoint after ``round_index``. The workers' optimizer states are read from ``saved``
         as they are written, one at a time (the engine asks each worker for its state then)."""
         begun = time.perf_counter()
+        # the metadata once the states are written: the run's traffic counts their bytes
         save_checkpoint(self.run_dir / CHECKPOINT_NAME, self.checkpoint_arrays(weights, saved),
-                        self.checkpoint_meta(round_index))
+                        lambda: self.checkpoint_meta(round_index))
         self.last_checkpoint, self.last_checkpoint_round = time.monotonic(), round_index
         self.observers.span("checkpoint", round_index, begun)
         self.log.debug("checkpoint written after round %d", round_index)

@@ -13,6 +13,9 @@ from local_job import run_local_job
 from mpi_trainer.algorithms import aggregation
 from mpi_trainer.comm.local import LocalWorld, RankAborted
 from mpi_trainer.data.increment import round_samples
+from mpi_trainer.persistence.checkpoint import load_checkpoint
+from mpi_trainer.persistence.optimizer_state import state_vector
+from mpi_trainer.persistence.run_files import CHECKPOINT_NAME
 
 ONE_ROUND = {"train": {"epochs": 1}}
 
@@ -28,6 +31,18 @@ def test_a_synchronous_round_averages_what_the_workers_trained(tmp_path):
     assert row["block_sizes"] == ";".join(str(r.samples) for r, _ in trained)
     assert len(row["worker_train_seconds"].split(";")) == 3 and row["winner"] == ""
     assert job.summary["stop_reason"] == "epochs" and 0.0 < float(row["test_accuracy"]) <= 1.0
+
+
+def test_a_checkpoint_holds_every_workers_optimizer_state_and_counts_its_bytes(tmp_path):
+    job = run_local_job(tmp_path, workers=2, train={"epochs": 2}, checkpoint={"every": 1})
+    arrays, meta = load_checkpoint(tmp_path / CHECKPOINT_NAME)
+    live = {worker.rank: state_vector(worker.model.optimizer) for worker in job.workers}
+    for rank, vector in live.items():  # written part by part as it arrived: the worker's state, whole
+        np.testing.assert_array_equal(arrays[f"optimizer_rank_{rank}"], vector)
+    # the metadata is written after the states: the run's traffic it records counts them
+    gathered = job.summary["checkpoint_bytes"]
+    assert gathered >= 2 * sum(vector.nbytes for vector in live.values())  # two checkpoints
+    assert meta["traffic_bytes"] >= sum(int(r["bytes"]) for r in job.rounds()) + gathered
 
 
 def test_weighted_shares_follow_each_rounds_samples_with_data_increment(tmp_path):
