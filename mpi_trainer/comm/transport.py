@@ -435,6 +435,7 @@ class Transport(AccountedRank):
     @surfacing_failures
     def recv_large_array(self, source: int, tag: int = 0, timeout: float | None = None) -> np.ndarray:
         """Receive what :meth:`send_large_array` sent, chunk by chunk, whatever the sender's chunk size."""
+        timeout = self._limit(timeout)
         incoming = self.recv_large_array_header(source, tag, timeout)
         array = np.empty(incoming.shape, dtype=incoming.dtype)
         flat, filled = array.reshape(-1).view(np.uint8), 0
