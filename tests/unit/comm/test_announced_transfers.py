@@ -85,6 +85,35 @@ def test_a_large_data_array_arrives_whole_in_chunks(comm):
     np.testing.assert_array_equal(received, rows)
 
 
+def test_an_array_sent_in_parts_is_taken_message_by_message_without_the_whole(comm):
+    state = np.arange(1_000_000, dtype=np.float32)  # 4 MB in three parts, in 1 MB messages
+
+    def send(transport: Transport) -> None:
+        transport.max_message_bytes = (1 << 20) + 2  # not a whole number of floats: messages keep whole ones
+        transport.send_array_parts((part for part in np.array_split(state, 3)), state.shape, np.float32, 0)
+
+    sender = Sender(comm, send)
+    sender.start()
+    receiver, parts = Transport(comm), []
+    incoming = receiver.recv_large_array_header(0)
+    receiver.recv_large_array_body(incoming, lambda part: parts.append(part.copy()))
+    sender.finish()
+    assert incoming.shape == state.shape and max(part.nbytes for part in parts) <= (1 << 20)
+    np.testing.assert_array_equal(np.concatenate(parts), state)
+
+
+def test_a_large_array_whose_chunks_never_come_times_out_within_the_bound(comm):
+    sender = Sender(comm, lambda t: t.send_object(((1000,), "<f4", False), 0, tag=5))  # the header alone
+    sender.start()
+    receiver = Transport(comm)
+    receiver.bound = 0.3
+    started = time.perf_counter()
+    with pytest.raises(TimeoutError):
+        receiver.recv_large_array(0, tag=5)
+    assert time.perf_counter() - started < 5
+    sender.finish()
+
+
 def test_a_sender_waiting_for_a_late_receiver_sleeps(comm):
     weights = np.ones(500_000, np.float32)
     sender = Sender(comm, lambda t: t.send_array(weights, 0))
