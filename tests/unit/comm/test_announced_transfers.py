@@ -102,6 +102,15 @@ def test_an_array_sent_in_parts_is_taken_message_by_message_without_the_whole(co
     np.testing.assert_array_equal(np.concatenate(parts), state)
 
 
+def test_parts_that_do_not_fill_the_announced_shape_are_refused_with_the_sizes(comm):
+    transport = Transport(comm)
+    with pytest.raises(ValueError, match=r"the parts of an array of shape \(100,\) \(400 bytes\) held 200 bytes"):
+        transport.send_array_parts([np.ones(50, np.float32)], (100,), np.float32, 0, tag=6, timeout=5)
+    incoming = transport.recv_large_array_header(0, tag=6)  # take what went out: the header, then 50 floats
+    comm.Recv(np.empty(50, np.float32), 0, 6)
+    assert incoming.shape == (100,)
+
+
 def test_a_large_array_whose_chunks_never_come_times_out_within_the_bound(comm):
     sender = Sender(comm, lambda t: t.send_object(((1000,), "<f4", False), 0, tag=5))  # the header alone
     sender.start()
