@@ -1,4 +1,4 @@
-"""Early stopping on a per-round metric, keeping the best weights seen."""
+"""Early stopping on a per-round metric: which round was best, and when to stop."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def watched_metric(monitor: str, patience: int, metric_names: list[str], has_tes
 class EarlyStopping:
     """Stop after ``patience`` rounds without an improvement larger than ``min_delta``.
 
-    ``patience = 0`` never stops, but the best value and weights are still kept.
+    ``patience = 0`` never stops, but the best value and round are still kept.
     ``mode`` says whether smaller (``min``) or larger (``max``) is better;
     ``auto`` reads it from the metric's name (:func:`minimised`).
     """
@@ -62,7 +62,6 @@ class EarlyStopping:
     best_value: float | None = None
     best_round: int = -1
     wait: int = 0
-    best_weights: np.ndarray | None = None
 
     @classmethod
     def from_config(cls, settings: EarlyStoppingConfig, metric_names: list[str],
@@ -70,6 +69,11 @@ class EarlyStopping:
         """From the ``early_stopping`` section, watching :func:`watched_metric` of the model's metrics."""
         monitor = watched_metric(settings.monitor, settings.patience, metric_names, has_test)
         return cls(monitor, settings.patience, settings.min_delta, settings.mode)
+
+    @property
+    def just_improved(self) -> bool:
+        """Whether the round last recorded became the best."""
+        return self.wait == 0 and self.best_round >= 0
 
     @property
     def minimise(self) -> bool:
@@ -82,15 +86,12 @@ class EarlyStopping:
             return value < self.best_value - self.min_delta
         return value > self.best_value + self.min_delta
 
-    def update(self, round_index: int, value: float, weights: np.ndarray) -> bool:
-        """Record this round; return True when training should stop."""
+    def update(self, round_index: int, value: float) -> bool:
+        """Record this round; return True when training should stop (:attr:`just_improved` says whether
+        it became the best, whose weights the caller keeps)."""
         if self.improved(value):
             self.best_value = float(value)
             self.best_round = round_index
-            if self.best_weights is not None and self.best_weights.shape == weights.shape:
-                np.copyto(self.best_weights, weights)  # into the copy held: no second one while it is replaced
-            else:
-                self.best_weights = weights.copy()
             self.wait = 0
             return False
         self.wait += 1

@@ -17,12 +17,11 @@ wire goes through the :class:`~mpi_trainer.comm.protocol.SchedulerLink`.
 
 from __future__ import annotations
 
-import tempfile
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +46,7 @@ from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.checkpoint import CheckpointArray
 from mpi_trainer.persistence.resume import ResumeState
 from mpi_trainer.persistence.run_record import NO_CONTEXT, RunContext, RunState, StopReason
+from mpi_trainer.persistence.spill import SpilledArray
 from mpi_trainer.scheduler.evaluation import Evaluator
 from mpi_trainer.scheduler.recorder import RoundRecorder
 from mpi_trainer.scheduler.round_row import ClosedRound, EngineState, FinishedRound, Outcome, Retry, round_row
@@ -71,8 +71,8 @@ class Engine(ABC):
 
     @property
     def initial_weights(self) -> np.ndarray:
-        """The weights the run was built with, read-only, mapped from the file they were spilled to."""
-        return np.memmap(self.initial_spill, dtype=np.float32, mode="r", shape=(self.codec.size,))
+        """The weights the run was built with, read back from the file they were spilled to."""
+        return self.initial.read()
 
     def __init__(self, link: SchedulerLink, cfg: Config, dataset: Dataset, model: Any, plan: JobPlan,
                  run_dir: Path, hosts: list[str] | None = None, resume: ResumeState | None = None,
@@ -83,7 +83,7 @@ class Engine(ABC):
         self.codec = WeightCodec.from_weights(arrays)
         self.weights = self.codec.flatten(arrays)  # the global model
         del arrays
-        self.initial_spill = spill(self.weights)  # what a rollback before a checkpoint takes: on disk, not in memory
+        self.initial = SpilledArray(self.weights)  # what a rollback before a checkpoint takes: not in memory
         self.wire = WireFormat(cfg.aggregation.wire_dtype)  # what the weights travel as
         transport = link.transport
         hosts = hosts or [transport.host] * transport.size
@@ -252,7 +252,7 @@ class Engine(ABC):
         saved = self.recorder.saved_checkpoint()
         if saved is None:
             self.outer.reset()
-            return np.array(self.initial_weights, dtype=np.float32), -1
+            return self.initial_weights, -1
         arrays, checkpoint_round = saved
         self.outer.load_state(arrays, self.codec.size)
         return arrays["weights"].astype(np.float32), checkpoint_round
@@ -364,11 +364,3 @@ class Engine(ABC):
         except TimeoutError:
             raise self.watchdog.failure(f"take its order for {order.describe()}", [worker]) from None
 
-
-def spill(values: np.ndarray) -> IO[bytes]:
-    """``values`` written to an anonymous temporary file (gone when it is closed or the process ends): a
-    copy of the model that is rarely read back costs no memory while it is not."""
-    spilled = tempfile.TemporaryFile(prefix="mpi_trainer-")
-    values.tofile(spilled)
-    spilled.flush()
-    return spilled

@@ -225,7 +225,7 @@ class LbfgsScheduler:
         self.state.steps = evaluations
         self.recorder.note_summary(function_evaluations=evaluations)
         self.record(row)
-        stop = self.early.update(iterate.iteration, row[self.early.monitor], weights)
+        stop = self.recorder.watch(iterate.iteration, row[self.early.monitor], weights)
         self.preempted = self.recorder.preempting() and iterate.iteration + 1 < self.cfg.train.epochs
         if self.recorder.checkpoint_due(iterate.iteration):  # no optimizer state: the curvature starts anew
             self.recorder.checkpoint(iterate.iteration, weights, EngineState())

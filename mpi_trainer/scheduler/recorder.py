@@ -58,6 +58,7 @@ from mpi_trainer.persistence.run_record import (
     final_columns,
     is_scored,
 )
+from mpi_trainer.persistence.spill import SpilledArray
 from mpi_trainer.reporting.observers import RunObservers
 from mpi_trainer.reporting.table import format_table
 from mpi_trainer.scheduler.callbacks import RoundCallbacks
@@ -100,6 +101,7 @@ class RoundRecorder:
         self.started = time.perf_counter()
         self.start_round = 0
         self.kept_weights: np.ndarray | None = None  # the weights the run ends with, once finished
+        self.best: SpilledArray | None = None  # the best scored round's weights (what an early or NaN stop keeps)
         self.placement = [dict(rank) for rank in context.placement]  # host, backend and device of every rank
         self.callbacks = (None if context.callbacks is None else  # Keras callbacks from mpi_trainer.fit
                           RoundCallbacks(list(context.callbacks), model, cfg.train.epochs, self.metric_names,
@@ -131,7 +133,9 @@ class RoundRecorder:
     def restore(self, resume: ResumeState) -> None:
         """Carry on from a checkpoint: counters, early-stopping state, and the time and bytes spent so far."""
         self.early.best_value, self.early.best_round = resume.best_value, resume.best_round
-        self.early.wait, self.early.best_weights = resume.wait, resume.best_weights
+        self.early.wait = resume.wait
+        if resume.best_weights is not None:
+            self.best = SpilledArray(resume.best_weights)
         self.state = RunState(rounds=resume.rounds, traffic_bytes=resume.traffic_bytes, steps=resume.steps,
                               lr_scale=resume.lr_scale, wall_offset=resume.wall_seconds,
                               rollbacks=resume.rollbacks)
@@ -204,8 +208,18 @@ class RoundRecorder:
         self.preempt_reported = self.preempt_reported or finished.preempt
         self.write_row(finished.row)
         # early stopping counts scored rounds only: an unscored round has nothing to compare
-        return finished.scored and self.early.update(finished.index, finished.row[self.early.monitor],
-                                                     finished.weights)
+        return finished.scored and self.watch(finished.index, finished.row[self.early.monitor], finished.weights)
+
+    def watch(self, index: int, value: float, weights: np.ndarray) -> bool:
+        """Early stopping's verdict on a scored round; a new best round's weights are kept, in a file (they
+        are read back only when the run ends on them or a checkpoint is written)."""
+        stop = self.early.update(index, value)
+        if self.early.just_improved:
+            if self.best is None:
+                self.best = SpilledArray(weights)
+            else:
+                self.best.store(weights)
+        return stop
 
     def verdict(self, finished: FinishedRound, early_stop: bool) -> StopReason | None:
         """After the round's checkpoint: early stopping, divergence, the callbacks, a preemption; None goes on."""
@@ -291,8 +305,8 @@ class RoundRecorder:
 
     def checkpoint_arrays(self, weights: np.ndarray, saved: EngineState) -> Iterator[tuple[str, CheckpointArray]]:
         yield "weights", weights
-        if self.early.best_weights is not None:
-            yield "best_weights", self.early.best_weights
+        if self.best is not None:
+            yield "best_weights", self.best.streamed()
         yield from saved.outer_arrays.items()
         for rank, vector in saved.optimizer_states.items():  # fetched as the previous one is on disk
             yield f"{ARRAY_PREFIX}{rank}", vector
@@ -321,8 +335,8 @@ class RoundRecorder:
     def final_weights(self, weights: np.ndarray) -> tuple[np.ndarray, dict[str, Any] | None]:
         """The weights kept and their round: the best ones after an early or NaN stop, else the last."""
         rounds = self.state.rounds
-        if self.state.stop_reason in KEEPS_BEST and self.early.best_weights is not None:
-            return self.early.best_weights, next(r for r in rounds if int(r["round"]) == self.early.best_round)
+        if self.state.stop_reason in KEEPS_BEST and self.best is not None:
+            return self.best.read(), next(r for r in rounds if int(r["round"]) == self.early.best_round)
         return weights, (rounds[-1] if rounds else None)
 
     def final_checkpoint(self, weights: np.ndarray, saved: EngineState) -> None:

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 from transport_contract import expected
 
@@ -15,7 +16,9 @@ from mpi_trainer.launch.mpirun import find_mpirun
 JOB = ROOT / "tests" / "mpirun" / "contract_job.py"
 
 
-def test_every_verb_gives_what_the_contract_expects_over_real_mpi():
+@pytest.fixture(scope="module")
+def contract() -> dict:
+    """The contract job's result: every rank's exchanges and its cost of a large sum-reduction."""
     command = [find_mpirun(), "-n", "3", "--oversubscribe", "--bind-to", "none"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         command.append("--allow-run-as-root")
@@ -23,7 +26,17 @@ def test_every_verb_gives_what_the_contract_expects_over_real_mpi():
                           timeout=180)
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0 and lines, f"no result ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    result = lines[0]
+    return lines[0]
+
+
+def test_every_verb_gives_what_the_contract_expects_over_real_mpi(contract):
+    result = contract
     seen = [{key: [tuple(item) for item in value] if key == "reports" else value for key, value in rank.items()}
             for rank in result["seen"]]
     assert seen == [expected(rank, result["size"]) for rank in range(result["size"])]
+
+
+def test_a_large_sum_reduction_holds_no_copy_of_the_model_on_any_rank(contract):
+    # 64 MB summed at 3 ranks: in parts, no rank's peak grows by more than a few parts
+    assert all(rank["exact"] for rank in contract["reduction"]), contract["reduction"]
+    assert max(rank["peak_grown_mb"] for rank in contract["reduction"]) < 16, contract["reduction"]

@@ -71,21 +71,19 @@ def test_shuffle_is_a_seeded_permutation():
     assert sorted(a) == list(range(100)) and not np.array_equal(a, np.arange(100))
 
 
-def test_early_stopping_counts_patience_and_keeps_best_weights():
+def test_early_stopping_counts_patience_and_says_which_round_became_the_best():
     stopper = EarlyStopping("test_accuracy", patience=2, min_delta=0.01)
-    weights = [np.full(2, i, np.float32) for i in range(5)]
-    assert not stopper.update(0, 0.80, weights[0])
-    assert not stopper.update(1, 0.85, weights[1])
-    assert not stopper.update(2, 0.855, weights[2])  # below min_delta: no improvement
-    assert stopper.update(3, 0.84, weights[3])
+    assert not stopper.update(0, 0.80) and stopper.just_improved
+    assert not stopper.update(1, 0.85) and stopper.just_improved
+    assert not stopper.update(2, 0.855) and not stopper.just_improved  # below min_delta: no improvement
+    assert stopper.update(3, 0.84) and not stopper.just_improved
     assert stopper.best_round == 1 and stopper.best_value == 0.85
-    np.testing.assert_array_equal(stopper.best_weights, weights[1])
 
 
 def test_early_stopping_minimises_losses_and_zero_patience_never_stops():
     stopper = EarlyStopping("val_loss", patience=0)
     for round_index, loss in enumerate([1.0, 0.5, 0.9, 0.9, 0.9]):
-        assert not stopper.update(round_index, loss, np.zeros(1, np.float32))
+        assert not stopper.update(round_index, loss)
     assert stopper.best_round == 1
 
 

@@ -4,7 +4,7 @@ worker's copies of its model and optimizer state are made one variable at a time
 NumPy reports its array buffers to tracemalloc, so a full-size temporary shows in the peak. The
 outer step and the NaN check run in place over chunks; a 16-bit sum holds one segment per rank,
 not a 16-bit copy of every contribution. The one full-size array a round may allocate is its
-aggregate, which becomes the next global model.
+aggregate, which becomes the next global model; the best round's copy is kept in a file.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from collections import deque
 import numpy as np
 import pytest
 
-from mpi_trainer.algorithms.early_stopping import EarlyStopping
 from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
 from mpi_trainer.algorithms.passes import all_finite
 from mpi_trainer.comm.flat_weights import WeightCodec
 from mpi_trainer.comm.wire_dtype import WireFormat
 from mpi_trainer.persistence.optimizer_state import state_parts, state_size, state_vector
+from mpi_trainer.persistence.spill import SpilledArray
 
 SIZE = 1_000_000  # 4 MB of float32
 MODEL_BYTES = SIZE * 4
@@ -77,16 +77,25 @@ def test_a_16_bit_sum_holds_segments_not_copies(monkeypatch, name):
     np.testing.assert_array_equal(summed, np.ones(SIZE, np.float32))
 
 
-def test_a_new_best_round_is_copied_into_the_best_weights_held():
-    early, weights = EarlyStopping("test_accuracy"), np.zeros(SIZE, np.float32)
-    early.update(0, 0.5, weights)  # the first best allocates its copy
-    held = early.best_weights
+def test_a_new_best_round_is_written_to_its_spilled_copy_and_streamed_back_in_parts(monkeypatch):
+    monkeypatch.setattr("mpi_trainer.persistence.spill.PART_VALUES", SIZE // 8)
+    weights = np.zeros(SIZE, np.float32)
+    best = SpilledArray(weights)
     weights += 1
-    assert peak_bytes(lambda: early.update(1, 0.6, weights)) < MODEL_BYTES / 8
-    assert early.best_weights is held and early.best_round == 1
-    np.testing.assert_array_equal(held, weights)
+    assert peak_bytes(lambda: best.store(weights)) < MODEL_BYTES / 8  # no copy of the model in memory
     weights += 1  # the copy is the best round's, not a view of the global weights
-    assert held[0] == 1
+    np.testing.assert_array_equal(best.read(), np.ones(SIZE, np.float32))
+    sizes: list[int] = []
+
+    def take(part: np.ndarray) -> None:  # a checkpoint writes each part and drops it
+        assert part.dtype == np.float32 and (part == 1).all()
+        sizes.append(part.size)
+
+    streamed = best.streamed()
+    assert peak_bytes(lambda: streamed.deliver(take)) < MODEL_BYTES / 4
+    assert streamed.size == SIZE and sizes == [SIZE // 8] * 8
+    with pytest.raises(ValueError, match="cannot take 10 float32 values"):
+        best.store(np.zeros(10, np.float32))
 
 
 class Variable:

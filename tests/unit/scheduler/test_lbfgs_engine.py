@@ -163,7 +163,7 @@ def test_early_stopping_keeps_the_best_iterate(tmp_path):
     summary = engine.run()
     assert summary["stop_reason"] == "early_stopping"
     assert summary["rounds_completed"] == 2 and summary["final_round"] == 0
-    best = engine.early.best_weights
+    best = engine.recorder.best.read()
     np.testing.assert_array_equal(engine.codec.flatten(engine.model.get_weights()), best)
 
 
