@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import cache, partial
 from pathlib import Path
 
 from benchmarks.harness import ROOT, Comparison, Figures
 from benchmarks.jobs import ENV, JobFailed, after_first, mean, program, train_command
+from benchmarks.suites import bandwidth
 from mpi_trainer.persistence.run_files import read_rounds
 
 QUESTION = "Big models: each phase of a round against the MPI floor, per wire dtype and outer optimizer, and peak RSS"
@@ -20,6 +23,7 @@ WIRES, OUTERS = ("float32", "float16"), ("none", "nesterov")
 ROUNDS, STEPS = 3, 4  # rounds of a few local steps: the round's other phases are what is measured
 # rank 0's budget above the backend's baseline: the weights, the reduction buffer, the outer state, a checkpoint copy
 SCHEDULER_COPIES, WORKER_COPIES = 4, 2  # a worker's budget: plain Keras training the model, plus 2 copies
+HOST_RATES = ("1gbit", "100mbit")  # links between two simulated hosts (root only: network namespaces)
 
 
 @cache
@@ -87,6 +91,35 @@ def job(size: str, wire: str, outer: str) -> Figures:
             "budget_workers": plain_keras_peak(size) + WORKER_COPIES * model_gb}
 
 
+def across_hosts(rate: str, wire: str) -> Figures:
+    """25M parameters, the scheduler on one simulated host and its one worker on the other, so that every
+    byte of a round crosses the shaped link: each round's communication and wall time, and ``auto``'s pick."""
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        run_dir = Path(tmp) / "run"
+        command = train_command(2, "configs/quickstart.toml", overrides("25m", wire, "nesterov"), run_dir,
+                                mpirun_args=bandwidth.shaped(rate))
+        proc = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise JobFailed(f"job failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        rounds = read_rounds(run_dir / "rounds.csv")
+        # the choice is logged before the run directory's log opens: on the console
+        picked = re.search(r"wire_dtype = auto: (\w+)", proc.stdout + proc.stderr)
+    sent = mean(after_first(rounds, "bytes"))
+    return {"bytes": sent / 1e6, "minimum": sent * 8 / bandwidth.RATE_BITS[rate],
+            "comm": mean(after_first(rounds, "comm_seconds")), "wall": mean(after_first(rounds, "wall_seconds")),
+            "float16": float((picked.group(1) if picked else wire) == "float16")}
+
+
+@contextmanager
+def prepared() -> Iterator[None]:
+    """The simulated hosts, where this machine allows them, are removed after the suite, also on failure."""
+    if bandwidth.unavailable():
+        yield
+        return
+    with bandwidth.prepared():
+        yield
+
+
 def variants(sizes: list[str]) -> dict[str, Callable[[], Figures]]:
     """Every size with float32 and float16 wires under none and nesterov, and the wire ``auto`` picks."""
     named: dict[str, Callable[[], Figures]] = {}
@@ -97,9 +130,25 @@ def variants(sizes: list[str]) -> dict[str, Callable[[], Figures]]:
     return named
 
 
+def hosts_comparison(quick: bool) -> Comparison:
+    flag = " --quick" if quick else ""
+    return Comparison(
+        title="25M parameters between two simulated hosts: seconds per round (mean of rounds 1-2) per wire",
+        command=f"python -m benchmarks run big_models{flag} --repeats 1",
+        variants={f"{wire} wire, {rate}": partial(across_hosts, rate, wire)
+                  for rate in HOST_RATES for wire in (*WIRES, "auto")},
+        columns={"bytes": "MB per round", "minimum": "minimum s (bytes / rate)", "comm": "communication s",
+                 "wall": "round wall s", "float16": "float16 on the wire (1 = yes)"},
+        notes="The scheduler on one host and one worker on the other (`scripts/local_cluster.sh`, network "
+              "namespaces shaped with tc), so the broadcast and the reduction both cross the link; outer "
+              "Nesterov, the settings of the table above otherwise. `auto` times each link and a float16 cast "
+              "before set-up; the last column says what it picked. Needs root.")
+
+
 def comparisons(quick: bool) -> list[Comparison]:
     sizes = ["25m"] if quick else list(SIZES)
     flag = " --quick" if quick else ""
+    hosts = [] if bandwidth.unavailable() else [hosts_comparison(quick)]
     return [Comparison(
         title="Seconds per round (mean of rounds 1-2) on 3 ranks; peak RSS of each rank",
         command=f"python -m benchmarks run big_models{flag} --repeats 1",
@@ -121,7 +170,7 @@ def comparisons(quick: bool) -> list[Comparison]:
               f"start's small MLP (the backend's baseline) + {SCHEDULER_COPIES}x the model; a worker's: plain "
               f"Keras `fit` of the model in one process (`benchmarks.plain_keras --epochs 1`) + "
               f"{WORKER_COPIES}x the model.",
-    )]
+    ), *hosts]
 
 
 def conclude(tables: list[dict]) -> list[str]:
@@ -130,6 +179,10 @@ def conclude(tables: list[dict]) -> list[str]:
     lines = []
     for table in tables:
         rows = table["rows"]
+        if "float16" in table["columns"]:
+            lines += [hosts_line(rate, {name.split(", ")[0]: {k: v["median"] for k, v in f.items()}
+                                        for name, f in rows.items() if name.endswith(f", {rate}")})
+                      for rate in HOST_RATES if any(name.endswith(f", {rate}") for name in rows)]
         if "budget0" not in table["columns"]:
             continue
         for size in SIZES:
@@ -152,3 +205,11 @@ def size_line(size: str, rows: dict[str, dict[str, float]]) -> str:
             f"the MPI floor (target 0.5x); a round's communication under Nesterov: {wires}; peak RSS: rank 0 up "
             f"to {rank0['rss0']:.2f} GB against a budget of {rank0['budget0']:.2f} GB, a worker up to "
             f"{worker['rss_workers']:.2f} GB against {worker['budget_workers']:.2f} GB.")
+
+
+def hosts_line(rate: str, rows: dict[str, dict[str, float]]) -> str:
+    """One link speed's findings: each wire's communication per round, and what ``auto`` picked."""
+    wires = ", ".join(f"{wire.split()[0]} {figures['comm']:.3g} s" for wire, figures in rows.items())
+    auto = rows.get("auto wire")
+    pick = "" if auto is None else f"; `auto` picked {'float16' if auto['float16'] else 'float32'}"
+    return f"Between two hosts at {rate}, a 25M-parameter round's communication: {wires}{pick}."

@@ -32,7 +32,7 @@ that times out knows which rank is missing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -75,6 +75,18 @@ class RowArrays(Protocol):
     positions: np.ndarray
     x: np.ndarray
     y: np.ndarray
+
+
+class ArrayInParts(Protocol):
+    """A flat array read part by part as it is sent (a checkpoint's array left on disk)."""
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def dtype(self) -> np.dtype: ...
+
+    def parts(self) -> Iterator[np.ndarray]: ...
 
 
 class SchedulerLink:
@@ -137,9 +149,13 @@ class SchedulerLink:
     def recv_weights(self, worker: int, out: np.ndarray, timeout: float | None = None) -> Received:
         return self.transport.recv_array(out, source=worker, tag=_TAG_WEIGHTS, timeout=timeout)
 
-    def send_state(self, worker: int, vector: np.ndarray) -> None:
-        """A worker's optimizer state vector (a resume), as raw bytes: no pickled copy of it on either side."""
-        self.transport.send_large_array(vector, worker, _TAG_STATE)
+    def send_state(self, worker: int, vector: np.ndarray | ArrayInParts) -> None:
+        """A worker's optimizer state vector (a resume), as raw bytes: no pickled copy of it on either side;
+        one left on disk goes part by part as it is read."""
+        if isinstance(vector, np.ndarray):
+            self.transport.send_large_array(vector, worker, _TAG_STATE)
+        else:
+            self.transport.send_array_parts(vector.parts(), (vector.size,), vector.dtype, worker, _TAG_STATE)
 
     def request_state(self, worker: int, timeout: float | None) -> IncomingArray:
         """Ask a worker for its optimizer state vector, for the checkpoint: its header (size and dtype);

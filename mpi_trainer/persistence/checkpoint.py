@@ -10,7 +10,9 @@ SHA-256 of its name, dtype, shape and bytes in its ``sha256`` attribute; the fil
 metadata. A reader that finds the latest file missing, unreadable or not matching
 its digests falls back to the backup with a warning naming the file; when neither
 holds, it fails naming both. Files of format 2 (one digest over every array's
-bytes) are still read and checked.
+bytes) are still read and checked. A reader may leave large arrays on disk
+(:func:`open_checkpoint`): their digests are checked part by part as the file is
+read, and they are read again, part by part, when they are wanted.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.run_files import backup_path, fsync_dir, fsync_file, prepare_new
 
 FORMAT_VERSION = 3  # 2: one ``sha256`` over every array; 3: one per dataset, and the file's over them
+READ_PART_BYTES = 16 << 20  # an array left on disk is checked and read back in parts of this size
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,35 @@ class StreamedArray:
 
 
 CheckpointArray = np.ndarray | StreamedArray
+
+
+@dataclass(frozen=True)
+class StoredArray:
+    """A flat array of a checkpoint left on disk when the checkpoint was read (its digest checked then): read
+    part by part when it is wanted, from the file as it was read (held open while this is held, so a newer
+    checkpoint renamed into place does not change it)."""
+
+    file: h5py.File
+    name: str
+
+    @property
+    def size(self) -> int:
+        return int(self.file[self.name].size)
+
+    @property
+    def dtype(self) -> np.dtype:
+        dtype: np.dtype = np.dtype(self.file[self.name].dtype)
+        return dtype
+
+    def parts(self) -> Iterator[np.ndarray]:
+        """The values in order, flat parts of :data:`READ_PART_BYTES`: one in memory at a time."""
+        dataset = self.file[self.name]
+        step = max(1, READ_PART_BYTES // dataset.dtype.itemsize)
+        for start in range(0, dataset.size, step):
+            yield np.asarray(dataset[start:start + step]).reshape(-1)
+
+    def read(self) -> np.ndarray:
+        return np.asarray(self.file[self.name][()])
 
 
 class CheckpointDamaged(ValueError):
@@ -150,29 +182,61 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _read(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    with h5py.File(path, "r") as handle:
+def _read(path: Path, leave: Callable[[str], bool]) -> tuple[dict[str, np.ndarray], dict[str, StoredArray],
+                                                             dict[str, Any]]:
+    """The arrays read, the flat arrays ``leave`` left on disk (format 3) and the metadata, every digest checked."""
+    handle = h5py.File(path, "r")
+    try:
         meta_json = _text(handle.attrs["meta"])
         recorded = handle.attrs.get("sha256")
         version = int(handle.attrs.get("format_version", 1))
-        arrays, digests = {}, {}
+        arrays: dict[str, np.ndarray] = {}
+        stored: dict[str, StoredArray] = {}
+        digests: dict[str, str] = {}
         for name in handle.keys():
-            arrays[name] = handle[name][()]
-            if version >= 3:
-                digests[name] = array_digest(name, arrays[name])
-                if digests[name] != _text(handle[name].attrs.get("sha256", "")):
-                    raise CheckpointDamaged(f"the SHA-256 of its array {name!r} is {digests[name]}, the file "
-                                            f"records {_text(handle[name].attrs.get('sha256', 'none'))}")
-    if recorded is not None:  # checkpoints of format 1 hold none
-        recorded = _text(recorded)
-        actual = contents_digest(digests, meta_json) if version >= 3 else _format_2_digest(arrays, meta_json)
-        if actual != recorded:
-            raise CheckpointDamaged(f"its contents' SHA-256 is {actual}, the file records {recorded}")
-    return arrays, json.loads(meta_json)
+            if version >= 3 and leave(name) and handle[name].ndim == 1:
+                stored[name] = StoredArray(handle, name)
+                digests[name] = _stored_digest(stored[name])
+            else:
+                arrays[name] = handle[name][()]
+                if version >= 3:
+                    digests[name] = array_digest(name, arrays[name])
+            if version >= 3 and digests[name] != _text(handle[name].attrs.get("sha256", "")):
+                raise CheckpointDamaged(f"the SHA-256 of its array {name!r} is {digests[name]}, the file "
+                                        f"records {_text(handle[name].attrs.get('sha256', 'none'))}")
+        if recorded is not None:  # checkpoints of format 1 hold none
+            recorded = _text(recorded)
+            actual = contents_digest(digests, meta_json) if version >= 3 else _format_2_digest(arrays, meta_json)
+            if actual != recorded:
+                raise CheckpointDamaged(f"its contents' SHA-256 is {actual}, the file records {recorded}")
+    except BaseException:
+        handle.close()
+        raise
+    if not stored:
+        handle.close()
+    return arrays, stored, json.loads(meta_json)
+
+
+def _stored_digest(stored: StoredArray) -> str:
+    """:func:`array_digest` of an array left on disk, read part by part."""
+    digest = hashlib.sha256()
+    _hash_header(digest, stored.name, stored.dtype, (stored.size,))
+    for part in stored.parts():
+        digest.update(np.ascontiguousarray(part).data.cast("B"))
+    return digest.hexdigest()
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Load ``path``, or its backup when the latest is missing, unreadable or damaged (digest mismatch)."""
+    arrays, _, meta = open_checkpoint(path, lambda name: False)
+    return arrays, meta
+
+
+def open_checkpoint(path: Path, leave: Callable[[str], bool]) -> tuple[dict[str, np.ndarray],
+                                                                       dict[str, StoredArray], dict[str, Any]]:
+    """As :func:`load_checkpoint`, but the flat arrays whose names ``leave`` picks stay on disk as
+    :class:`StoredArray` (a worker's optimizer state: read part by part when it is sent, never whole in
+    memory); returns (arrays read, arrays left on disk, metadata)."""
     path = Path(path)
     errors = []
     for candidate in (path, backup_path(path)):
@@ -180,7 +244,7 @@ def load_checkpoint(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
             errors.append(f"{candidate}: missing")
             continue
         try:
-            result = _read(candidate)
+            result = _read(candidate, leave)
         except (OSError, KeyError, ValueError) as exc:
             errors.append(f"{candidate}: {exc}")
             what = "damaged" if isinstance(exc, CheckpointDamaged) else "unreadable"

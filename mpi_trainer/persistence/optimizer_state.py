@@ -10,11 +10,12 @@ scheduler owns it (NaN rollbacks halve it).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 ARRAY_PREFIX = "optimizer_rank_"
+T = TypeVar("T")  # a state as held: in memory, or left on disk in a checkpoint
 
 
 def _state_variables(optimizer: Any) -> list[Any]:
@@ -62,7 +63,7 @@ def load_state_vector(optimizer: Any, flat: np.ndarray) -> None:
         offset += size
 
 
-def assign_states(saved: Mapping[int, np.ndarray], workers: Sequence[int]) -> dict[int, np.ndarray]:
+def assign_states(saved: Mapping[int, T], workers: Sequence[int]) -> dict[int, T]:
     """Saved per-rank states mapped onto the current worker ranks (elastic restarts included)."""
     old = sorted(saved)
     if not old:
@@ -70,7 +71,7 @@ def assign_states(saved: Mapping[int, np.ndarray], workers: Sequence[int]) -> di
     return {worker: saved[old[(worker - 1) % len(old)]] for worker in workers}
 
 
-def split_arrays(arrays: Mapping[str, np.ndarray]) -> dict[int, np.ndarray]:
+def split_arrays(arrays: Mapping[str, T]) -> dict[int, T]:
     """The per-rank optimizer vectors among a checkpoint's arrays."""
     return {int(name[len(ARRAY_PREFIX):]): array for name, array in arrays.items()
             if name.startswith(ARRAY_PREFIX)}

@@ -25,8 +25,8 @@ import numpy as np
 from mpi_trainer.algorithms.outer_optimizer import STATE_PREFIX as OUTER_PREFIX
 from mpi_trainer.errors import ConfigError
 from mpi_trainer.logs import get_logger
-from mpi_trainer.persistence.checkpoint import load_checkpoint
-from mpi_trainer.persistence.optimizer_state import split_arrays
+from mpi_trainer.persistence.checkpoint import StoredArray, open_checkpoint
+from mpi_trainer.persistence.optimizer_state import ARRAY_PREFIX, split_arrays
 from mpi_trainer.persistence.run_files import CHECKPOINT_NAME, ROUNDS_NAME, UPDATES_NAME, backup_path, write_atomic
 from mpi_trainer.persistence.run_state import fingerprint_differences
 
@@ -44,7 +44,7 @@ class ResumeState:
 
     next_round: int
     weights: np.ndarray
-    best_weights: np.ndarray | None
+    best_weights: np.ndarray | StoredArray | None  # left on disk in the checkpoint until the recorder spills it
     best_value: float | None
     best_round: int
     wait: int
@@ -55,7 +55,8 @@ class ResumeState:
     previous_workers: int
     rollbacks: list[dict[str, Any]] = field(default_factory=list)
     rounds: list[dict[str, Any]] = field(default_factory=list)
-    optimizer_states: dict[int, np.ndarray] = field(default_factory=dict)
+    # each worker's, left on disk in the checkpoint: read part by part as it is sent back to a worker
+    optimizer_states: dict[int, np.ndarray | StoredArray] = field(default_factory=dict)
     # the scheduler's outer optimizer state, as checkpoint arrays (``outer_*``)
     outer_state: dict[str, np.ndarray] = field(default_factory=dict)
     fingerprint: dict[str, Any] = field(default_factory=dict)  # empty for checkpoints made before it existed
@@ -171,20 +172,28 @@ def load_resume_state(run_dir: Path, config: dict[str, Any]) -> ResumeState | No
     return state
 
 
+def left_on_disk(name: str) -> bool:
+    """The checkpoint arrays a resume or a rollback does not read into memory when it opens the file: the
+    workers' optimizer states and the best weights (each as large as the model or larger)."""
+    return name.startswith(ARRAY_PREFIX) or name == "best_weights"
+
+
 def read_resume_state(run_dir: Path, config: dict[str, Any]) -> ResumeState | None:
     """Read the run's checkpoint and check it fits ``config``; None if none exists. Writes nothing."""
     checkpoint = run_dir / CHECKPOINT_NAME
     if not checkpoint.exists() and not backup_path(checkpoint).exists():
         return None
-    arrays, meta = load_checkpoint(checkpoint)
+    arrays, stored, meta = open_checkpoint(checkpoint, left_on_disk)
     check_compatible(meta["config"], config)
     last_round = int(meta["round"])
     return ResumeState(
-        next_round=last_round + 1, weights=arrays["weights"].astype(np.float32),
-        best_weights=arrays.get("best_weights"), best_value=_optional_float(meta.get("best_value")),
-        best_round=int(meta.get("best_round", -1)), wait=int(meta.get("wait", 0)),
+        next_round=last_round + 1, weights=np.asarray(arrays["weights"], dtype=np.float32),
+        best_weights=stored.get("best_weights", arrays.get("best_weights")),
+        best_value=_optional_float(meta.get("best_value")), best_round=int(meta.get("best_round", -1)),
+        wait=int(meta.get("wait", 0)),
         steps=int(meta.get("steps", 0)), lr_scale=float(meta.get("lr_scale", 1.0)),
         wall_seconds=float(meta.get("wall_seconds", 0.0)), traffic_bytes=int(meta.get("traffic_bytes", 0)),
         previous_workers=len(meta.get("block_bounds", [])), rollbacks=list(meta.get("rollbacks", [])),
-        optimizer_states=split_arrays(arrays), fingerprint=dict(meta.get("fingerprint", {})),
+        optimizer_states={**split_arrays(arrays), **split_arrays(stored)},
+        fingerprint=dict(meta.get("fingerprint", {})),
         outer_state={name: array for name, array in arrays.items() if name.startswith(OUTER_PREFIX)})

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from mpi_trainer.persistence.checkpoint import StreamedArray
+from mpi_trainer.persistence.checkpoint import StoredArray, StreamedArray
 
 PART_VALUES = 1 << 22  # values read back at a time when the copy is streamed (16 MB of float32)
 
@@ -22,18 +22,20 @@ PART_VALUES = 1 << 22  # values read back at a time when the copy is streamed (1
 class SpilledArray:
     """A flat array held in an anonymous temporary file (gone when it is closed or the process ends)."""
 
-    def __init__(self, values: np.ndarray) -> None:
+    def __init__(self, values: np.ndarray | StoredArray) -> None:
         self.file = tempfile.TemporaryFile(prefix="mpi_trainer-")
-        self.size, self.dtype = int(values.size), values.dtype
+        self.size, self.dtype = int(values.size), np.dtype(values.dtype)
         self.store(values)
 
-    def store(self, values: np.ndarray) -> None:
-        """Replace the copy by ``values`` (the same size), written straight from their buffer."""
+    def store(self, values: np.ndarray | StoredArray) -> None:
+        """Replace the copy by ``values`` (the same size), written straight from their buffer (a checkpoint's
+        array left on disk: part by part)."""
         if values.size != self.size or values.dtype != self.dtype:
             raise ValueError(f"a spilled copy of {self.size} {self.dtype} values cannot take "
                              f"{values.size} {values.dtype} values")
         self.file.seek(0)
-        np.ascontiguousarray(values).tofile(self.file)
+        for part in values.parts() if isinstance(values, StoredArray) else [values]:
+            np.ascontiguousarray(part).tofile(self.file)
         self.file.flush()
 
     def read(self) -> np.ndarray:

@@ -32,10 +32,10 @@ from mpi_trainer.config import Config
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.errors import EXIT_PREEMPTED
 from mpi_trainer.logs import get_logger
-from mpi_trainer.persistence.checkpoint import CheckpointArray, load_checkpoint, save_checkpoint
+from mpi_trainer.persistence.checkpoint import CheckpointArray, open_checkpoint, save_checkpoint
 from mpi_trainer.persistence.optimizer_state import ARRAY_PREFIX
 from mpi_trainer.persistence.preemption import Preemption
-from mpi_trainer.persistence.resume import ResumeState, worker_seed
+from mpi_trainer.persistence.resume import ResumeState, left_on_disk, worker_seed
 from mpi_trainer.persistence.run_files import (
     CHECKPOINT_NAME,
     FINAL_WEIGHTS_NAME,
@@ -180,7 +180,7 @@ class RoundRecorder:
         path = self.run_dir / CHECKPOINT_NAME
         if not (path.exists() or backup_path(path).exists()):
             return None
-        arrays, meta = load_checkpoint(path)
+        arrays, _, meta = open_checkpoint(path, left_on_disk)  # the weights and the outer state only
         return arrays, int(meta["round"])
 
     def roll_back(self, round_index: int, checkpoint_round: int, cause: str) -> None:
@@ -215,10 +215,10 @@ class RoundRecorder:
         are read back only when the run ends on them or a checkpoint is written)."""
         stop = self.early.update(index, value)
         if self.early.just_improved:
-            if self.best is None:
-                self.best = SpilledArray(weights)
+            if self.best is not None and (self.best.size, self.best.dtype) == (weights.size, weights.dtype):
+                self.best.store(weights)  # over the copy kept
             else:
-                self.best.store(weights)
+                self.best = SpilledArray(weights)
         return stop
 
     def verdict(self, finished: FinishedRound, early_stop: bool) -> StopReason | None:

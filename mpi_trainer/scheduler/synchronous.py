@@ -34,7 +34,7 @@ from mpi_trainer.data.increment import log_data_shares
 from mpi_trainer.data.placement import ScatterLedger
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.errors import RankLost
-from mpi_trainer.persistence.checkpoint import CheckpointArray, StreamedArray
+from mpi_trainer.persistence.checkpoint import CheckpointArray, StoredArray, StreamedArray
 from mpi_trainer.persistence.optimizer_state import assign_states
 from mpi_trainer.persistence.resume import ResumeState
 from mpi_trainer.persistence.run_record import NO_CONTEXT, RunContext, StopReason
@@ -52,7 +52,7 @@ class SynchronousEngine(Engine):
         # what the next round's orders carry: a NaN rollback's or a resume's rate, a reset of the workers' optimizers
         self.next_rate: float | None = None
         self.reset_next = False
-        self.pending_states: dict[int, np.ndarray] = {}
+        self.pending_states: dict[int, np.ndarray | StoredArray] = {}  # a resume's, sent with the first round
         self.next_started: float | None = None  # set while the next round runs ahead (overlap_eval)
         self.collector = RoundCollector(link, self.wire, self.codec.size, self.watchdog, self.observers, self.log,
                                         cfg.aggregation.elects)

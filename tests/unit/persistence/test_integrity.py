@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import tracemalloc
 import weakref
 
 import h5py
 import numpy as np
 import pytest
 
-from mpi_trainer.persistence.checkpoint import StreamedArray, array_digest, load_checkpoint, save_checkpoint
+from mpi_trainer.persistence.checkpoint import (
+    StoredArray,
+    StreamedArray,
+    array_digest,
+    load_checkpoint,
+    open_checkpoint,
+    save_checkpoint,
+)
 from mpi_trainer.persistence.run_files import (
     digest_path,
     file_sha256,
@@ -44,6 +52,33 @@ def test_a_flipped_bit_in_the_latest_checkpoint_falls_back_to_the_backup_naming_
     arrays, meta = load_checkpoint(path)
     assert meta["round"] == 1 and arrays["weights"].tolist() == [1.0] * 64
     assert f"checkpoint {path} is damaged" in caplog.text and "SHA-256" in caplog.text
+
+
+@pytest.mark.parametrize("damaged", [False, True])
+def test_a_state_left_on_disk_is_checked_as_the_file_is_opened_and_read_back_part_by_part(tmp_path, caplog,
+                                                                                         monkeypatch, damaged):
+    monkeypatch.setattr("mpi_trainer.persistence.checkpoint.READ_PART_BYTES", 1 << 20)
+    path, state = tmp_path / "checkpoint.h5", np.arange(3 << 20, dtype=np.float32)  # 12 MB
+    save_checkpoint(path, {"weights": np.ones(64, np.float32), "optimizer_rank_1": state - 1}, {"round": 1})
+    save_checkpoint(path, {"weights": np.ones(64, np.float32), "optimizer_rank_1": state}, {"round": 2})
+    if damaged:
+        _flip_a_bit(path, "optimizer_rank_1", byte=8 << 20)  # in the eighth part
+    tracemalloc.start()
+    try:
+        arrays, stored, meta = open_checkpoint(path, lambda name: name.startswith("optimizer_rank_"))
+        opened = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert opened < state.nbytes / 4  # checked part by part, not read whole
+    assert meta["round"] == (1 if damaged else 2) and set(arrays) == {"weights"}
+    assert ("damaged" in caplog.text) == damaged
+    left = stored["optimizer_rank_1"]
+    assert isinstance(left, StoredArray) and (left.size, left.dtype) == (state.size, np.float32)
+    parts = list(left.parts())
+    assert [part.nbytes for part in parts] == [1 << 20] * 12
+    np.testing.assert_array_equal(np.concatenate(parts), state - 1 if damaged else state)
+    save_checkpoint(path, {"weights": np.zeros(64, np.float32)}, {"round": 3})  # a newer file replaces it
+    np.testing.assert_array_equal(left.read(), state - 1 if damaged else state)  # read from the file opened
 
 
 def test_garbage_of_the_same_shape_is_noticed(tmp_path, caplog):

@@ -32,7 +32,8 @@ run_dir = Path(sys.argv[1])
 job = run_local_job(run_dir, workers=2, model={"name": "user_models:small_cnn", "learning_rate": 0.01},
                     data={"augmentation": {"enabled": True, "rotation": 0.1, "flip": "horizontal"}},
                     checkpoint={"every": 1}, train={"epochs": 2})
-saved = load_resume_state(run_dir, job.engine.cfg.to_dict()).optimizer_states
+saved = {rank: state.read() for rank, state in load_resume_state(run_dir, job.engine.cfg.to_dict())
+         .optimizer_states.items()}
 live = {w.rank: state_vector(w.model.optimizer) for w in job.workers}
 resumed = rebuild_model(job.engine.plan.model)  # a worker of the resumed run
 ensure_built(resumed)
