@@ -142,7 +142,8 @@ class Engine(ABC):
             except TimeoutError as exc:
                 raise self.watchdog.timed_out("take its order to stop", exc, self.workers) from None
             self.recorder.count_bytes(self.link.take_bytes())
-            summary = self.recorder.finish(self.weights)
+            # the model still holds the last scored weights unless they changed since
+            summary = self.recorder.finish(self.weights, self.evaluator.loaded_version == self.weights_version)
             if self.recorder.kept_weights is not None:
                 self.weights = self.recorder.kept_weights
             return summary

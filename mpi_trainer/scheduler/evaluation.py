@@ -29,6 +29,7 @@ class Evaluator:
         monitors_validation = cfg.early_stopping.monitor.startswith("val_")
         self.scores_validation = len(dataset.x_val) > 0 and (monitors_validation or not cfg.aggregation.elects)
         self.scores_test = len(dataset.y_test) > 0  # data.test_size = 0 holds no test split out
+        self.loaded_version = -1  # the version of the global weights last loaded into the model (-1: none)
 
     def skipped(self) -> dict[str, float]:
         """The columns of a round that ``evaluation.every`` leaves unscored: none (the recorder fills
@@ -45,6 +46,7 @@ class Evaluator:
         and the seconds it took. ``version``: the engine's count of changes to its global weights."""
         started = time.perf_counter()
         self.model.set_weights(self.codec.unflatten(weights))
+        self.loaded_version = version
         out: dict[str, float] = {}
         if self.scores_test:
             out = prefixed("test", evaluate_model(self.model, self.dataset.x_test, self.dataset.y_test, self.batch))

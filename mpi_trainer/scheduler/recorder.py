@@ -346,12 +346,15 @@ class RoundRecorder:
         if self.needs_final_checkpoint():
             self.checkpoint(self.last_round, self.final_weights(weights)[0], saved)
 
-    def finish(self, weights: np.ndarray) -> dict[str, Any]:
+    def finish(self, weights: np.ndarray, model_holds: bool = False) -> dict[str, Any]:
         """Final weights, summary and the per-round table (after :meth:`final_checkpoint`); returns the
-        summary."""
+        summary. ``model_holds``: the model still holds ``weights`` (the last round's evaluation loaded
+        them), so they are not loaded again (Keras' ``set_weights`` costs a copy of the model), unless a
+        callback had the model in hand since."""
         kept, final = self.final_weights(weights)
         self.kept_weights = kept
-        self.model.set_weights(self.codec.unflatten(kept))
+        if not (model_holds and kept is weights and self.callbacks is None):
+            self.model.set_weights(self.codec.unflatten(kept))
         preempted = self.state.stop_reason == StopReason.PREEMPTED
         if not preempted:  # a preempted run has no final weights yet; its checkpoint carries it on
             save_weights_atomic(self.model, self.run_dir / FINAL_WEIGHTS_NAME)

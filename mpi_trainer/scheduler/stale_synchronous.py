@@ -266,6 +266,7 @@ class StaleSynchronousEngine(Engine):
         share = merge_share(self.cfg.aggregation.method, report.samples, round_total, len(self.workers),
                             flight.staleness, self.cfg.aggregation.staleness_damping)
         merge_delta(self.weights, local, flight.base, share)
+        self.weights_version += 1  # changed in place: the model no longer holds them once scored
         return share
 
     def rebalance(self, report: Report) -> None:

@@ -31,6 +31,8 @@ def test_a_synchronous_round_averages_what_the_workers_trained(tmp_path):
     assert row["block_sizes"] == ";".join(str(r.samples) for r, _ in trained)
     assert len(row["worker_train_seconds"].split(";")) == 3 and row["winner"] == ""
     assert job.summary["stop_reason"] == "epochs" and 0.0 < float(row["test_accuracy"]) <= 1.0
+    # the scheduler's model (the user's own on the fit path) ends holding the final weights
+    np.testing.assert_array_equal(job.engine.codec.flatten(job.engine.model.get_weights()), job.engine.weights)
 
 
 def test_a_checkpoint_holds_every_workers_optimizer_state_and_counts_its_bytes(tmp_path):
