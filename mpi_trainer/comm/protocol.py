@@ -118,7 +118,12 @@ class SchedulerLink:
                 raise MissingRanks(sorted(set(self.workers) - ready)) from None
 
     def broadcast_weights(self, weights: np.ndarray, timeout: float | None) -> None:
+        """``weights`` as they are (float32 for scoring, float64 for L-BFGS) to every worker."""
         self.transport.broadcast(weights, timeout=timeout)
+
+    def broadcast_global(self, weights: np.ndarray, wire: WireFormat, timeout: float | None) -> None:
+        """The global weights (float32) to every worker, carried in ``wire``'s dtype."""
+        wire.broadcast_from_root(self.transport, weights, timeout=timeout)
 
     def recv_report(self, timeout: float | None, due: float | None = None) -> Received:
         """The next report from any worker (payload: :class:`Report`); ``due``: when it is expected
@@ -256,7 +261,12 @@ class WorkerLink:
         self.transport.send_object(round_index, 0, _TAG_READY)
 
     def recv_broadcast(self, out: np.ndarray) -> None:
+        """What :meth:`SchedulerLink.broadcast_weights` sends, into ``out``."""
         self.transport.broadcast(out)
+
+    def recv_global(self, out: np.ndarray, wire: WireFormat) -> None:
+        """The global weights :meth:`SchedulerLink.broadcast_global` sends, decoded into ``out`` (float32)."""
+        wire.broadcast_from_root(self.transport, out)
 
     def send_report(self, report: Report) -> None:
         self.transport.send_object(report, 0, _TAG_REPORT)

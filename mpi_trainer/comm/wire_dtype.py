@@ -1,4 +1,5 @@
-"""The dtype weights travel in (``aggregation.wire_dtype``), and the one verb that sums them at the root.
+"""The dtype weights travel in (``aggregation.wire_dtype``), and the two verbs that move them: a sum to the
+root and a broadcast from it.
 
 float32, or 16 bits to halve the bytes.
 
@@ -20,7 +21,10 @@ A 16-bit sum travels in segments of :data:`SEGMENT` values: each rank encodes a
 segment into a small buffer and gathers it, and the root adds the segment it
 has while the next one is on the wire (a thread; NumPy and mpi4py release the
 GIL). No rank holds a full-size 16-bit copy, the root's additions read each
-contribution once, and the casts overlap the transfer.
+contribution once, and the casts overlap the transfer. A 16-bit broadcast
+(:meth:`WireFormat.broadcast_from_root`) goes the same way, segment by segment:
+the root encodes a segment into a small buffer and broadcasts it, and every
+other rank decodes it into its float32 weights as the next one is encoded.
 """
 
 from __future__ import annotations
@@ -114,6 +118,24 @@ class WireFormat:
             piece = scratch[:stop - start]
             self.decode(wire[start:stop], piece)
             out[start:stop] += piece
+
+    def broadcast_from_root(self, transport: RankTransport, values: np.ndarray, root: int = 0,
+                            timeout: float | None = None) -> None:
+        """The root's float32 ``values`` into every other rank's ``values``, carried in the wire dtype (its
+        bytes are counted as such); 16 bits go segment by segment, so no rank holds a 16-bit copy."""
+        if self.name == "float32":
+            transport.broadcast(values, root=root, timeout=timeout)
+            return
+        segment = min(SEGMENT, values.size) or 1
+        wire = self.empty(segment)
+        for start in range(0, values.size, segment):
+            stop = min(start + segment, values.size)
+            part = wire[:stop - start]
+            if transport.rank == root:
+                self.encode(values[start:stop], part)
+            transport.broadcast(part, root=root, timeout=timeout)
+            if transport.rank != root:
+                self.decode(part, values[start:stop])
 
     def sum_to_root(self, transport: RankTransport, values: np.ndarray, root: int = 0,
                     timeout: float | None = None) -> np.ndarray:

@@ -266,7 +266,7 @@ class SynchronousEngine(Engine):
 
     def send_weights(self, round_index: int) -> None:
         try:
-            self.link.broadcast_weights(self.wire.encode(self.weights), self.watchdog.timeout)
+            self.link.broadcast_global(self.weights, self.wire, self.watchdog.timeout)
         except TimeoutError as exc:
             raise self.watchdog.timed_out(f"take the weights of round {round_index}", exc, self.workers) from None
 

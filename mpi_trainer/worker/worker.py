@@ -78,8 +78,9 @@ class Worker:
             test_hooks.nan_round if test_hooks.nan_rank == self.rank else None)
         self.global_weights = self.training.codec.empty()
         self.wire = WireFormat(cfg.aggregation.wire_dtype)
-        # where weights from the scheduler land: the float32 buffer itself, or a 16-bit one decoded into it
-        self.arriving = self.wire.landing(self.global_weights)
+        # where an SSP update's weights land: the float32 buffer itself, or a 16-bit one decoded into it (made
+        # at the first; a synchronous round's broadcast is decoded segment by segment as it arrives)
+        self.arriving: np.ndarray | None = None
         self.candidate: np.ndarray | None = None  # best-of: this round's trained weights, until elected or not
         # (round, phase) in which this worker ends itself, if it does
         self.crash_at = ((test_hooks.crash_round, test_hooks.crash_phase)
@@ -216,8 +217,7 @@ class Worker:
             # (a broadcast's own arrival messages do that when one follows).
             self.link.send_ready(order.round)
         else:
-            self.link.recv_broadcast(self.arriving)
-            self.wire.decode(self.arriving, self.global_weights)
+            self.link.recv_global(self.global_weights, self.wire)
         self.phases.add("wait", order.round, waited)
         self.maybe_crash(order.round, "train")
         report, local = self.train(order.round, order.max_steps)
@@ -287,6 +287,8 @@ class Worker:
             self.model.optimizer.learning_rate = order.learning_rate
         self.link.take_bytes()
         waited = time.time()
+        if self.arriving is None:
+            self.arriving = self.wire.landing(self.global_weights)
         self.link.recv_weights(self.arriving)
         self.wire.decode(self.arriving, self.global_weights)
         self.phases.add("wait", order.clock, waited)

@@ -77,6 +77,38 @@ def test_a_16_bit_sum_holds_segments_not_copies(monkeypatch, name):
     np.testing.assert_array_equal(summed, np.ones(SIZE, np.float32))
 
 
+class BroadcastEnd:
+    """One end of a two-rank broadcast: the root's parts are kept in ``sent`` (outside what is measured, when
+    ``keep`` is off only their sizes), the other rank takes them in order: what MPI does into the buffer given."""
+
+    size = 2
+
+    def __init__(self, rank: int, sent: deque, keep: bool = True) -> None:
+        self.rank, self.sent, self.keep = rank, sent, keep
+
+    def broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None:
+        if self.rank == root:
+            self.sent.append(buf.copy() if self.keep else buf.size)
+        else:
+            np.copyto(buf, self.sent.popleft())
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_a_16_bit_broadcast_encodes_and_decodes_segment_by_segment(monkeypatch, name):
+    monkeypatch.setattr("mpi_trainer.comm.wire_dtype.SEGMENT", SIZE // 16)
+    wire, weights = WireFormat(name), np.random.default_rng(0).standard_normal(SIZE).astype(np.float32)
+    root_sizes: deque = deque()
+    # the root encodes one segment at a time: no 16-bit copy of the model (that would be half of it)
+    assert peak_bytes(lambda: wire.broadcast_from_root(BroadcastEnd(0, root_sizes, keep=False), weights)) \
+        < MODEL_BYTES / 8
+    assert list(root_sizes) == [SIZE // 16] * 16
+    sent: deque = deque()
+    wire.broadcast_from_root(BroadcastEnd(0, sent), weights)
+    received = np.zeros(SIZE, np.float32)
+    assert peak_bytes(lambda: wire.broadcast_from_root(BroadcastEnd(1, sent), received)) < MODEL_BYTES / 8
+    np.testing.assert_array_equal(received, wire.decode(wire.encode(weights)))  # what the 16 bits hold
+
+
 def test_a_new_best_round_is_written_to_its_spilled_copy_and_streamed_back_in_parts(monkeypatch):
     monkeypatch.setattr("mpi_trainer.persistence.spill.PART_VALUES", SIZE // 8)
     weights = np.zeros(SIZE, np.float32)
