@@ -78,6 +78,7 @@ class RoundCallbacks:
         self.metric_names = list(metric_names)
         self.initial_epoch = initial_epoch
         self.history = keras.callbacks.History()
+        self.from_user = len(callbacks) > 0  # any besides the History that fit returns
         self.callbacks = keras.callbacks.CallbackList([*callbacks, self.history], model=model,
                                                       epochs=rounds + initial_epoch, verbose=0)
         self.last_logs: dict[str, float] = {}

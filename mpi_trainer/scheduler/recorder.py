@@ -350,10 +350,10 @@ class RoundRecorder:
         """Final weights, summary and the per-round table (after :meth:`final_checkpoint`); returns the
         summary. ``model_holds``: the model still holds ``weights`` (the last round's evaluation loaded
         them), so they are not loaded again (Keras' ``set_weights`` costs a copy of the model), unless a
-        callback had the model in hand since."""
+        user's callback had the model in hand since."""
         kept, final = self.final_weights(weights)
         self.kept_weights = kept
-        if not (model_holds and kept is weights and self.callbacks is None):
+        if not (model_holds and kept is weights and (self.callbacks is None or not self.callbacks.from_user)):
             self.model.set_weights(self.codec.unflatten(kept))
         preempted = self.state.stop_reason == StopReason.PREEMPTED
         if not preempted:  # a preempted run has no final weights yet; its checkpoint carries it on
@@ -380,13 +380,18 @@ class RoundRecorder:
     def keep_callback_weights(self) -> None:
         """A callback that put other weights in the model at the end (``EarlyStopping``'s
         ``restore_best_weights``): those are the run's final weights, in the model and on disk."""
-        held = self.codec.flatten(self.model.get_weights())
-        if self.kept_weights is not None and np.array_equal(held, self.kept_weights):
+        if self.kept_weights is not None and self.model_holds(self.kept_weights):
             return
-        self.kept_weights = held
+        self.kept_weights = self.codec.flatten(self.model.get_weights())
         save_weights_atomic(self.model, self.run_dir / FINAL_WEIGHTS_NAME)
         self.log.info("a callback restored other weights at the end of training; %s holds them",
                       FINAL_WEIGHTS_NAME)
+
+    def model_holds(self, weights: np.ndarray) -> bool:
+        """Whether the model's variables hold ``weights``, compared one variable at a time (no copy of the
+        whole model)."""
+        return all(np.array_equal(np.asarray(variable), part)
+                   for variable, part in zip(self.model.weights, self.codec.unflatten(weights), strict=True))
 
     def summary(self, final: dict[str, Any] | None = None) -> dict[str, Any]:
         rounds = self.state.rounds
