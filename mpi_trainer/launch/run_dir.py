@@ -10,6 +10,7 @@ nothing but the lock file's note.
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import time
@@ -102,7 +103,7 @@ def check_against_run(run: RunDirectory, cfg: Config, dataset: Dataset, model: A
     """The new job's model and data against the checkpoint's (refused naming what differs)."""
     run.fingerprint = fingerprint(cfg.data.source, dataset, model)
     if run.state is not None:
-        check_weight_count(run.state, sum(int(w.size) for w in model.get_weights()), cfg.model.name)
+        check_weight_count(run.state, sum(math.prod(v.shape) for v in model.weights), cfg.model.name)
         check_fingerprint(run.state, run.fingerprint)
 
 
