@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from mpi_trainer.comm.interface import REDUCE_PART_BYTES
 from mpi_trainer.comm.protocol import (
     EvaluateOrder,
     RoundOrder,
@@ -26,6 +27,7 @@ from mpi_trainer.comm.protocol import (
 
 N = 50_000  # float32 elements: 200 kB, above the size from which the MPI transport announces a payload
 TIMEOUT = 60.0
+LONG = 3 * REDUCE_PART_BYTES // 4 + 7  # float32 elements of a sum that arrives in 4 parts
 
 
 def exchange(transport: Any) -> dict[str, Any]:
@@ -40,6 +42,21 @@ def exchange(transport: Any) -> dict[str, Any]:
     summed = pattern * (rank + 1)
     transport.reduce_sum(summed, timeout=TIMEOUT)
     seen["reduce_bytes"] = transport.take_bytes()
+    # the root takes a sum of several parts as each arrives (the workers reduce as above); it adds nothing
+    long = (np.arange(LONG) % 1000).astype(np.float32)
+    if rank == 0:
+        whole, starts = np.full(LONG, np.nan, np.float32), []
+
+        def take(start: int, values: np.ndarray) -> None:
+            starts.append(start)
+            whole[start:start + values.size] = values
+
+        transport.reduce_sum_parts(LONG, np.float32, take, timeout=TIMEOUT)
+        seen["reduce_parts"] = bool(np.array_equal(whole, long * (size * (size + 1) // 2 - 1)))
+        seen["parts_in_order"] = len(starts) > 1 and starts == sorted(starts) and starts[0] == 0
+    else:
+        transport.reduce_sum(long * (rank + 1), timeout=TIMEOUT)
+    transport.take_bytes()
     rows = np.zeros((size, 4), np.float32) if rank == 0 else None
     transport.gather(np.full(4, rank, np.float32), rows, timeout=TIMEOUT)
     seen["bcast_object"] = transport.bcast_object({"plan": [1, 2]} if rank == 0 else None, timeout=TIMEOUT)
@@ -117,7 +134,7 @@ def expected(rank: int, size: int) -> dict[str, Any]:
         "allgather": [f"rank {r}" for r in range(size)],
     }
     if rank == 0:
-        seen.update(reduce=True, gather=[float(r) for r in range(size)],
+        seen.update(reduce=True, reduce_parts=True, parts_in_order=True, gather=[float(r) for r in range(size)],
                     reports=[(r, r, True, True) for r in range(1, size)])
     else:
         seen["orders"] = [[type(order).__name__, order.describe(),

@@ -112,31 +112,37 @@ class OuterOptimizer:
         """
         if out is None:
             out = aggregate.copy()
-        elif out is not aggregate:
-            np.copyto(out, aggregate)  # the positions the step leaves alone take the aggregate
-        if not self.active:
-            return out
-        size = global_weights.size
+        self.begin(global_weights.size).apply(0, global_weights, aggregate, out)
+        return out
+
+    def begin(self, size: int) -> OuterStep:
+        """This round's step over a flat vector of ``size`` values, to take part by part
+        (:meth:`OuterStep.apply`); the state counts the round once, however many parts it comes in."""
         if self.trainable is not None and self.trainable and self.trainable[-1][1] > size:
             raise ValueError(f"the trainable spans reach position {self.trainable[-1][1]}, the weights hold "
                              f"{size} values")
-        kernel = self.start_state(self.state_size(size))
+        return OuterStep(self, self.start_state(self.state_size(size)) if self.active else None)
 
-        def run(part: list[tuple[int, int, int]], scratch: tuple[np.ndarray, np.ndarray]) -> None:
-            for start, stop, at in part:
-                kernel(global_weights[start:stop], aggregate[start:stop], out[start:stop], at, scratch)
-
-        in_parallel(run, list(self.chunks(size)), self.scratch)
-        return out
-
-    def chunks(self, size: int) -> Iterator[tuple[int, int, int]]:
-        """``(start, stop, state offset)`` of every chunk of the trainable spans."""
+    def chunks(self, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
+        """``(first, last, state offset)`` of every chunk of the trainable spans within ``[start, stop)``."""
         at = 0
-        for start, stop in self.spans(size):
-            for first in range(start, stop, CHUNK):
-                last = min(first + CHUNK, stop)
-                yield first, last, at
-                at += last - first
+        for span_start, span_stop in self.spans(stop):
+            first, last = max(span_start, start), min(span_stop, stop)
+            for chunk in range(first, last, CHUNK):
+                yield chunk, min(chunk + CHUNK, last), at + chunk - span_start
+            at += span_stop - span_start
+
+    def untrained(self, start: int, stop: int) -> Iterator[tuple[int, int]]:
+        """The ``(first, last)`` runs within ``[start, stop)`` that the step leaves alone (they take the aggregate)."""
+        at = start
+        for span_start, span_stop in ([] if not self.active else self.spans(stop)):
+            if span_start > at:
+                yield at, min(span_start, stop)
+            at = max(at, span_stop)
+            if at >= stop:
+                return
+        if at < stop:
+            yield at, stop
 
     def start_state(self, state_size: int) -> Callable[..., None]:
         """The round's kernel over one chunk; the state arrays exist (zeros) when it returns."""
@@ -254,6 +260,36 @@ class OuterOptimizer:
 
     def reset(self) -> None:
         self.state = {}
+
+
+class OuterStep:
+    """One round's outer step, taken over the flat vector in parts as the round's aggregate arrives.
+
+    ``kernel``: the round's kernel over one chunk (None: outer optimizer ``none``, the aggregate is the
+    next global model).
+    """
+
+    def __init__(self, optimizer: OuterOptimizer, kernel: Callable[..., None] | None) -> None:
+        self.optimizer, self.kernel = optimizer, kernel
+
+    def apply(self, start: int, weights: np.ndarray, aggregate: np.ndarray, out: np.ndarray) -> None:
+        """Positions ``[start, start + n)`` of the next global weights into ``out`` (n values), from the same
+        positions of the current ``weights`` and of the aggregate. ``out`` may be ``aggregate`` or ``weights``
+        itself (the step then updates the global weights in place); each position is read before it is written."""
+        stop = start + aggregate.size
+        if out is not aggregate:
+            for first, last in self.optimizer.untrained(start, stop):
+                np.copyto(out[first - start:last - start], aggregate[first - start:last - start])
+        kernel = self.kernel
+        if kernel is None:
+            return
+
+        def run(part: list[tuple[int, int, int]], scratch: tuple[np.ndarray, np.ndarray]) -> None:
+            for first, last, at in part:
+                a, b = first - start, last - start
+                kernel(weights[a:b], aggregate[a:b], out[a:b], at, scratch)
+
+        in_parallel(run, list(self.optimizer.chunks(start, stop)), self.optimizer.scratch)
 
 
 def merge_spans(spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:

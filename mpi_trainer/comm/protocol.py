@@ -130,9 +130,11 @@ class SchedulerLink:
         (``time.perf_counter()``), so that the wait polls finely then instead of sleeping through it."""
         return self.transport.recv_object(tag=_TAG_REPORT, timeout=timeout, due=due)
 
-    def sum_weights(self, wire: WireFormat, size: int, timeout: float | None) -> np.ndarray:
-        """The sum of the workers' scaled weights (``size`` float32 values), however ``wire`` carries them."""
-        return wire.sum_to_root(self.transport, np.zeros(size, dtype=np.float32), timeout=timeout)
+    def sum_weights(self, wire: WireFormat, size: int, take: Callable[[int, np.ndarray], None],
+                    timeout: float | None) -> None:
+        """The sum of the workers' scaled weights (``size`` float32 values), however ``wire`` carries them, to
+        ``take(start, values)`` part by part as each part is complete: no buffer of the whole sum."""
+        wire.sum_parts_at_root(self.transport, size, take, timeout=timeout)
 
     def reduce_sum(self, out: np.ndarray, timeout: float | None) -> None:
         """The sum of the workers' vectors as they are (L-BFGS: float64 loss and gradient sums), into ``out``

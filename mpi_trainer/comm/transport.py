@@ -46,6 +46,7 @@ from mpi_trainer.comm.failures import (
     prepare_mpi_environment,
 )
 from mpi_trainer.comm.handshakes import ANNOUNCE_BYTES, TAG_ARRIVED, TAG_CLEAR, TAG_GOING, TAG_PROCEED
+from mpi_trainer.comm.interface import REDUCE_PART_BYTES
 from mpi_trainer.comm.waits import (
     DEFAULT_MAX_SLEEP,
     NOTHING,
@@ -67,10 +68,6 @@ __all__ = ["MAX_MESSAGE_BYTES", "PeerFailure", "RankAccounting", "Received", "Sh
 # MPI counts are C ints: one message carries fewer than 2**31 elements, so data
 # arrays travel as byte chunks of at most 1 GiB.
 MAX_MESSAGE_BYTES = 1 << 30
-# A sum-reduction goes in parts of this many bytes: Open MPI's Reduce holds a temporary of its whole
-# message at the root (and at inner ranks of its tree), a second copy of the model; in parts it holds one
-# part, and each part's additions run in cache (a 100 MB model reduced at 3 ranks: 3x faster).
-REDUCE_PART_BYTES = 2 << 20
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -354,6 +351,23 @@ class Transport(AccountedRank):
                     self.comm.Reduce(values, None, op=self._mpi.SUM, root=root)
         if self.rank != root:
             self._count(buf.nbytes)
+
+    @surfacing_failures
+    def reduce_sum_parts(self, size: int, dtype: Any, take: Callable[[int, np.ndarray], None], root: int = 0,
+                         timeout: float | None = None) -> None:
+        """The root's side of the other ranks' :meth:`reduce_sum` of ``size`` values, without a buffer of
+        that size: each part's sum (the root adds zeros) goes to ``take(start, values)`` as it arrives, in
+        a scratch part that the next one overwrites."""
+        timeout = self._limit(timeout)
+        self._rendezvous(root, timeout, "weights reduction")
+        part = max(1, REDUCE_PART_BYTES // np.dtype(dtype).itemsize)
+        scratch = np.empty(min(part, size), dtype)
+        with self._bulk(timeout, "weights reduction"):
+            for start in range(0, size, part):
+                values = scratch[:min(part, size - start)]
+                values[...] = 0
+                self.comm.Reduce(self._mpi.IN_PLACE, values, op=self._mpi.SUM, root=root)
+                take(start, values)
 
     @surfacing_failures
     def gather(self, buf: np.ndarray, out: np.ndarray | None = None, root: int = 0,

@@ -29,6 +29,7 @@ other rank decodes it into its float32 weights as the next one is encoded.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -155,30 +156,56 @@ class WireFormat:
                 transport.gather(self.encode(values[start:stop], wire[:stop - start]), None, root=root,
                                  timeout=timeout)
             return values
-        return self._sum_at_root(transport, values, segment, root, timeout)
+        self._sum_at_root(transport, values.size, root, timeout, lambda start, stop: values[start:stop])
+        return values
 
-    def _sum_at_root(self, transport: RankTransport, values: np.ndarray, segment: int, root: int,
-                     timeout: float | None) -> np.ndarray:
+    def sum_parts_at_root(self, transport: RankTransport, size: int, take: Callable[[int, np.ndarray], None],
+                          root: int = 0, timeout: float | None = None) -> None:
+        """The root's side of the other ranks' :meth:`sum_to_root` of ``size`` values, without a float32
+        buffer of that size: each part of the sum (the root adds nothing) goes to ``take(start, values)``
+        as it is complete, in a scratch part that the next one overwrites."""
+        if self.summed_by_mpi:
+            transport.reduce_sum_parts(size, np.float32, take, root=root, timeout=timeout)
+            return
+        part = np.empty(min(SEGMENT, size) or 1, np.float32)
+
+        def zeroed(start: int, stop: int) -> np.ndarray:
+            values = part[:stop - start]
+            values[...] = 0
+            return values
+
+        self._sum_at_root(transport, size, root, timeout, zeroed, take)
+
+    def _sum_at_root(self, transport: RankTransport, size: int, root: int, timeout: float | None,
+                     target: Callable[[int, int], np.ndarray],
+                     take: Callable[[int, np.ndarray], None] | None = None) -> None:
         """The root's side: gather segment after segment into two alternating buffers, and add the one
-        that arrived while the next travels."""
-        summed = values  # the root's own contribution, added exactly: the others are added into it
+        that arrived into ``target(start, stop)`` (float32, holding the root's own contribution) while the
+        next travels; ``take(start, target)`` once a segment's sum is complete, before the next target."""
+        segment = min(SEGMENT, size) or 1  # a model below a segment travels in one gather
         rows = [np.zeros(transport.size * segment, dtype=self.dtype) for _ in range(2)]
         scratch = np.empty(min(CHUNK, segment), np.float32)
         wire = self.empty(segment)
-        pending: Future[None] | None = None
+        pending: tuple[Future[None], int, np.ndarray] | None = None
+
+        def finish(added: tuple[Future[None], int, np.ndarray]) -> None:
+            added[0].result()
+            if take is not None:
+                take(added[1], added[2])
+
         with ThreadPoolExecutor(1) as adder:
-            for index, start in enumerate(range(0, values.size, segment)):
-                stop = min(start + segment, values.size)
+            for index, start in enumerate(range(0, size, segment)):
+                stop = min(start + segment, size)
                 n = stop - start
                 landing = rows[index % 2][:transport.size * n].reshape(transport.size, n)  # contiguous rows
                 wire[:n] = 0
                 transport.gather(wire[:n], landing, root=root, timeout=timeout)
                 if pending is not None:
-                    pending.result()
-                pending = adder.submit(self._add_rows, landing, summed[start:stop], root, scratch)
+                    finish(pending)
+                out = target(start, stop)
+                pending = adder.submit(self._add_rows, landing, out, root, scratch), start, out
             if pending is not None:
-                pending.result()
-        return summed
+                finish(pending)
 
     def _add_rows(self, rows: np.ndarray, out: np.ndarray, root: int, scratch: np.ndarray) -> None:
         for rank, row in enumerate(rows):  # in rank order: the same sum every run

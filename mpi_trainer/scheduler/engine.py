@@ -227,19 +227,28 @@ class Engine(ABC):
         return {}
 
     # -- the NaN policy -------------------------------------------------------
-    def non_finite_cause(self, reports: list[Report]) -> str | None:
-        """Why the round's result cannot be kept (a non-finite loss or weights), or None."""
+    def non_finite_cause(self, reports: list[Report], aggregate: np.ndarray | None = None) -> str | None:
+        """Why the round's result cannot be kept (a worker's non-finite loss or weights, or a non-finite
+        ``aggregate`` when given), or None."""
         outcomes = [nan_guard.WorkerOutcome(r.rank, r.train_loss, r.weights_finite) for r in reports]
-        return nan_guard.non_finite_cause(outcomes, self.weights)
+        return nan_guard.non_finite_cause(outcomes, aggregate)
 
-    def apply_nan_policy(self, round_index: int, cause: str, before: np.ndarray,
+    def apply_nan_policy(self, round_index: int, cause: str, before: np.ndarray | None,
                          received: int) -> tuple[Outcome, np.ndarray]:
-        """Apply ``train.nan_policy``: (NAN, the weights before the round) or (RETRY, the weights to rerun from)."""
+        """Apply ``train.nan_policy``: (NAN, the weights before the round) or (RETRY, the weights to rerun from).
+
+        ``before`` None: the round's step wrote part of its aggregate over the weights it started from before
+        a later part showed non-finite values; a stop then keeps the weights a rollback would go back to."""
         self.discarded_bytes += received
         policy, rollbacks = self.cfg.train.nan_policy, self.state.consecutive_rollbacks
         if nan_guard.decide(policy, rollbacks) == nan_guard.STOP:
             self.log.error("round %d: %s; stopping (train.nan_policy=%r, %d rollbacks in a row), keeping "
                            "the best weights", round_index, cause, policy, rollbacks)
+            if before is None:
+                before, checkpoint_round = self.last_good_weights()
+                self.log.warning("round %d had already replaced part of the weights it started from: the run "
+                                 "ends on %s", round_index, "the initial weights" if checkpoint_round < 0
+                                 else f"the weights of round {checkpoint_round}'s checkpoint")
             return StopReason.NAN, before
         weights, checkpoint_round = self.last_good_weights()
         self.recorder.roll_back(round_index, checkpoint_round, cause)

@@ -303,7 +303,7 @@ class StaleSynchronousEngine(Engine):
         closed = ClosedRound(round_index, reports, self.link.take_bytes() + window.received_bytes,
                              window.merge_seconds, window.winner, window.leader,
                              max(record.staleness for record in window.records))
-        cause = self.non_finite_cause(reports)
+        cause = self.non_finite_cause(reports, self.weights)
         if cause:
             outcome, _ = self.apply_nan_policy(round_index, cause, self.weights, closed.bytes)
             # no SSP round is trained again (train.nan_policy = 'rollback' needs ssp = 0): the run ends

@@ -1,15 +1,17 @@
 """How the synchronous engine collects a round: every worker's report, then the weights.
 
 For ``average`` / ``weighted`` one sum of the workers' scaled weights (in float32,
-whatever the wire dtype: :meth:`~mpi_trainer.comm.wire_dtype.WireFormat.sum_to_root`);
-for ``best`` the scores decide and only the winner's weights travel. The
-:class:`RoundCollector` is held by :class:`~mpi_trainer.scheduler.synchronous.SynchronousEngine`,
-which hands it the round's start and its workers and takes back the round and its aggregate.
+whatever the wire dtype: :meth:`~mpi_trainer.comm.wire_dtype.WireFormat.sum_parts_at_root`),
+handed over part by part as each part is complete; for ``best`` the scores decide and only
+the winner's weights travel. The :class:`RoundCollector` is held by
+:class:`~mpi_trainer.scheduler.synchronous.SynchronousEngine`, which hands it the round's start,
+its workers and what takes the aggregate, and takes back the round.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from logging import Logger
 
 import numpy as np
@@ -21,6 +23,8 @@ from mpi_trainer.comm.wire_dtype import WireFormat
 from mpi_trainer.reporting.observers import RunObservers
 from mpi_trainer.scheduler.round_row import ClosedRound
 from mpi_trainer.scheduler.watchdog import Watchdog
+
+Take = Callable[[int, np.ndarray], None]  # (the part's first position, its values) of a round's aggregate
 
 
 class RoundCollector:
@@ -36,15 +40,28 @@ class RoundCollector:
         # seconds from the last round's start to its last report: when this round's reports are due
         self.report_lag: float | None = None
 
-    def collect(self, started: float, round_index: int, workers: list[int]) -> tuple[ClosedRound, np.ndarray]:
-        """The round that started at ``started`` on ``workers``, and its aggregated (or elected) weights."""
+    def collect(self, started: float, round_index: int, workers: list[int], take: Take) -> ClosedRound:
+        """The round that started at ``started`` on ``workers``: its reports, then its aggregated (or elected)
+        weights to ``take(start, values)`` in parts (:meth:`weights`)."""
+        closed = self.reports(started, round_index, workers)
+        self.weights(closed, workers, take)
+        return closed
+
+    def reports(self, started: float, round_index: int, workers: list[int]) -> ClosedRound:
+        """The round's reports (first, so the watchdog can name a missing rank), before its weights."""
         reports, received = self.recv_reports(started, round_index, workers)
         self.observers.span("wait", round_index)
         self.observers.worker_phases(reports)
-        closed = ClosedRound(round_index, reports, received, 0.0)
+        return ClosedRound(round_index, reports, received, 0.0)
+
+    def weights(self, closed: ClosedRound, workers: list[int], take: Take) -> None:
+        """The round's aggregate to ``take(start, values)``: average / weighted, the workers' sum part by part as
+        each part is complete (``values`` is then a scratch part that the next one overwrites); best, the
+        winner's weights in one part."""
         if self.elects:
-            return closed, self.collect_best(closed)
-        return closed, self.collect_reduced(closed, workers)
+            take(0, self.collect_best(closed))
+        else:
+            self.collect_reduced(closed, workers, take)
 
     def recv_reports(self, started: float, round_index: int, workers: list[int]) -> tuple[list[Report], int]:
         """Every worker's report, sorted by rank, and their bytes.
@@ -67,15 +84,14 @@ class RoundCollector:
         self.report_lag = time.perf_counter() - started
         return sorted(reports, key=lambda r: r.rank), received
 
-    def collect_reduced(self, closed: ClosedRound, workers: list[int]) -> np.ndarray:
-        """average / weighted: reports first (so the watchdog can name a missing rank), then one sum."""
+    def collect_reduced(self, closed: ClosedRound, workers: list[int], take: Take) -> None:
+        """average / weighted: one sum, taken part by part."""
         try:
-            weights = self.link.sum_weights(self.wire, self.size, self.watchdog.timeout)
+            self.link.sum_weights(self.wire, self.size, take, self.watchdog.timeout)
         except TimeoutError as exc:
             raise self.watchdog.timed_out("complete the weights reduction", exc, workers) from None
         self.observers.span("aggregate", closed.index)
         closed.bytes += self.size * self.wire.itemsize * len(workers)  # every worker put one model into the sum
-        return weights
 
     def collect_best(self, closed: ClosedRound) -> np.ndarray:
         """best: scores travel first, then only the winner's weights."""

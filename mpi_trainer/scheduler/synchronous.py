@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from mpi_trainer.algorithms.outer_optimizer import OuterStep
+from mpi_trainer.algorithms.passes import all_finite
 from mpi_trainer.algorithms.rebalance import Rebalancer, measured
 from mpi_trainer.algorithms.staleness import idle_fraction
 from mpi_trainer.algorithms.step_budget import step_budgets, steps_per_round
@@ -119,15 +121,14 @@ class SynchronousEngine(Engine):
         if not self.cfg.fault.survive:  # a loss ends the job: the round's starting weights need not outlive it
             return self.run_round(round_index)
         before, steps = self.weights, self.state.steps
-        # the outer step updates its state in place: only a job that survives a loss needs it as it was
-        outer_state = self.outer.snapshot() if self.cfg.fault.survive else None
+        # the outer step updates its state in place: a loss after it must not count the round twice
+        outer_state = self.outer.snapshot()
         try:
             return self.run_round(round_index)
         except RankLost as error:
             # under train.overlap_eval the next round may have been handed out: it is dropped with this one
             self.weights, self.state.steps, self.next_started = before, steps, None
-            if outer_state is not None:  # a loss after the outer step must not count the round twice
-                self.outer.restore(outer_state)
+            self.outer.restore(outer_state)
             self.recorder.count_bytes(self.link.take_bytes())  # the lost round's traffic: in the total only
             if self.ledger is not None:
                 self.ledger.doubt()
@@ -140,14 +141,15 @@ class SynchronousEngine(Engine):
         """One synchronous round; returns a stop reason, a retry after a NaN rollback, or None."""
         started = self.next_started if self.next_started is not None else self.dispatch(round_index)
         self.next_started = None
-        before = self.weights
-        closed = self.collect(started, round_index)
-        collected = time.perf_counter()
+        closed = self.collector.reports(started, round_index, self.workers)
         cause = self.non_finite_cause(closed.reports)
+        combined = self.combine(closed, step=cause is None)
+        collected = time.perf_counter()
+        cause = cause or combined.cause
         if cause:
-            return self.on_non_finite(round_index, cause, before, closed.bytes)
-        self.outer_step(closed, before)
-        del before  # not read again: without fault.survive its buffer is freed before the evaluation
+            return self.on_non_finite(round_index, cause, combined.before, closed.bytes)
+        self.weights = combined.out
+        del combined  # without fault.survive nothing else holds the weights the round started from
         self.state.steps += sum(r.steps for r in closed.reports)
         log_data_shares(self.log, self.cfg.data.increment, round_index, closed.reports, self.plan.num_train)
         closed.bytes += self.link.take_bytes()  # this round's bytes, before the next one starts
@@ -164,16 +166,21 @@ class SynchronousEngine(Engine):
             return stop
         return StopReason.MAX_STEPS if self.recorder.steps_exhausted() else None
 
-    def outer_step(self, closed: ClosedRound, before: np.ndarray) -> None:
-        """The outer optimizer moves the global model from the weights the round started from towards
-        its aggregate (average, weighted or elected); ``none`` keeps the aggregate itself. Before the
-        next round is dispatched and before the evaluation, so the workers train and score the result."""
-        if not self.outer.active:
-            return
-        started = time.perf_counter()
-        # in place over the round's aggregate (a buffer of its own); ``before`` stays as it was
-        self.weights = self.outer.step(before, self.weights, out=self.weights)
-        closed.aggregate_seconds += time.perf_counter() - started
+    def combine(self, closed: ClosedRound, step: bool) -> CombinedRound:
+        """The round's aggregate (average, weighted or elected), taken part by part as it arrives, and the outer
+        optimizer's step from the weights the round started from (``none``: the aggregate itself) into the next
+        global weights: before the next round is dispatched and before the evaluation, so the workers train and
+        score the result. ``step`` False (the reports already failed the round): the aggregate is drained unused.
+
+        The step writes into the global weights in place, so the round's aggregate never exists whole beside
+        them; under ``fault.survive`` into a new buffer, since a worker lost during the round leaves the
+        survivors to train it again from the weights it started from."""
+        before = self.weights
+        out = np.empty_like(before) if self.cfg.fault.survive else before
+        combined = CombinedRound(self.outer.begin(before.size) if step else None, before, out)
+        self.collector.weights(closed, self.workers, combined.take)
+        closed.aggregate_seconds += combined.seconds
+        return combined
 
     def timing(self, closed: ClosedRound, started: float, collected: float) -> dict[str, Any]:
         """The round's wall, communication and idle columns, asked for once its evaluation ended (the wall
@@ -185,12 +192,7 @@ class SynchronousEngine(Engine):
                 "idle_fraction": idle_fraction(wall, {r.rank: r.train_seconds for r in closed.reports}),
                 "block_sizes": ";".join(str(r.samples) for r in closed.reports)}
 
-    def collect(self, started: float, round_index: int) -> ClosedRound:
-        """The round's reports and aggregate (or elected) weights, which become the global model."""
-        closed, self.weights = self.collector.collect(started, round_index, self.workers)
-        return closed
-
-    def on_non_finite(self, round_index: int, cause: str, before: np.ndarray, received: int) -> Outcome:
+    def on_non_finite(self, round_index: int, cause: str, before: np.ndarray | None, received: int) -> Outcome:
         """The NaN policy; a rerun round's orders carry the halved rate and reset the workers' optimizers."""
         outcome, self.weights = self.apply_nan_policy(round_index, cause, before, received)
         if outcome is Retry.ROUND:
@@ -210,7 +212,7 @@ class SynchronousEngine(Engine):
         if self.next_started is None:
             return
         started, self.next_started = self.next_started, None
-        closed, _ = self.collector.collect(started, round_index, self.workers)
+        closed = self.collector.collect(started, round_index, self.workers, discard)
         self.recorder.count_bytes(self.link.take_bytes() + closed.bytes)
         self.log.info("round %d was already under way when early stopping decided; its result is discarded",
                       round_index)
@@ -347,3 +349,39 @@ class WorkerStates(Mapping[int, CheckpointArray]):
 
     def __len__(self) -> int:
         return len(self.workers)
+
+
+def discard(start: int, values: np.ndarray) -> None:
+    """Take a part of a round's aggregate and keep nothing (a round already under way when the run stopped)."""
+
+
+class CombinedRound:
+    """The next global weights, made part by part as a round's aggregate arrives (:meth:`take`).
+
+    Each part is checked finite, then ``step`` (the round's :class:`OuterStep`; None: the round failed
+    already and its aggregate is drained unused) writes it into ``out``, which may be ``before`` itself.
+    After a non-finite part nothing more is written. ``seconds``: the time spent combining.
+    """
+
+    def __init__(self, step: OuterStep | None, before: np.ndarray, out: np.ndarray) -> None:
+        self.step, self.out, self._before = step, out, before
+        self.cause: str | None = None
+        self.written = False  # whether ``out`` was changed
+        self.seconds = 0.0
+
+    def take(self, start: int, values: np.ndarray) -> None:
+        if self.step is None or self.cause is not None:
+            return
+        began = time.perf_counter()
+        stop = start + values.size
+        if all_finite(values):
+            self.step.apply(start, self._before[start:stop], values, self.out[start:stop])
+            self.written = True
+        else:
+            self.cause = "non-finite aggregated weights"
+        self.seconds += time.perf_counter() - began
+
+    @property
+    def before(self) -> np.ndarray | None:
+        """The weights the round started from, or None where the step has written over part of them."""
+        return None if self.written and self.out is self._before else self._before

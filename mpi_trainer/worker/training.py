@@ -50,7 +50,6 @@ class LocalTraining:
         self.model = model
         self.codec = WeightCodec.from_weights(model.get_weights())
         self.finalized = layers_with_state(model)  # e.g. an adapted Normalization: its stats are weights
-        self.local = self.codec.empty()  # the trained weights, flattened into the same buffer every round
         self.data, self.dataset, self.cfg, self.phases = data, dataset, cfg, phases
         self.x: TrainingInput = data.fixed_x  # this round's rows: arrays, or a streamed block's feed
         self.y: np.ndarray | None = data.fixed_y
@@ -89,7 +88,8 @@ class LocalTraining:
     def train_and_report(self, round_index: int, start: np.ndarray,
                          max_steps: int | None = None) -> tuple[Report, np.ndarray]:
         """This round's training from the global weights ``start`` (one local epoch, or k steps); report and
-        new weights (the report's ``preempt`` is the worker's to set)."""
+        new weights (the report's ``preempt`` is the worker's to set). The new weights are flattened into
+        ``start``'s buffer: once the model holds the start, a worker keeps one flat copy of its weights."""
         k = self.schedule.steps(round_index)
         if k:
             # k-step rounds walk the fixed block (the config refuses data increment), augmenting per batch
@@ -100,7 +100,7 @@ class LocalTraining:
         self.take_weights(start)
         metrics, train_seconds, steps = self.train_steps(k, max_steps) if k else self.train_once(max_steps)
         self.phases.add("train", round_index, time.time() - train_seconds)
-        local = self.codec.flatten(self.model.weights, out=self.local)
+        local = self.codec.flatten(self.model.weights, out=start)
         self.maybe_inject_nan(round_index, local)
         loss = metrics.get("loss", 0.0 if not steps else math.nan)
         report = Report(self.rank, round_index, self.data.units(self.x), loss, metrics.get("accuracy", math.nan),

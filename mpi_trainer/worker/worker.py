@@ -76,6 +76,7 @@ class Worker:
         self.training = self.training_type(
             model, self.data, dataset, cfg, plan, self.phases, make_slowdown(test_hooks, self.rank),
             test_hooks.nan_round if test_hooks.nan_rank == self.rank else None)
+        # the weights a round starts from as they arrive, then the ones it trained (the model holds the start)
         self.global_weights = self.training.codec.empty()
         self.wire = WireFormat(cfg.aggregation.wire_dtype)
         # where an SSP update's weights land: the float32 buffer itself, or a 16-bit one decoded into it (made

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import tracemalloc
 from collections import deque
+from functools import partial
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from mpi_trainer.comm.flat_weights import WeightCodec
 from mpi_trainer.comm.wire_dtype import WireFormat
 from mpi_trainer.persistence.optimizer_state import state_parts, state_size, state_vector
 from mpi_trainer.persistence.spill import SpilledArray
+from mpi_trainer.scheduler.synchronous import CombinedRound
 
 SIZE = 1_000_000  # 4 MB of float32
 MODEL_BYTES = SIZE * 4
@@ -75,6 +77,60 @@ def test_a_16_bit_sum_holds_segments_not_copies(monkeypatch, name):
     # two segments of three ranks (3/16 of a model here); one 16-bit copy of a contribution would be half
     assert peak_bytes(lambda: wire.sum_to_root(root, summed)) < MODEL_BYTES / 3
     np.testing.assert_array_equal(summed, np.ones(SIZE, np.float32))
+
+
+class ReducingRoot:
+    """Rank 0 of three, whose sum-reduction hands over ``summed`` part by part in one scratch part: what the
+    MPI transport does with the workers' contributions."""
+
+    rank, size = 0, 3
+
+    def __init__(self, summed: np.ndarray, part: int) -> None:
+        self.summed, self.part = summed, part
+
+    def reduce_sum_parts(self, size, dtype, take, root=0, timeout=None) -> None:
+        scratch = np.empty(self.part, dtype)
+        for start in range(0, size, self.part):
+            values = scratch[:min(self.part, size - start)]
+            np.copyto(values, self.summed[start:start + values.size])
+            take(start, values)
+
+
+@pytest.mark.parametrize("wire_name", ["float32", "float16"])
+def test_a_round_is_combined_part_by_part_into_the_global_weights_in_place(monkeypatch, wire_name):
+    monkeypatch.setattr("mpi_trainer.comm.wire_dtype.SEGMENT", SIZE // 16)
+    wire, rng = WireFormat(wire_name), np.random.default_rng(0)
+    weights = rng.standard_normal(SIZE).astype(np.float32)
+    workers = wire.decode(wire.encode(weights + np.float32(0.25)))  # what each of the two workers sends, halved
+    half = wire.encode(workers / 2)
+    aggregate = wire.decode(half) * 2  # the sum of the two halves
+    outer = OuterOptimizer(OuterSettings(name="nesterov", learning_rate=0.7, momentum=0.9), [(0, SIZE - 1000)],
+                           threads=2)
+    reference = OuterOptimizer(outer.settings, outer.trainable, threads=2)
+    for round_index in range(2):  # the first round allocates the velocity
+        expected = reference.step(weights, aggregate)
+        root = GatheringRoot(half) if wire_name != "float32" else ReducingRoot(aggregate, SIZE // 16)
+        combined = CombinedRound(outer.begin(SIZE), weights, weights)
+        peak = peak_bytes(partial(wire.sum_parts_at_root, root, SIZE, combined.take))
+        if round_index:  # the aggregate is never a buffer of its own: a few parts at most
+            assert peak < MODEL_BYTES / 3
+        assert combined.cause is None and combined.out is weights
+        np.testing.assert_array_equal(weights, expected)  # as the step over the whole aggregate gives
+
+
+def test_a_non_finite_part_stops_the_step_and_says_whether_the_starting_weights_survive():
+    weights = np.ones(SIZE, np.float32)
+    summed = np.full(SIZE, 2.0, np.float32)
+    summed[SIZE - 10] = np.inf  # in the last part
+    outer = OuterOptimizer(OuterSettings(name="nesterov", learning_rate=0.7, momentum=0.9), None, threads=2)
+    aside = CombinedRound(outer.begin(SIZE), weights, np.empty_like(weights))  # fault.survive: a buffer of its own
+    WireFormat("float32").sum_parts_at_root(ReducingRoot(summed, SIZE // 4), SIZE, aside.take)
+    assert aside.cause == "non-finite aggregated weights" and aside.before is weights and (weights == 1).all()
+    in_place = CombinedRound(outer.begin(SIZE), weights, weights)
+    WireFormat("float32").sum_parts_at_root(ReducingRoot(summed, SIZE // 4), SIZE, in_place.take)
+    # three parts were stepped in place before the fourth showed the inf: the round's start is gone
+    assert in_place.cause == "non-finite aggregated weights" and in_place.before is None
+    assert (weights[-SIZE // 4:] == 1).all() and not (weights[:SIZE // 4] == 1).all()
 
 
 class BroadcastEnd:
