@@ -154,15 +154,16 @@ def comparisons(quick: bool) -> list[Comparison]:
         command=f"python -m benchmarks run big_models{flag} --repeats 1",
         variants=variants(sizes),
         columns={"floor": "MPI floor s (Reduce + Bcast)", "train": "training s", "comm": "communication s",
-                 "aggregate": "outer step s", "ratio": "outer step / floor", "eval": "evaluation s",
+                 "aggregate": "combining s", "ratio": "combining / floor", "eval": "evaluation s",
                  "bytes": "MB per round", "rss0": "rank 0 peak GB", "budget0": "rank 0 budget GB",
                  "rss_workers": "worker peak GB", "budget_workers": "worker budget GB"},
         notes=f"MLPs of 3 hidden layers on digits (`benchmarks.big_mlp`), 2 workers, {ROUNDS} rounds of "
               f"{STEPS} local steps (`train.sync_every={STEPS}`), so that what a round does besides training "
               "shows; evaluation every round; no checkpoint but the final one. The floor is blocking MPI "
-              "`Reduce` + `Bcast` of the float32 model at 3 ranks in the same run. "
-              "Communication is the round's wall time "
-              "outside training, the outer step and evaluation: the workers' flatten and encode, the "
+              "`Reduce` + `Bcast` of the float32 model at 3 ranks in the same run. Combining is rank 0's work "
+              "on each part of the sum as it arrives: its finiteness check and the outer step (`none`: a copy) "
+              "into the global weights. Communication is the round's wall time "
+              "outside training, combining and evaluation: the workers' flatten and encode, the "
               "reduction (for 16 bits, the segmented gather and the root's additions) and the broadcast. "
               "`auto`: the wire `aggregation.wire_dtype = \"auto\"` picks after timing each link and a float16 "
               "cast (over this machine's shared memory: float32). Peak RSS is `getrusage`'s, over the whole "
@@ -174,7 +175,7 @@ def comparisons(quick: bool) -> list[Comparison]:
 
 
 def conclude(tables: list[dict]) -> list[str]:
-    """Per size: the outer step against the floor, each wire's communication, and every rank's peak against
+    """Per size: combining (the NaN check and the outer step) against the floor, each wire's communication, and every rank's peak against
     its budget."""
     lines = []
     for table in tables:
@@ -201,8 +202,8 @@ def size_line(size: str, rows: dict[str, dict[str, float]]) -> str:
                       for wire in (*WIRES, "auto") if f"{wire} wire, outer nesterov" in rows)
     rank0 = max(rows.values(), key=lambda f: f["rss0"] - f["budget0"])
     worker = max(rows.values(), key=lambda f: f["rss_workers"] - f["budget_workers"])
-    return (f"At {size.upper()} parameters the outer Nesterov step took {nesterov.get('ratio', float('nan')):.2g}x "
-            f"the MPI floor (target 0.5x); a round's communication under Nesterov: {wires}; peak RSS: rank 0 up "
+    return (f"At {size.upper()} parameters combining a round (NaN check and outer Nesterov step) took "
+            f"{nesterov.get('ratio', float('nan')):.2g}x the MPI floor (target 0.5x); a round's communication under Nesterov: {wires}; peak RSS: rank 0 up "
             f"to {rank0['rss0']:.2f} GB against a budget of {rank0['budget0']:.2f} GB, a worker up to "
             f"{worker['rss_workers']:.2f} GB against {worker['budget_workers']:.2f} GB.")
 

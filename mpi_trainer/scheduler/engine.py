@@ -195,7 +195,9 @@ class Engine(ABC):
                         self.schedule.steps(closed.index), self.discarded_bytes)
         self.discarded_bytes = 0
         row["eval_seconds"] = eval_seconds
-        return FinishedRound(closed.index, row, self.weights, scored, any(r.preempt for r in closed.reports))
+        # the scheduler's evaluation loads the weights into its model; the workers' (evaluation.where) does not
+        return FinishedRound(closed.index, row, self.weights, scored, any(r.preempt for r in closed.reports),
+                             model_holds=self.evaluator.loaded_version == self.weights_version)
 
     def record(self, finished: FinishedRound) -> StopReason | None:
         """Hand the finished round to the recorder, with the checkpoint's state when one is due; returns a

@@ -229,7 +229,7 @@ class LbfgsScheduler:
         self.preempted = self.recorder.preempting() and iterate.iteration + 1 < self.cfg.train.epochs
         if self.recorder.checkpoint_due(iterate.iteration):  # no optimizer state: the curvature starts anew
             self.recorder.checkpoint(iterate.iteration, weights, EngineState())
-        stop = self.recorder.run_callbacks(iterate.iteration, row, weights, scored=True) or stop
+        stop = self.recorder.run_callbacks(iterate.iteration, row, weights, model_holds=True) or stop
         self.clock = IterationClock.start(self.workers)
         return stop or self.preempted
 

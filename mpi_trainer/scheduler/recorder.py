@@ -227,7 +227,7 @@ class RoundRecorder:
             return StopReason.EARLY_STOPPING
         if self.diverged(finished.index, finished.row):
             return StopReason.DIVERGED
-        if self.run_callbacks(finished.index, finished.row, finished.weights, finished.scored):
+        if self.run_callbacks(finished.index, finished.row, finished.weights, finished.model_holds):
             return StopReason.CALLBACK
         if self.preempting() and finished.index + 1 < self.cfg.train.epochs and not self.steps_exhausted():
             return StopReason.PREEMPTED
@@ -246,12 +246,13 @@ class RoundRecorder:
                          "weights; lower model.learning_rate to avoid it)")
         return stop
 
-    def run_callbacks(self, round_index: int, row: dict[str, Any], weights: np.ndarray, scored: bool) -> bool:
-        """The Keras callbacks' ``on_epoch_end`` with the round's weights in the model; True when one asked to
-        stop. A learning rate they set goes to the workers with the next round."""
+    def run_callbacks(self, round_index: int, row: dict[str, Any], weights: np.ndarray, model_holds: bool) -> bool:
+        """The Keras callbacks' ``on_epoch_end`` with the round's weights in the model (``model_holds``: they are
+        there already); True when one asked to stop. A learning rate they set goes to the workers with the next
+        round."""
         if self.callbacks is None:
             return False
-        if not scored:  # a scored round left its weights in the model already
+        if not model_holds:
             self.model.set_weights(self.codec.unflatten(weights))
         stop = self.callbacks.round_end(round_index, row)
         rate = self.callbacks.changed_learning_rate()
@@ -292,7 +293,7 @@ class RoundRecorder:
         self.due = (round_index, due)
         return due
 
-    def checkpoint(self, round_index: int, weights: np.ndarray, saved: EngineState) -> None:
+    def checkpoint(self, round_index: int, weights: CheckpointArray, saved: EngineState) -> None:
         """Write the checkpoint after ``round_index``. The workers' optimizer states are read from ``saved``
         as they are written, one at a time (the engine asks each worker for its state then)."""
         begun = time.perf_counter()
@@ -303,7 +304,7 @@ class RoundRecorder:
         self.observers.span("checkpoint", round_index, begun)
         self.log.debug("checkpoint written after round %d", round_index)
 
-    def checkpoint_arrays(self, weights: np.ndarray, saved: EngineState) -> Iterator[tuple[str, CheckpointArray]]:
+    def checkpoint_arrays(self, weights: CheckpointArray, saved: EngineState) -> Iterator[tuple[str, CheckpointArray]]:
         yield "weights", weights
         if self.best is not None:
             yield "best_weights", self.best.streamed()
@@ -332,19 +333,24 @@ class RoundRecorder:
         return self.last_checkpoint_round != self.last_round or self.state.stop_reason in KEEPS_BEST
 
     # -- the end ----------------------------------------------------------------------
+    def keeps_best(self) -> bool:
+        """Whether the run ends on its best round's weights (after an early, NaN or divergence stop)."""
+        return self.state.stop_reason in KEEPS_BEST and self.best is not None
+
     def final_weights(self, weights: np.ndarray) -> tuple[np.ndarray, dict[str, Any] | None]:
         """The weights kept and their round: the best ones after an early or NaN stop, else the last."""
         rounds = self.state.rounds
-        if self.state.stop_reason in KEEPS_BEST and self.best is not None:
+        if self.best is not None and self.keeps_best():
             return self.best.read(), next(r for r in rounds if int(r["round"]) == self.early.best_round)
         return weights, (rounds[-1] if rounds else None)
 
     def final_checkpoint(self, weights: np.ndarray, saved: EngineState) -> None:
         """The checkpoint of the run's end, unless the last round's already holds it: the weights kept (the
-        best ones after an early or NaN stop) and ``saved``. Before the workers are let go: their
-        optimizer states are asked for as it is written."""
+        best ones after an early or NaN stop, streamed from their spilled copy) and ``saved``. Before the
+        workers are let go: their optimizer states are asked for as it is written."""
         if self.needs_final_checkpoint():
-            self.checkpoint(self.last_round, self.final_weights(weights)[0], saved)
+            kept = self.best.streamed() if self.best is not None and self.keeps_best() else weights
+            self.checkpoint(self.last_round, kept, saved)
 
     def finish(self, weights: np.ndarray, model_holds: bool = False) -> dict[str, Any]:
         """Final weights, summary and the per-round table (after :meth:`final_checkpoint`); returns the

@@ -48,13 +48,15 @@ class ClosedRound:
 @dataclass
 class FinishedRound:
     """A round the engine has scored (when due) and timed: its rounds.csv row and the weights it ended with.
-    ``preempt``: a worker's report said it was signalled."""
+    ``preempt``: a worker's report said it was signalled; ``model_holds``: rank 0's Keras model holds
+    ``weights`` already (its own evaluation loaded them)."""
 
     index: int
     row: dict[str, Any]
     weights: np.ndarray
     scored: bool = True
     preempt: bool = False
+    model_holds: bool = False
 
 
 @dataclass

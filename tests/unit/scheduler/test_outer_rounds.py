@@ -158,10 +158,13 @@ class WeightsAtEpochEnd(keras.callbacks.Callback):
         self.seen.append(np.concatenate([np.ravel(w) for w in self.model.get_weights()]))
 
 
-def test_keras_callbacks_see_the_stepped_weights_and_can_stop_the_job(tmp_path):
+@pytest.mark.parametrize("where", ["scheduler", "workers"])
+def test_keras_callbacks_see_the_stepped_weights_and_can_stop_the_job(tmp_path, where):
+    # scored by the workers, the round's weights are not in rank 0's model until the callbacks need them
     seen = WeightsAtEpochEnd()
     stop = keras.callbacks.EarlyStopping(monitor="test_accuracy", mode="max", patience=0, min_delta=1.0)
-    job = run_local_job(tmp_path, model=SGD, aggregation=NESTEROV, train={"epochs": 5}, callbacks=[seen, stop])
+    job = run_local_job(tmp_path, model=SGD, aggregation=NESTEROV, train={"epochs": 5}, callbacks=[seen, stop],
+                        evaluation={"where": where})
     assert job.summary["stop_reason"] == "callback" and len(seen.seen) == 2
     expected = by_hand(job, range(2), job.engine.initial_weights, fresh_outer(job))
     for got, want in zip(seen.seen, expected, strict=True):
