@@ -1,12 +1,16 @@
 """``train.nan_policy`` with real workers in one process: NaN weights from one worker stop the run on the
 best weights, or roll it back to the last checkpoint at half the learning rate; the rolled-back run then
-resumes on fewer workers (an elastic resume)."""
+resumes on fewer workers (an elastic resume). A sum that turns non-finite after part of it was stepped into
+the global weights ends the run on the weights a rollback would go back to."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 from local_job import run_local_job
+
+from mpi_trainer.worker.training import LocalTraining
 
 NAN = {"nan_rank": 1, "nan_round": 2}
 QUICK = {"model": {"optimizer": "adam", "learning_rate": 0.003}, "checkpoint": {"every": 1}}
@@ -49,3 +53,24 @@ def test_a_rollback_halves_the_learning_rate_and_the_run_resumes_on_fewer_worker
     assert after["traffic_bytes"] > summary["traffic_bytes"]
     assert after["wall_seconds"] > summary["wall_seconds"]
     assert len(after["rollbacks"]) == 1 and after["learning_rate"] == 0.0015
+
+
+def test_a_sum_found_non_finite_after_part_of_the_step_ends_on_the_weights_a_rollback_takes(tmp_path, job_log,
+                                                                                             monkeypatch):
+    # Rank 0 steps the global weights in place part by part as the sum arrives; a worker's weights beyond
+    # float16's range are finite in its report but inf on the wire, in the sum's last part only
+    monkeypatch.setattr("mpi_trainer.comm.wire_dtype.SEGMENT", 256)
+
+    def overflow(self, round_index, local):
+        if round_index == 0 and self.rank == 1:
+            local[-3:] = 1e6
+
+    monkeypatch.setattr(LocalTraining, "maybe_inject_nan", overflow)
+    job = run_local_job(tmp_path, train={"epochs": 3}, aggregation={"wire_dtype": "float16"}, **QUICK)
+    assert job.summary["stop_reason"] == "nan" and job.summary["rounds_completed"] == 0
+    # the round's start was partly overwritten: the run ends on the initial weights (no checkpoint yet), not on
+    # a mix of the two
+    np.testing.assert_array_equal(job.engine.weights, job.engine.initial_weights)
+    assert any("non-finite aggregated weights; stopping" in m for m in job_log.messages)
+    assert any("had already replaced part of the weights it started from: the run ends on the initial weights" in m
+               for m in job_log.messages)
