@@ -175,8 +175,8 @@ def comparisons(quick: bool) -> list[Comparison]:
 
 
 def conclude(tables: list[dict]) -> list[str]:
-    """Per size: combining (the NaN check and the outer step) against the floor, each wire's communication, and every rank's peak against
-    its budget."""
+    """Per size: combining (the NaN check and the outer step) against the floor, each wire's communication,
+    and every rank's peak against its budget."""
     lines = []
     for table in tables:
         rows = table["rows"]
@@ -203,8 +203,9 @@ def size_line(size: str, rows: dict[str, dict[str, float]]) -> str:
     rank0 = max(rows.values(), key=lambda f: f["rss0"] - f["budget0"])
     worker = max(rows.values(), key=lambda f: f["rss_workers"] - f["budget_workers"])
     return (f"At {size.upper()} parameters combining a round (NaN check and outer Nesterov step) took "
-            f"{nesterov.get('ratio', float('nan')):.2g}x the MPI floor (target 0.5x); a round's communication under Nesterov: {wires}; peak RSS: rank 0 up "
-            f"to {rank0['rss0']:.2f} GB against a budget of {rank0['budget0']:.2f} GB, a worker up to "
+            f"{nesterov.get('ratio', float('nan')):.2g}x the MPI floor (target 0.5x); a round's communication "
+            f"under Nesterov: {wires}; peak RSS: rank 0 up to {rank0['rss0']:.2f} GB against a budget of "
+            f"{rank0['budget0']:.2f} GB, a worker up to "
             f"{worker['rss_workers']:.2f} GB against {worker['budget_workers']:.2f} GB.")
 
 

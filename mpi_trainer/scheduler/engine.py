@@ -248,9 +248,10 @@ class Engine(ABC):
                            "the best weights", round_index, cause, policy, rollbacks)
             if before is None:
                 before, checkpoint_round = self.last_good_weights()
-                self.log.warning("round %d had already replaced part of the weights it started from: the run "
-                                 "ends on %s", round_index, "the initial weights" if checkpoint_round < 0
-                                 else f"the weights of round {checkpoint_round}'s checkpoint")
+                if self.recorder.best is None:  # else the run ends on its best round, as every NaN stop does
+                    self.log.warning("round %d had already replaced part of the weights it started from: the "
+                                     "run ends on %s", round_index, "the initial weights" if checkpoint_round < 0
+                                     else f"the weights of round {checkpoint_round}'s checkpoint")
             return StopReason.NAN, before
         weights, checkpoint_round = self.last_good_weights()
         self.recorder.roll_back(round_index, checkpoint_round, cause)
