@@ -7,10 +7,7 @@ source "$ROOT/scripts/setup_env.sh" test,jax
 cd "$ROOT"
 "$ROOT/.venv/bin/ruff" check mpi_trainer tests scripts benchmarks
 "$ROOT/.venv/bin/mypy"  # the package, under the settings in setup.cfg [mypy]
-# One test process per core and one more, at most 4 (each holds a TensorFlow): the mpirun jobs spend part
-# of their time waiting on purpose (bounds, stopped ranks), which the extra process fills. Each takes
-# whole files: a file's module fixtures (the examples' corpus and its two jobs) run once. Arguments
-# given later win: -n 0 runs everything in this process.
-CORES="$(nproc 2>/dev/null || echo 2)"
-PROCESSES=$(( CORES + 1 < 4 ? CORES + 1 : 4 ))
-exec "$ROOT/.venv/bin/python" -m pytest -q --numprocesses "$PROCESSES" --dist loadfile "$@"
+# One test process per core, at most 4 (each holds a TensorFlow), each taking whole files: a file's
+# module fixtures (the examples' corpus and its two jobs) run once. Arguments given later win: -n 0
+# runs everything in this process.
+exec "$ROOT/.venv/bin/python" -m pytest -q --numprocesses auto --maxprocesses 4 --dist loadfile "$@"
