@@ -11,13 +11,15 @@ With rebalancing, a re-cut changes what a worker needs: the scheduler keeps a
 round's order, only the rows that changed owner; the worker merges them in and
 drops the rows it will not use again.
 
-:class:`WorkerData` then serves each round's arrays: the fixed block, plus
-the round's random draw, passed through real-time augmentation if enabled.
+:class:`WorkerData` then serves each round's input: a :class:`HeldBlock` of rows in memory (the
+fixed block, plus the round's random draw, passed through real-time augmentation if enabled), or a
+:class:`StreamedBlock`, a range of a streamed input that ``model.fit`` reads as it trains.
 """
 
 from __future__ import annotations
 
 import resource
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeGuard, Union
 
@@ -128,14 +130,23 @@ def is_streamed(source: RowSource) -> TypeGuard[StreamedTrain]:
     return bool(getattr(source, "streams", False))
 
 
-class WorkerData:
-    """One worker's training arrays, round by round."""
+def worker_data(source: RowSource, plan: JobPlan, rank: int, cfg: Config) -> WorkerData:
+    """Worker ``rank``'s share of the training input: a block of rows it holds (:class:`HeldBlock`), or a
+    block of a streamed input that its ``model.fit`` reads as it trains (:class:`StreamedBlock`)."""
+    if is_streamed(source):
+        return StreamedBlock(source, plan, rank, cfg)
+    return HeldBlock(source, plan, rank, cfg)
 
+
+class WorkerData(ABC):
+    """One worker's share of the training input, round by round: its fixed block, what each round trains
+    on, single batches of the block (k-step rounds, timing), and its block after a re-cut."""
+
+    fixed: np.ndarray  # the block: training positions (held rows) or units of the input (streamed)
     fixed_x: TrainingInput
     fixed_y: np.ndarray | None  # None for a streamed block (its batches hold the labels)
 
-    def __init__(self, source: RowSource, plan: JobPlan, rank: int, cfg: Config) -> None:
-        self.source = source
+    def __init__(self, plan: JobPlan, rank: int, cfg: Config) -> None:
         self.rank = rank
         self.total = plan.num_train
         self.rounds = data_rounds(cfg)
@@ -145,58 +156,76 @@ class WorkerData:
         self.block_sizes = [end - start for start, end in plan.block_bounds]
         self.augmenter = build_augmenter(cfg.data.augmentation, cfg.train.seed + rank)
         self.evaluation: EvalShard | None = None  # set by place_data under evaluation.where = "workers"
-        # a streamed input (data.streamed): the block is a range of the input's units, read as it trains
-        self.streamed = source if is_streamed(source) else None
-        if self.streamed is not None:
-            self.bounds = plan.block_bounds[rank - 1]
-            self.fixed = np.arange(*self.bounds)
-            self.fixed_x, self.fixed_y = self.open_block(self.streamed), None
-            get_logger().debug("worker rank %d: block [%d, %d) of %s streamed, peak RSS %.1f MiB", rank,
-                               *self.bounds, self.streamed.adapter.unit, peak_rss_mib())
-            return
-        self.fixed = fixed_positions(plan, rank)
-        x, self.fixed_y = source.read(self.fixed)
-        self.fixed_x = x
-        get_logger().debug("worker rank %d: block of %d rows in memory (%.1f MiB), peak RSS %.1f MiB",
-                           rank, len(self.fixed), x.nbytes / 2**20, peak_rss_mib())
 
-    @property
-    def streams(self) -> bool:
-        """The block is streamed from its input (data.streamed), not held in memory."""
-        return self.streamed is not None
-
-    def open_block(self, streamed: StreamedTrain) -> BlockFeed:
-        feed = streamed.block(self.bounds, self.rank, len(self.block_sizes))
-        feed.augmenter = self.augmenter
-        return feed
-
-    def in_memory(self) -> tuple[np.ndarray, np.ndarray]:
-        """The fixed block's rows, held in memory by a worker whose input is not streamed."""
-        if not isinstance(self.fixed_x, np.ndarray) or self.fixed_y is None:
-            raise TypeError("a streamed block is read as it trains, not held in memory")
-        return self.fixed_x, self.fixed_y
-
-    def units(self, x: TrainingInput) -> int:
+    @staticmethod
+    def units(x: TrainingInput) -> int:
         """The samples (or, for a pipeline, batches) a round trains on."""
         return len(x) if isinstance(x, np.ndarray) else x.units
 
+    def round_total(self, round_index: int) -> int:
+        """Samples all workers train on in ``round_index`` (the weighted average's denominator)."""
+        return round_samples(self.total, self.block_sizes, round_index, self.increment)
+
+    @abstractmethod
     def first_rows(self, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """The block's first rows as arrays (a streamed input: its first batch), for dry runs and timing."""
-        if self.streamed is not None:
-            return self.streamed.read(np.arange(count))
-        x, y = self.in_memory()
-        return x[:count], y[:count]
+        """The block's first rows as arrays, for dry runs and timing."""
+
+    @abstractmethod
+    def trailing_rows(self, batch_size: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The partial batch that ends each pass of k-step rounds over the block (None: none)."""
+
+    @abstractmethod
+    def batch(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of the fixed block (k-step rounds, rebalancing's timing), augmented."""
+
+    @abstractmethod
+    def for_round(self, round_index: int) -> tuple[TrainingInput, np.ndarray | None]:
+        """What round ``round_index`` trains on: its input, and its labels when they are arrays."""
+
+    @abstractmethod
+    def set_blocks(self, block_bounds: list[tuple[int, int]]) -> bool:
+        """Rebalancing: adopt re-cut blocks; True when this worker's block changed."""
+
+
+class HeldBlock(WorkerData):
+    """A block of rows held in memory: the worker's slice of the seeded shuffle, read from the shared
+    source or from the rows the scheduler sent it (scatter), plus each round's random draw (data
+    increment), passed through real-time augmentation if enabled."""
+
+    fixed_x: np.ndarray
+    fixed_y: np.ndarray
+
+    def __init__(self, source: RowSource, plan: JobPlan, rank: int, cfg: Config) -> None:
+        super().__init__(plan, rank, cfg)
+        self.source = source
+        self.fixed = fixed_positions(plan, rank)
+        self.fixed_x, self.fixed_y = source.read(self.fixed)
+        get_logger().debug("worker rank %d: block of %d rows in memory (%.1f MiB), peak RSS %.1f MiB",
+                           rank, len(self.fixed), self.fixed_x.nbytes / 2**20, peak_rss_mib())
+
+    def first_rows(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.fixed_x[:count], self.fixed_y[:count]
+
+    def trailing_rows(self, batch_size: int) -> tuple[np.ndarray, np.ndarray] | None:
+        partial = len(self.fixed_x) % batch_size
+        return (self.fixed_x[:partial], self.fixed_y[:partial]) if partial else None
+
+    def batch(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Augmented batch by batch rather than the block per round."""
+        return augment(self.fixed_x[rows], self.augmenter), self.fixed_y[rows]
+
+    def for_round(self, round_index: int) -> tuple[TrainingInput, np.ndarray | None]:
+        extra = draw_extra(self.total, self.fixed, round_index, self.rank, self.seed, self.increment)
+        x, y = self.fixed_x, self.fixed_y
+        if len(extra):
+            extra_x, extra_y = self.source.read(extra)
+            x, y = np.concatenate([x, extra_x]), np.concatenate([y, extra_y])
+            get_logger().debug(share_line(round_index, self.rank, len(self.fixed), len(extra), self.total))
+        return augment(x, self.augmenter), y
 
     def set_blocks(self, block_bounds: list[tuple[int, int]]) -> bool:
-        """Rebalancing: adopt re-cut blocks; re-read this worker's rows when its block changed."""
+        """Re-read this worker's rows when its block changed."""
         self.block_sizes = [end - start for start, end in block_bounds]
-        if self.streamed is not None:
-            if tuple(block_bounds[self.rank - 1]) == tuple(self.bounds):
-                return False
-            start, end = block_bounds[self.rank - 1]
-            self.bounds = (start, end)
-            self.fixed, self.fixed_x = np.arange(*self.bounds), self.open_block(self.streamed)
-            return True
         fixed = block_positions(self.total, self.shuffle_seed, block_bounds[self.rank - 1])
         if np.array_equal(fixed, self.fixed):
             return False
@@ -218,30 +247,52 @@ class WorkerData:
         get_logger().debug("round %d: received %d training rows, now holding %d (%.1f MiB)", round_index,
                            len(arrived.positions), len(keep), held.x.nbytes / 2**20)
 
-    def round_total(self, round_index: int) -> int:
-        """Samples all workers train on in ``round_index`` (the weighted average's denominator)."""
-        return round_samples(self.total, self.block_sizes, round_index, self.increment)
+
+class StreamedBlock(WorkerData):
+    """A contiguous range of a streamed input's units (data.stream, or a pipeline handed to ``fit``), read
+    as ``model.fit`` trains on it. Data increment, scatter and k-step rounds refuse streamed inputs."""
+
+    fixed_x: BlockFeed
+    fixed_y: None
+
+    def __init__(self, source: StreamedTrain, plan: JobPlan, rank: int, cfg: Config) -> None:
+        super().__init__(plan, rank, cfg)
+        self.streamed = source
+        self.bounds = plan.block_bounds[rank - 1]
+        self.fixed = np.arange(*self.bounds)
+        self.fixed_x, self.fixed_y = self.open_block(), None
+        get_logger().debug("worker rank %d: block [%d, %d) of %s streamed, peak RSS %.1f MiB", rank,
+                           *self.bounds, source.adapter.unit, peak_rss_mib())
+
+    def open_block(self) -> BlockFeed:
+        feed = self.streamed.block(self.bounds, self.rank, len(self.block_sizes))
+        feed.augmenter = self.augmenter
+        return feed
+
+    def first_rows(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """The input's first batch."""
+        return self.streamed.read(np.arange(count))
+
+    def trailing_rows(self, batch_size: int) -> None:
+        return None
 
     def batch(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rows of the fixed block (k-step rounds), augmented batch by batch rather than the block per round.
-
-        A streamed input (k-step rounds refuse it) serves its first batch's rows: rebalancing's timing."""
-        if self.streamed is not None:
-            x, y = self.first_rows(len(rows))
-            return augment(x, self.augmenter), y
-        fixed_x, fixed_y = self.in_memory()
-        return augment(fixed_x[rows], self.augmenter), fixed_y[rows]
+        """Its first batch's rows: rebalancing's timing (k-step rounds refuse a streamed input)."""
+        x, y = self.first_rows(len(rows))
+        return augment(x, self.augmenter), y
 
     def for_round(self, round_index: int) -> tuple[TrainingInput, np.ndarray | None]:
-        if self.streamed is not None:  # data increment refuses streamed inputs
-            return self.fixed_x, None
-        extra = draw_extra(self.total, self.fixed, round_index, self.rank, self.seed, self.increment)
-        x, y = self.in_memory()
-        if len(extra):
-            extra_x, extra_y = self.source.read(extra)
-            x, y = np.concatenate([x, extra_x]), np.concatenate([y, extra_y])
-            get_logger().debug(share_line(round_index, self.rank, len(self.fixed), len(extra), self.total))
-        return augment(x, self.augmenter), y
+        return self.fixed_x, None
+
+    def set_blocks(self, block_bounds: list[tuple[int, int]]) -> bool:
+        """Open the re-cut range when this worker's block changed."""
+        self.block_sizes = [end - start for start, end in block_bounds]
+        if tuple(block_bounds[self.rank - 1]) == tuple(self.bounds):
+            return False
+        start, end = block_bounds[self.rank - 1]
+        self.bounds = (start, end)
+        self.fixed, self.fixed_x = np.arange(*self.bounds), self.open_block()
+        return True
 
 
 def _sends_validation(cfg: Config) -> bool:
@@ -349,12 +400,13 @@ def place_data(link: SchedulerLink | WorkerLink, rank: int, cfg: Config, dataset
         if scatter:
             scatter_rows(link, cfg, _loaded(dataset, rank), plan)
         return None, dataset
+    data: WorkerData
     if scatter:
         held, dataset, evaluation = receive_rows(link, cfg)
-        data = WorkerData(held, plan, rank, cfg)
+        data = HeldBlock(held, plan, rank, cfg)
     else:
         dataset = _loaded(dataset, rank)
-        data = WorkerData(dataset.train, plan, rank, cfg)
+        data = worker_data(dataset.train, plan, rank, cfg)
         evaluation = own_shard(dataset, rank, link.workers) if _scores_on_workers(cfg) else None
     data.evaluation = evaluation
     return data, dataset

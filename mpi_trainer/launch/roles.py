@@ -65,8 +65,12 @@ def _full_batch_worker(worker_type: type, transport: Transport, cfg: Config, pla
                        worker_data: WorkerData | None, preemption: Preemption) -> Any:
     """The L-BFGS worker (a preemption reaches it with the scheduler's stop request)."""
     from mpi_trainer.comm.protocol import WorkerLink
+    from mpi_trainer.data.placement import HeldBlock
 
-    fixed_x, fixed_y = placed_rows(worker_data).in_memory()  # L-BFGS refuses streamed inputs
+    held = placed_rows(worker_data)
+    if not isinstance(held, HeldBlock):
+        raise TypeError("an L-BFGS worker trains on rows in memory (the config refuses streamed inputs)")
+    fixed_x, fixed_y = held.fixed_x, held.fixed_y
     return worker_type(WorkerLink(transport), plan, cfg, fixed_x, fixed_y)
 
 

@@ -40,7 +40,7 @@ from mpi_trainer.comm.protocol import (
 )
 from mpi_trainer.comm.wire_dtype import WireFormat
 from mpi_trainer.config import Config
-from mpi_trainer.data.placement import HeldRows, WorkerData, peak_rss_mib
+from mpi_trainer.data.placement import HeldBlock, HeldRows, WorkerData, peak_rss_mib, worker_data
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.errors import RankLost, WorkerFailure
 from mpi_trainer.logs import get_logger
@@ -70,7 +70,7 @@ class Worker:
         model = rebuild_model(plan.model)
         ensure_built(model)
         # The block (and, with increment, each round's draw) comes from the data placement.
-        self.data = data if data is not None else WorkerData(dataset.train, plan, self.rank, cfg)
+        self.data = data if data is not None else worker_data(dataset.train, plan, self.rank, cfg)
         self.phases = PhaseLog(cfg.log.timeline)  # this rank's phases, handed on with its next report
         test_hooks = hooks.active()  # read once here rather than every round
         self.training = self.training_type(
@@ -160,12 +160,9 @@ class Worker:
         batch = self.cfg.train.batch_size
         dry_run(self.model, *self.data.first_rows(batch))
         schedule = self.training.schedule
-        if self.data.streams or not (schedule.sync_every or schedule.warmup_rounds):
-            return
-        fixed_x, fixed_y = self.data.in_memory()
-        partial = len(fixed_x) % batch
-        if partial:
-            dry_run(self.model, fixed_x[:partial], fixed_y[:partial])
+        trailing = self.data.trailing_rows(batch) if schedule.sync_every or schedule.warmup_rounds else None
+        if trailing is not None:
+            dry_run(self.model, *trailing)
 
     def calibrate(self) -> Measurement | None:
         """Rebalancing: time a few training steps on this worker's block before round 0.
@@ -276,6 +273,8 @@ class Worker:
             return
         if moved_rows is not None:
             rows = self.link.recv_rows()
+            if not isinstance(self.data, HeldBlock):
+                raise TypeError("rows were sent to a worker whose block is streamed (scatter refuses streamed inputs)")
             self.data.take_rows(HeldRows(rows.positions, rows.x, rows.y), blocks, when)
         if self.data.set_blocks(blocks):
             self.log.debug("round %d: block now [%d, %d)", when, *blocks[self.rank - 1])

@@ -17,7 +17,7 @@ from mpi_trainer.algorithms.rebalance import (
 )
 from mpi_trainer.config import load_config
 from mpi_trainer.data.partition import block_bounds, shuffled_order
-from mpi_trainer.data.placement import HeldRows, ScatterLedger, WorkerData, fixed_positions, rows_needed
+from mpi_trainer.data.placement import HeldBlock, HeldRows, ScatterLedger, fixed_positions, rows_needed
 from mpi_trainer.data.sources import load_dataset
 from mpi_trainer.errors import ConfigError
 from mpi_trainer.hooks import TestHooks
@@ -195,7 +195,7 @@ def test_a_worker_rereads_its_rows_when_its_block_is_recut():
     dataset = load_dataset(cfg.data, 0)
     total = dataset.num_train
     plan = SimpleNamespace(num_train=total, shuffle_seed=0, block_bounds=block_bounds(total, 2))
-    data = WorkerData(dataset.train, plan, 2, cfg)
+    data = HeldBlock(dataset.train, plan, 2, cfg)
     assert len(data.fixed_x) == total // 2
     assert not data.set_blocks(plan.block_bounds)  # unchanged: nothing re-read
     recut = [(0, total // 3), (total // 3, total)]
@@ -258,10 +258,10 @@ def test_a_worker_under_scatter_trains_on_the_same_rows_after_a_recut_with_incre
     moved = ledger.recut(recut, 2)
     for rank in (1, 2):
         held = rows_needed(plan, rank, cfg, 0)
-        scattered = WorkerData(HeldRows(held, *dataset.train.read(held)), plan, rank, cfg)
+        scattered = HeldBlock(HeldRows(held, *dataset.train.read(held)), plan, rank, cfg)
         scattered.take_rows(HeldRows(moved[rank], *dataset.train.read(moved[rank])), recut.block_bounds, 2)
         scattered.set_blocks(recut.block_bounds)
-        shared = WorkerData(dataset.train, recut, rank, cfg)
+        shared = HeldBlock(dataset.train, recut, rank, cfg)
         for round_index in (2, 3):  # the new block's draws too, which scatter did not predict at set-up
             for a, b in zip(scattered.for_round(round_index), shared.for_round(round_index)):
                 np.testing.assert_array_equal(a, b)

@@ -10,7 +10,7 @@ import pytest
 from mpi_trainer.config import ConfigError, load_config
 from mpi_trainer.data.augmentation import augment, build_augmenter, check_image_input
 from mpi_trainer.data.partition import block_bounds
-from mpi_trainer.data.placement import WorkerData
+from mpi_trainer.data.placement import HeldBlock
 from mpi_trainer.data.sources import load_dataset
 from mpi_trainer.errors import DataError
 
@@ -45,7 +45,7 @@ def test_worker_trains_on_augmented_rows_while_evaluation_data_is_untouched():
     x_val, x_test = dataset.x_val.copy(), dataset.x_test.copy()
     plan = SimpleNamespace(num_train=dataset.num_train, shuffle_seed=0,
                            block_bounds=block_bounds(dataset.num_train, 2))
-    data = WorkerData(dataset.train, plan, 1, cfg)
+    data = HeldBlock(dataset.train, plan, 1, cfg)
     block = data.fixed_x.copy()
     round0, _ = data.for_round(0)
     round1, _ = data.for_round(1)

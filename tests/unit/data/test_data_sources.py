@@ -203,7 +203,7 @@ def test_scatter_rows_give_a_worker_the_same_arrays_as_the_shared_file(tmp_path)
     from types import SimpleNamespace
 
     from mpi_trainer.data.increment import positions_needed
-    from mpi_trainer.data.placement import HeldRows, WorkerData, fixed_positions
+    from mpi_trainer.data.placement import HeldBlock, HeldRows, fixed_positions
 
     x, y = _images(200)
     path = _h5(tmp_path / "d.h5", x=x, y=y)
@@ -212,8 +212,8 @@ def test_scatter_rows_give_a_worker_the_same_arrays_as_the_shared_file(tmp_path)
     plan = SimpleNamespace(num_train=data.num_train, shuffle_seed=0,
                            block_bounds=block_bounds(data.num_train, 3))
     needed = positions_needed(data.num_train, fixed_positions(plan, 2), 3, 2, 0, cfg.data.increment)
-    shared = WorkerData(data.train, plan, 2, cfg)
-    scattered = WorkerData(HeldRows(needed, *data.train.read(needed)), plan, 2, cfg)
+    shared = HeldBlock(data.train, plan, 2, cfg)
+    scattered = HeldBlock(HeldRows(needed, *data.train.read(needed)), plan, 2, cfg)
     for round_index in range(3):
         for a, b in zip(shared.for_round(round_index), scattered.for_round(round_index)):
             np.testing.assert_array_equal(a, b)

@@ -10,7 +10,7 @@ import pytest
 from mpi_trainer.config import ConfigError, IncrementConfig, load_config
 from mpi_trainer.data.increment import draw_extra, extra_count, positions_needed, step_size
 from mpi_trainer.data.partition import block_bounds
-from mpi_trainer.data.placement import HeldRows, WorkerData, fixed_positions, rows_needed
+from mpi_trainer.data.placement import HeldBlock, HeldRows, fixed_positions, rows_needed
 
 
 def _cfg(**kwargs) -> IncrementConfig:
@@ -74,7 +74,7 @@ def test_worker_data_serves_block_plus_draw_and_weighted_totals():
     held = HeldRows(np.arange(total), x, np.arange(total) % 3)
     cfg = load_config(None, ["data.increment.enabled=true", "data.increment.load_factor=0.1",
                              "data.increment.absolute_factor=0.5"])
-    data = WorkerData(held, _plan(total, workers), 2, cfg)
+    data = HeldBlock(held, _plan(total, workers), 2, cfg)
     block = fixed_positions(_plan(total, workers), 2)
     np.testing.assert_array_equal(data.fixed_x[:, 0], block)
     xs, ys = data.for_round(1)
@@ -100,7 +100,7 @@ def test_scatter_under_ssp_sends_the_draws_of_a_worker_running_s_updates_ahead()
     plan = SimpleNamespace(**vars(_plan(total, workers)), start_round=0)
     sent = rows_needed(plan, 1, cfg, 0)
     held = HeldRows(sent, *rows.read(sent))
-    data = WorkerData(held, plan, 1, cfg)
+    data = HeldBlock(held, plan, 1, cfg)
     last_clock = cfg.train.epochs - 1 + cfg.aggregation.ssp  # the slowest worker at epochs - 1, this one s ahead
     xs, _ = data.for_round(last_clock)
     assert len(xs) == total // workers + extra_count(total, total // workers, last_clock, cfg.data.increment)
