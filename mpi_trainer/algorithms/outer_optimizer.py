@@ -111,7 +111,7 @@ class OuterOptimizer:
         place), else into a new array. ``global_weights`` is only read.
         """
         if out is None:
-            out = aggregate.copy()
+            out = np.empty_like(aggregate)  # every position is written: stepped, or copied from the aggregate
         self.begin(global_weights.size).apply(0, global_weights, aggregate, out)
         return out
 
