@@ -46,6 +46,7 @@ class HeldRows:
     positions: np.ndarray
     x: np.ndarray
     y: np.ndarray
+    streams = False  # rows in memory, like the shared source's
 
     def read(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         index = np.searchsorted(self.positions, positions)
@@ -125,9 +126,9 @@ TrainingInput = Union[np.ndarray, "BlockFeed"]
 
 
 def is_streamed(source: RowSource) -> TypeGuard[StreamedTrain]:
-    """A streamed input, told by its ``streams`` flag: the module that defines it imports Keras, which a
-    worker loads only after its process is placed on its device."""
-    return bool(getattr(source, "streams", False))
+    """A streamed input, told by its ``streams`` flag (not by its class: the module that defines it imports
+    Keras, which a worker loads only after its process is placed on its device)."""
+    return source.streams
 
 
 def worker_data(source: RowSource, plan: JobPlan, rank: int, cfg: Config) -> WorkerData:

@@ -116,6 +116,16 @@ class TrainPart(Protocol):
     name: str
 
     @property
+    def streams(self) -> bool:
+        """Whether a worker's block is read as it trains (True) or held in memory as rows."""
+        ...
+
+    @property
+    def unit(self) -> str:
+        """What block bounds count: samples, or the batches of a pipeline."""
+        ...
+
+    @property
     def labels(self) -> np.ndarray: ...
 
     @property
@@ -124,6 +134,10 @@ class TrainPart(Protocol):
     def __len__(self) -> int: ...
 
     def read(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def block_bounds(self, workers: int) -> list[tuple[int, int]]:
+        """Each worker's ``[start, end)`` block of the training units."""
+        ...
 
 
 @dataclass
@@ -137,9 +151,17 @@ class TrainRows:
     keep_open: list[Any] = field(default_factory=list)
     weights: np.ndarray | None = None  # a training weight per source row (``fit``'s ``sample_weight``)
     scale: bool = True  # uint8 features scaled to [0, 1] (not for arrays given to ``fit``)
+    streams = False  # a worker holds its block's rows in memory
+    unit = "samples"
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def block_bounds(self, workers: int) -> list[tuple[int, int]]:
+        """Equal blocks of the seeded shuffle of the training positions (sizes differ by at most one)."""
+        from mpi_trainer.data.partition import block_bounds
+
+        return block_bounds(len(self), workers)
 
     def read(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Features and labels of the given training positions, checked for NaN and inf."""

@@ -41,6 +41,10 @@ class StreamedTrain:
         return self.units
 
     @property
+    def unit(self) -> str:
+        return self.adapter.unit
+
+    @property
     def labels(self) -> np.ndarray:
         return self.head[1][:0]
 

@@ -105,7 +105,6 @@ def claim_run_dir(transport: Transport, cfg: Config, inputs: JobInputs, run_dir:
 
 def setup(transport: Transport, cfg: Config, inputs: JobInputs, run: RunDirectory | None) -> JobSetup:
     """Load data everywhere; on rank 0 build the model and check it against the run directory's run."""
-    from mpi_trainer.data.partition import block_bounds
     from mpi_trainer.models.gradients import gradient_backend
 
     dataset: Dataset | None = None
@@ -118,11 +117,7 @@ def setup(transport: Transport, cfg: Config, inputs: JobInputs, run: RunDirector
             gradient_backend()  # every rank: each computes with its own backend
         dataset = load_dataset_for_rank(transport.rank, cfg, inputs.arrays, transport.workers, inputs)
         if dataset is not None:  # every reader fails alike
-            from mpi_trainer.data.streamed import streamed_train  # loaded with the dataset
-
-            streamed = streamed_train(dataset)
-            bounds = (streamed.block_bounds(transport.workers) if streamed is not None
-                      else block_bounds(dataset.num_train, transport.workers))
+            bounds = dataset.train.block_bounds(transport.workers)
     except (InputError, ValueError, OSError) as exc:  # a reader's complaint about the data
         error = str(exc)
     if transport.rank == 0 and error is None:
@@ -263,10 +258,7 @@ def log_plan(plan: JobPlan, dataset: Dataset) -> None:
     log.info("dataset %s", dataset.describe())
     if dataset.class_names:
         log.info("%s: string labels mapped to classes: %s", dataset.name, dataset.label_mapping())
-    from mpi_trainer.data.streamed import streamed_train  # loaded with the dataset
-
-    streamed = streamed_train(dataset)
-    unit = streamed.adapter.unit if streamed is not None else "samples"
+    unit = dataset.train.unit
     for index, (start, end) in enumerate(plan.block_bounds):
         log.info("worker rank %d: block start %d end %d size %d%s", index + 1, start, end, end - start,
                  "" if unit == "samples" else f" {unit}")
