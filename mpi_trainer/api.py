@@ -216,7 +216,7 @@ def _run(transport: Transport, request: FitRequest, run_dir: Any, resume: bool) 
         pipeline, arrays, pairs = _arguments(request, transport.size - 1)
         builder, model_overrides = _model_source(request.model, arrays)
         pairs += model_overrides
-        class_weight = _class_weight(request.class_weight, request.model)
+        class_weight = _class_weight(request.class_weight, request.model, request.data)
         _check_callbacks(request.callbacks)
     except InputError as exc:
         error = str(exc)
@@ -270,18 +270,23 @@ def _arguments(request: FitRequest, workers: int) -> tuple[Any, Any, list[tuple[
 
 def _refuse_with_pipeline(request: FitRequest) -> None:
     """What a pipeline input cannot take (Keras refuses validation_split and sample_weight with datasets too)."""
-    given = {"validation_split": request.keras_args.validation_split, "sample_weight": request.data[2],
-             "class_weight": request.class_weight}
+    given = {"validation_split": request.keras_args.validation_split, "sample_weight": request.data[2]}
     for name, value in given.items():
         if value:
             raise ConfigError(f"`{name}` applies to array inputs; a pipeline carries its own labels and weights. "
                               f"Received: {name} with x of type {type(request.data[0]).__name__}")
 
 
-def _class_weight(class_weight: Any, model: Any) -> Any:
-    from mpi_trainer.data.weights import check_class_weight
+def _class_weight(class_weight: Any, model: Any, data: tuple[Any, ...]) -> Any:
+    """``class_weight`` checked as Keras checks it with these inputs (its own adapters refuse what they refuse)."""
+    from mpi_trainer.data.weights import check_class_weight, keras_refusal
 
-    return check_class_weight(class_weight, model)
+    checked = check_class_weight(class_weight, model)
+    x, y, sample_weight = data[:3]
+    refusal = keras_refusal(x, y, sample_weight, checked)
+    if refusal is not None:
+        raise ConfigError(refusal)
+    return checked
 
 
 def _check_callbacks(callbacks: list[Any]) -> None:

@@ -27,9 +27,10 @@ import numpy as np
 
 from mpi_trainer.config import Config
 from mpi_trainer.data.augmentation import augment, build_augmenter
+from mpi_trainer.data.feed import RowsFeed
 from mpi_trainer.data.increment import draw_extra, positions_needed, round_samples, share_line
 from mpi_trainer.data.partition import shard, shuffled_order
-from mpi_trainer.data.sources import Dataset, RowArray, TrainPart, validation_only
+from mpi_trainer.data.sources import Dataset, RowArray, TrainPart, TrainRows, validation_only
 from mpi_trainer.logs import get_logger
 
 if TYPE_CHECKING:
@@ -160,7 +161,7 @@ class WorkerData(ABC):
 
     @staticmethod
     def units(x: TrainingInput) -> int:
-        """The samples (or, for a pipeline, batches) a round trains on."""
+        """The samples (or, for a pipeline, batches) of a block."""
         return len(x) if isinstance(x, np.ndarray) else x.units
 
     def round_total(self, round_index: int) -> int:
@@ -180,8 +181,13 @@ class WorkerData(ABC):
         """Rows of the fixed block (k-step rounds, rebalancing's timing), augmented."""
 
     @abstractmethod
-    def for_round(self, round_index: int) -> tuple[TrainingInput, np.ndarray | None]:
-        """What round ``round_index`` trains on: its input, and its labels when they are arrays."""
+    def sample_weights(self, y: np.ndarray, block_rows: np.ndarray | None = None) -> np.ndarray | None:
+        """The training weights of the labels ``y`` of the block's rows ``block_rows`` (None: the whole block,
+        or the round's rows), from ``fit``'s ``sample_weight`` or ``class_weight``; None: unweighted."""
+
+    @abstractmethod
+    def for_round(self, round_index: int) -> BlockFeed:
+        """What round ``round_index``'s ``model.fit`` reads: the block's feed."""
 
     @abstractmethod
     def set_blocks(self, block_bounds: list[tuple[int, int]]) -> bool:
@@ -199,6 +205,8 @@ class HeldBlock(WorkerData):
     def __init__(self, source: RowSource, plan: JobPlan, rank: int, cfg: Config) -> None:
         super().__init__(plan, rank, cfg)
         self.source = source
+        self.shuffle = cfg.train.shuffle  # fit's shuffle: a new random order of the rows every round
+        self.class_weight = plan.class_weight
         self.fixed = fixed_positions(plan, rank)
         self.fixed_x, self.fixed_y = source.read(self.fixed)
         get_logger().debug("worker rank %d: block of %d rows in memory (%.1f MiB), peak RSS %.1f MiB",
@@ -215,14 +223,30 @@ class HeldBlock(WorkerData):
         """Augmented batch by batch rather than the block per round."""
         return augment(self.fixed_x[rows], self.augmenter), self.fixed_y[rows]
 
-    def for_round(self, round_index: int) -> tuple[TrainingInput, np.ndarray | None]:
+    def sample_weights(self, y: np.ndarray, block_rows: np.ndarray | None = None) -> np.ndarray | None:
+        """``class_weight`` as Keras turns it into sample weights for arrays (a class without a weight weighs
+        1), or ``sample_weight``'s rows: a weight per source row (scatter, data increment and rebalancing
+        refuse it, so the rows are the fixed block's). ``fit`` refuses both together, as Keras does."""
+        if self.class_weight is not None:
+            from keras.src.trainers.data_adapters.data_adapter_utils import class_weight_to_sample_weights
+
+            weights: np.ndarray = class_weight_to_sample_weights(y, self.class_weight)
+            return weights
+        source = self.source
+        if not isinstance(source, TrainRows) or source.weights is None:
+            return None
+        given: np.ndarray = source.weights[source.rows[self.fixed]]
+        return given if block_rows is None else given[block_rows]
+
+    def for_round(self, round_index: int) -> RowsFeed:
+        """The fixed block plus the round's draw (data increment), augmented, with its rows' sample weights."""
         extra = draw_extra(self.total, self.fixed, round_index, self.rank, self.seed, self.increment)
         x, y = self.fixed_x, self.fixed_y
         if len(extra):
             extra_x, extra_y = self.source.read(extra)
             x, y = np.concatenate([x, extra_x]), np.concatenate([y, extra_y])
             get_logger().debug(share_line(round_index, self.rank, len(self.fixed), len(extra), self.total))
-        return augment(x, self.augmenter), y
+        return RowsFeed(augment(x, self.augmenter), y, self.sample_weights(y), self.shuffle, self.seed + self.rank)
 
     def set_blocks(self, block_bounds: list[tuple[int, int]]) -> bool:
         """Re-read this worker's rows when its block changed."""
@@ -259,6 +283,7 @@ class StreamedBlock(WorkerData):
     def __init__(self, source: StreamedTrain, plan: JobPlan, rank: int, cfg: Config) -> None:
         super().__init__(plan, rank, cfg)
         self.streamed = source
+        self.class_weight = plan.class_weight
         self.bounds = plan.block_bounds[rank - 1]
         self.fixed = np.arange(*self.bounds)
         self.fixed_x, self.fixed_y = self.open_block(), None
@@ -267,7 +292,7 @@ class StreamedBlock(WorkerData):
 
     def open_block(self) -> BlockFeed:
         feed = self.streamed.block(self.bounds, self.rank, len(self.block_sizes))
-        feed.augmenter = self.augmenter
+        feed.augmenter, feed.class_weight = self.augmenter, self.class_weight
         return feed
 
     def first_rows(self, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -282,8 +307,12 @@ class StreamedBlock(WorkerData):
         x, y = self.first_rows(len(rows))
         return augment(x, self.augmenter), y
 
-    def for_round(self, round_index: int) -> tuple[TrainingInput, np.ndarray | None]:
-        return self.fixed_x, None
+    def sample_weights(self, y: np.ndarray, block_rows: np.ndarray | None = None) -> None:
+        """None: a streamed input's batches carry their own weights (Keras applies ``class_weight`` to them)."""
+        return None
+
+    def for_round(self, round_index: int) -> BlockFeed:
+        return self.fixed_x
 
     def set_blocks(self, block_bounds: list[tuple[int, int]]) -> bool:
         """Open the re-cut range when this worker's block changed."""

@@ -1,15 +1,16 @@
-"""Per-sample training weights from ``fit``'s ``class_weight`` and ``sample_weight``, as Keras applies them.
+"""``fit``'s ``class_weight``, checked as Keras checks it, before training and on every rank.
 
-Keras multiplies a row's ``sample_weight`` by the ``class_weight`` of its label
-(the arg-max of a one-hot label) and weights the training loss with the
-product; the validation loss stays unweighted. Workers do the same for the
-rows of their block, so a weighted data-parallel run optimises the objective
-that plain ``model.fit`` would.
+Workers hand ``class_weight`` to Keras as ``model.fit`` would have it: for rows held in memory Keras'
+own mapping of each label to its class's weight becomes the rows' sample weights (a class without a
+weight weighs 1, as for arrays given to Keras' ``fit``); a ``tf.data.Dataset`` or a
+``keras.utils.PyDataset`` gets it as ``fit``'s argument. What Keras refuses (``class_weight`` with
+``sample_weight``, with a generator, or with targets per output) is refused here, before training,
+with Keras' own message.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -18,8 +19,8 @@ from mpi_trainer.errors import ConfigError
 
 
 def check_class_weight(class_weight: Any, model: Any = None) -> dict[int, float] | None:
-    """``class_weight`` as ``{class index: weight}``; Keras wants the keys 0..n-1, each weight a number >= 0,
-    and (``model``: a ``keras.Model``; a function or a name is not known yet) a model with a single output."""
+    """``class_weight`` as ``{class index: weight}``: a dict of integer keys and numbers, and (``model``: a
+    ``keras.Model``; a function or a name is not known yet) a model with a single output, as Keras wants."""
     if class_weight is None:
         return None
     outputs = getattr(model, "output_names", None)
@@ -31,48 +32,46 @@ def check_class_weight(class_weight: Any, model: Any = None) -> dict[int, float]
         raise ConfigError(f"`class_weight` must be a dict mapping class indices to weights. "
                           f"Received: class_weight={class_weight!r}")
     try:
-        weights = {int(key): float(value) for key, value in class_weight.items()}
+        return {int(key): float(value) for key, value in class_weight.items()}
     except (TypeError, ValueError):
         raise ConfigError(f"`class_weight` must map integer class indices to numbers. "
                           f"Received: class_weight={class_weight!r}") from None
-    if sorted(weights) != list(range(len(weights))):
-        raise ConfigError(f"`class_weight` must have the keys 0 to one less than the number of classes. "
-                          f"Received: class_weight keys {sorted(weights)}")
-    if any(not np.isfinite(w) or w < 0 for w in weights.values()):
-        raise ConfigError(f"`class_weight` values must be finite numbers >= 0. Received: class_weight={weights}")
-    return weights
 
 
-def check_class_coverage(class_weight: dict[int, float] | None, num_classes: int, classes: bool) -> None:
-    """Every class of the labels needs a weight, and the labels must be classes (indices or one-hot)."""
-    if class_weight is None:
-        return
-    if classes and len(class_weight) < num_classes:
-        raise ConfigError(f"`class_weight` gives {len(class_weight)} weights but the labels have {num_classes} "
-                          f"classes. Received: class_weight keys {sorted(class_weight)}; expected 0..{num_classes - 1}")
+def keras_refusal(x: Any, y: Any, sample_weight: Any, class_weight: dict[int, float] | None) -> str | None:
+    """Keras' own refusal of ``class_weight`` with these inputs, as its ``fit`` raises it, or None.
 
-
-def class_indices(y: np.ndarray) -> np.ndarray:
-    """The class of each label: the index itself, or the arg-max of a one-hot / probability row."""
-    y = np.asarray(y)
-    if y.ndim == 2 and y.shape[1] > 1:
-        largest: np.ndarray = np.argmax(y, axis=1)
-        return largest
-    rounded: np.ndarray = np.rint(y.reshape(len(y))).astype(np.int64)
-    return rounded
-
-
-def training_weights(y: np.ndarray, class_weight: dict[int, float] | None,
-                     sample_weight: np.ndarray | None) -> np.ndarray | None:
-    """Each row's weight in the training loss (None: unweighted)."""
-    if class_weight is None and sample_weight is None:
+    Keras' data adapters decide: arrays are looked at through their first rows, a dataset or a
+    ``PyDataset`` as given (nothing is read), a generator by its kind alone (its batches are not touched).
+    A ``dataset_fn`` is only built on the workers, so Keras checks it there.
+    """
+    if class_weight is None or x is None:
         return None
-    weights = np.ones(len(y), dtype=np.float32) if sample_weight is None else np.asarray(sample_weight, np.float32)
-    if class_weight is not None:
-        table = np.array([class_weight[k] for k in range(len(class_weight))], dtype=np.float32)
-        indices = class_indices(y)
-        if len(indices) and (indices.min() < 0 or indices.max() >= len(table)):
-            raise ConfigError(f"`class_weight` has no weight for class {int(indices.max())}. "
-                              f"Received: class_weight keys {list(range(len(table)))}")
-        weights = weights * table[indices]
-    return weights
+    from keras.src.trainers.data_adapters import get_data_adapter
+
+    from mpi_trainer.data.adapters import is_dataset_fn, is_pipeline
+
+    if is_dataset_fn(x):
+        return None
+    if isinstance(x, Iterator):
+        x = _no_batches()  # Keras refuses class_weight with any generator before reading it
+    elif not is_pipeline(x):
+        try:
+            x, y, sample_weight = (None if part is None else _first_rows(part) for part in (x, y, sample_weight))
+        except (TypeError, ValueError, IndexError):
+            return None  # not arrays Keras' adapter takes as they are: the workers' fit meets them as arrays
+    try:
+        get_data_adapter(x, y, sample_weight, batch_size=2, class_weight=class_weight)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _first_rows(arrays: Any) -> Any:
+    import keras
+
+    return keras.tree.map_structure(lambda array: np.asarray(array)[:2], arrays)
+
+
+def _no_batches() -> Iterator[Any]:
+    yield from ()

@@ -146,7 +146,6 @@ def plan_job(cfg: Config, dataset: Dataset, inputs: JobInputs, bounds: list[tupl
     import keras
 
     from mpi_trainer.comm.protocol import JobPlan
-    from mpi_trainer.data.weights import check_class_coverage
     from mpi_trainer.models import build_model
     from mpi_trainer.models.dry_run import SAMPLES, dry_run
     from mpi_trainer.models.gradients import BlockGradient
@@ -160,7 +159,6 @@ def plan_job(cfg: Config, dataset: Dataset, inputs: JobInputs, bounds: list[tupl
     metric_names = dry_run(model, *dataset.train.read(np.arange(min(SAMPLES, dataset.num_train))), train=False)
     check_monitor(cfg, metric_names, len(dataset.y_test) > 0)
     # Blocks are always planned for the workers present now: a resume may have fewer or more.
-    check_class_coverage(inputs.class_weight, dataset.num_outputs, dataset.classes)
     plan = JobPlan(cfg.to_dict(), spec, bounds, cfg.train.seed, dataset.num_train,
                    state.next_round if state else 0, metric_names, class_weight=inputs.class_weight)
     return model, plan

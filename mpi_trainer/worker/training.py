@@ -15,16 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mpi_trainer.algorithms.step_budget import steps_per_round
 from mpi_trainer.algorithms.sync_schedule import schedule_for
 from mpi_trainer.comm.flat_weights import WeightCodec
 from mpi_trainer.comm.messages import JobPlan, Report
 from mpi_trainer.config import Config
-from mpi_trainer.data.feed import fit_arguments
-from mpi_trainer.data.placement import TrainingInput, WorkerData
+from mpi_trainer.data.placement import WorkerData
 from mpi_trainer.data.sources import Dataset
 from mpi_trainer.data.walk import BlockWalk
-from mpi_trainer.data.weights import training_weights
 from mpi_trainer.logs import get_logger
 from mpi_trainer.models import evaluate_model
 from mpi_trainer.persistence.resume import worker_seed
@@ -51,9 +48,6 @@ class LocalTraining:
         self.codec = WeightCodec.from_weights(model.get_weights())
         self.finalized = layers_with_state(model)  # e.g. an adapted Normalization: its stats are weights
         self.data, self.dataset, self.cfg, self.phases = data, dataset, cfg, phases
-        self.x: TrainingInput = data.fixed_x  # this round's rows: arrays, or a streamed block's feed
-        self.y: np.ndarray | None = data.fixed_y
-        self.class_weight = plan.class_weight
         self.schedule = schedule_for(cfg.train, plan.block_bounds)  # steps per round, as the scheduler has it
         self.step_timer = StepTimer(cfg.train.batch_size)  # the speed that rebalancing cuts blocks by
         self.shuffle_rng = np.random.default_rng(worker_seed(cfg.train.seed, data.rank, plan.start_round))
@@ -75,77 +69,49 @@ class LocalTraining:
             finalize_layers(self.finalized, self.model)
             self.finalized.clear()
 
-    def sample_weights(self, y: np.ndarray, block_rows: np.ndarray | None = None) -> np.ndarray | None:
-        """The training weights of these labels' rows (``block_rows``: their places in the fixed block,
-        None: the whole block or round), from ``fit``'s ``class_weight`` and ``sample_weight``."""
-        train = self.dataset.train if self.dataset is not None else None
-        given = getattr(train, "weights", None)
-        if train is not None and given is not None:  # refused with increment, rebalance and scatter: the
-            given = given[train.rows[self.data.fixed]]  # round's rows are the block
-            given = given if block_rows is None else given[block_rows]
-        return training_weights(y, self.class_weight, given)
-
     def train_and_report(self, round_index: int, start: np.ndarray,
                          max_steps: int | None = None) -> tuple[Report, np.ndarray]:
         """This round's training from the global weights ``start`` (one local epoch, or k steps); report and
         new weights (the report's ``preempt`` is the worker's to set). The new weights are flattened into
         ``start``'s buffer: once the model holds the start, a worker keeps one flat copy of its weights."""
         k = self.schedule.steps(round_index)
-        if k:
-            # k-step rounds walk the fixed block (the config refuses data increment), augmenting per batch
-            self.x, self.y = self.data.fixed_x, self.data.fixed_y
-        else:
-            self.x, self.y = self.data.for_round(round_index)
+        # k-step rounds walk the fixed block (the config refuses data increment), augmenting per batch
+        feed = None if k else self.data.for_round(round_index)
         learning_rate = current_learning_rate(self.model.optimizer)
         self.take_weights(start)
-        metrics, train_seconds, steps = self.train_steps(k, max_steps) if k else self.train_once(max_steps)
+        metrics, train_seconds, steps = self.train_steps(k, max_steps) if feed is None \
+            else self.train_once(feed, max_steps)
         self.phases.add("train", round_index, time.time() - train_seconds)
         local = self.codec.flatten(self.model.weights, out=start)
         self.maybe_inject_nan(round_index, local)
         loss = metrics.get("loss", 0.0 if not steps else math.nan)
-        report = Report(self.rank, round_index, self.data.units(self.x), loss, metrics.get("accuracy", math.nan),
+        units = self.data.units(self.data.fixed_x) if feed is None else feed.units
+        report = Report(self.rank, round_index, units, loss, metrics.get("accuracy", math.nan),
                         train_seconds, steps=steps, weights_finite=bool(np.isfinite(local).all()),
                         train_metrics=metrics, learning_rate=learning_rate)
         if not k and steps:  # k-step rounds are not timed: rebalancing is refused with them
             report.step_rate, report.timed_steps = self.step_timer.finish_round()
         return report, local
 
-    def train_once(self, max_steps: int | None = None) -> tuple[dict[str, Any], float, int]:
-        """One local epoch on the block (or ``max_steps`` batches of it); metrics, seconds, steps."""
-        batch = self.cfg.train.batch_size
-        x, y = self.x, self.y
-        if not isinstance(x, np.ndarray):  # a streamed block (data.stream)
-            return self.train_streamed(x, max_steps)
-        if y is None:
-            raise TypeError("a block held in memory trains from its labels. Received: y=None")
-        weights = self.sample_weights(y)
-        if max_steps is not None:
-            if max_steps == 0:
-                return {}, 0.0, 0
-            rows = np.random.default_rng(self.cfg.train.seed + self.rank).permutation(len(x))[:max_steps * batch]
-            x, y = x[rows], y[rows]
-            weights = None if weights is None else weights[rows]
-        rng = self.shuffle_rng if self.cfg.train.shuffle else None
-        return self.fit_round(fit_arguments(x, y, batch, rng, sample_weight=weights), steps_per_round(len(x), batch),
-                              len(x))
-
-    def train_streamed(self, feed: BlockFeed, max_steps: int | None) -> tuple[dict[str, Any], float, int]:
-        """One pass over a streamed block (or ``max_steps`` batches of it); metrics, seconds, steps."""
+    def train_once(self, feed: BlockFeed, max_steps: int | None = None) -> tuple[dict[str, Any], float, int]:
+        """One local epoch over the round's feed (or ``max_steps`` batches of it); metrics, seconds, steps."""
         batch = self.cfg.train.batch_size
         steps = feed.steps(batch) if max_steps is None else min(max_steps, feed.steps(batch))
         if steps == 0:
             return {}, 0.0, 0
-        return self.fit_round(feed.fit_input(batch, self.shuffle_rng, max_steps), steps)  # full batches: timed
+        return self.fit_round(feed.fit_input(batch, self.shuffle_rng, max_steps), steps, feed.samples(batch, steps),
+                              feed.class_weight)
 
-    def fit_round(self, arguments: dict[str, Any], steps: int, rows: int | None = None) -> tuple[dict[str, Any],
-                                                                                                 float, int]:
-        """``model.fit`` for one local epoch of ``steps`` batches (of ``rows`` samples); metrics, seconds, steps."""
+    def fit_round(self, arguments: dict[str, Any], steps: int, samples: int,
+                  class_weight: dict[int, float] | None) -> tuple[dict[str, Any], float, int]:
+        """``model.fit`` for one local epoch of ``steps`` batches (of ``samples`` rows), with the
+        ``class_weight`` Keras is to apply to them; metrics, seconds, steps."""
         started = time.perf_counter()
         callbacks = [self.slowdown] if self.slowdown is not None else None
         callbacks = with_batch_progress(callbacks, self.cfg.log.verbosity, steps)
-        self.step_timer.start_round(steps * self.cfg.train.batch_size if rows is None else rows)
+        self.step_timer.start_round(samples)
         callbacks = [*(callbacks or []), self.step_timer.callback()]  # last: it times the slowdown's pause too
-        history = self.model.fit(**arguments, epochs=1, verbose=0, callbacks=callbacks)
+        history = self.model.fit(**arguments, class_weight=class_weight, epochs=1, verbose=0, callbacks=callbacks)
         metrics = {k: float(v[-1]) for k, v in history.history.items()}
         return metrics, time.perf_counter() - started, steps
 
@@ -163,7 +129,7 @@ class LocalTraining:
         for _ in range(steps):
             rows = self.step_rows()
             x, y = self.data.batch(rows)
-            for key, value in self.train_step(x, y, self.sample_weights(y, rows)).items():
+            for key, value in self.train_step(x, y, self.data.sample_weights(y, rows)).items():
                 totals[key] = totals.get(key, 0.0) + float(value) * len(rows)
             seen += len(rows)
         # the round's metrics are sample-weighted means over its steps, as fit's are over an epoch
@@ -172,7 +138,7 @@ class LocalTraining:
 
     def step_rows(self) -> np.ndarray:
         """Indices into the block of the next step's batch."""
-        return self.walk.next_rows(self.data.units(self.x), self.cfg.train.batch_size)
+        return self.walk.next_rows(self.data.units(self.data.fixed_x), self.cfg.train.batch_size)
 
     def train_step(self, x: np.ndarray, y: np.ndarray, weights: np.ndarray | None = None) -> dict[str, Any]:
         return one_step(self.model, x, y, self.slowdown, weights)

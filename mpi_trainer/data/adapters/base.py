@@ -27,6 +27,9 @@ class BlockFeed(ABC):
     units: int  # the block's size in the adapter's units (batches, or samples)
     # data.augmentation's Keras layer, set by the worker; applied by feeds of inputs that augment (ArrayAdapter)
     augmenter: Any = None
+    # fit's class_weight, which Keras applies to the feed's batches as it would to the input given to fit
+    # (a feed of rows held in memory has it in its sample weights instead, as Keras has it for arrays)
+    class_weight: dict[int, float] | None = None
 
     @abstractmethod
     def fit_input(self, batch_size: int, rng: np.random.Generator, max_steps: int | None) -> dict[str, Any]:
@@ -35,6 +38,11 @@ class BlockFeed(ABC):
     def steps(self, batch_size: int) -> int:
         """Training steps of one round over the block (units are batches unless a feed says otherwise)."""
         return self.units
+
+    def samples(self, batch_size: int, steps: int) -> int:
+        """Samples in ``steps`` batches of a round (what the step timer divides by): full batches unless a
+        feed says otherwise."""
+        return steps * batch_size
 
 
 class InputAdapter(ABC):

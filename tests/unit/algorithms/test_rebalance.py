@@ -194,7 +194,7 @@ def test_a_worker_rereads_its_rows_when_its_block_is_recut():
     cfg = load_config(None, ["data.source=digits", "data.rebalance=true"])
     dataset = load_dataset(cfg.data, 0)
     total = dataset.num_train
-    plan = SimpleNamespace(num_train=total, shuffle_seed=0, block_bounds=block_bounds(total, 2))
+    plan = SimpleNamespace(num_train=total, shuffle_seed=0, class_weight=None, block_bounds=block_bounds(total, 2))
     data = HeldBlock(dataset.train, plan, 2, cfg)
     assert len(data.fixed_x) == total // 2
     assert not data.set_blocks(plan.block_bounds)  # unchanged: nothing re-read
@@ -234,7 +234,8 @@ def _scatter_setup(*overrides: str):
                              "train.epochs=4", *overrides])
     dataset = load_dataset(cfg.data, 0)
     total = dataset.num_train
-    plan = SimpleNamespace(num_train=total, shuffle_seed=0, block_bounds=block_bounds(total, 2), start_round=0)
+    plan = SimpleNamespace(num_train=total, shuffle_seed=0, class_weight=None, block_bounds=block_bounds(total, 2),
+                           start_round=0)
     recut = SimpleNamespace(**{**vars(plan), "block_bounds": [(0, 2 * total // 3), (2 * total // 3, total)]})
     return cfg, dataset, plan, recut
 
@@ -263,7 +264,8 @@ def test_a_worker_under_scatter_trains_on_the_same_rows_after_a_recut_with_incre
         scattered.set_blocks(recut.block_bounds)
         shared = HeldBlock(dataset.train, recut, rank, cfg)
         for round_index in (2, 3):  # the new block's draws too, which scatter did not predict at set-up
-            for a, b in zip(scattered.for_round(round_index), shared.for_round(round_index)):
+            ours, theirs = scattered.for_round(round_index), shared.for_round(round_index)
+            for a, b in ((ours.x, theirs.x), (ours.y, theirs.y)):
                 np.testing.assert_array_equal(a, b)
         assert not before[rank] & set(moved[rank])  # nothing a worker holds travels again
         np.testing.assert_array_equal(scattered.source.positions, ledger.held[rank])  # both sides agree

@@ -43,12 +43,11 @@ def test_worker_trains_on_augmented_rows_while_evaluation_data_is_untouched():
     cfg = _cfg("data.source=digits", "data.augmentation.shift=0.25", "data.augmentation.rotation=0.05")
     dataset = load_dataset(cfg.data, 0)
     x_val, x_test = dataset.x_val.copy(), dataset.x_test.copy()
-    plan = SimpleNamespace(num_train=dataset.num_train, shuffle_seed=0,
+    plan = SimpleNamespace(num_train=dataset.num_train, shuffle_seed=0, class_weight=None,
                            block_bounds=block_bounds(dataset.num_train, 2))
     data = HeldBlock(dataset.train, plan, 1, cfg)
     block = data.fixed_x.copy()
-    round0, _ = data.for_round(0)
-    round1, _ = data.for_round(1)
+    round0, round1 = data.for_round(0).x, data.for_round(1).x
     assert not np.allclose(round0, block) and not np.allclose(round0, round1)
     np.testing.assert_array_equal(data.fixed_x, block)
     np.testing.assert_array_equal(dataset.x_val, x_val)

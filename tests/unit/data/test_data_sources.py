@@ -209,13 +209,14 @@ def test_scatter_rows_give_a_worker_the_same_arrays_as_the_shared_file(tmp_path)
     path = _h5(tmp_path / "d.h5", x=x, y=y)
     cfg = load_config(None, [f"data.source={path}", "data.increment.enabled=true", "train.epochs=3"])
     data = load_dataset(cfg.data, 0)
-    plan = SimpleNamespace(num_train=data.num_train, shuffle_seed=0,
+    plan = SimpleNamespace(num_train=data.num_train, shuffle_seed=0, class_weight=None,
                            block_bounds=block_bounds(data.num_train, 3))
     needed = positions_needed(data.num_train, fixed_positions(plan, 2), 3, 2, 0, cfg.data.increment)
     shared = HeldBlock(data.train, plan, 2, cfg)
     scattered = HeldBlock(HeldRows(needed, *data.train.read(needed)), plan, 2, cfg)
     for round_index in range(3):
-        for a, b in zip(shared.for_round(round_index), scattered.for_round(round_index)):
+        ours, theirs = shared.for_round(round_index), scattered.for_round(round_index)
+        for a, b in ((ours.x, theirs.x), (ours.y, theirs.y)):
             np.testing.assert_array_equal(a, b)
 
 

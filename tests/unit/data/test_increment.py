@@ -65,7 +65,8 @@ def test_bad_increment_settings_name_the_key(key, value, expected):
 
 
 def _plan(total: int, workers: int) -> SimpleNamespace:
-    return SimpleNamespace(num_train=total, shuffle_seed=3, block_bounds=block_bounds(total, workers))
+    return SimpleNamespace(num_train=total, shuffle_seed=3, class_weight=None,
+                           block_bounds=block_bounds(total, workers))
 
 
 def test_worker_data_serves_block_plus_draw_and_weighted_totals():
@@ -77,7 +78,8 @@ def test_worker_data_serves_block_plus_draw_and_weighted_totals():
     data = HeldBlock(held, _plan(total, workers), 2, cfg)
     block = fixed_positions(_plan(total, workers), 2)
     np.testing.assert_array_equal(data.fixed_x[:, 0], block)
-    xs, ys = data.for_round(1)
+    feed = data.for_round(1)
+    xs, ys = feed.x, feed.y
     assert len(xs) == 50 + 40 and len(ys) == len(xs)
     assert not np.intersect1d(xs[50:, 0], block).size
     assert data.round_total(1) == workers * (50 + 40)
@@ -102,7 +104,7 @@ def test_scatter_under_ssp_sends_the_draws_of_a_worker_running_s_updates_ahead()
     held = HeldRows(sent, *rows.read(sent))
     data = HeldBlock(held, plan, 1, cfg)
     last_clock = cfg.train.epochs - 1 + cfg.aggregation.ssp  # the slowest worker at epochs - 1, this one s ahead
-    xs, _ = data.for_round(last_clock)
+    xs = data.for_round(last_clock).x
     assert len(xs) == total // workers + extra_count(total, total // workers, last_clock, cfg.data.increment)
     no_ssp = load_config(None, ["data.increment.enabled=true", "data.increment.load_factor=0.05", "train.epochs=4"])
     assert len(rows_needed(plan, 1, no_ssp, 0)) < len(sent)  # synchronous rounds need no more than epochs

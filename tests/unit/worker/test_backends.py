@@ -23,7 +23,6 @@ import json, sys
 from pathlib import Path
 import keras, numpy as np
 from local_job import run_local_job
-from mpi_trainer.data.feed import fit_arguments
 from mpi_trainer.models import rebuild_model
 from mpi_trainer.persistence.optimizer_state import ensure_built, load_state_vector, state_vector
 from mpi_trainer.persistence.resume import load_resume_state
@@ -38,7 +37,7 @@ live = {w.rank: state_vector(w.model.optimizer) for w in job.workers}
 resumed = rebuild_model(job.engine.plan.model)  # a worker of the resumed run
 ensure_built(resumed)
 load_state_vector(resumed.optimizer, saved[1])
-feed = fit_arguments(job.workers[0].training.x, job.workers[0].training.y, 32, np.random.default_rng(0))
+feed = job.workers[0].data.for_round(0).fit_input(32, np.random.default_rng(0), None)
 print(json.dumps({
     "backend": keras.backend.backend(),
     "accuracy": job.summary["final_test_accuracy"],

@@ -18,7 +18,7 @@ def train_one_round(run_dir, class_weight=None, sample_weight=None) -> list:
     gives the weight of every source row."""
     engine, team, world = build_local_job(run_dir, **ONE_ROUND)
     for worker in team:
-        worker.training.class_weight = class_weight  # what the plan hands every worker (fit's class_weight)
+        worker.data.class_weight = class_weight  # what the plan hands every worker (fit's class_weight)
     if sample_weight is not None:
         train = team[0].training.dataset.train
         train.weights = sample_weight(train, team)
@@ -38,3 +38,19 @@ def test_sample_weight_applies_to_the_rows_of_each_workers_block(tmp_path):
         return weights
 
     assert moved(train_one_round(tmp_path / "rows", sample_weight=only_worker_2)) == [False, True]
+
+
+def test_class_weight_reaches_a_pipelines_batches_as_keras_applies_it(tmp_path):
+    import tensorflow as tf
+    from sklearn.datasets import load_digits
+
+    from mpi_trainer.data.adapters import fit_input
+    from mpi_trainer.launch.job_setup import JobInputs
+
+    x, y = load_digits(return_X_y=True)
+    dataset = tf.data.Dataset.from_tensor_slices(((x / 16.0).astype(np.float32), y)).batch(64)
+    for name, weight, moves in (("zero", 0.0, [False, False]), ("one", 1.0, [True, True])):
+        inputs = JobInputs(pipeline=fit_input(dataset, None, None), class_weight={k: weight for k in range(10)})
+        engine, team, world = build_local_job(tmp_path / name, inputs=inputs, **ONE_ROUND)
+        world.run({0: engine.run, **{w.rank: w.run for w in team}})
+        assert moved(team) == moves
