@@ -65,9 +65,11 @@ if TYPE_CHECKING:
 __all__ = ["MAX_MESSAGE_BYTES", "PeerFailure", "RankAccounting", "Received", "Shrunk", "Transport",
            "TransportTimeout", "abort_on_error", "fault_tolerance_problem", "install_abort_on_error", "notice_text"]
 
-# MPI counts are C ints: one message carries fewer than 2**31 elements, so data
-# arrays travel as byte chunks of at most 1 GiB.
-MAX_MESSAGE_BYTES = 1 << 30
+# MPI counts are C ints: one message carries fewer than 2**31 elements, so data arrays travel as byte
+# chunks. 64 MiB is far past the size where a message's fixed cost shows, and it bounds what a receiver
+# that takes an array message by message (a checkpoint writing a worker's optimizer state as it arrives)
+# holds at once: one chunk, not the whole array.
+MAX_MESSAGE_BYTES = 1 << 26
 
 P = ParamSpec("P")
 R = TypeVar("R")

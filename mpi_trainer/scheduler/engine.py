@@ -137,6 +137,9 @@ class Engine(ABC):
             self.recorder.begin()
             self.state.stop_reason = self.run_rounds()
             self.write_checkpoint(self.recorder.last_round, self.weights, final=True)
+            # the checkpoint holds the outer optimizer's state now: let it go before the end's files (Keras'
+            # save copies each variable as it writes it; the state may be twice the model)
+            self.outer.reset()
             try:
                 self.link.stop(preempted=self.state.stop_reason == StopReason.PREEMPTED)
             except TimeoutError as exc:

@@ -45,11 +45,10 @@ class Evaluator:
         """Every compiled metric of ``weights`` as ``test_<name>`` (and ``val_<name>`` when scored),
         and the seconds it took. ``version``: the engine's count of changes to its global weights."""
         started = time.perf_counter()
-        # Keras' set_weights: on TensorFlow each variable's new value is converted to a tensor first (about
-        # twice the variable, briefly). Writing a variable in blocks of rows instead (scatter_update or a
-        # strided-slice assign) switches it to copy-on-read: every later read, each training or evaluation
-        # step's, then copies the whole variable, which costs more memory and time than it saves.
-        self.model.set_weights(self.codec.unflatten(weights))
+        # Each variable whole (WeightCodec.load): writing a variable in blocks of rows instead (scatter_update
+        # or a strided-slice assign) switches it to copy-on-read, and every later read, each training or
+        # evaluation step's, then copies the whole variable, which costs more memory and time than it saves.
+        self.codec.load(self.model, weights)
         self.loaded_version = version
         out: dict[str, float] = {}
         if self.scores_test:

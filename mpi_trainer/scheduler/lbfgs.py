@@ -104,7 +104,7 @@ class LbfgsScheduler:
         self.clock = IterationClock.start(transport.workers)
         self.last_gradient: tuple[np.ndarray, np.ndarray] | None = None
         if resume is not None:  # before the recorder is built, so that it starts from the checkpoint's weights
-            model.set_weights(self.codec.unflatten(resume.weights))
+            self.codec.load(model, resume.weights)
         self.evaluator = Evaluator(cfg, dataset, model, self.codec)
         hosts = hosts or [transport.host] * transport.size
         # every file of the run directory (rows, summary, checkpoints, TensorBoard, timeline) is the recorder's

@@ -253,7 +253,7 @@ class RoundRecorder:
         if self.callbacks is None:
             return False
         if not model_holds:
-            self.model.set_weights(self.codec.unflatten(weights))
+            self.codec.load(self.model, weights)
         stop = self.callbacks.round_end(round_index, row)
         rate = self.callbacks.changed_learning_rate()
         if rate is not None:
@@ -360,7 +360,7 @@ class RoundRecorder:
         kept, final = self.final_weights(weights)
         self.kept_weights = kept
         if not (model_holds and kept is weights and (self.callbacks is None or not self.callbacks.from_user)):
-            self.model.set_weights(self.codec.unflatten(kept))
+            self.codec.load(self.model, kept)
         preempted = self.state.stop_reason == StopReason.PREEMPTED
         if not preempted:  # a preempted run has no final weights yet; its checkpoint carries it on
             save_weights_atomic(self.model, self.run_dir / FINAL_WEIGHTS_NAME)

@@ -32,7 +32,7 @@ def receive_initial_weights(link: WorkerLink, model: Any) -> None:
     codec = WeightCodec.from_weights(model.get_weights())
     weights = codec.empty()
     link.recv_broadcast(weights)
-    model.set_weights(codec.unflatten(weights))
+    codec.load(model, weights)
 
 
 class LbfgsWorker:

@@ -64,7 +64,7 @@ class LocalTraining:
     def take_weights(self, flat: np.ndarray) -> None:
         """Load flat weights into the local model, and let layers that derive tensors from their weights
         (an adapted ``Normalization``'s mean and variance) recompute them, as Keras does on loading."""
-        self.model.set_weights(self.codec.unflatten(flat))
+        self.codec.load(self.model, flat)
         if self.finalized:  # the scheduler's first weights carry the stats; they never change after
             finalize_layers(self.finalized, self.model)
             self.finalized.clear()

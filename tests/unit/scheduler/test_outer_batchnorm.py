@@ -12,6 +12,7 @@ from local_job import run_local_job
 
 from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
 from mpi_trainer.comm.flat_weights import WeightCodec
+from mpi_trainer.persistence.checkpoint import load_checkpoint
 
 NESTEROV = OuterSettings(name="nesterov", learning_rate=0.7, momentum=0.9)
 
@@ -81,5 +82,6 @@ def test_the_engine_steps_the_trainable_weights_and_averages_the_moving_statisti
                                    rtol=1e-6)
     np.testing.assert_allclose(engine.weights, weights, atol=2e-5)
     assert moving_variance(model, codec, engine.weights).min() > 0
-    assert engine.outer.state["velocity"].size == sum(b - a for a, b in spans)
+    velocity = load_checkpoint(tmp_path / "checkpoint.h5")[0]["outer_velocity"]  # the run's end, checkpointed
+    assert velocity.size == sum(b - a for a, b in spans)
     assert float(job.rounds()[-1]["test_accuracy"]) > 0.5
