@@ -55,3 +55,11 @@ def test_a_class_weight_that_is_not_a_mapping_of_classes_is_refused_naming_it(gi
     with pytest.raises(ConfigError, match="`class_weight`") as info:
         check_class_weight(given)
     assert fragment in str(info.value)
+
+
+def test_fit_refuses_what_keras_refuses_as_bad_input_before_training():
+    from mpi_trainer.api import _class_weight
+
+    with pytest.raises(ConfigError, match="You cannot `class_weight` and `sample_weight` at the same time"):
+        _class_weight({0: 1.0}, "mlp", (X, Y, np.ones(12), None))
+    assert _class_weight({"1": 5}, "mlp", (X, Y, None, None)) == {1: 5.0}
