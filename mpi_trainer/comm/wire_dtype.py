@@ -21,10 +21,13 @@ A 16-bit sum travels in segments of :data:`SEGMENT` values: each rank encodes a
 segment into a small buffer and gathers it, and the root adds the segment it
 has while the next one is on the wire (a thread; NumPy and mpi4py release the
 GIL). No rank holds a full-size 16-bit copy, the root's additions read each
-contribution once, and the casts overlap the transfer. A 16-bit broadcast
-(:meth:`WireFormat.broadcast_from_root`) goes the same way, segment by segment:
-the root encodes a segment into a small buffer and broadcasts it, and every
-other rank decodes it into its float32 weights as the next one is encoded.
+contribution once, and the casts overlap the transfer. The root hands the sum
+on in parts as large as a float32 sum's (:data:`TAKE_PART`), each as soon as it
+is added, so what takes it reads it from cache while the next segment travels.
+A 16-bit broadcast (:meth:`WireFormat.broadcast_from_root`) goes the same way,
+segment by segment: the root encodes a segment into a small buffer and
+broadcasts it, and every other rank decodes it into its float32 weights as the
+next one is encoded.
 """
 
 from __future__ import annotations
@@ -35,11 +38,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from mpi_trainer.algorithms.passes import CHUNK
-from mpi_trainer.comm.interface import RankTransport
+from mpi_trainer.comm.interface import REDUCE_PART_BYTES, RankTransport
 from mpi_trainer.config.schema import WIRE_DTYPES
 
 _BFLOAT16_NAN = np.uint16(0x7FC0)
 SEGMENT = 1 << 22  # values per gathered segment of a 16-bit sum: 8 MB a rank, enough to reach MPI's bandwidth
+TAKE_PART = REDUCE_PART_BYTES // 4  # float32 values per part of a sum handed on: as a float32 sum's parts
 
 
 class WireFormat:
@@ -179,20 +183,15 @@ class WireFormat:
     def _sum_at_root(self, transport: RankTransport, size: int, root: int, timeout: float | None,
                      target: Callable[[int, int], np.ndarray],
                      take: Callable[[int, np.ndarray], None] | None = None) -> None:
-        """The root's side: gather segment after segment into two alternating buffers, and add the one
-        that arrived into ``target(start, stop)`` (float32, holding the root's own contribution) while the
-        next travels; ``take(start, target)`` once a segment's sum is complete, before the next target."""
+        """The root's side: gather segment after segment into two alternating buffers, and while the next
+        travels, add the one that arrived into ``target(start, stop)`` (float32, holding the root's own
+        contribution) a :data:`TAKE_PART` at a time, handing each finished part to ``take(start, part)`` at
+        once, while it is still in cache (a step over a whole segment would read it back from memory)."""
         segment = min(SEGMENT, size) or 1  # a model below a segment travels in one gather
         rows = [np.zeros(transport.size * segment, dtype=self.dtype) for _ in range(2)]
         scratch = np.empty(min(CHUNK, segment), np.float32)
         wire = self.empty(segment)
-        pending: tuple[Future[None], int, np.ndarray] | None = None
-
-        def finish(added: tuple[Future[None], int, np.ndarray]) -> None:
-            added[0].result()
-            if take is not None:
-                take(added[1], added[2])
-
+        pending: Future[None] | None = None
         with ThreadPoolExecutor(1) as adder:
             for index, start in enumerate(range(0, size, segment)):
                 stop = min(start + segment, size)
@@ -201,13 +200,17 @@ class WireFormat:
                 wire[:n] = 0
                 transport.gather(wire[:n], landing, root=root, timeout=timeout)
                 if pending is not None:
-                    finish(pending)
-                out = target(start, stop)
-                pending = adder.submit(self._add_rows, landing, out, root, scratch), start, out
+                    pending.result()  # the previous segment is summed and taken: its buffers are free
+                pending = adder.submit(self._add_rows, landing, target(start, stop), root, scratch, start, take)
             if pending is not None:
-                finish(pending)
+                pending.result()
 
-    def _add_rows(self, rows: np.ndarray, out: np.ndarray, root: int, scratch: np.ndarray) -> None:
-        for rank, row in enumerate(rows):  # in rank order: the same sum every run
-            if rank != root:
-                self.add_decoded(row, out, scratch)
+    def _add_rows(self, rows: np.ndarray, out: np.ndarray, root: int, scratch: np.ndarray, start: int,
+                  take: Callable[[int, np.ndarray], None] | None) -> None:
+        for first in range(0, out.size, TAKE_PART):
+            last = min(first + TAKE_PART, out.size)
+            for rank, row in enumerate(rows):  # in rank order: the same sum every run
+                if rank != root:
+                    self.add_decoded(row[first:last], out[first:last], scratch)
+            if take is not None:
+                take(start + first, out[first:last])
