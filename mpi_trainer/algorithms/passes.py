@@ -51,14 +51,16 @@ def chunks(size: int) -> Iterator[tuple[int, int]]:
 
 
 def all_finite(vector: np.ndarray, threads: int | None = None) -> bool:
-    """Whether every value of float32 ``vector`` is finite, without a full-size temporary: a chunk's sum in
-    float64 (which no sum of float32 values can overflow) is finite exactly when its values are."""
+    """Whether every value of float32 ``vector`` is finite, without a full-size temporary. A chunk's sum is
+    finite only when its values are (an infinity or a NaN carries into the sum), so a finite sum settles the
+    chunk in one SIMD pass; a sum that is not finite may be an overflow of finite values, and the chunk's
+    values are looked at one by one."""
     bad = []
 
     def run(part: list[tuple[int, int]], _: Any) -> None:
         for start, stop in part:
             piece = vector[start:stop]
-            if not np.isfinite(np.add.reduce(piece, dtype=np.float64)):
+            if not np.isfinite(np.add.reduce(piece)) and not np.isfinite(piece).all():
                 bad.append(start)
                 return
 
