@@ -96,22 +96,27 @@ class WorkerRounds:
         self.share = share  # model.fit's arguments for this worker's share
         self.rows = rows  # the rows of the share (arrays); None: counted from the batches
         self.weighted = weighted
-        self.buffer = np.zeros(state.size + 1, dtype=np.float32)  # the state, then this worker's weight
+        # the state, then this worker's weight, then its count of each clock (the model's steps, each
+        # optimizer's): summed over the workers in one reduction
+        self.buffer = np.zeros(state.size + 1 + state.clocks, dtype=np.float32)
 
     def run(self) -> None:
+        size = self.state.size
         while True:
             order: Order = self.transport.bcast_object(None)
             self.clock.tick()
-            self.transport.broadcast(self.buffer[:-1])
-            self.state.write(self.buffer[:-1])
+            self.transport.broadcast(self.buffer[:size])
+            self.state.write(self.buffer[:size])
             self.state.write_integers(order.integers)
             if order.stop:
                 return
+            began = self.state.optimizer_steps()
             report = self.train(order.epoch)
+            steps = [report.batches] + [now - then for now, then in zip(self.state.optimizer_steps(), began)]
             weight = float(report.rows if self.weighted else 1) if report.batches else 0.0
-            self.state.read(self.buffer[:-1])
-            self.buffer[:-1] *= np.float32(weight)
-            self.buffer[-1] = weight
+            self.state.contribute(self.buffer[:size], weight, steps)
+            self.buffer[size] = weight
+            self.buffer[size + 1:] = steps
             self.transport.reduce_sum(self.buffer)
             self.transport.allgather(report)
 
@@ -136,8 +141,10 @@ class SchedulerRounds:
         self.clock = RoundClock(transport, bounds or WaitBounds())
         self.callbacks, self.validation, self.validation_freq = callbacks, validation, validation_freq
         self.record = record
-        self.buffer = np.zeros(state.size + 1, dtype=np.float32)
+        self.buffer = np.zeros(state.size + 1 + state.clocks, dtype=np.float32)  # as the workers' (WorkerRounds)
         self.before = state.empty()  # the global state an epoch started from
+        self.before_integers: list[np.ndarray] = []
+        self.optimizers_checked = False  # whether the first trained epoch's optimizer steps were looked at
 
     def run(self, initial_epoch: int, epochs: int) -> dict[str, float]:
         """Every epoch from ``initial_epoch`` to ``epochs``; the last epoch's logs."""
@@ -161,14 +168,15 @@ class SchedulerRounds:
     def send(self, order: Order) -> None:
         self.clock.tick()
         self.transport.bcast_object(order)
-        self.state.read(self.buffer[:-1])
-        self.transport.broadcast(self.buffer[:-1])
+        self.state.read(self.buffer[:self.state.size])
+        self.transport.broadcast(self.buffer[:self.state.size])
 
     def epoch(self, epoch: int) -> dict[str, float]:
         started = time.perf_counter()
         self.callbacks.on_epoch_begin(epoch)
-        self.send(Order(epoch, False, self.state.read_integers()))
-        self.before[:] = self.buffer[:-1]
+        self.before_integers = self.state.read_integers()
+        self.send(Order(epoch, False, self.before_integers))
+        self.before[:] = self.buffer[:self.state.size]
         self.buffer[:] = 0.0
         self.transport.reduce_sum(self.buffer)
         reports: list[Report] = self.transport.allgather(None)[1:]
@@ -198,15 +206,18 @@ class SchedulerRounds:
                            if len(values) == len(history.epoch)}}
 
     def combine(self, epoch: int, reports: list[Report]) -> None:
-        """The workers' mean state; the outer optimizer steps its trainable part from the epoch's start."""
-        total = float(self.buffer[-1])
+        """The workers' states combined by meaning (:class:`~.state.ModelState`); the outer optimizer steps the
+        trainable part from the epoch's start."""
+        size = self.state.size
+        total, steps = float(self.buffer[size]), self.buffer[size + 1:]
         empty = [rank + 1 for rank, report in enumerate(reports) if not report.batches]
         if empty or total <= 0:
             raise RuntimeError(f"worker rank(s) {empty} trained no batch in epoch {epoch}: their share of the "
                                f"input is empty (a dataset shorter than one batch per worker, or an exhausted "
                                f"generator); give every worker data, or fewer workers")
-        combined = self.buffer[:-1]
-        combined /= np.float32(total)
+        self.check_optimizers_stepped(epoch, steps)
+        combined = self.buffer[:size]
+        self.state.combine(combined, self.before, total, steps)
         if not np.isfinite(combined).all():
             self.record.warn(f"epoch {epoch}: the combined model holds NaN or inf values (the loss diverged)")
         trainable = self.state.trainable_size
@@ -214,7 +225,20 @@ class SchedulerRounds:
             self.outer.step(self.before[:trainable], combined[:trainable], out=combined[:trainable])
         self.state.keep_rates(combined, self.before)
         self.state.write(combined)
-        self.state.write_integers(reports[0].integers)
+        self.state.write_integers(self.state.combine_integers(self.before_integers, reports[0].integers, steps))
+
+    def check_optimizers_stepped(self, epoch: int, steps: np.ndarray) -> None:
+        """Say so once when the workers trained but no optimizer the state holds took a step: the model
+        steps through an optimizer it keeps out of sight (in a list, a closure), whose moments stay per worker."""
+        if self.optimizers_checked or steps[0] <= 0:
+            return
+        self.optimizers_checked = True
+        if not np.any(steps[1:] > 0):
+            names = [type(optimizer).__name__ for optimizer in self.state.optimizers]
+            self.record.warn(f"epoch {epoch}: the workers trained {int(steps[0])} batches but none of the model's "
+                             f"optimizers found ({', '.join(names) or 'none'}: model.optimizer and optimizer "
+                             f"attributes of the model and its layers) took a step; the optimizer it steps with is "
+                             f"not moved between ranks, so its moments stay each worker's own")
 
     def train_logs(self, reports: list[Report]) -> dict[str, float]:
         """The epoch's training logs: each worker's Keras logs, averaged by the rows it trained."""

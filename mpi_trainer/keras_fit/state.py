@@ -1,38 +1,70 @@
 """A Keras model's training state, laid out for a round: what moves, and how each part is combined.
 
-A round moves everything training changes, and combines each part as its meaning requires:
+A round moves everything training changes, and combines each part by its meaning: what one
+process would hold after training on every worker's batches of the round.
 
-* **trainable weights** (``model.trainable_weights``): averaged over the workers, then stepped
-  by the outer optimizer. They lead the flat buffer, so the outer step works on one prefix;
-* **other floating-point weights** (``BatchNormalization``'s moving mean and variance, an adapted
-  ``Normalization``'s statistics): averaged plainly, never stepped;
-* **the optimizers' floating-point variables** (moments, a ``LossScaleOptimizer``'s scale):
-  averaged plainly. The learning rate is the scheduler's (its callbacks may set it), not averaged;
-* **integer state** (the optimizers' step counts, integer weights): not averaged; the first
-  worker's values are taken, so ``model.optimizer.iterations`` counts the steps a worker took.
+* **trainable weights** (``model.trainable_weights``): averaged over the workers (by rows when
+  ``aggregation.method = "weighted"``), then stepped by the outer optimizer. They lead the flat
+  buffer, so the outer step works on one prefix;
+* **moving averages** (``BatchNormalization``'s moving mean and variance; an optimizer's moments:
+  Adam's, Nadam's, Lamb's and AdamW's ``beta_1``/``beta_2`` averages, RMSprop's and Adadelta's
+  ``rho`` averages, SGD's, RMSprop's and Lion's momentum, the optimizer's own EMA of the weights):
+  combined as one process holds them after all the workers' updates
+  (:mod:`~mpi_trainer.algorithms.moving_averages`), never stepped. A layer's averages count the
+  model's training steps (the batches ``fit`` ran, one update each); an optimizer's count its own
+  steps (its ``iterations``), so an optimizer that did not step leaves its averages as they were;
+* **running sums** (Adagrad's accumulators): the start plus every worker's additions;
+* **other floating-point state** (an adapted ``Normalization``'s statistics, AMSGrad's maxima, a
+  ``LossScaleOptimizer``'s scale, optimizers this module does not know): averaged plainly. The
+  learning rate is the scheduler's (its callbacks may set it), not averaged;
+* **step counters**: each optimizer's ``iterations`` becomes the start plus every worker's steps,
+  as one process counts them (a learning-rate schedule advances by the steps of the whole round);
+  other integer state takes the first worker's values.
 
 Random seeds and metric state are not moved: each rank keeps its own. Layer state that is not a
 variable (an adapted ``TextVectorization``'s vocabulary) is already the same on every rank, since
 every rank ran the script that adapted it.
 
-The optimizers are ``model.optimizer`` and any other optimizer the model holds as an attribute
-(a GAN's ``d_optimizer`` and ``g_optimizer``), in the order of their attribute names.
+The optimizers are ``model.optimizer`` and every other optimizer the model or one of its layers
+holds as an attribute (a GAN's ``d_optimizer`` and ``g_optimizer``), in the order of their
+attribute names. Each is built for all the model's trainable variables before the first round
+(:func:`build_optimizers`), so one first built inside a custom ``train_step`` has its moments on
+every rank from the start and combines like ``model.optimizer``'s.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from mpi_trainer.algorithms import moving_averages
+
+MEAN, MOVING, SUM = "mean", "moving", "sum"
+MODEL_STEPS = 0  # the clock of a layer's moving averages: the batches the worker trained
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one variable combines: ``kind`` (mean, moving average or running sum), the average's
+    ``decay``, and the ``clock`` counting its updates (0: the model's steps; ``i + 1``: optimizer i's)."""
+
+    kind: str = MEAN
+    decay: float = 0.0
+    clock: int = MODEL_STEPS
+
 
 def model_optimizers(model: Any) -> list[Any]:
-    """The optimizers a model trains with: ``model.optimizer`` first, then optimizer attributes by name."""
+    """The optimizers a model trains with: ``model.optimizer`` first, then optimizer attributes of the
+    model and of its layers, by attribute name."""
     import keras
 
     found: list[Any] = []
     candidates = [getattr(model, "optimizer", None)]
-    candidates += [value for _, value in sorted(vars(model).items()) if isinstance(value, keras.optimizers.Optimizer)]
+    for layer in [model, *model._flatten_layers(include_self=False)]:
+        candidates += [value for _, value in sorted(vars(layer).items())
+                       if isinstance(value, keras.optimizers.Optimizer)]
     for optimizer in candidates:
         if optimizer is not None and all(optimizer is not seen for seen in found):
             found.append(optimizer)
@@ -44,6 +76,62 @@ def build_optimizers(model: Any) -> None:
     for optimizer in model_optimizers(model):
         if not optimizer.built:
             optimizer.build(model.trainable_variables)
+
+
+def _slot_decays(optimizer: Any) -> dict[str, str]:
+    """The optimizer's per-variable moving averages: attribute holding the slots -> attribute holding
+    the decay (``SUM`` for a running sum). Keras' own optimizers only: another's slots average plainly."""
+    import keras
+
+    opt = keras.optimizers
+    known: list[tuple[Any, dict[str, str]]] = [
+        (opt.RMSprop, {"_velocities": "rho", "_average_gradients": "rho", "_momentums": "momentum"}),
+        (opt.Lion, {"_momentums": "beta_2"}),
+        (opt.Adamax, {"_m": "beta_1"}),
+        (opt.Adadelta, {"_accumulated_grads": "rho", "_accumulated_delta_vars": "rho"}),
+        (opt.SGD, {"momentums": "momentum"}),
+        ((opt.Adam, opt.Nadam, opt.Lamb), {"_momentums": "beta_1", "_velocities": "beta_2"}),
+        (opt.Adagrad, {"_accumulators": SUM}),
+    ]
+    return next((slots for kind, slots in known if isinstance(optimizer, kind)), {})
+
+
+def _decay(holder: Any, name: str) -> float | None:
+    try:
+        value = float(getattr(holder, name))
+    except (AttributeError, TypeError, ValueError):  # a callable or tensor decay: averaged plainly
+        return None
+    return value if 0.0 <= value < 1.0 else None
+
+
+def optimizer_rules(optimizer: Any, clock: int) -> dict[int, Rule]:
+    """The rules of an optimizer's variables it keeps moving averages or sums in, by variable id."""
+    inner = getattr(optimizer, "inner_optimizer", None) or optimizer  # a LossScaleOptimizer's moments
+    rules: dict[int, Rule] = {}
+    for slots, decay_name in _slot_decays(inner).items():
+        decay = 0.0 if decay_name == SUM else _decay(inner, decay_name)
+        for variable in getattr(inner, slots, None) or []:
+            if decay is not None and variable is not None:
+                rules[id(variable)] = Rule(SUM if decay_name == SUM else MOVING, decay, clock)
+    if getattr(inner, "use_ema", False):
+        decay = _decay(inner, "ema_momentum")
+        for variable in getattr(inner, "_model_variables_moving_average", None) or []:
+            if decay is not None:
+                rules[id(variable)] = Rule(MOVING, decay, clock)
+    return rules
+
+
+def layer_rules(model: Any) -> dict[int, Rule]:
+    """BatchNormalization's moving mean and variance, updated once per training step with its momentum."""
+    import keras
+
+    rules: dict[int, Rule] = {}
+    for layer in model._flatten_layers(include_self=False):
+        decay = _decay(layer, "momentum") if isinstance(layer, keras.layers.BatchNormalization) else None
+        if decay is not None:
+            for variable in (layer.moving_mean, layer.moving_variance):
+                rules[id(variable)] = Rule(MOVING, decay, MODEL_STEPS)
+    return rules
 
 
 def _is_float(variable: Any) -> bool:
@@ -59,16 +147,17 @@ def _value(variable: Any) -> np.ndarray:
 
 
 class ModelState:
-    """The model's state as one flat float32 vector (trainable first) plus a list of integer arrays."""
+    """The model's state as one flat float32 vector (trainable first) plus a list of integer arrays, and
+    the rule each variable combines by."""
 
     def __init__(self, model: Any) -> None:
-        optimizers = model_optimizers(model)
+        self.optimizers = model_optimizers(model)
         weights = list(model.weights)
         trainable_ids = {id(v) for v in model.trainable_weights}
         trainable = [v for v in weights if id(v) in trainable_ids and _is_float(v)]
         other = [v for v in weights if id(v) not in trainable_ids and _is_float(v)]
-        optimizer_vars = [v for opt in optimizers for v in opt.variables]
-        self.rates = [id(v) for opt in optimizers for v in _rate_variables(opt)]
+        optimizer_vars = [v for opt in self.optimizers for v in opt.variables]
+        self.rates = [id(v) for opt in self.optimizers for v in _rate_variables(opt)]
         self.floats = trainable + other + [v for v in optimizer_vars if _is_float(v)]
         self.integers = [v for v in weights + optimizer_vars if not _is_float(v)]
         self.sizes = [int(np.prod(v.shape)) for v in self.floats]
@@ -77,6 +166,14 @@ class ModelState:
         self.trainable_size = int(sum(self.sizes[:len(trainable)]))
         self._rate_spans = [(int(self.offsets[i]), int(self.offsets[i + 1])) for i, v in enumerate(self.floats)
                             if id(v) in self.rates]
+        rules = layer_rules(model)
+        for index, optimizer in enumerate(self.optimizers):
+            rules.update(optimizer_rules(optimizer, index + 1))
+        self.rules = [rules.get(id(v), Rule()) for v in self.floats]
+        self.clocks = 1 + len(self.optimizers)  # the model's steps, then each optimizer's
+        integer_ids = [id(v) for v in self.integers]
+        self.counters = {integer_ids.index(id(opt.iterations)): index + 1 for index, opt in enumerate(self.optimizers)
+                         if id(opt.iterations) in integer_ids}  # integer index -> the optimizer's clock
 
     def empty(self) -> np.ndarray:
         return np.zeros(self.size, dtype=np.float32)
@@ -99,6 +196,44 @@ class ModelState:
         for variable, value in zip(self.integers, values):
             variable.assign(np.asarray(value, dtype=variable.dtype).reshape(variable.shape))
 
+    def optimizer_steps(self) -> list[int]:
+        """Each optimizer's step count now."""
+        return [int(_value(optimizer.iterations)) for optimizer in self.optimizers]
+
+    def contribute(self, flat: np.ndarray, weight: float, steps: list[int]) -> None:
+        """A worker's part of the round's sum, in place: ``flat`` holds the state the round started from
+        and becomes the model's state, each variable as its rule sends it (``steps``: the count of each
+        clock this round)."""
+        for variable, rule, start, end in zip(self.floats, self.rules, self.offsets[:-1], self.offsets[1:]):
+            final = _value(variable).reshape(-1)
+            if rule.kind == MEAN:
+                np.multiply(final, np.float32(weight), out=flat[start:end], casting="unsafe")
+                continue
+            began = flat[start:end].copy()
+            flat[start:end] = final
+            if rule.kind == SUM:
+                moving_averages.sum_contribution(flat[start:end], began)
+            else:
+                moving_averages.contribution(flat[start:end], began, steps[rule.clock], rule.decay)
+
+    def combine(self, summed: np.ndarray, before: np.ndarray, total_weight: float, steps: np.ndarray) -> None:
+        """Rank 0, in place: the workers' contributions added up become the combined state (``before``:
+        the state the round started from; ``steps``: each clock's total over the workers)."""
+        for rule, start, end in zip(self.rules, self.offsets[:-1], self.offsets[1:]):
+            part = summed[start:end]
+            if rule.kind == MEAN:
+                part /= np.float32(total_weight)
+            elif rule.kind == SUM:
+                moving_averages.sum_combine(part, before[start:end])
+            else:
+                moving_averages.combine(part, before[start:end], int(steps[rule.clock]), rule.decay)
+
+    def combine_integers(self, before: list[np.ndarray], first_worker: list[np.ndarray],
+                         steps: np.ndarray) -> list[np.ndarray]:
+        """Each optimizer's step count advanced by every worker's steps; other integers the first worker's."""
+        return [before[index] + int(steps[self.counters[index]]) if index in self.counters else value
+                for index, value in enumerate(first_worker)]
+
     def keep_rates(self, combined: np.ndarray, own: np.ndarray) -> None:
         """The learning rates in ``combined`` are put back to ``own``'s (the scheduler's)."""
         for start, end in self._rate_spans:
@@ -106,8 +241,10 @@ class ModelState:
 
     def describe(self) -> str:
         mib = self.size * 4 / 2**20
+        moving = sum(size for size, rule in zip(self.sizes, self.rules) if rule.kind != MEAN)
         return (f"{len(self.floats)} floating-point variables ({self.size:,} values, {mib:.2f} MiB, "
-                f"{self.trainable_size:,} trainable), {len(self.integers)} integer variables")
+                f"{self.trainable_size:,} trainable, {moving:,} in moving averages or sums), "
+                f"{len(self.integers)} integer variables, {len(self.optimizers)} optimizer(s)")
 
 
 def _rate_variables(optimizer: Any) -> list[Any]:

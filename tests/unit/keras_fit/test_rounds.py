@@ -38,11 +38,22 @@ class SetRate(keras.callbacks.Callback):
             self.model.optimizer.learning_rate = 0.002
 
 
-def run_job(outer: str, epochs: int = 3, shuffle: bool = True) -> dict[int, dict]:
-    x, y = data()
+def input_bn_model() -> keras.Model:
+    """BatchNormalization on the inputs: its batch statistics do not depend on the training."""
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.BatchNormalization(momentum=0.9),
+                              keras.layers.Dense(2, activation="softmax")])
+    model.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy")
+    return model
+
+
+def run_job(outer: str, epochs: int = 3, shuffle: bool = True, rows: tuple[np.ndarray, np.ndarray] | None = None,
+            make_model=bn_model) -> dict[int, dict]:
+    """A fit on 2 workers; ``shuffle`` both shuffles each epoch's batches and deals the rows out at random."""
+    x, y = rows or data()
     world = LocalWorld(3)
     transports = world.transports()
-    models = {rank: bn_model() for rank in range(3)}
+    models = {rank: make_model() for rank in range(3)}
 
     def scheduler() -> dict:
         model = models[0]
@@ -54,12 +65,13 @@ def run_job(outer: str, epochs: int = 3, shuffle: bool = True) -> dict[int, dict
                                  {"x": x[:60], "y": y[:60]}, 1, FitRecord(None, {}, {}))
         rounds.run(0, epochs)
         return {"history": callbacks.callbacks[-1].history, "weights": model.get_weights(),
+                "flat": state.read(state.empty()),
                 "moments": [np.asarray(v) for v in model.optimizer.variables],
                 "iterations": int(model.optimizer.iterations), "rate": float(model.optimizer.learning_rate)}
 
     def worker(rank: int) -> dict:
         model = models[rank]
-        share_x, share_y, _ = array_share((x, y, None), 2, rank - 1, True)
+        share_x, share_y, _ = array_share((x, y, None), 2, rank - 1, shuffle)
         share = {"x": share_x, "y": share_y, "batch_size": 30, "shuffle": shuffle}
         WorkerRounds(transports[rank], model, ModelState(model), share, len(share_x), False).run()
         return {"weights": model.get_weights(), "iterations": int(model.optimizer.iterations),
@@ -74,12 +86,12 @@ def nesterov() -> dict[int, dict]:
     return run_job("nesterov")
 
 
-def test_every_rank_ends_with_the_same_state_and_the_steps_one_worker_took(nesterov):
+def test_every_rank_ends_with_the_same_state_and_the_steps_of_every_worker(nesterov):
     for rank in (1, 2):
         for mine, theirs in zip(nesterov[0]["weights"], nesterov[rank]["weights"]):
             np.testing.assert_array_equal(mine, theirs)
         assert nesterov[rank]["iterations"] == nesterov[0]["iterations"]
-    assert nesterov[0]["iterations"] == 3 * 4  # 3 epochs of 120 rows in batches of 30, on each worker
+    assert nesterov[0]["iterations"] == 3 * 4 * 2  # 3 epochs of 120 rows in batches of 30, on each of 2 workers
 
 
 def test_batchnorm_statistics_are_averaged_not_stepped_by_the_outer_optimizer(nesterov):
@@ -104,18 +116,48 @@ def test_history_holds_the_workers_training_logs_and_the_schedulers_validation(n
     assert history["loss"][-1] < history["loss"][0]
 
 
-def test_without_an_outer_optimizer_the_state_is_the_workers_mean():
+def test_without_an_outer_optimizer_weights_are_the_workers_mean_and_moving_averages_one_process_s():
     plain = run_job("none", epochs=1, shuffle=False)
     x, y = data()
+    start = bn_model()
     alone = []
     for rank in (1, 2):  # each worker's epoch, replayed alone from the same start on the same share
         model = bn_model()
-        share_x, share_y, _ = array_share((x, y, None), 2, rank - 1, True)
+        share_x, share_y, _ = array_share((x, y, None), 2, rank - 1, False)
         model.fit(share_x, share_y, batch_size=30, epochs=1, verbose=0, shuffle=False)
-        alone.append((model.get_weights(), [np.asarray(v) for v in model.optimizer.variables]))
-    for index, combined in enumerate(plain[0]["weights"]):  # trainable and BatchNorm statistics alike
-        np.testing.assert_allclose(combined, (alone[0][0][index] + alone[1][0][index]) / 2, rtol=1e-5, atol=1e-6)
-    for index, combined in enumerate(plain[0]["moments"]):
-        if combined.dtype.kind == "f" and combined.size > 1:  # Adam's moments: averaged too
-            np.testing.assert_allclose(combined, (alone[0][1][index] + alone[1][1][index]) / 2, rtol=1e-5,
-                                       atol=1e-7)
+        alone.append(model)
+    state = ModelState(start)
+    first, second = (ModelState(model).read(state.empty()) for model in alone)
+    began = state.read(state.empty())
+    got = plain[0]["flat"]
+    for rule, low, high in zip(state.rules, state.offsets[:-1], state.offsets[1:]):
+        if rule.kind == "mean":  # the trainable weights (and the learning rate, the scheduler's)
+            expected = (first[low:high] + second[low:high]) / 2
+        else:  # BatchNorm's statistics (4 updates per worker), Adam's moments (4 steps per worker)
+            decay = rule.decay
+            statistic = [(mine[low:high] - decay**4 * began[low:high]) / (1 - decay**4) for mine in (first, second)]
+            expected = decay**8 * began[low:high] + (1 - decay**8) * (statistic[0] + statistic[1]) / 2
+        np.testing.assert_allclose(got[low:high], expected, rtol=1e-4, atol=1e-6)
+    assert {rule.kind for rule in state.rules} == {"mean", "moving"}
+    assert plain[0]["iterations"] == 8
+
+
+def test_batchnorm_statistics_match_one_process_that_trained_on_every_workers_batches():
+    """Every batch holds the same rows (stationary statistics): the combined moving mean and variance of
+    two workers after one epoch equal one process's after the epoch's batches of both."""
+    rng = np.random.default_rng(1)
+    block = rng.normal(3.0, 2.0, size=(30, 8)).astype("float32")  # one batch's rows, repeated
+    x = np.tile(block, (8, 1))
+    y = (x[:, 0] > 3).astype("int64")
+    plain = run_job("none", epochs=1, shuffle=False, rows=(x, y), make_model=input_bn_model)
+    one = input_bn_model()
+    one.fit(x, y, batch_size=30, epochs=1, verbose=0, shuffle=False)  # 8 batches, as both workers' together
+    combined = input_bn_model()
+    combined.set_weights(plain[0]["weights"])
+    bn, reference = combined.layers[0], one.layers[0]
+    start = np.asarray(input_bn_model().layers[0].moving_mean)
+    averaged = 0.9**4 * start + (1 - 0.9**4) * np.asarray(reference.moving_mean)  # what plain averaging held
+    assert np.abs(np.asarray(bn.moving_mean) - averaged).max() > 0.5
+    for name in ("moving_mean", "moving_variance"):
+        mine, theirs = (np.asarray(getattr(layer, name)) for layer in (bn, reference))
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+import pytest
 
-from mpi_trainer.keras_fit.state import ModelState, model_optimizers
+from mpi_trainer.keras_fit.state import ModelState, build_optimizers, model_optimizers, optimizer_rules
 
 
 def test_trainable_weights_lead_and_batchnorm_statistics_and_moments_follow():
@@ -52,3 +53,47 @@ def test_optimizers_held_as_attributes_are_found_in_name_order():
     model.compile(optimizer="rmsprop")
     found = model_optimizers(model)
     assert found[0] is model.optimizer and found[1:] == [model.d_optimizer, model.g_optimizer]
+
+
+def test_each_optimizers_moments_combine_by_its_own_decay_and_counts_its_own_steps():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.BatchNormalization(momentum=0.7)])
+    model.compile(keras.optimizers.Adam(beta_1=0.8, beta_2=0.95), "mse")
+    model.optimizer.build(model.trainable_variables)
+    state = ModelState(model)
+    rules = {v.path: rule for v, rule in zip(state.floats, state.rules)}
+    bn = model.layers[1]
+    assert rules[bn.moving_mean.path] == rules[bn.moving_variance.path]
+    assert rules[bn.moving_mean.path].kind == "moving" and rules[bn.moving_mean.path].clock == 0
+    assert rules[bn.moving_mean.path].decay == pytest.approx(0.7)
+    assert [rules[v.path].decay for v in model.optimizer._momentums] == pytest.approx([0.8] * 4)
+    assert [rules[v.path].decay for v in model.optimizer._velocities] == pytest.approx([0.95] * 4)
+    assert {rules[v.path].kind for v in model.trainable_weights} == {"mean"}
+    assert state.counters == {0: 1}  # the optimizer's iterations count its steps
+
+
+@pytest.mark.parametrize("optimizer, slots, kind, decay", [
+    (keras.optimizers.SGD(momentum=0.9), "momentums", "moving", 0.9),
+    (keras.optimizers.RMSprop(rho=0.8), "_velocities", "moving", 0.8),
+    (keras.optimizers.Adagrad(), "_accumulators", "sum", 0.0),
+    (keras.optimizers.AdamW(beta_2=0.98), "_velocities", "moving", 0.98),
+])
+def test_keras_optimizers_slots_are_recognised(optimizer, slots, kind, decay):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer, "mse")
+    optimizer.build(model.trainable_variables)
+    rules = optimizer_rules(optimizer, 1)
+    found = [rules[id(v)] for v in getattr(optimizer, slots)]
+    assert found and all(rule.kind == kind and rule.clock == 1 for rule in found)
+    assert [rule.decay for rule in found] == pytest.approx([decay] * len(found))
+
+
+def test_a_gans_optimizers_are_built_for_the_model_and_their_steps_are_counted_apart():
+    model = TwoOptimizers()
+    model.compile(optimizer="rmsprop")
+    model(np.zeros((1, 3), "float32"))
+    build_optimizers(model)
+    state = ModelState(model)
+    assert state.clocks == 4  # the model's steps, then model.optimizer, d_optimizer, g_optimizer
+    assert sorted(state.counters.values()) == [1, 2, 3]
+    g_moments = [state.rules[[id(f) for f in state.floats].index(id(v))] for v in model.g_optimizer._momentums]
+    assert g_moments and all(rule.kind == "moving" and rule.clock == 3 for rule in g_moments)

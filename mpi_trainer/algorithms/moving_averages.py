@@ -1,0 +1,63 @@
+"""Exponential moving averages kept by several workers, combined as one process would hold them.
+
+A moving average with decay ``a`` (BatchNormalization's ``momentum``, Adam's ``beta_1`` and
+``beta_2``, RMSprop's ``rho``...) is updated once per training step: ``m <- a * m + (1 - a) * s``,
+where ``s`` is the step's statistic (a batch's mean, a gradient, its square). After ``n`` steps
+from ``m0`` on statistics with mean ``s̄`` it holds ``a**n * m0 + (1 - a**n) * s̄``.
+
+In a round, every worker ``w`` starts from the same ``m0`` and makes ``n_w`` of the round's
+``N = sum(n_w)`` updates, on its own batches. The plain mean of the workers' averages has moved
+as far as ``n`` updates, not ``N``: its start fades as ``a**n`` instead of ``a**N``, so it
+converges W times slower in epochs than one process that saw every batch. Instead each worker's
+statistic is recovered, ``s̄_w = (m_w - a**n_w * m0) / (1 - a**n_w)``, the statistics are
+averaged by the steps that made them, and the result is what one process holds after all ``N``
+updates: ``a**N * m0 + (1 - a**N) * sum(n_w * s̄_w) / N``. This is exact for one worker, and for
+several when the statistic is stationary over the round (the assumption every moving average
+makes already). A linear recursion without the ``(1 - a)`` factor (SGD's momentum,
+``v <- a * v - lr * g``) is the same arithmetic, its statistic scaled by ``1 / (1 - a)``.
+
+A running sum (Adagrad's accumulators) combines as ``m0 + sum(m_w - m0)``.
+
+Each worker computes its contribution before the sum (:func:`contribution`), so the combine
+costs one reduction and no more traffic than a plain mean; rank 0 finishes it (:func:`combine`).
+Arrays are float32 and updated in place.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def contribution(final: np.ndarray, start: np.ndarray, steps: int, decay: float) -> None:
+    """Worker side, in place: ``final`` becomes ``n / (1 - a**n) * (final - a**n * start)``, the worker's
+    statistic weighted by its steps ``n`` (zero when it made none)."""
+    if steps <= 0:
+        final[:] = 0.0
+        return
+    faded = decay ** steps
+    if faded >= 1.0:  # a decay of one never moves: nothing to recover
+        final[:] = 0.0
+        return
+    final -= np.float32(faded) * start
+    final *= np.float32(steps / (1.0 - faded))
+
+
+def combine(summed: np.ndarray, start: np.ndarray, total_steps: int, decay: float) -> None:
+    """Rank 0, in place: ``summed`` (the workers' contributions added) becomes the average one process
+    holds after ``total_steps`` updates from ``start``."""
+    if total_steps <= 0 or decay >= 1.0:
+        summed[:] = start
+        return
+    faded = decay ** total_steps
+    summed *= np.float32((1.0 - faded) / total_steps)
+    summed += np.float32(faded) * start
+
+
+def sum_contribution(final: np.ndarray, start: np.ndarray) -> None:
+    """Worker side of a running sum, in place: what this worker added to it."""
+    final -= start
+
+
+def sum_combine(summed: np.ndarray, start: np.ndarray) -> None:
+    """Rank 0's side of a running sum, in place: the start plus every worker's additions."""
+    summed += start

@@ -1,0 +1,68 @@
+"""Moving averages of several workers combined as one process holds them, with plain numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mpi_trainer.algorithms import moving_averages
+
+
+def ema(start: np.ndarray, statistics: list[np.ndarray], decay: float) -> np.ndarray:
+    value = start.copy()
+    for statistic in statistics:
+        value = decay * value + (1 - decay) * statistic
+    return value
+
+
+def combined(start: np.ndarray, finals: list[np.ndarray], steps: list[int], decay: float) -> np.ndarray:
+    summed = np.zeros_like(start)
+    for final, count in zip(finals, steps):
+        part = final.copy()
+        moving_averages.contribution(part, start, count, decay)
+        summed += part
+    moving_averages.combine(summed, start, sum(steps), decay)
+    return summed
+
+
+@pytest.mark.parametrize("decay", [0.0, 0.5, 0.9, 0.99, 0.999])
+def test_stationary_statistics_give_one_processs_average_after_every_workers_steps(decay):
+    start = np.array([0.0, 1.0, -2.0], np.float32)
+    statistic = np.array([3.0, 0.25, 5.0], np.float32)
+    steps = [4, 7, 1]
+    finals = [ema(start, [statistic] * count, decay) for count in steps]
+    np.testing.assert_allclose(combined(start, finals, steps, decay), ema(start, [statistic] * 12, decay),
+                               rtol=2e-4, atol=2e-5)
+
+
+def test_one_worker_keeps_its_own_average_whatever_its_statistics():
+    rng = np.random.default_rng(0)
+    start = rng.normal(size=5).astype(np.float32)
+    final = ema(start, list(rng.normal(size=(6, 5)).astype(np.float32)), 0.9)
+    np.testing.assert_allclose(combined(start, [final], [6], 0.9), final, rtol=1e-5, atol=1e-6)
+
+
+def test_workers_statistics_are_weighted_by_their_steps():
+    start = np.zeros(1, np.float32)
+    finals = [ema(start, [np.ones(1, np.float32)] * 3, 0.5), ema(start, [np.full(1, 5.0, np.float32)] * 1, 0.5)]
+    expected = (1 - 0.5**4) * (3 * 1.0 + 1 * 5.0) / 4
+    np.testing.assert_allclose(combined(start, finals, [3, 1], 0.5), [expected], rtol=1e-6)
+
+
+def test_a_worker_without_steps_adds_nothing_and_no_steps_keep_the_start():
+    start = np.array([2.0], np.float32)
+    moved = ema(start, [np.zeros(1, np.float32)] * 2, 0.5)
+    np.testing.assert_allclose(combined(start, [moved, start.copy()], [2, 0], 0.5), moved, rtol=1e-6)
+    np.testing.assert_array_equal(combined(start, [start.copy()], [0], 0.5), start)
+
+
+def test_running_sums_add_every_workers_additions_to_the_start():
+    start = np.array([1.0, 2.0], np.float32)
+    finals = [start + 0.5, start + 1.5]
+    summed = np.zeros_like(start)
+    for final in finals:
+        part = final.copy()
+        moving_averages.sum_contribution(part, start)
+        summed += part
+    moving_averages.sum_combine(summed, start)
+    np.testing.assert_allclose(summed, start + 2.0)
