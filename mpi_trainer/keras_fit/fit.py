@@ -12,17 +12,21 @@ plain ``model.fit``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mpi_trainer.errors import ConfigError, InputError
 from mpi_trainer.keras_fit import shares
+from mpi_trainer.keras_fit.outer_choice import choose_outer
 from mpi_trainer.keras_fit.record import FitRecord, fingerprint
 from mpi_trainer.keras_fit.rounds import SchedulerRounds, WorkerRounds
 from mpi_trainer.keras_fit.saving import save_whole_files
-from mpi_trainer.keras_fit.state import ModelState
+from mpi_trainer.keras_fit.settings import given_keys, refusals
+from mpi_trainer.keras_fit.state import ModelState, build_optimizers
 from mpi_trainer.launch.agreement import agree, agreed, load_config_everywhere
 
 if TYPE_CHECKING:
@@ -61,7 +65,7 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
     workers = transport.size - 1
     prepared, error = None, None
     try:
-        check_config(cfg, run_dir, resume)
+        check_config(cfg, run_dir, resume, given_keys(config, overrides))
         check_backend()
         prepared = prepare(model, kwargs, transport.rank, workers)
     except (InputError, ValueError, TypeError) as exc:  # Keras' refusals are ValueError / TypeError
@@ -91,34 +95,21 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
     return finish(transport, model, history)
 
 
-# Settings of the command line's engines that a fit of a keras.Model does not do (Keras' own callbacks,
-# EarlyStopping and the like, do what early_stopping.* does): refused when set, never ignored.
-ENGINE_ONLY = ("aggregation.ssp", "fault.survive", "early_stopping.patience", "train.sync_every",
-               "data.increment.enabled", "data.rebalance", "data.augmentation.enabled", "data.placement",
-               "evaluation.where")
+def check_config(cfg: Config, run_dir: Any, resume: bool, given: Collection[str] = ()) -> None:
+    """Refuse every setting this fit would not apply (:mod:`.settings`), each named with its value.
 
-
-def _value(cfg: Config, key: str) -> Any:
-    for part in key.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
-
-
-def check_config(cfg: Config, run_dir: Any, resume: bool) -> None:
-    """What the config asks that training the user's model round by round does not do."""
-    from mpi_trainer.config import load_config
-
-    defaults = load_config({})
-    for key in ENGINE_ONLY:
-        if _value(cfg, key) != _value(defaults, key):
-            raise ConfigError(f"`{key}` applies to models given by name or as a function (the command line's "
-                              f"`train`, or `mpi_trainer.fit(build_fn, ...)`); a keras.Model trains in synchronous "
-                              f"epochs with Keras' own callbacks. Received: {key}={_value(cfg, key)!r}; expected "
-                              f"{_value(defaults, key)!r}")
+    ``given``: the keys the script set (:func:`.settings.given_keys`), so that a key this fit does not
+    read is refused even at its default value (``log.tensorboard = true``); without them, a key is
+    refused when its value differs from the default.
+    """
+    has_run_dir = run_dir is not None or bool(os.environ.get("MPI_TRAINER_RUN_DIR"))
+    problems = refusals(cfg, given, has_run_dir)
     if cfg.aggregation.elects:
-        raise ConfigError(f"`aggregation.method` must be 'average' or 'weighted' when `model` is a keras.Model. "
-                          f"Received: aggregation.method={cfg.aggregation.method!r}")
-    if resume and run_dir is None and not os.environ.get("MPI_TRAINER_RUN_DIR"):
+        problems.append(f"`aggregation.method` must be 'average' or 'weighted' when `model` is a keras.Model. "
+                        f"Received: aggregation.method={cfg.aggregation.method!r}")
+    if problems:
+        raise ConfigError("\n".join(problems))
+    if resume and not has_run_dir:
         raise ConfigError("`resume=True` needs the run directory to continue. Received: run_dir=None; "
                           "expected the run_dir of an earlier fit")
 
@@ -180,15 +171,13 @@ def build(model: Any, kwargs: dict[str, Any], prepared: Prepared) -> None:
     # the first batch. A model whose layers are all built but that has no call of its own (a GAN) is left.
     layers = list(model._flatten_layers(include_self=False))
     unbuilt = not all(layer.built for layer in layers) if layers else not model.built
-    optimizer = getattr(model, "optimizer", None)
     if unbuilt:
         x, y, weights = prepared.train_data
         if shares.input_kind(x) == "generator":
             raise ConfigError("A model given with a generator must be built before `fit` (start it with "
                               "keras.Input, or call it on a batch). Received: an unbuilt model and a generator")
         model._symbolic_build(data_batch=first_batch(x, y, weights, kwargs.get("batch_size")))
-    if optimizer is not None and not optimizer.built:
-        optimizer.build(model.trainable_variables)
+    build_optimizers(model)  # every optimizer it holds, also those first built inside a custom train_step
 
 
 def first_batch(x: Any, y: Any, weights: Any, batch_size: int | None) -> Any:
@@ -225,11 +214,16 @@ def make_record(model: Any, kwargs: dict[str, Any], cfg: Config, prepared: Prepa
     """Rank 0's record of this fit, in ``run_dir`` (or ``launch``'s), or kept in memory only."""
     path = run_dir if run_dir is not None else os.environ.get("MPI_TRAINER_RUN_DIR")
     workers = len(placements) - 1
-    describe = {"aggregation": cfg.aggregation.method, "ssp": 0, "outer_optimizer": cfg.outer_optimizer_for(workers),
+    describe = {"aggregation": cfg.aggregation.method, "ssp": 0, "outer_optimizer": outer_for(cfg, model, workers)[0],
                 "placement": [placement.as_dict() for placement in placements]}
     return FitRecord(None if path is None else Path(path),
                      fingerprint(model, prepared.train_data, arguments_print(kwargs), cfg.to_dict()), describe,
                      cfg.checkpoint.every, cfg.checkpoint.every_seconds)
+
+
+def outer_for(cfg: Config, model: Any, workers: int) -> tuple[str, str]:
+    """The outer optimizer this fit takes, and why (:mod:`.outer_choice`)."""
+    return choose_outer(cfg.outer_optimizer_for(workers), cfg.aggregation.outer_optimizer_auto, model)
 
 
 def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[str, Any], cfg: Config,
@@ -242,7 +236,8 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
 
     workers = len(placements) - 1
 
-    outer = OuterOptimizer(OuterSettings.from_config(cfg, workers))
+    outer_name, outer_why = outer_for(cfg, model, workers)
+    outer = OuterOptimizer(dataclasses.replace(OuterSettings.from_config(cfg, workers), name=outer_name))
     verbose = kwargs.get("verbose", "auto")
     epochs = kwargs.get("epochs", 1)
     callbacks = keras.callbacks.CallbackList(list(kwargs.get("callbacks") or []), add_history=True,
@@ -253,6 +248,7 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
     try:
         record.begin(saved)
         log_placements(placements)
+        record.log.info("state: %s; %s: %s", state.describe(), outer.settings.describe(), outer_why)
         record.log.info("fit: %s; %s", describe_input(prepared.train_data, workers,
                                                       worker_steps(kwargs, prepared, workers)),
                         "validation data scored on rank 0" if prepared.validation else "no validation data")
@@ -260,12 +256,14 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
             state.write(saved["state"])
             state.write_integers(saved["integers"])
         start = saved["next_epoch"] if saved else kwargs.get("initial_epoch", 0)
-        if saved and saved["complete"]:
+        complete = bool(saved and saved["complete"])
+        if complete:  # its callbacks ran when it trained; the workers take its final state, its files stay
             rounds.send_stop()
         else:
             rounds.run(start, epochs)
-        history = _history(callbacks, record)
-        record.save_state(state.read(state.empty()), state.read_integers(), len(history.epoch), history, True)
+        history = _history(callbacks, record, trained=not complete)
+        if not complete:
+            record.save_state(state.read(state.empty()), state.read_integers(), len(history.epoch), history, True)
         history.summary = record.finish(workers)
         history.rounds = record.columns()
         history.run_dir = record.path
@@ -293,11 +291,13 @@ def worker_steps(kwargs: dict[str, Any], prepared: Prepared, workers: int) -> in
     return max(1, -(-rows // (kwargs.get("batch_size") or 32)))
 
 
-def _history(callbacks: Any, record: FitRecord) -> Any:
-    """The fit's History: a resumed run's earlier epochs, then this job's."""
+def _history(callbacks: Any, record: FitRecord, trained: bool) -> Any:
+    """The fit's History: a resumed run's earlier epochs, then this job's (none: a complete run found again)."""
     import keras
 
     history = next(c for c in callbacks.callbacks if isinstance(c, keras.callbacks.History))
+    if not trained:
+        history.on_train_begin()  # what training begins (its epoch list) when no epoch runs
     merged = record.merged(history)
     history.history, history.epoch = merged.history, merged.epoch
     return history
@@ -320,6 +320,6 @@ def finish(transport: Transport, model: Any, history: Any) -> Any:
         history.set_params(outcome["params"])
         history.summary, history.rounds = outcome["summary"], outcome["rounds"]
         history.run_dir = None if outcome["run_dir"] is None else Path(outcome["run_dir"])
-        model.history = history
+    model.history = history  # as Keras' fit leaves it; rank 0's History set it only if an epoch ran
     save_whole_files(model)
     return history

@@ -100,6 +100,7 @@ class FitRecord:
         self.saved_at = time.time()
         self.rows: list[dict[str, Any]] = []
         self.stop_reason = "epochs"
+        self.complete = False  # the directory held this fit's complete run: nothing trains, its files stay
         self.started = time.time()
         self.log = get_logger()
         self.traffic = 0
@@ -148,6 +149,8 @@ class FitRecord:
         write_json_atomic(self.path / FINGERPRINT_NAME, self.print_)
         if saved is not None:
             self.rows, self.history, self.epochs = saved["rows"], saved["history"], saved["epochs"]
+            self.stop_reason, self.complete = saved["stop_reason"], saved["complete"]
+            self.traffic = sum(int(float(row.get("bytes") or 0)) for row in self.rows)  # each row: its epoch's
             self.log.info("%s holds this fit's run: %s from epoch %d", self.path,
                           "complete, nothing to train" if saved["complete"] else "resuming", saved["next_epoch"])
         self._rewrite_rows(self.path)
@@ -156,15 +159,20 @@ class FitRecord:
     def warn(self, message: str) -> None:
         self.log.warning("%s", message)
 
+    def count_bytes(self, sent: int) -> None:
+        """Traffic outside an epoch (the final state handed to the workers): in the run's total only."""
+        self.traffic += sent
+
     def stopped(self, reason: str) -> None:
         self.stop_reason = reason
 
     def epoch(self, epoch: int, logs: dict[str, float], reports: list[Any], times: dict[str, float],
               state: Any = None) -> None:
-        self.traffic += int(times.pop("bytes", 0))
+        sent = int(times.pop("bytes", 0))
+        self.traffic += sent
         seconds = [report.seconds for report in reports]
         row = {"round": epoch, **times, "train_seconds_max": max(seconds), "train_seconds_min": min(seconds),
-               "bytes": self.traffic, "test_loss": logs.get("val_loss", math.nan),
+               "bytes": sent, "test_loss": logs.get("val_loss", math.nan),
                "test_accuracy": logs.get("val_accuracy", logs.get("val_acc", math.nan)), "max_staleness": 0,
                "train_loss": logs.get("loss", math.nan), "train_accuracy": logs.get("accuracy", math.nan),
                **{key: float(value) for key, value in logs.items()}}
@@ -229,6 +237,10 @@ class FitRecord:
         save_checkpoint(self.path / STATE_NAME, arrays, json.loads(json.dumps(meta, default=float)))
 
     def finish(self, workers: int) -> dict[str, Any]:
+        """The run's summary, written to summary.json; a complete run found again hands back the one it wrote."""
+        kept = self._kept_summary()
+        if kept is not None:
+            return kept
         scored = [row["test_accuracy"] for row in self.rows if math.isfinite(row["test_accuracy"])]
         summary = {"rounds_completed": len(self.rows), "final_test_accuracy": scored[-1] if scored else None,
                    "best_test_accuracy": max(scored) if scored else None,
@@ -239,6 +251,14 @@ class FitRecord:
 
             write_json_atomic(self.path / SUMMARY_NAME, summary)
         return summary
+
+    def _kept_summary(self) -> dict[str, Any] | None:
+        if not self.complete or self.path is None:
+            return None
+        try:
+            return dict(json.loads((self.path / SUMMARY_NAME).read_text(encoding="utf-8")))
+        except (OSError, ValueError):  # lost or cut short: written again from the run's rows
+            return None
 
     def columns(self) -> dict[str, list[float]]:
         """rounds.csv's numbers, a list per column (what ``History.rounds`` holds)."""

@@ -16,6 +16,7 @@ buffer) from rank 0, then the workers' states summed into rank 0 and their repor
 from __future__ import annotations
 
 import math
+import pickle
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,7 @@ class Report:
     rows: int
     seconds: float
     integers: list[np.ndarray]
+    sent: int = 0  # the bytes the worker sent for this epoch: its state into the sum, and this report
 
 
 class RoundClock:
@@ -118,6 +120,8 @@ class WorkerRounds:
             self.buffer[size] = weight
             self.buffer[size + 1:] = steps
             self.transport.reduce_sum(self.buffer)
+            report.sent = self.transport.take_bytes()
+            report.sent += len(pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL)) * (self.transport.size - 1)
             self.transport.allgather(report)
 
     def train(self, epoch: int) -> Report:
@@ -159,6 +163,7 @@ class SchedulerRounds:
         self.callbacks.on_train_end(logs)  # EarlyStopping may restore the best weights: they are the final ones
         # An error above reaches the workers as a failure notice (fail_together), never as a stop.
         self.send_stop()
+        self.record.count_bytes(self.transport.take_bytes())
         return logs
 
     def send_stop(self) -> None:
@@ -188,7 +193,8 @@ class SchedulerRounds:
         scored = time.perf_counter()
         self.callbacks.on_epoch_end(epoch, logs)
         logs = self.recorded_logs(logs)
-        self.record.epoch(epoch, logs, reports, {"wall_seconds": time.perf_counter() - started,
+        sent = self.transport.take_bytes() + sum(report.sent for report in reports)  # rank 0's, then the workers'
+        self.record.epoch(epoch, logs, reports, {"bytes": sent, "wall_seconds": time.perf_counter() - started,
                                                  "comm_seconds": collected - started,
                                                  "aggregate_seconds": combined - collected,
                                                  "eval_seconds": scored - combined})

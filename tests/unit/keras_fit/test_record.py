@@ -63,3 +63,21 @@ def test_no_directory_means_nothing_is_written(tmp_path, monkeypatch):
     record.begin(None)
     record.finish(2)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_complete_run_found_again_hands_back_its_summary_and_keeps_its_stop_reason(tmp_path):
+    same = fingerprint(model(), DATA, {"epochs": 2}, {})
+    record = FitRecord(tmp_path / "run", same, {})
+    record.begin(record.open())
+    record.stopped("callback")
+    history = keras.callbacks.History()
+    history.history, history.epoch = {"loss": [0.5]}, [0]
+    record.save_state(np.zeros(4, np.float32), [np.array(3)], 1, history, True)
+    written = record.finish(2)
+    record.release()
+    again = FitRecord(tmp_path / "run", same, {})
+    again.begin(again.open())
+    assert again.finish(2) == written  # this job's wall time is not the run's
+    (tmp_path / "run" / "summary.json").unlink()
+    assert again.finish(2)["stop_reason"] == "callback"  # written again from the run's state
+    again.release()

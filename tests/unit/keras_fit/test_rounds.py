@@ -61,11 +61,13 @@ def run_job(outer: str, epochs: int = 3, shuffle: bool = True, rows: tuple[np.nd
         callbacks = keras.callbacks.CallbackList([SetRate()], add_history=True, model=model, epochs=epochs,
                                                  steps=None, verbose=0)
         optimizer = OuterOptimizer(OuterSettings(outer, 1.0, 0.5))
+        record = FitRecord(None, {}, {})
         rounds = SchedulerRounds(transports[0], model, state, optimizer, callbacks,
-                                 {"x": x[:60], "y": y[:60]}, 1, FitRecord(None, {}, {}))
+                                 {"x": x[:60], "y": y[:60]}, 1, record)
         rounds.run(0, epochs)
         return {"history": callbacks.callbacks[-1].history, "weights": model.get_weights(),
-                "flat": state.read(state.empty()),
+                "flat": state.read(state.empty()), "rows": record.rows, "traffic": record.traffic,
+                "state_bytes": state.size * 4, "clocks": state.clocks,
                 "moments": [np.asarray(v) for v in model.optimizer.variables],
                 "iterations": int(model.optimizer.iterations), "rate": float(model.optimizer.learning_rate)}
 
@@ -107,6 +109,16 @@ def test_batchnorm_statistics_are_averaged_not_stepped_by_the_outer_optimizer(ne
 def test_the_schedulers_learning_rate_reaches_the_workers_and_is_not_averaged(nesterov):
     for rank in (0, 1, 2):
         assert nesterov[rank]["rate"] == pytest.approx(0.002)
+
+
+def test_every_epochs_bytes_are_counted_the_state_each_way_for_each_worker_and_the_small_messages(nesterov):
+    scheduler = nesterov[0]
+    state_out = 2 * scheduler["state_bytes"]  # rank 0's broadcast reaches 2 workers
+    sums_in = 2 * (scheduler["state_bytes"] + 4 * (1 + scheduler["clocks"]))  # each worker's part of the sum
+    for row in scheduler["rows"]:
+        assert state_out + sums_in < row["bytes"] < state_out + sums_in + 8192, row  # + orders and reports
+    final = scheduler["traffic"] - sum(row["bytes"] for row in scheduler["rows"])
+    assert state_out <= final < state_out + 4096  # the final state, handed out after the last epoch
 
 
 def test_history_holds_the_workers_training_logs_and_the_schedulers_validation(nesterov):

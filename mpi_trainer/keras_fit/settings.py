@@ -1,0 +1,184 @@
+"""Which config settings a fit of a ``keras.Model`` applies; every other one set is refused, never ignored.
+
+A ``keras.Model`` trains with Keras' own machinery: the optimizer, loss and metrics it was compiled
+with, ``fit``'s arguments, the callbacks the script passes. Most of the config sets up the engines
+that train a model given by name or as a function. Every key of the config is classified here:
+:data:`HONOURED` (this path reads it; each entry says where) or :data:`NOT_APPLIED` (each entry says
+what a Keras script does instead). A key this path does not apply is refused before training when
+its value differs from the default, or when the script sets it at all (:func:`given_keys`), unless
+the value is :data:`AS_DONE`: the value that says what this path does anyway (``log.tensorboard =
+false``, ``aggregation.ssp = 0``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from pathlib import Path
+from typing import Any
+
+from mpi_trainer import hooks
+from mpi_trainer.config import Config, all_keys, parse_override, read_toml
+from mpi_trainer.config.choices import DEFAULT_VALIDATION_SIZE
+from mpi_trainer.config.rules import needs_validation
+
+PLACEMENT = "each rank's device, threads and cores, placed before training (mpi_trainer.init() or fit)"
+WAITS = "how long a rank waits for its peers before it names them and ends the job"
+OUTER = "the outer step from each epoch's combined state (docs/outer-optimizer.md)"
+CHECKPOINT = "how often rank 0 saves state.h5 in the run directory (a run_dir, or launch's)"
+
+HONOURED: dict[str, str] = {
+    "train.epochs": "fit's `epochs` when the call leaves it out (the argument wins)",
+    "train.batch_size": "fit's `batch_size` when the call leaves it out (the argument wins)",
+    "train.device": PLACEMENT,
+    "train.scheduler_device": PLACEMENT,
+    "train.threads": PLACEMENT,
+    "train.bind_cores": PLACEMENT,
+    "aggregation.method": "'average' or 'weighted': how the workers' states are combined ('best' is refused)",
+    "aggregation.outer_optimizer": OUTER,
+    "aggregation.outer_learning_rate": OUTER,
+    "aggregation.outer_momentum": OUTER,
+    "aggregation.outer_beta_1": OUTER,
+    "aggregation.outer_beta_2": OUTER,
+    "aggregation.outer_epsilon": OUTER,
+    "checkpoint.every": CHECKPOINT,
+    "checkpoint.every_seconds": CHECKPOINT,
+    "comm.poll_interval": "how long a waiting rank sleeps between polls of its pending messages",
+    "watchdog.setup_timeout": WAITS,
+    "watchdog.worker_timeout": WAITS,
+    "log.verbosity": "mpi_trainer's own log on the console (Keras' progress bar follows fit's `verbose`)",
+}
+
+# What a Keras script does instead of each key a keras.Model does not apply.
+ENGINE = "a keras.Model trains in synchronous epochs with Keras' own callbacks"
+DATA = "a keras.Model trains on the `x` and `y` the script passes; hold rows out with `validation_split` or " \
+       "`validation_data`"
+COMPILED = "a keras.Model trains with the optimizer, loss and metrics it was compiled with"
+EARLY_STOPPING = "pass keras.callbacks.EarlyStopping in `callbacks`"
+NOT_FINITE = "pass keras.callbacks.TerminateOnNaN in `callbacks` (a combined state that is not finite is logged)"
+STEPS = "bound an epoch with fit's `steps_per_epoch`, or stop with a callback that sets `model.stop_training`"
+FILES = "rank 0 writes rounds.csv, summary.json and train.log in the run directory; pass " \
+        "keras.callbacks.TensorBoard in `callbacks` for event files"
+LAUNCHER = "a fit of a keras.Model handles no signal itself: a signal ends the job, and the same fit on its run " \
+           "directory resumes from the last state.h5 (`launch` supervising a script keeps these keys' defaults)"
+
+# The engines' features: their keys kept the meaning they had before this classification.
+ENGINE_ONLY = ("aggregation.ssp", "fault.survive", "early_stopping.patience", "train.sync_every",
+               "data.increment.enabled", "data.rebalance", "data.augmentation.enabled", "data.placement",
+               "evaluation.where")
+
+NOT_APPLIED: dict[str, str] = {
+    **dict.fromkeys(ENGINE_ONLY, ENGINE),
+    **dict.fromkeys(("aggregation.staleness_damping", "train.sync_warmup_epochs", "train.sync_warmup_every",
+                     "train.overlap_eval", "fault.min_workers", "data.increment.load_factor",
+                     "data.increment.absolute_factor", "data.increment.min_gap", "data.augmentation.shift",
+                     "data.augmentation.rotation", "data.augmentation.zoom", "data.augmentation.flip",
+                     "data.rebalance_smoothing"), ENGINE),
+    "aggregation.wire_dtype": "a keras.Model's state travels as float32",
+    "evaluation.every": "rank 0 scores the validation data every fit's `validation_freq` epochs",
+    **dict.fromkeys(("data.source", "data.test_size", "data.validation_size", "data.label", "data.features",
+                     "data.datasets", "data.stream", "data.image_size", "data.color_mode", "data.feature_shape",
+                     "data.feature_dtype"), DATA),
+    **dict.fromkeys(("model.name", "model.optimizer", "model.learning_rate", "model.activation", "model.loss",
+                     "model.metrics", "lbfgs.history_size", "lbfgs.gtol", "lbfgs.ftol", "lbfgs.max_evaluations",
+                     "lbfgs.batch_size"), COMPILED),
+    **dict.fromkeys(("early_stopping.min_delta", "early_stopping.monitor", "early_stopping.mode"), EARLY_STOPPING),
+    **dict.fromkeys(("train.nan_policy", "train.divergence", "train.divergence_rounds"), NOT_FINITE),
+    "train.max_steps": STEPS,
+    "train.shuffle": "pass `shuffle=False` to fit",
+    "train.seed": "seed the script itself (keras.utils.set_random_seed) before it builds the model",
+    **dict.fromkeys(("log.plots", "log.tensorboard", "log.timeline"), FILES),
+    **dict.fromkeys(("checkpoint.grace_seconds", "checkpoint.preempt_signals", "watchdog.stall_seconds"), LAUNCHER),
+}
+
+# Values of keys in NOT_APPLIED that say what this path does anyway: accepted even when set.
+AS_DONE: dict[str, Any] = {
+    "aggregation.ssp": 0, "aggregation.staleness_damping": False, "aggregation.wire_dtype": "float32",
+    "fault.survive": False, "early_stopping.patience": 0, "evaluation.where": "scheduler",
+    "train.sync_every": 0, "train.sync_warmup_epochs": 0, "train.max_steps": 0, "train.overlap_eval": False,
+    "train.divergence": "off", "data.increment.enabled": False, "data.augmentation.enabled": False,
+    "data.rebalance": False, "data.placement": "shared", "data.test_size": 0.0, "data.validation_size": 0.0,
+    "log.plots": False, "log.tensorboard": False, "log.timeline": False, "checkpoint.preempt_signals": [],
+}
+
+
+def value_of(cfg: Config, key: str) -> Any:
+    """The value of a dotted key, e.g. ``value_of(cfg, "train.max_steps")``."""
+    value: Any = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _dotted(table: Any, prefix: str = "") -> set[str]:
+    """The dotted keys a (nested) table sets: ``{"log": {"plots": False}}`` -> ``{"log.plots"}``."""
+    if not isinstance(table, dict):
+        return {prefix.rstrip(".")}
+    return {key for name, value in table.items() for key in _dotted(value, f"{prefix}{name}.")}
+
+
+def given_keys(config: Any, overrides: Iterable[Any] | dict[str, Any] | None) -> set[str]:
+    """The config keys the script sets: in ``config`` (a TOML path or a dict of sections) and in
+    ``overrides`` (``"key=value"`` strings, ``(key, value)`` pairs or a dict), the test hooks left out."""
+    table = read_toml(config) if isinstance(config, (str, Path)) else config or {}
+    keys = _dotted({name: value for name, value in table.items() if name != hooks.PREFIX})
+    pairs = overrides.items() if isinstance(overrides, dict) else overrides or []
+    for item in pairs:
+        key, value = parse_override(item) if isinstance(item, str) else item
+        keys |= {key} if not isinstance(value, dict) else _dotted(value, f"{key}.")
+    return {key for key in keys if key and key.split(".")[0] != hooks.PREFIX}
+
+
+def _applied(key: str, value: Any, default: Any, given: bool) -> bool:
+    """Whether a key this path does not read can pass: left at its default, or saying what happens anyway."""
+    if key in AS_DONE and value == AS_DONE[key]:
+        return True
+    return value == default and not given
+
+
+def _derived(cfg: Config, key: str, given: Collection[str]) -> bool:
+    """A value the loader filled in from another key (which is refused in its own right)."""
+    return (key == "data.validation_size" and key not in given and needs_validation(cfg)
+            and cfg.data.validation_size == DEFAULT_VALIDATION_SIZE)
+
+
+def _expected(key: str, value: Any, default: Any) -> str:
+    if key in AS_DONE and AS_DONE[key] != default:
+        return f"{AS_DONE[key]!r}, or the key left out"
+    return f"the default {default!r}" if value != default else "the key left out"
+
+
+def refusal(key: str, value: Any, default: Any) -> str:
+    """Why ``key`` cannot be set when ``model`` is a keras.Model, the Keras way."""
+    instead = NOT_APPLIED.get(key, "nothing on this path reads it")
+    return (f"`{key}` is not applied when `model` is a keras.Model: it applies to models given by name or as a "
+            f"function (the command line's `train`, or `mpi_trainer.fit(build_fn, ...)`); {instead}. "
+            f"Received: {key}={value!r}; expected {_expected(key, value, default)}")
+
+
+def _run_dir_refusal(cfg: Config, given: Collection[str]) -> str | None:
+    """Checkpoints go to the run directory; a fit that has none would not save them."""
+    defaults = Config()
+    for key in ("checkpoint.every", "checkpoint.every_seconds"):
+        value = value_of(cfg, key)
+        if value and (value != value_of(defaults, key) or key in given):
+            return (f"`{key}` saves the state in the run directory, and this fit has none. Received: "
+                    f"{key}={value!r} with run_dir=None; expected a `run_dir` (or `launch`'s), or {key}=0")
+    return None
+
+
+def refusals(cfg: Config, given: Collection[str] = (), has_run_dir: bool = True) -> list[str]:
+    """Every setting of ``cfg`` that a fit of a keras.Model would not apply, each as a message.
+
+    ``given``: the keys the script set (:func:`given_keys`); without them, a key is refused only when its
+    value differs from the default (a key set to its default cannot be told from one left out).
+    """
+    defaults = Config()
+    found = []
+    for key in all_keys():
+        if key in HONOURED or _derived(cfg, key, given):
+            continue
+        value, default = value_of(cfg, key), value_of(defaults, key)
+        if not _applied(key, value, default, key in given):
+            found.append(refusal(key, value, default))
+    run_dir = None if has_run_dir else _run_dir_refusal(cfg, given)
+    return found + ([run_dir] if run_dir else [])

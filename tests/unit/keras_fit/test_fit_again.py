@@ -1,0 +1,68 @@
+"""A fit run again on the directory of its complete run trains nothing and hands every rank that run's result:
+``fit_model`` on a scheduler and two workers as threads of a LocalWorld, each with its own copy of the model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+
+from mpi_trainer.comm.local import LocalWorld
+from mpi_trainer.keras_fit.fit import fit_model
+from mpi_trainer.launch.devices import RankPlacement
+
+X = np.random.default_rng(0).normal(size=(48, 4)).astype("float32")
+Y = (X[:, 0] > 0).astype("int64")
+
+
+def small_model() -> keras.Model:
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2, activation="softmax")])
+    model.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def placed_in_place(transport: Any, cfg: Any) -> tuple[Any, list[RankPlacement]]:
+    """The ranks share one process here: no device or thread placement, only every rank's description."""
+    role = "scheduler" if transport.rank == 0 else "worker"
+    return cfg, transport.allgather(RankPlacement(transport.rank, "local", transport.rank, role, "tensorflow", "cpu"))
+
+
+def fit_everywhere(run_dir: Any) -> dict[int, dict[str, Any]]:
+    """Every rank's History and final weights after a 2-epoch fit into ``run_dir``."""
+    world = LocalWorld(3)
+    transports = world.transports()
+    models = {rank: small_model() for rank in range(3)}
+
+    def rank(index: int) -> dict[str, Any]:
+        kwargs = {"x": X, "y": Y, "batch_size": 8, "epochs": 2, "verbose": 0, "validation_split": 0.25,
+                  "shuffle": True, "initial_epoch": 0, "validation_freq": 1}
+        history = fit_model(transports[index], models[index], kwargs, None, [], run_dir, False)
+        return {"history": history.history, "epoch": list(history.epoch), "summary": history.summary,
+                "weights": models[index].get_weights(), "model_history": models[index].history}
+
+    return world.run({index: lambda index=index: rank(index) for index in range(3)}, timeout=120)
+
+
+@pytest.fixture
+def start_in_place(monkeypatch):
+    monkeypatch.setattr("mpi_trainer.launch.job.start_rank", placed_in_place)
+
+
+def test_a_complete_run_fitted_again_returns_its_history_and_weights_on_every_rank(tmp_path, start_in_place):
+    run_dir = tmp_path / "run"
+    first = fit_everywhere(run_dir)
+    files = {name: (run_dir / name).read_bytes() for name in ("rounds.csv", "summary.json", "fit.json", "state.h5")}
+    again = fit_everywhere(run_dir)
+    assert set(first[0]["history"]) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+    for rank in range(3):
+        assert again[rank]["epoch"] == first[0]["epoch"] == [0, 1]
+        assert again[rank]["history"] == first[0]["history"]
+        assert again[rank]["summary"] == first[0]["summary"]
+        assert again[rank]["model_history"] is not None
+        for mine, finished in zip(again[rank]["weights"], first[0]["weights"], strict=True):
+            np.testing.assert_array_equal(mine, finished)
+    assert len((run_dir / "rounds.csv").read_text().splitlines()) == 1 + 2  # the header, then one row per epoch
+    assert {name: (run_dir / name).read_bytes() for name in files} == files
