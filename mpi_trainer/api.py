@@ -131,6 +131,7 @@ def fit(model: Any = None, x: Any = None, y: Any = None, batch_size: int | None 
     from mpi_trainer.launch.keras_args import KerasFitArguments
 
     quiet_backend()
+    overrides = _with_launch_overrides(overrides)
     if _is_keras_model(model):
         return _fit_keras_model(model, dict(
             x=x, y=y, batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
@@ -148,6 +149,16 @@ def fit(model: Any = None, x: Any = None, y: Any = None, batch_size: int | None 
     with abort_on_error(transport), _refused_together(transport), fail_together(transport):
         finished = _run(transport, request, run_dir, resume)
         return history_everywhere(transport, model, finished)
+
+
+def _with_launch_overrides(overrides: Sequence[str] | dict[str, Any] | None) -> list[Any] | None:
+    """The script's overrides, then ``launch --set``'s (the flags the user typed last win)."""
+    from mpi_trainer.launch.run_dir import launch_overrides
+
+    typed = launch_overrides()
+    if not typed:
+        return None if overrides is None else _pairs(overrides)
+    return _pairs(overrides) + typed
 
 
 def _is_keras_model(model: Any) -> bool:

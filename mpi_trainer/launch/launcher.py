@@ -1,7 +1,9 @@
 """``mpi-trainer launch``: the command line around the :class:`~.supervisor.Supervisor`.
 
 It supervises a config (``launch -n N CONFIG [--set ...]``, run as ``train``) or
-any script that calls :func:`mpi_trainer.fit` (``launch -n N -- python train.py``).
+any script that calls :func:`mpi_trainer.fit` (``launch -n N [--set ...] -- python train.py``;
+the script's ``fit`` applies the ``--set`` values after its own ``config`` and ``overrides``,
+read from ``MPI_TRAINER_SET``).
 It holds the run directory's lock for the whole supervised run (its jobs' rank 0
 works under it, told by ``MPI_TRAINER_LAUNCHER``), so a second launcher or job on
 the directory is refused at once; a script's ``fit`` finds the directory in
@@ -23,7 +25,7 @@ from typing import Any
 from mpi_trainer.config import Config
 from mpi_trainer.errors import ConfigError
 from mpi_trainer.launch.mpirun import mpirun_command
-from mpi_trainer.launch.run_dir import RUN_DIR_ENV, default_run_dir
+from mpi_trainer.launch.run_dir import RUN_DIR_ENV, SET_ENV, default_run_dir
 from mpi_trainer.launch.supervisor import (
     HOST_FAILURES_TO_DROP,
     AttemptHosts,
@@ -88,16 +90,14 @@ def check_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"`launch` supervises a config or a command after `--`, one of them. Received: "
                           f"config={args.config!r}, command={program!r}; expected e.g. `launch -n 3 "
                           f"configs/quickstart.toml` or `launch -n 3 -- python train.py`")
-    if program and args.overrides:
-        raise ConfigError(f"`--set` changes a config, and a supervised command has none (its script sets its "
-                          f"own). Received: --set {args.overrides[0]} with a command")
 
 
 def job_command(args: argparse.Namespace, hosts: AttemptHosts, run_dir: Path,
                 fault_tolerant: bool = False) -> Callable[[int], list[str]]:
     """Each attempt's mpirun line; the job learns the launcher and the run directory from its environment."""
-    extra = ["-x", LAUNCHER_ENV, "-x", RUN_DIR_ENV, *shlex.split(args.mpirun_args)]
     program = getattr(args, "program", [])
+    sets = ["-x", SET_ENV] if program and args.overrides else []  # the script's fit() reads them
+    extra = ["-x", LAUNCHER_ENV, "-x", RUN_DIR_ENV, *sets, *shlex.split(args.mpirun_args)]
 
     def command_for(attempt: int) -> list[str]:
         train = [] if program else train_args(args, run_dir, attempt > 0)
@@ -113,6 +113,8 @@ def launch(args: argparse.Namespace, cfg: Config) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.config)
     lock = RunLock(run_dir).acquire()  # a second launcher or job on this directory fails here
     os.environ[LAUNCHER_ENV], os.environ[RUN_DIR_ENV] = holder_id(), str(run_dir)
+    if getattr(args, "program", []) and args.overrides:  # checked here already (cfg): the script's fit applies them
+        os.environ[SET_ENV] = json.dumps(args.overrides)
     hosts = AttemptHosts(args.ranks, args.machinefile)
     supervisor = Supervisor(job_command(args, hosts, run_dir, cfg.fault.survive), run_dir / ROUNDS_NAME,
                             cfg.watchdog.stall_seconds, args.max_restarts, run_dir / "launch.log")

@@ -10,6 +10,7 @@ nothing but the lock file's note.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import secrets
@@ -50,6 +51,19 @@ if TYPE_CHECKING:
 
 
 RUN_DIR_ENV = "MPI_TRAINER_RUN_DIR"  # the launcher's run directory, the default of a supervised fit()
+SET_ENV = "MPI_TRAINER_SET"  # `launch --set KEY=VALUE -- COMMAND`: the overrides, a JSON list, for the script's fit()
+
+
+def launch_overrides() -> list[str]:
+    """The ``--set KEY=VALUE`` texts of the launcher that started this script (none outside ``launch``)."""
+    text = os.environ.get(SET_ENV)
+    if not text:
+        return []
+    pairs = json.loads(text)
+    if not isinstance(pairs, list) or not all(isinstance(pair, str) for pair in pairs):
+        raise ConfigError(f"{SET_ENV} must hold a JSON list of 'key=value' strings (what `launch --set` "
+                          f"writes). Received: {SET_ENV}={text!r}")
+    return pairs
 
 
 def default_run_dir(config_path: str | Path | None) -> Path:

@@ -1,7 +1,8 @@
-"""A script for ``mpi-trainer launch -n 2 --run-dir D -- python tests/mpirun/launch_fit_job.py``.
+"""A script for ``mpi-trainer launch -n 2 --run-dir D --set checkpoint.every=2 -- python launch_fit_job.py``.
 
-It names no run directory: ``fit`` takes the launcher's. Eight rounds of digits, a short sleep
-after every batch so that a test can kill a worker mid-run, a checkpoint every 2 rounds.
+It names no run directory: ``fit`` takes the launcher's, and its checkpoint interval comes from the
+launcher's ``--set``. Eight rounds of digits, a short sleep after every batch so that a test can kill
+a worker mid-run.
 Rank 0 prints one JSON line with the rounds of the run (``history.rounds``, resumed ones included) and
 its run directory.
 """
@@ -25,6 +26,6 @@ def classifier(input_shape, num_outputs):
 
 x, y = load_digits(return_X_y=True)
 history = mpi_trainer.fit(classifier, x / 16.0, y, epochs=8, batch_size=32,
-                          overrides={"log.plots": False, "debug.batch_delay": 0.02, "checkpoint.every": 2})
+                          overrides={"log.plots": False, "debug.batch_delay": 0.02})
 if placed.is_scheduler:
     print(json.dumps({"rounds": len(history.rounds["round"]), "run_dir": str(history.run_dir)}), flush=True)

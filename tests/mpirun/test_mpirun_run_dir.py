@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 from conftest import MPI_TIMEOUT, ROOT, MpiResult, run_mpi, wait_for_rounds
 
+from mpi_trainer.config.loader import read_toml
 from mpi_trainer.launch.mpirun import mpirun_command, rank_pid
 from mpi_trainer.persistence.checkpoint import load_checkpoint
 from mpi_trainer.persistence.run_files import read_rounds
@@ -133,7 +134,7 @@ def test_a_complete_run_trains_nothing_again_and_changed_data_is_refused_before_
 def test_launch_supervises_a_fit_script_and_restarts_it_after_a_worker_dies(tmp_path):
     run_dir = tmp_path / "script"
     command = [sys.executable, "-m", "mpi_trainer", "launch", "-n", str(RANKS), "--max-restarts", "1", "--run-dir",
-               str(run_dir), "--", sys.executable, "tests/mpirun/launch_fit_job.py"]
+               str(run_dir), "--set", "checkpoint.every=2", "--", sys.executable, "tests/mpirun/launch_fit_job.py"]
     env = {**ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     launcher = subprocess.Popen(command, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT)  # the script imports this checkout's mpi_trainer
@@ -144,4 +145,6 @@ def test_launch_supervises_a_fit_script_and_restarts_it_after_a_worker_dies(tmp_
     assert round_numbers(run_dir) == list(range(8))
     assert '{"rounds": 8, "run_dir": "' + str(run_dir) + '"}' in output  # fit found the launcher's directory
     summary = MpiResult(0, "", run_dir).summary()
+    # checkpoints every 2 rounds, as the launcher's --set asked the script's fit
     assert summary["resumed_after_round"] % 2 == 1 and len(summary["restarts"]) == 1
+    assert read_toml(run_dir / "config.toml")["checkpoint"]["every"] == 2

@@ -10,6 +10,7 @@ import pytest
 
 from mpi_trainer.algorithms import wait_bounds
 from mpi_trainer.cli import main
+from mpi_trainer.errors import ConfigError
 from mpi_trainer.launch.supervisor import (
     AttemptHosts,
     Failure,
@@ -168,7 +169,7 @@ def test_terminating_the_launcher_passes_the_preemption_on_and_leaves_nothing_ru
 @pytest.mark.parametrize(("args", "message"), [
     (["launch", "-n", "3"], "a config or a command after `--`, one of them"),
     (["launch", "-n", "3", "configs/quickstart.toml", "--", "python", "t.py"], "one of them"),
-    (["launch", "-n", "3", "--set", "train.epochs=2", "--", "python", "t.py"], "`--set` changes a config"),
+    (["launch", "-n", "3", "--set", "train.epoch=2", "--", "python", "t.py"], "train.epoch"),  # checked at once
 ])
 def test_launch_takes_a_config_or_a_command(args, message, capsys):
     assert main(args) == 2
@@ -186,6 +187,27 @@ def test_a_supervised_script_runs_under_mpirun_knowing_the_launcher_and_the_run_
     command = job_command(args, AttemptHosts(3, None), tmp_path)(1)
     assert command[-4:] == program  # run again as it is: the script's fit resumes by itself
     assert "-x MPI_TRAINER_LAUNCHER -x MPI_TRAINER_RUN_DIR --mca btl self,tcp" in " ".join(command)
+
+
+def test_a_supervised_scripts_fit_takes_the_launchers_settings_after_its_own(tmp_path, monkeypatch):
+    import argparse
+
+    from mpi_trainer.api import _with_launch_overrides
+    from mpi_trainer.launch.launcher import job_command
+    from mpi_trainer.launch.run_dir import SET_ENV
+
+    args = argparse.Namespace(mpirun_args="", program=["python", "train.py"], config=None,
+                              overrides=["aggregation.ssp=2"])
+    command = " ".join(job_command(args, AttemptHosts(3, None), tmp_path)(0))
+    assert f"-x {SET_ENV}" in command  # mpirun passes the settings on to every rank
+    monkeypatch.setenv(SET_ENV, '["aggregation.ssp=2", "train.epochs=4"]')
+    assert _with_launch_overrides({"train.epochs": 2}) == [("train.epochs", 2), "aggregation.ssp=2", "train.epochs=4"]
+    assert _with_launch_overrides(None) == ["aggregation.ssp=2", "train.epochs=4"]
+    monkeypatch.setenv(SET_ENV, '{"train.epochs": 4}')
+    with pytest.raises(ConfigError, match=SET_ENV):
+        _with_launch_overrides(None)
+    monkeypatch.delenv(SET_ENV)
+    assert _with_launch_overrides(None) is None
 
 
 def test_a_second_launcher_on_a_run_directory_in_use_is_refused_naming_the_holder(tmp_path, capsys):
