@@ -7,7 +7,10 @@ scored rounds and names the divergence once either sign has held for ``rounds``
 rounds in a row:
 
 * the run's loss (``val_loss``, else ``test_loss``, else ``train_loss``, whichever the
-  first scored round has) above its value in that first round;
+  first scored round has) above its value in that first round; the training loss, which
+  swings from round to round without a held-out split to smooth it, counts when it is above
+  in ``rounds`` of the last ``2 * rounds`` rounds, so a loss that oscillates upwards is named
+  as well as one that climbs;
 * for classes, the accuracy (``val_``, ``test_``, else ``train_accuracy``) at or below
   chance (one over the number of classes) plus half of it, after an earlier round
   had risen above that, or while the loss is above twice the loss of a model that
@@ -20,6 +23,7 @@ Pure Python on the rounds' rows, so the scheduler decides and tests drive it wit
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,6 +55,7 @@ class DivergenceWatch:
         self.accuracy_column: str | None = None
         self.rose_above_chance = False
         self.loss_streak = 0
+        self.recent_above: deque[bool] = deque(maxlen=2 * max(rounds, 1))  # the training loss's last rounds
         self.chance_streak = 0
         self.reported = False
 
@@ -80,6 +85,12 @@ class DivergenceWatch:
         if loss is None or self.start_loss is None:
             return None
         self.loss_streak = self.loss_streak + 1 if loss > self.start_loss else 0
+        self.recent_above.append(loss > self.start_loss)
+        above = sum(self.recent_above)
+        if self.loss_column == "train_loss" and self.loss_streak < self.rounds and above >= self.rounds \
+                and self.recent_above[-1]:
+            return (f"{self.loss_column} {loss:.6g} has been above its first round's {self.start_loss:.6g} in "
+                    f"{above} of the last {len(self.recent_above)} rounds, oscillating")
         if self.loss_streak >= self.rounds:
             return (f"{self.loss_column} {loss:.6g} has been above its first round's {self.start_loss:.6g} for "
                     f"{self.loss_streak} rounds")

@@ -33,6 +33,17 @@ def test_a_loss_above_its_start_for_several_rounds_is_named_once():
     assert watch.update(_rows([3.0])[0]) is None  # reported once
 
 
+def test_a_training_loss_that_oscillates_above_its_start_is_named_without_a_held_out_split():
+    rows = [{"train_loss": loss} for loss in [1.0, 0.7, 1.3, 0.8, 1.4, 0.9, 1.6, 1.0, 1.8]]
+    index, cause = _first_report(DivergenceWatch(3, classes=None), rows)
+    assert index == 6 and cause == ("train_loss 1.6 has been above its first round's 1 in 3 of the last 6 "
+                                    "rounds, oscillating")
+    held_out = [{"val_loss": row["train_loss"]} for row in rows]  # a held-out loss: consecutive rounds only
+    assert _first_report(DivergenceWatch(3, classes=None), held_out) is None
+    falling = [{"train_loss": loss} for loss in [1.0, 1.1, 0.7, 1.05, 0.6, 0.5, 0.55, 0.5]]  # noisy, but learning
+    assert _first_report(DivergenceWatch(3, classes=None), falling) is None
+
+
 def test_a_falling_loss_and_a_learning_model_are_not_divergence():
     watch = DivergenceWatch(3, classes=10)
     assert _first_report(watch, _rows([2.3, 1.0, 0.9, 0.95, 0.97, 0.99], [0.3, 0.8, 0.9, 0.9, 0.91, 0.9])) is None
