@@ -43,7 +43,8 @@ class Prepared:
 
     share: dict[str, Any] = field(default_factory=dict)  # a worker's model.fit arguments
     rows: int | None = None  # a worker's rows (arrays)
-    validation: dict[str, Any] | None = None  # rank 0's model.evaluate arguments
+    validation: dict[str, Any] | None = None  # rank 0's model.evaluate arguments; a worker's share when it scores
+    workers_score: bool = False  # the workers score the validation data (evaluation.where = "workers")
     train_data: Any = None  # (x, y, sample_weight) after validation_split
 
 
@@ -67,7 +68,7 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
     try:
         check_config(cfg, run_dir, resume, given_keys(config, overrides))
         check_backend()
-        prepared = prepare(model, kwargs, transport.rank, workers)
+        prepared = prepare(model, kwargs, transport.rank, workers, cfg.evaluation.on_workers)
     except (InputError, ValueError, TypeError) as exc:  # Keras' refusals are ValueError / TypeError
         error = str(exc)
     agree(transport, error)
@@ -90,7 +91,8 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
         history = schedule(transport, model, state, kwargs, cfg, prepared, agreed(record), saved, placements)
     else:
         weighted = cfg.aggregation.weighs_by_samples
-        WorkerRounds(transport, model, state, prepared.share, prepared.rows, weighted, wait_bounds(cfg)).run()
+        WorkerRounds(transport, model, state, prepared.share, prepared.rows, weighted, wait_bounds(cfg),
+                     prepared.validation).run()
         history = None
     return finish(transport, model, history)
 
@@ -125,8 +127,9 @@ def check_backend() -> None:
                           f"Received: KERAS_BACKEND={asked!r}; expected it set before anything imports Keras")
 
 
-def prepare(model: Any, kwargs: dict[str, Any], rank: int, workers: int) -> Prepared:
-    """Keras' own checks and splits, then this rank's part: a worker's share, rank 0's validation data."""
+def prepare(model: Any, kwargs: dict[str, Any], rank: int, workers: int, workers_score: bool = False) -> Prepared:
+    """Keras' own checks and splits, then this rank's part: a worker's share, rank 0's validation data (a
+    worker's share of it when ``workers_score`` and it can be shared, :func:`validation_shares`)."""
     from keras.src.trainers.data_adapters import array_slicing, data_adapter_utils, get_data_adapter
 
     model._assert_compile_called("fit")
@@ -136,12 +139,16 @@ def prepare(model: Any, kwargs: dict[str, Any], rank: int, workers: int) -> Prep
         (x, y, weights), validation = array_slicing.train_validation_split(
             (x, y, weights), validation_split=kwargs["validation_split"])
     prepared = Prepared(train_data=(x, y, weights))
+    if validation is not None:
+        val_x, val_y, val_weights = data_adapter_utils.unpack_x_y_sample_weight(validation)
+        prepared.validation = {"x": val_x, "y": val_y, "sample_weight": val_weights,
+                               "batch_size": kwargs.get("validation_batch_size") or kwargs.get("batch_size"),
+                               "steps": kwargs.get("validation_steps")}
+        prepared.workers_score = workers_score and validation_shares(prepared.validation, workers)
+        if rank > 0:
+            prepared.validation = validation_share(prepared.validation, workers, rank - 1) \
+                if prepared.workers_score else None
     if rank == 0:
-        if validation is not None:
-            val_x, val_y, val_weights = data_adapter_utils.unpack_x_y_sample_weight(validation)
-            prepared.validation = {"x": val_x, "y": val_y, "sample_weight": val_weights,
-                                   "batch_size": kwargs.get("validation_batch_size") or kwargs.get("batch_size"),
-                                   "steps": kwargs.get("validation_steps")}
         return prepared
     steps = kwargs.get("steps_per_epoch")
     steps = None if steps is None else max(1, -(-int(steps) // workers))
@@ -163,6 +170,21 @@ def prepare(model: Any, kwargs: dict[str, Any], rank: int, workers: int) -> Prep
         get_data_adapter(**{k: v for k, v in share.items() if k != "steps_per_epoch"}, steps_per_epoch=steps)
     prepared.share = share
     return prepared
+
+
+def validation_shares(validation: dict[str, Any], workers: int) -> bool:
+    """Whether the workers can score the validation data in shares: arrays of at least one row a worker,
+    with no ``validation_steps`` (a pipeline, or a step count, is scored whole on rank 0)."""
+    data = (validation["x"], validation["y"], validation["sample_weight"])
+    return (validation["steps"] is None and shares.input_kind(data[0]) == "arrays"
+            and shares.row_count(data) >= workers)
+
+
+def validation_share(validation: dict[str, Any], workers: int, index: int) -> dict[str, Any]:
+    """Worker ``index``'s (0-based) rows of the validation arrays, as ``model.evaluate`` takes them."""
+    data = (validation["x"], validation["y"], validation["sample_weight"])
+    x, y, weights = shares.array_share(data, workers, index, shuffle=False)
+    return {**validation, "x": x, "y": y, "sample_weight": weights}
 
 
 def build(model: Any, kwargs: dict[str, Any], prepared: Prepared) -> None:
@@ -245,13 +267,14 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
                                              steps=worker_steps(kwargs, prepared, workers), model=model)
     rounds = SchedulerRounds(transport, model, state, outer, callbacks, prepared.validation,
                              kwargs.get("validation_freq", 1), record, wait_bounds(cfg))
+    rounds.workers_score = prepared.workers_score
     try:
         record.begin(saved)
         log_placements(placements)
         record.log.info("state: %s; %s: %s", state.describe(), outer.settings.describe(), outer_why)
         record.log.info("fit: %s; %s", describe_input(prepared.train_data, workers,
                                                       worker_steps(kwargs, prepared, workers)),
-                        "validation data scored on rank 0" if prepared.validation else "no validation data")
+                        scoring_place(cfg, prepared))
         if saved is not None:
             state.write(saved["state"])
             state.write_integers(saved["integers"])
@@ -270,6 +293,18 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
         return history
     finally:
         record.release()
+
+
+def scoring_place(cfg: Config, prepared: Prepared) -> str:
+    """Where the validation data is scored, for the log."""
+    if prepared.validation is None:
+        return "no validation data"
+    if prepared.workers_score:
+        return "validation data scored by the workers, each on its share, their metric states summed on rank 0"
+    if cfg.evaluation.on_workers:
+        return ("validation data scored on rank 0: evaluation.where = \"workers\" shares validation arrays of a "
+                "row a worker or more, without validation_steps")
+    return "validation data scored on rank 0"
 
 
 def describe_input(data: tuple[Any, Any, Any], workers: int, steps: int | None) -> str:

@@ -32,11 +32,15 @@ if TYPE_CHECKING:
 @dataclass
 class Order:
     """What rank 0 tells the workers before an epoch (``stop``: the job is over; the state that
-    follows is the final one)."""
+    follows is the final one; ``score``: score the validation share with the state that follows
+    instead of training). ``state_follows`` is False when the workers hold the state already (it
+    was sent for scoring and nothing changed it since), so it does not travel twice."""
 
     epoch: int
     stop: bool
     integers: list[np.ndarray] = field(default_factory=list)
+    score: bool = False
+    state_follows: bool = True
 
 
 @dataclass
@@ -49,6 +53,14 @@ class Report:
     seconds: float
     integers: list[np.ndarray]
     sent: int = 0  # the bytes the worker sent for this epoch: its state into the sum, and this report
+
+
+def agree_on_metric_size(transport: Transport, size: int) -> None:
+    """Every rank's metric state has ``size`` values before they are summed, else the job ends naming them."""
+    sizes = transport.allgather(size)
+    if len(set(sizes)) != 1:
+        raise RuntimeError(f"The ranks' compiled metrics hold different states. Received: {sizes} values by rank; "
+                           f"expected the same on every rank (compile the model the same way on every rank)")
 
 
 class RoundClock:
@@ -87,15 +99,17 @@ class _BatchCounter:
 
 
 class WorkerRounds:
-    """A worker: takes the state, trains one epoch of its share with ``model.fit``, reports."""
+    """A worker: takes the state, trains one epoch of its share with ``model.fit``, reports; scores its share
+    of the validation data with ``model.evaluate`` when told to."""
 
     def __init__(self, transport: Transport, model: Any, state: ModelState, share: dict[str, Any], rows: int | None,
-                 weighted: bool, bounds: Any = None) -> None:
+                 weighted: bool, bounds: Any = None, validation: dict[str, Any] | None = None) -> None:
         from mpi_trainer.algorithms.wait_bounds import WaitBounds
 
         self.transport, self.model, self.state = transport, model, state
         self.clock = RoundClock(transport, bounds or WaitBounds())
         self.share = share  # model.fit's arguments for this worker's share
+        self.validation = validation  # model.evaluate's arguments for its share of the validation data
         self.rows = rows  # the rows of the share (arrays); None: counted from the batches
         self.weighted = weighted
         # the state, then this worker's weight, then its count of each clock (the model's steps, each
@@ -106,12 +120,17 @@ class WorkerRounds:
         size = self.state.size
         while True:
             order: Order = self.transport.bcast_object(None)
-            self.clock.tick()
-            self.transport.broadcast(self.buffer[:size])
-            self.state.write(self.buffer[:size])
+            if not order.score:
+                self.clock.tick()
+            if order.state_follows:
+                self.transport.broadcast(self.buffer[:size])
+                self.state.write(self.buffer[:size])
             self.state.write_integers(order.integers)
             if order.stop:
                 return
+            if order.score:
+                self.score()
+                continue
             began = self.state.optimizer_steps()
             report = self.train(order.epoch)
             steps = [report.batches] + [now - then for now, then in zip(self.state.optimizer_steps(), began)]
@@ -123,6 +142,17 @@ class WorkerRounds:
             report.sent = self.transport.take_bytes()
             report.sent += len(pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL)) * (self.transport.size - 1)
             self.transport.allgather(report)
+
+    def score(self) -> None:
+        """This worker's share of the validation data, scored by Keras; the metrics' state summed on rank 0."""
+        from mpi_trainer.models.metric_state import flat_metric_state, metric_state
+
+        if self.validation is None:
+            raise RuntimeError("told to score, but this worker holds no share of the validation data")
+        self.model.evaluate(**self.validation, verbose=0)
+        vector = flat_metric_state(metric_state(self.model))
+        agree_on_metric_size(self.transport, vector.size)
+        self.transport.reduce_sum(vector)
 
     def train(self, epoch: int) -> Report:
         counter = _BatchCounter()
@@ -147,6 +177,8 @@ class SchedulerRounds:
         self.record = record
         self.buffer = np.zeros(state.size + 1 + state.clocks, dtype=np.float32)  # as the workers' (WorkerRounds)
         self.before = state.empty()  # the global state an epoch started from
+        self.workers_hold = False  # whether the workers hold the state last broadcast (it is in the buffer)
+        self.workers_score = False  # whether the workers score the validation data (set by the fit)
         self.before_integers: list[np.ndarray] = []
         self.optimizers_checked = False  # whether the first trained epoch's optimizer steps were looked at
 
@@ -171,10 +203,18 @@ class SchedulerRounds:
         self.send(Order(-1, True, self.state.read_integers()))
 
     def send(self, order: Order) -> None:
-        self.clock.tick()
+        """The order, then the state unless the workers hold it already (:attr:`Order.state_follows`)."""
+        size = self.state.size
+        if not order.score:
+            self.clock.tick()
+        if self.workers_hold:  # the last broadcast is still in the buffer: compare, and skip it when equal
+            self.state.read(self.before)
+            order.state_follows = not np.array_equal(self.before, self.buffer[:size])
         self.transport.bcast_object(order)
-        self.state.read(self.buffer[:self.state.size])
-        self.transport.broadcast(self.buffer[:self.state.size])
+        if order.state_follows:
+            self.state.read(self.buffer[:size])
+            self.transport.broadcast(self.buffer[:size])
+        self.workers_hold = True
 
     def epoch(self, epoch: int) -> dict[str, float]:
         started = time.perf_counter()
@@ -184,6 +224,7 @@ class SchedulerRounds:
         self.before[:] = self.buffer[:self.state.size]
         self.buffer[:] = 0.0
         self.transport.reduce_sum(self.buffer)
+        self.workers_hold = False  # their buffers now hold their own parts of the sum
         reports: list[Report] = self.transport.allgather(None)[1:]
         collected = time.perf_counter()
         self.combine(epoch, reports)
@@ -255,5 +296,21 @@ class SchedulerRounds:
     def validate(self, epoch: int) -> dict[str, float]:
         if self.validation is None or not self.model._should_eval(epoch, self.validation_freq):
             return {}
-        scores = self.model.evaluate(**self.validation, verbose=0, return_dict=True)
+        if self.workers_score:
+            scores = self.score_on_workers(epoch)
+        else:
+            scores = self.model.evaluate(**self.validation, verbose=0, return_dict=True)
         return {f"val_{name}": float(value) for name, value in scores.items()}
+
+    def score_on_workers(self, epoch: int) -> dict[str, float]:
+        """The combined state scored by the workers, each on its share; their metric states summed here and
+        read as Keras reads them (exact for metrics whose state is a sum: means, counts, confusion counts)."""
+        from mpi_trainer.models.metric_state import metric_state, metrics_from_flat
+
+        if not all(getattr(metric, "built", True) for metric in self.model.metrics):  # built by a first batch
+            self.model.evaluate(**{**(self.validation or {}), "steps": 1}, verbose=0)
+        self.send(Order(epoch, False, self.state.read_integers(), score=True))
+        summed = np.zeros(sum(part.size for part in metric_state(self.model)), dtype=np.float64)
+        agree_on_metric_size(self.transport, summed.size)
+        self.transport.reduce_sum(summed)
+        return metrics_from_flat(self.model, summed)

@@ -46,6 +46,8 @@ HONOURED: dict[str, str] = {
     "watchdog.setup_timeout": WAITS,
     "watchdog.worker_timeout": WAITS,
     "log.verbosity": "mpi_trainer's own log on the console (Keras' progress bar follows fit's `verbose`)",
+    "evaluation.where": "'workers': each worker scores its shard of the validation data with the combined state, "
+                        "and their metric states are summed on rank 0 (docs/keras.md)",
 }
 
 # What a Keras script does instead of each key a keras.Model does not apply.
@@ -59,12 +61,11 @@ STEPS = "bound an epoch with fit's `steps_per_epoch`, or stop with a callback th
 FILES = "rank 0 writes rounds.csv, summary.json and train.log in the run directory; pass " \
         "keras.callbacks.TensorBoard in `callbacks` for event files"
 LAUNCHER = "a fit of a keras.Model handles no signal itself: a signal ends the job, and the same fit on its run " \
-           "directory resumes from the last state.h5 (`launch` supervising a script keeps these keys' defaults)"
+           "directory resumes from the last state.h5"
 
 # The engines' features: their keys kept the meaning they had before this classification.
 ENGINE_ONLY = ("aggregation.ssp", "fault.survive", "early_stopping.patience", "train.sync_every",
-               "data.increment.enabled", "data.rebalance", "data.augmentation.enabled", "data.placement",
-               "evaluation.where")
+               "data.increment.enabled", "data.rebalance", "data.augmentation.enabled", "data.placement")
 
 NOT_APPLIED: dict[str, str] = {
     **dict.fromkeys(ENGINE_ONLY, ENGINE),
@@ -93,7 +94,7 @@ NOT_APPLIED: dict[str, str] = {
 # Values of keys in NOT_APPLIED that say what this path does anyway: accepted even when set.
 AS_DONE: dict[str, Any] = {
     "aggregation.ssp": 0, "aggregation.staleness_damping": False, "aggregation.wire_dtype": "float32",
-    "fault.survive": False, "early_stopping.patience": 0, "evaluation.where": "scheduler",
+    "fault.survive": False, "early_stopping.patience": 0,
     "train.sync_every": 0, "train.sync_warmup_epochs": 0, "train.max_steps": 0, "train.overlap_eval": False,
     "train.divergence": "off", "data.increment.enabled": False, "data.augmentation.enabled": False,
     "data.rebalance": False, "data.placement": "shared", "data.test_size": 0.0, "data.validation_size": 0.0,

@@ -48,7 +48,7 @@ def input_bn_model() -> keras.Model:
 
 
 def run_job(outer: str, epochs: int = 3, shuffle: bool = True, rows: tuple[np.ndarray, np.ndarray] | None = None,
-            make_model=bn_model) -> dict[int, dict]:
+            make_model=bn_model, workers_score: bool = False) -> dict[int, dict]:
     """A fit on 2 workers; ``shuffle`` both shuffles each epoch's batches and deals the rows out at random."""
     x, y = rows or data()
     world = LocalWorld(3)
@@ -64,6 +64,7 @@ def run_job(outer: str, epochs: int = 3, shuffle: bool = True, rows: tuple[np.nd
         record = FitRecord(None, {}, {})
         rounds = SchedulerRounds(transports[0], model, state, optimizer, callbacks,
                                  {"x": x[:60], "y": y[:60]}, 1, record)
+        rounds.workers_score = workers_score
         rounds.run(0, epochs)
         return {"history": callbacks.callbacks[-1].history, "weights": model.get_weights(),
                 "flat": state.read(state.empty()), "rows": record.rows, "traffic": record.traffic,
@@ -75,7 +76,9 @@ def run_job(outer: str, epochs: int = 3, shuffle: bool = True, rows: tuple[np.nd
         model = models[rank]
         share_x, share_y, _ = array_share((x, y, None), 2, rank - 1, shuffle)
         share = {"x": share_x, "y": share_y, "batch_size": 30, "shuffle": shuffle}
-        WorkerRounds(transports[rank], model, ModelState(model), share, len(share_x), False).run()
+        validation = {"x": x[:60][30 * (rank - 1):30 * rank], "y": y[:60][30 * (rank - 1):30 * rank]}
+        WorkerRounds(transports[rank], model, ModelState(model), share, len(share_x), False,
+                     validation=validation if workers_score else None).run()
         return {"weights": model.get_weights(), "iterations": int(model.optimizer.iterations),
                 "moments": [np.asarray(v) for v in model.optimizer.variables],
                 "rate": float(model.optimizer.learning_rate)}
@@ -173,3 +176,20 @@ def test_batchnorm_statistics_match_one_process_that_trained_on_every_workers_ba
     for name in ("moving_mean", "moving_variance"):
         mine, theirs = (np.asarray(getattr(layer, name)) for layer in (bn, reference))
         np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_workers_scoring_their_shares_give_the_schedulers_scores_and_the_state_travels_once():
+    alone = run_job("nesterov", shuffle=False)
+    shared = run_job("nesterov", shuffle=False, workers_score=True)
+    for name in ("val_loss", "val_accuracy"):
+        np.testing.assert_allclose(shared[0]["history"][name], alone[0]["history"][name], rtol=1e-5)
+    for rank in (0, 1, 2):
+        for mine, theirs in zip(shared[rank]["weights"], alone[rank]["weights"]):
+            np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+    broadcast = 2 * shared[0]["state_bytes"]  # the state to 2 workers
+    extra = [mine["bytes"] - theirs["bytes"] for mine, theirs in zip(shared[0]["rows"], alone[0]["rows"])]
+    # epoch 0: the scoring sends the combined state; epoch 1: sent again (SetRate changed the learning rate
+    # since); epoch 2: the workers hold it already, and so at the end: only the metric states travel
+    assert broadcast < extra[0] < broadcast + 1024 and broadcast < extra[1] < broadcast + 1024
+    assert 0 < extra[2] < 1024
+    assert shared[0]["traffic"] - sum(row["bytes"] for row in shared[0]["rows"]) < 1024
