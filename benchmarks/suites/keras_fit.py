@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from benchmarks.harness import Comparison, Figures
 from benchmarks.jobs import program, seeded
 
@@ -13,25 +15,32 @@ def class_weight(weights: str, plain: bool, epochs: int, seed: int) -> Figures:
     return program("class_weight", [*args, "--plain"] if plain else args, ranks=0 if plain else 3)
 
 
-def batchnorm_cnn(outer: str | None, epochs: int, seed: int) -> Figures:
-    args = ["--seed", str(seed), "--epochs", str(epochs)]
+def plain_or_fit(module: str, outer: str | None, args: list[str]) -> Figures:
+    """``benchmarks.<module>``: plain Keras in one process (``outer`` None), else mpi_trainer.fit on 2 workers
+    with ``aggregation.outer_optimizer = outer``."""
     if outer is None:
-        return program("batchnorm_cnn", [*args, "--plain"])
-    return program("batchnorm_cnn", [*args, "--outer", outer], ranks=3)
+        return program(module, [*args, "--plain"])
+    return program(module, [*args, "--outer", outer], ranks=3)
+
+
+def batchnorm_cnn(outer: str | None, epochs: int, seed: int) -> Figures:
+    return plain_or_fit("batchnorm_cnn", outer, ["--seed", str(seed), "--epochs", str(epochs)])
 
 
 def mnist_batchnorm_cnn(outer: str | None, seed: int) -> Figures:
-    args = ["--mnist", "--seed", str(seed), "--epochs", "8"]
-    if outer is None:
-        return program("batchnorm_cnn", [*args, "--plain"])
-    return program("batchnorm_cnn", [*args, "--outer", outer], ranks=3)
+    return plain_or_fit("batchnorm_cnn", outer, ["--mnist", "--seed", str(seed), "--epochs", "8"])
 
 
 def gan_distance(outer: str | None, epochs: int, seed: int) -> Figures:
-    args = ["--seed", str(seed), "--epochs", str(epochs)]
-    if outer is None:
-        return program("gan_distance", [*args, "--plain"])
-    return program("gan_distance", [*args, "--outer", outer], ranks=3)
+    return plain_or_fit("gan_distance", outer, ["--seed", str(seed), "--epochs", str(epochs)])
+
+
+def outer_variants(measure: Callable[[str | None, int], Figures]) -> dict[str, Callable[[], Figures]]:
+    """mpi_trainer.fit with the default outer step and with none, and plain Keras; repeat n with seed n."""
+    return {name: seeded(lambda seed, outer=outer: measure(outer, seed))
+            for name, outer in (("mpi_trainer.fit (2 workers), default outer optimizer", "auto"),
+                                ("mpi_trainer.fit (2 workers), outer optimizer none", "none"),
+                                ("plain model.fit", None))}
 
 
 def comparisons(quick: bool) -> list[Comparison]:
@@ -56,10 +65,7 @@ def batchnorm_comparison(epochs: int, quick: bool) -> Comparison:
     return Comparison(
         title=f"A BatchNormalization CNN on uint8 images: held-out accuracy after {epochs} epochs",
         command=f"python -m benchmarks run keras_fit{' --quick' if quick else ''}",
-        variants={name: seeded(lambda seed, outer=outer: batchnorm_cnn(outer, epochs, seed))
-                  for name, outer in (("mpi_trainer.fit (2 workers), default outer optimizer", "auto"),
-                                      ("mpi_trainer.fit (2 workers), outer optimizer none", "none"),
-                                      ("plain model.fit", None))},
+        variants=outer_variants(lambda outer, seed: batchnorm_cnn(outer, epochs, seed)),
         columns={"accuracy": "accuracy", "seconds": "seconds"},
         notes="scikit-learn's digits as uint8 8x8 images, 1,400 training and 397 held out; the model rescales "
               "inside (Rescaling(1/255)), two Conv-BatchNorm-ReLU blocks, dropout; Adam 0.002; mpi_trainer at "
@@ -72,10 +78,7 @@ def mnist_batchnorm_comparison(quick: bool) -> Comparison:
         title="A BatchNormalization CNN with augmentation on 4,000 real MNIST digits: held-out accuracy after 8 "
               "epochs",
         command=f"python -m benchmarks run keras_fit{' --quick' if quick else ''}",
-        variants={name: seeded(lambda seed, outer=outer: mnist_batchnorm_cnn(outer, seed))
-                  for name, outer in (("mpi_trainer.fit (2 workers), default outer optimizer", "auto"),
-                                      ("mpi_trainer.fit (2 workers), outer optimizer none", "none"),
-                                      ("plain model.fit", None))},
+        variants=outer_variants(mnist_batchnorm_cnn),
         columns={"accuracy": "accuracy", "seconds": "seconds"},
         notes="4,000 real MNIST digits for training, 1,000 held out (the bench extra's copy); Rescaling, "
               "RandomTranslation and RandomZoom inside the model, two Conv-BatchNorm(momentum 0.99)-ReLU-MaxPool "
