@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mpi_trainer.errors import ConfigError, InputError
+from mpi_trainer.errors import EXIT_PREEMPTED, ConfigError, InputError, Preempted
 from mpi_trainer.keras_fit import shares
 from mpi_trainer.keras_fit.outer_choice import choose_outer
 from mpi_trainer.keras_fit.record import FitRecord, fingerprint
@@ -28,6 +28,7 @@ from mpi_trainer.keras_fit.saving import save_whole_files
 from mpi_trainer.keras_fit.settings import given_keys, refusals
 from mpi_trainer.keras_fit.state import ModelState, build_optimizers
 from mpi_trainer.launch.agreement import agree, agreed, load_config_everywhere
+from mpi_trainer.persistence.preemption import Preemption
 
 if TYPE_CHECKING:
     from mpi_trainer.comm.transport import Transport
@@ -87,13 +88,21 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
         except (InputError, OSError) as exc:
             error = str(exc)
     agree(transport, error)
-    if transport.rank == 0:
-        history = schedule(transport, model, state, kwargs, cfg, prepared, agreed(record), saved, placements)
-    else:
-        weighted = cfg.aggregation.weighs_by_samples
-        WorkerRounds(transport, model, state, prepared.share, prepared.rows, weighted, wait_bounds(cfg),
-                     prepared.validation).run()
-        history = None
+    preemption = Preemption()  # a signal noted here; the epoch it ends checkpoints, every rank exits 75
+    preemption.install(cfg.checkpoint.preempt_signals, cfg.checkpoint.grace_seconds,
+                       lambda: transport.abort(EXIT_PREEMPTED))
+    try:
+        if transport.rank == 0:
+            history = schedule(transport, model, state, kwargs, cfg, prepared, agreed(record), saved, placements,
+                               preemption)
+        else:
+            worker = WorkerRounds(transport, model, state, prepared.share, prepared.rows,
+                                  cfg.aggregation.weighs_by_samples, wait_bounds(cfg), prepared.validation)
+            worker.preemption = preemption
+            worker.run()
+            history = None
+    finally:
+        preemption.uninstall()
     return finish(transport, model, history)
 
 
@@ -249,7 +258,8 @@ def outer_for(cfg: Config, model: Any, workers: int) -> tuple[str, str]:
 
 
 def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[str, Any], cfg: Config,
-             prepared: Prepared, record: FitRecord, saved: dict[str, Any] | None, placements: list[Any]) -> Any:
+             prepared: Prepared, record: FitRecord, saved: dict[str, Any] | None, placements: list[Any],
+             preemption: Preemption | None = None) -> Any:
     """Rank 0's whole fit: the epochs and the callbacks, recorded; returns the History."""
     import keras
 
@@ -268,6 +278,7 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
     rounds = SchedulerRounds(transport, model, state, outer, callbacks, prepared.validation,
                              kwargs.get("validation_freq", 1), record, wait_bounds(cfg))
     rounds.workers_score = prepared.workers_score
+    rounds.preemption = preemption or rounds.preemption
     try:
         record.begin(saved)
         log_placements(placements)
@@ -278,12 +289,16 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
         if saved is not None:
             state.write(saved["state"])
             state.write_integers(saved["integers"])
+            outer.load_state(saved["outer"], state.trainable_size)  # the outer step's momentum goes on too
         start = saved["next_epoch"] if saved else kwargs.get("initial_epoch", 0)
         complete = bool(saved and saved["complete"])
         if complete:  # its callbacks ran when it trained; the workers take its final state, its files stay
             rounds.send_stop()
         else:
             rounds.run(start, epochs)
+        if rounds.preempted:  # checkpointed after its last epoch, and the workers are leaving
+            record.finish(workers)
+            raise Preempted()
         history = _history(callbacks, record, trained=not complete)
         if not complete:
             record.save_state(state.read(state.empty()), state.read_integers(), len(history.epoch), history, True)

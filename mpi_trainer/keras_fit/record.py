@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from mpi_trainer.algorithms.outer_optimizer import STATE_PREFIX as OUTER_PREFIX
 from mpi_trainer.errors import ConfigError
 from mpi_trainer.logs import add_log_file, get_logger
 
@@ -138,7 +139,8 @@ class FitRecord:
         arrays, meta = load_checkpoint(path / STATE_NAME)
         return {"state": arrays["state"], "integers": [arrays[f"integer_{i}"] for i in range(meta["integers"])],
                 "next_epoch": meta["next_epoch"], "complete": meta["complete"], "history": meta["history"],
-                "epochs": meta["epochs"], "rows": meta["rows"], "stop_reason": meta["stop_reason"]}
+                "epochs": meta["epochs"], "rows": meta["rows"], "stop_reason": meta["stop_reason"],
+                "outer": {name: array for name, array in arrays.items() if name.startswith(OUTER_PREFIX)}}
 
     def begin(self, saved: dict[str, Any] | None) -> None:
         if self.path is None:
@@ -149,7 +151,9 @@ class FitRecord:
         write_json_atomic(self.path / FINGERPRINT_NAME, self.print_)
         if saved is not None:
             self.rows, self.history, self.epochs = saved["rows"], saved["history"], saved["epochs"]
-            self.stop_reason, self.complete = saved["stop_reason"], saved["complete"]
+            self.complete = saved["complete"]
+            if self.complete:  # an unfinished run goes on, whatever stopped it (a preemption) before
+                self.stop_reason = saved["stop_reason"]
             self.traffic = sum(int(float(row.get("bytes") or 0)) for row in self.rows)  # each row: its epoch's
             self.log.info("%s holds this fit's run: %s from epoch %d", self.path,
                           "complete, nothing to train" if saved["complete"] else "resuming", saved["next_epoch"])
@@ -200,16 +204,19 @@ class FitRecord:
         lines = [",".join(columns)] + [",".join(_cell(row.get(c, "")) for c in columns) for row in self.rows]
         write_atomic(path / ROUNDS_NAME, "\n".join(lines) + "\n")
 
-    def checkpoint(self, next_epoch: int, state: Any, callbacks: Any) -> None:
-        """Save the state after an epoch when ``checkpoint.every`` or ``every_seconds`` says so."""
+    def checkpoint(self, next_epoch: int, state: Any, callbacks: Any, force: bool = False,
+                   outer: dict[str, np.ndarray] | None = None) -> None:
+        """Save the state after an epoch when ``checkpoint.every`` or ``every_seconds`` says so (or ``force``:
+        a preemption); ``outer``: the outer optimizer's state arrays, saved beside it."""
         import keras
 
-        due = (self.every and next_epoch % self.every == 0) or (
+        due = force or (self.every and next_epoch % self.every == 0) or (
             self.every_seconds and time.time() - self.saved_at >= self.every_seconds)
         if self.path is None or not due:
             return
         history = next(c for c in callbacks.callbacks if isinstance(c, keras.callbacks.History))
-        self.save_state(state.read(state.empty()), state.read_integers(), next_epoch, self.merged(history), False)
+        self.save_state(state.read(state.empty()), state.read_integers(), next_epoch, self.merged(history), False,
+                        outer)
         self.saved_at = time.time()
 
     def merged(self, history: Any) -> Any:
@@ -224,13 +231,14 @@ class FitRecord:
         return whole
 
     def save_state(self, state: np.ndarray, integers: list[np.ndarray], next_epoch: int, history: Any,
-                   complete: bool) -> None:
-        """The whole training state after an epoch (and the History so far), checksummed."""
+                   complete: bool, outer: dict[str, np.ndarray] | None = None) -> None:
+        """The whole training state after an epoch (and the History so far, and the outer optimizer's
+        ``outer_*`` arrays), checksummed."""
         if self.path is None:
             return
         from mpi_trainer.persistence.checkpoint import save_checkpoint
 
-        arrays = {"state": state, **{f"integer_{i}": np.asarray(v) for i, v in enumerate(integers)}}
+        arrays = {"state": state, **{f"integer_{i}": np.asarray(v) for i, v in enumerate(integers)}, **(outer or {})}
         meta = {"next_epoch": next_epoch, "complete": complete, "integers": len(integers),
                 "history": {k: [float(x) for x in v] for k, v in history.history.items()},
                 "epochs": list(history.epoch), "rows": self.rows, "stop_reason": self.stop_reason}

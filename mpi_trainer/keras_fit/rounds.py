@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mpi_trainer.errors import Preempted
 from mpi_trainer.keras_fit.state import ModelState
+from mpi_trainer.persistence.preemption import Preemption
 
 if TYPE_CHECKING:
     from mpi_trainer.comm.transport import Transport
@@ -41,6 +43,7 @@ class Order:
     integers: list[np.ndarray] = field(default_factory=list)
     score: bool = False
     state_follows: bool = True
+    preempted: bool = False  # with ``stop``: the job checkpointed for a preemption signal; every rank exits 75
 
 
 @dataclass
@@ -53,6 +56,7 @@ class Report:
     seconds: float
     integers: list[np.ndarray]
     sent: int = 0  # the bytes the worker sent for this epoch: its state into the sum, and this report
+    preempt: bool = False  # a preemption signal reached this worker
 
 
 def agree_on_metric_size(transport: Transport, size: int) -> None:
@@ -110,6 +114,7 @@ class WorkerRounds:
         self.clock = RoundClock(transport, bounds or WaitBounds())
         self.share = share  # model.fit's arguments for this worker's share
         self.validation = validation  # model.evaluate's arguments for its share of the validation data
+        self.preemption = Preemption()  # the job's, when the fit installed its signal handlers
         self.rows = rows  # the rows of the share (arrays); None: counted from the batches
         self.weighted = weighted
         # the state, then this worker's weight, then its count of each clock (the model's steps, each
@@ -126,6 +131,8 @@ class WorkerRounds:
                 self.transport.broadcast(self.buffer[:size])
                 self.state.write(self.buffer[:size])
             self.state.write_integers(order.integers)
+            if order.stop and order.preempted:
+                raise Preempted()
             if order.stop:
                 return
             if order.score:
@@ -139,6 +146,7 @@ class WorkerRounds:
             self.buffer[size] = weight
             self.buffer[size + 1:] = steps
             self.transport.reduce_sum(self.buffer)
+            report.preempt = self.preemption.requested
             report.sent = self.transport.take_bytes()
             report.sent += len(pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL)) * (self.transport.size - 1)
             self.transport.allgather(report)
@@ -179,6 +187,9 @@ class SchedulerRounds:
         self.before = state.empty()  # the global state an epoch started from
         self.workers_hold = False  # whether the workers hold the state last broadcast (it is in the buffer)
         self.workers_score = False  # whether the workers score the validation data (set by the fit)
+        self.preemption = Preemption()  # the job's, when the fit installed its signal handlers
+        self.preempted = False  # the run stopped for a preemption signal, checkpointed
+        self.reports: list[Report] = []  # the last epoch's
         self.before_integers: list[np.ndarray] = []
         self.optimizers_checked = False  # whether the first trained epoch's optimizer steps were looked at
 
@@ -189,6 +200,9 @@ class SchedulerRounds:
         self.callbacks.on_train_begin()
         for epoch in range(initial_epoch, epochs):
             logs = self.epoch(epoch)
+            if self.preemption.requested or any(report.preempt for report in self.reports):
+                self.preempt(epoch)
+                return logs
             if self.model.stop_training:
                 self.record.stopped("callback")  # a callback set model.stop_training
                 break
@@ -197,6 +211,16 @@ class SchedulerRounds:
         self.send_stop()
         self.record.count_bytes(self.transport.take_bytes())
         return logs
+
+    def preempt(self, epoch: int) -> None:
+        """A preemption signal reached a rank: checkpoint after this epoch, and every rank leaves with
+        :class:`~mpi_trainer.errors.Preempted` (the same fit on the run directory resumes from here).
+        Training has not ended, so the callbacks' ``on_train_end`` does not run."""
+        self.record.stopped("preempted")
+        self.record.checkpoint(epoch + 1, self.state, self.callbacks, force=True, outer=self.outer.state_arrays())
+        self.preempted = True
+        self.send(Order(-1, True, self.state.read_integers(), preempted=True))
+        self.record.count_bytes(self.transport.take_bytes())
 
     def send_stop(self) -> None:
         """The job is over: the workers take the final state and leave."""
@@ -226,6 +250,7 @@ class SchedulerRounds:
         self.transport.reduce_sum(self.buffer)
         self.workers_hold = False  # their buffers now hold their own parts of the sum
         reports: list[Report] = self.transport.allgather(None)[1:]
+        self.reports = reports
         collected = time.perf_counter()
         self.combine(epoch, reports)
         combined = time.perf_counter()
@@ -239,7 +264,7 @@ class SchedulerRounds:
                                                  "comm_seconds": collected - started,
                                                  "aggregate_seconds": combined - collected,
                                                  "eval_seconds": scored - combined})
-        self.record.checkpoint(epoch + 1, self.state, self.callbacks)
+        self.record.checkpoint(epoch + 1, self.state, self.callbacks, outer=self.outer.state_arrays())
         return logs
 
     def recorded_logs(self, logs: dict[str, float]) -> dict[str, float]:

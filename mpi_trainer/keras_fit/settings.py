@@ -25,6 +25,7 @@ PLACEMENT = "each rank's device, threads and cores, placed before training (mpi_
 WAITS = "how long a rank waits for its peers before it names them and ends the job"
 OUTER = "the outer step from each epoch's combined state (docs/outer-optimizer.md)"
 CHECKPOINT = "how often rank 0 saves state.h5 in the run directory (a run_dir, or launch's)"
+PREEMPTION = "a signal named here ends the job after the current epoch with a checkpoint, exit 75 on every rank"
 
 HONOURED: dict[str, str] = {
     "train.epochs": "fit's `epochs` when the call leaves it out (the argument wins)",
@@ -46,6 +47,10 @@ HONOURED: dict[str, str] = {
     "watchdog.setup_timeout": WAITS,
     "watchdog.worker_timeout": WAITS,
     "log.verbosity": "mpi_trainer's own log on the console (Keras' progress bar follows fit's `verbose`)",
+    "watchdog.stall_seconds": "the stall bound of `launch`, which watches the run's rounds.csv when it supervises "
+                              "the script",
+    "checkpoint.preempt_signals": PREEMPTION,
+    "checkpoint.grace_seconds": PREEMPTION,
     "evaluation.where": "'workers': each worker scores its shard of the validation data with the combined state, "
                         "and their metric states are summed on rank 0 (docs/keras.md)",
 }
@@ -60,9 +65,6 @@ NOT_FINITE = "pass keras.callbacks.TerminateOnNaN in `callbacks` (a combined sta
 STEPS = "bound an epoch with fit's `steps_per_epoch`, or stop with a callback that sets `model.stop_training`"
 FILES = "rank 0 writes rounds.csv, summary.json and train.log in the run directory; pass " \
         "keras.callbacks.TensorBoard in `callbacks` for event files"
-LAUNCHER = "a fit of a keras.Model handles no signal itself: a signal ends the job, and the same fit on its run " \
-           "directory resumes from the last state.h5"
-
 # The engines' features: their keys kept the meaning they had before this classification.
 ENGINE_ONLY = ("aggregation.ssp", "fault.survive", "early_stopping.patience", "train.sync_every",
                "data.increment.enabled", "data.rebalance", "data.augmentation.enabled", "data.placement")
@@ -88,7 +90,7 @@ NOT_APPLIED: dict[str, str] = {
     "train.shuffle": "pass `shuffle=False` to fit",
     "train.seed": "seed the script itself (keras.utils.set_random_seed) before it builds the model",
     **dict.fromkeys(("log.plots", "log.tensorboard", "log.timeline"), FILES),
-    **dict.fromkeys(("checkpoint.grace_seconds", "checkpoint.preempt_signals", "watchdog.stall_seconds"), LAUNCHER),
+
 }
 
 # Values of keys in NOT_APPLIED that say what this path does anyway: accepted even when set.
@@ -98,7 +100,7 @@ AS_DONE: dict[str, Any] = {
     "train.sync_every": 0, "train.sync_warmup_epochs": 0, "train.max_steps": 0, "train.overlap_eval": False,
     "train.divergence": "off", "data.increment.enabled": False, "data.augmentation.enabled": False,
     "data.rebalance": False, "data.placement": "shared", "data.test_size": 0.0, "data.validation_size": 0.0,
-    "log.plots": False, "log.tensorboard": False, "log.timeline": False, "checkpoint.preempt_signals": [],
+    "log.plots": False, "log.tensorboard": False, "log.timeline": False,
 }
 
 
