@@ -4,7 +4,9 @@ Every rank of ``mpirun -n N python train.py`` calls :func:`fit` with the same
 arguments (workers may pass ``None`` for the arrays). Rank 0 becomes the
 scheduler, the other ranks train, and every rank gets the same
 ``keras.callbacks.History`` (:mod:`mpi_trainer.launch.fit_history`). The command
-line's ``train`` is this same function with a TOML path.
+line's ``train`` calls this function with a TOML path and no model object: it takes the
+engines' path (a model by name or function), not the path of a ``keras.Model``
+(:mod:`mpi_trainer.keras_fit`).
 
 :func:`init`, called at the top of the script before Keras is imported or
 builds anything, places each rank (its GPU, its threads) while that can still
