@@ -69,6 +69,7 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
     try:
         check_config(cfg, run_dir, resume, given_keys(config, overrides))
         check_backend()
+        check_sync_every(cfg.train.sync_every, kwargs)
         prepared = prepare(model, kwargs, transport.rank, workers, cfg.evaluation.on_workers)
     except (InputError, ValueError, TypeError) as exc:  # Keras' refusals are ValueError / TypeError
         error = str(exc)
@@ -98,7 +99,7 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
         else:
             worker = WorkerRounds(transport, model, state, prepared.share, prepared.rows,
                                   cfg.aggregation.weighs_by_samples, wait_bounds(cfg), prepared.validation)
-            worker.preemption = preemption
+            worker.preemption, worker.sync_every = preemption, cfg.train.sync_every
             worker.run()
             history = None
     finally:
@@ -123,6 +124,25 @@ def check_config(cfg: Config, run_dir: Any, resume: bool, given: Collection[str]
     if resume and not has_run_dir:
         raise ConfigError("`resume=True` needs the run directory to continue. Received: run_dir=None; "
                           "expected the run_dir of an earlier fit")
+
+
+def check_sync_every(sync_every: int, kwargs: dict[str, Any]) -> None:
+    """``train.sync_every`` cuts each worker's rows into rounds: arrays only, epochs of all their rows."""
+    if sync_every and (shares.input_kind(kwargs.get("x")) != "arrays" or kwargs.get("steps_per_epoch") is not None):
+        raise ConfigError(f"`train.sync_every` combines the workers every few steps of arrays given as `x`; a "
+                          f"pipeline (or `steps_per_epoch`) trains whole epochs. Received: train.sync_every="
+                          f"{sync_every} with x of kind {shares.input_kind(kwargs.get('x'))!r} and steps_per_epoch="
+                          f"{kwargs.get('steps_per_epoch')!r}; expected arrays without steps_per_epoch, or "
+                          f"train.sync_every=0")
+
+
+def rounds_an_epoch(sync_every: int, kwargs: dict[str, Any], prepared: Prepared, workers: int) -> int:
+    """Rounds in an epoch: 1, or with ``train.sync_every = k`` enough rounds of k steps for the largest share."""
+    if not sync_every:
+        return 1
+    rows = -(-shares.row_count(prepared.train_data) // workers)  # the largest share (array_split's sizes)
+    steps = -(-rows // (kwargs.get("batch_size") or 32))
+    return max(1, -(-steps // sync_every))
 
 
 def check_backend() -> None:
@@ -278,6 +298,7 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
     rounds = SchedulerRounds(transport, model, state, outer, callbacks, prepared.validation,
                              kwargs.get("validation_freq", 1), record, wait_bounds(cfg))
     rounds.workers_score = prepared.workers_score
+    rounds.parts = rounds_an_epoch(cfg.train.sync_every, kwargs, prepared, workers)
     rounds.preemption = preemption or rounds.preemption
     try:
         record.begin(saved)

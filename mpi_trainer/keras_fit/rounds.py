@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mpi_trainer.errors import Preempted
+from mpi_trainer.keras_fit import shares
 from mpi_trainer.keras_fit.state import ModelState
 from mpi_trainer.persistence.preemption import Preemption
 
@@ -44,6 +45,8 @@ class Order:
     score: bool = False
     state_follows: bool = True
     preempted: bool = False  # with ``stop``: the job checkpointed for a preemption signal; every rank exits 75
+    part: int = 0  # with ``train.sync_every = k``: which round of the epoch, each k steps of every worker
+    parts: int = 1
 
 
 @dataclass
@@ -57,6 +60,22 @@ class Report:
     integers: list[np.ndarray]
     sent: int = 0  # the bytes the worker sent for this epoch: its state into the sum, and this report
     preempt: bool = False  # a preemption signal reached this worker
+
+
+def merged_reports(rounds: list[list[Report]]) -> list[Report]:
+    """Each worker's report of an epoch of several rounds: its Keras logs averaged by the rows of each round,
+    its batches, rows, seconds and bytes added up, its last integer state, a preemption in any round."""
+    if len(rounds) == 1:
+        return rounds[0]
+    merged = []
+    for worker in zip(*rounds):
+        rows = sum(report.rows for report in worker if report.batches) or 1
+        names = sorted({name for report in worker for name in report.logs})
+        logs = {name: sum(r.logs.get(name, 0.0) * r.rows for r in worker if r.batches) / rows for name in names}
+        merged.append(Report(logs, sum(r.batches for r in worker), sum(r.rows for r in worker),
+                             sum(r.seconds for r in worker), worker[-1].integers, sum(r.sent for r in worker),
+                             any(r.preempt for r in worker)))
+    return merged
 
 
 def agree_on_metric_size(transport: Transport, size: int) -> None:
@@ -115,6 +134,8 @@ class WorkerRounds:
         self.share = share  # model.fit's arguments for this worker's share
         self.validation = validation  # model.evaluate's arguments for its share of the validation data
         self.preemption = Preemption()  # the job's, when the fit installed its signal handlers
+        self.sync_every = 0  # train.sync_every: rounds of this many steps (arrays)
+        self.order, self.order_epoch = np.arange(0), -1  # the epoch's order of the share's rows
         self.rows = rows  # the rows of the share (arrays); None: counted from the batches
         self.weighted = weighted
         # the state, then this worker's weight, then its count of each clock (the model's steps, each
@@ -139,7 +160,7 @@ class WorkerRounds:
                 self.score()
                 continue
             began = self.state.optimizer_steps()
-            report = self.train(order.epoch)
+            report = self.train(order.epoch) if order.parts == 1 else self.train_part(order.epoch, order.part)
             steps = [report.batches] + [now - then for now, then in zip(self.state.optimizer_steps(), began)]
             weight = float(report.rows if self.weighted else 1) if report.batches else 0.0
             self.state.contribute(self.buffer[:size], weight, steps)
@@ -162,14 +183,32 @@ class WorkerRounds:
         agree_on_metric_size(self.transport, vector.size)
         self.transport.reduce_sum(vector)
 
-    def train(self, epoch: int) -> Report:
+    def train(self, epoch: int, share: dict[str, Any] | None = None, rows: int | None = None) -> Report:
+        """One ``model.fit`` epoch over ``share`` (default: the whole share of the input)."""
         counter = _BatchCounter()
         started = time.perf_counter()
-        history = self.model.fit(**self.share, epochs=epoch + 1, initial_epoch=epoch, verbose=0,
+        history = self.model.fit(**(share or self.share), epochs=epoch + 1, initial_epoch=epoch, verbose=0,
                                  callbacks=[counter.callback])
         logs = {name: float(values[-1]) for name, values in history.history.items() if values}
-        rows = self.rows or counter.batches * (self.share.get("batch_size") or 32)
+        rows = rows or self.rows or counter.batches * (self.share.get("batch_size") or 32)
         return Report(logs, counter.batches, int(rows), time.perf_counter() - started, self.state.read_integers())
+
+    def train_part(self, epoch: int, part: int) -> Report:
+        """Round ``part`` of the epoch under ``train.sync_every = k``: the next k batches of this worker's rows,
+        in the epoch's order (shuffled once an epoch when fit shuffles); an empty report past its last row."""
+        if self.order_epoch != epoch:
+            rows = int(self.rows or 0)
+            shuffled = self.share.get("shuffle", True)
+            self.order = (np.random.default_rng((shares.SHARE_SEED, epoch, self.transport.rank)).permutation(rows)
+                          if shuffled else np.arange(rows))
+            self.order_epoch = epoch
+        size = self.sync_every * (self.share.get("batch_size") or 32)
+        index = self.order[part * size:(part + 1) * size]
+        if not len(index):
+            return Report({}, 0, 0, 0.0, self.state.read_integers())
+        data = shares.take_rows((self.share["x"], self.share["y"], self.share.get("sample_weight")), index)
+        share = {**self.share, "x": data[0], "y": data[1], "sample_weight": data[2], "shuffle": False}
+        return self.train(epoch, share, len(index))
 
 
 class SchedulerRounds:
@@ -190,6 +229,7 @@ class SchedulerRounds:
         self.preemption = Preemption()  # the job's, when the fit installed its signal handlers
         self.preempted = False  # the run stopped for a preemption signal, checkpointed
         self.reports: list[Report] = []  # the last epoch's
+        self.parts = 1  # rounds an epoch (train.sync_every; set by the fit)
         self.before_integers: list[np.ndarray] = []
         self.optimizers_checked = False  # whether the first trained epoch's optimizer steps were looked at
 
@@ -243,16 +283,10 @@ class SchedulerRounds:
     def epoch(self, epoch: int) -> dict[str, float]:
         started = time.perf_counter()
         self.callbacks.on_epoch_begin(epoch)
-        self.before_integers = self.state.read_integers()
-        self.send(Order(epoch, False, self.before_integers))
-        self.before[:] = self.buffer[:self.state.size]
-        self.buffer[:] = 0.0
-        self.transport.reduce_sum(self.buffer)
-        self.workers_hold = False  # their buffers now hold their own parts of the sum
-        reports: list[Report] = self.transport.allgather(None)[1:]
+        times = {"comm_seconds": 0.0, "aggregate_seconds": 0.0}
+        rounds = [self.round(epoch, part, times) for part in range(self.parts)]  # one, or one a sync_every steps
+        reports = merged_reports(rounds)
         self.reports = reports
-        collected = time.perf_counter()
-        self.combine(epoch, reports)
         combined = time.perf_counter()
         logs = self.train_logs(reports)
         logs.update(self.validate(epoch))
@@ -261,9 +295,7 @@ class SchedulerRounds:
         logs = self.recorded_logs(logs)
         sent = self.transport.take_bytes() + sum(report.sent for report in reports)  # rank 0's, then the workers'
         self.record.epoch(epoch, logs, reports, {"bytes": sent, "wall_seconds": time.perf_counter() - started,
-                                                 "comm_seconds": collected - started,
-                                                 "aggregate_seconds": combined - collected,
-                                                 "eval_seconds": scored - combined})
+                                                 **times, "eval_seconds": scored - combined})
         self.record.checkpoint(epoch + 1, self.state, self.callbacks, outer=self.outer.state_arrays())
         return logs
 
@@ -277,13 +309,29 @@ class SchedulerRounds:
         return {**logs, **{key: float(values[-1]) for key, values in history.history.items()
                            if len(values) == len(history.epoch)}}
 
-    def combine(self, epoch: int, reports: list[Report]) -> None:
+    def round(self, epoch: int, part: int, times: dict[str, float]) -> list[Report]:
+        """Hand out the state, let the workers train, combine: one round; its seconds added to ``times``."""
+        started = time.perf_counter()
+        self.before_integers = self.state.read_integers()
+        self.send(Order(epoch, False, self.before_integers, part=part, parts=self.parts))
+        self.before[:] = self.buffer[:self.state.size]
+        self.buffer[:] = 0.0
+        self.transport.reduce_sum(self.buffer)
+        self.workers_hold = False  # their buffers now hold their own parts of the sum
+        reports: list[Report] = self.transport.allgather(None)[1:]
+        collected = time.perf_counter()
+        self.combine(epoch, reports, some_may_rest=self.parts > 1)
+        times["comm_seconds"] += collected - started
+        times["aggregate_seconds"] += time.perf_counter() - collected
+        return reports
+
+    def combine(self, epoch: int, reports: list[Report], some_may_rest: bool = False) -> None:
         """The workers' states combined by meaning (:class:`~.state.ModelState`); the outer optimizer steps the
         trainable part from the epoch's start."""
         size = self.state.size
         total, steps = float(self.buffer[size]), self.buffer[size + 1:]
         empty = [rank + 1 for rank, report in enumerate(reports) if not report.batches]
-        if empty or total <= 0:
+        if (empty and not some_may_rest) or total <= 0:  # a worker past its last rows rests in a round
             raise RuntimeError(f"worker rank(s) {empty} trained no batch in epoch {epoch}: their share of the "
                                f"input is empty (a dataset shorter than one batch per worker, or an exhausted "
                                f"generator); give every worker data, or fewer workers")

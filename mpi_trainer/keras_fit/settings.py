@@ -49,6 +49,8 @@ HONOURED: dict[str, str] = {
     "log.verbosity": "mpi_trainer's own log on the console (Keras' progress bar follows fit's `verbose`)",
     "watchdog.stall_seconds": "the stall bound of `launch`, which watches the run's rounds.csv when it supervises "
                               "the script",
+    "train.sync_every": "k > 0: the workers' states are combined every k steps of their rows (arrays), "
+                        "each epoch in ceil(steps / k) rounds; 0: once an epoch",
     "checkpoint.preempt_signals": PREEMPTION,
     "checkpoint.grace_seconds": PREEMPTION,
     "evaluation.where": "'workers': each worker scores its shard of the validation data with the combined state, "
@@ -66,7 +68,7 @@ STEPS = "bound an epoch with fit's `steps_per_epoch`, or stop with a callback th
 FILES = "rank 0 writes rounds.csv, summary.json and train.log in the run directory; pass " \
         "keras.callbacks.TensorBoard in `callbacks` for event files"
 # The engines' features: their keys kept the meaning they had before this classification.
-ENGINE_ONLY = ("aggregation.ssp", "fault.survive", "early_stopping.patience", "train.sync_every",
+ENGINE_ONLY = ("aggregation.ssp", "fault.survive", "early_stopping.patience",
                "data.increment.enabled", "data.rebalance", "data.augmentation.enabled", "data.placement")
 
 NOT_APPLIED: dict[str, str] = {
@@ -97,7 +99,7 @@ NOT_APPLIED: dict[str, str] = {
 AS_DONE: dict[str, Any] = {
     "aggregation.ssp": 0, "aggregation.staleness_damping": False, "aggregation.wire_dtype": "float32",
     "fault.survive": False, "early_stopping.patience": 0,
-    "train.sync_every": 0, "train.sync_warmup_epochs": 0, "train.max_steps": 0, "train.overlap_eval": False,
+    "train.sync_warmup_epochs": 0, "train.max_steps": 0, "train.overlap_eval": False,
     "train.divergence": "off", "data.increment.enabled": False, "data.augmentation.enabled": False,
     "data.rebalance": False, "data.placement": "shared", "data.test_size": 0.0, "data.validation_size": 0.0,
     "log.plots": False, "log.tensorboard": False, "log.timeline": False,

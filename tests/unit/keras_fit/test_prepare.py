@@ -112,3 +112,15 @@ def test_an_epoch_in_which_a_worker_trained_nothing_fails_naming_it():
     rounds.buffer[-1] = 1.0
     with pytest.raises(RuntimeError, match=r"worker rank\(s\) \[2\] trained no batch in epoch 4"):
         rounds.combine(4, [trained, empty])
+
+
+def test_sync_every_takes_arrays_and_names_what_it_cannot_cut_into_rounds():
+    from mpi_trainer.keras_fit.fit import check_sync_every
+
+    arrays = {"x": np.zeros((8, 2), "float32"), "y": np.zeros(8)}
+    check_sync_every(4, arrays)
+    check_sync_every(0, {"x": tf.data.Dataset.from_tensor_slices(np.zeros((8, 2)))})
+    with pytest.raises(ConfigError, match=r"train.sync_every=4 with x of kind 'tf.data.Dataset'"):
+        check_sync_every(4, {"x": tf.data.Dataset.from_tensor_slices(np.zeros((8, 2)))})
+    with pytest.raises(ConfigError, match=r"steps_per_epoch=2"):
+        check_sync_every(4, {**arrays, "steps_per_epoch": 2})

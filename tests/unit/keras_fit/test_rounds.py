@@ -193,3 +193,44 @@ def test_workers_scoring_their_shares_give_the_schedulers_scores_and_the_state_t
     assert broadcast < extra[0] < broadcast + 1024 and broadcast < extra[1] < broadcast + 1024
     assert 0 < extra[2] < 1024
     assert shared[0]["traffic"] - sum(row["bytes"] for row in shared[0]["rows"]) < 1024
+
+
+def test_averaging_every_step_is_synchronous_sgd_on_both_workers_batches_together():
+    """train.sync_every = 1, plain averaging, SGD: each round is one step of the two workers' batches as one
+    batch of twice the size, so the fit ends where one process ends on those batches."""
+    x, y = data()
+    world = LocalWorld(3)
+    transports = world.transports()
+
+    def dense() -> keras.Model:
+        keras.utils.set_random_seed(4)
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.Dense(3, activation="softmax")])
+        model.compile(keras.optimizers.SGD(0.5), "sparse_categorical_crossentropy")
+        return model
+
+    models = {rank: dense() for rank in range(3)}
+
+    def scheduler() -> list:
+        callbacks = keras.callbacks.CallbackList([], add_history=True, model=models[0], epochs=2, verbose=0)
+        rounds = SchedulerRounds(transports[0], models[0], ModelState(models[0]), OuterOptimizer(OuterSettings()),
+                                 callbacks, None, 1, FitRecord(None, {}, {}))
+        rounds.parts = 4  # 120 rows a worker in batches of 30
+        rounds.run(0, 2)
+        return models[0].get_weights()
+
+    def worker(rank: int) -> None:
+        share_x, share_y, _ = array_share((x, y, None), 2, rank - 1, False)
+        share = {"x": share_x, "y": share_y, "batch_size": 30, "shuffle": False}
+        rounds = WorkerRounds(transports[rank], models[rank], ModelState(models[rank]), share, len(share_x), False)
+        rounds.sync_every = 1
+        rounds.run()
+
+    combined = world.run({0: scheduler, 1: lambda: worker(1), 2: lambda: worker(2)}, timeout=180)[0]
+    one = dense()
+    batches = [np.concatenate([part[30 * step:30 * (step + 1)], part[120 + 30 * step:120 + 30 * (step + 1)]])
+               for part in (x, y) for step in range(4)]
+    one.fit(np.concatenate(batches[:4]), np.concatenate(batches[4:]), batch_size=60, epochs=2, shuffle=False,
+            verbose=0)
+    for mine, theirs in zip(combined, one.get_weights(), strict=True):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-6)
