@@ -69,8 +69,9 @@ def batchnorm_comparison(epochs: int, quick: bool) -> Comparison:
         columns={"accuracy": "accuracy", "seconds": "seconds"},
         notes="scikit-learn's digits as uint8 8x8 images, 1,400 training and 397 held out; the model rescales "
               "inside (Rescaling(1/255)), two Conv-BatchNorm-ReLU blocks, dropout; Adam 0.002; mpi_trainer at "
-              "batch 32 per worker, plain Keras at batch 64. BatchNorm's moving statistics are averaged, never "
-              "stepped by the outer optimizer. Repeat n runs with seed n (initial weights).")
+              "batch 32 per worker, plain Keras at batch 64. BatchNorm's moving statistics are combined as one "
+              "process holds them after both workers' batches, never stepped by the outer optimizer. Repeat n "
+              "runs with seed n (initial weights).")
 
 
 def mnist_batchnorm_comparison(quick: bool) -> Comparison:
