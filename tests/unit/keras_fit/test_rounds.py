@@ -234,3 +234,40 @@ def test_averaging_every_step_is_synchronous_sgd_on_both_workers_batches_togethe
             verbose=0)
     for mine, theirs in zip(combined, one.get_weights(), strict=True):
         np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-6)
+
+
+def test_ranks_whose_metric_states_differ_are_named_before_the_sum():
+    from mpi_trainer.keras_fit.rounds import agree_on_metric_size
+
+    world = LocalWorld(3)
+    transports = world.transports()
+
+    def rank(index: int) -> str:
+        try:
+            agree_on_metric_size(transports[index], 4 if index < 2 else 6)
+        except RuntimeError as exc:
+            return str(exc)
+        return ""
+
+    said = world.run({index: lambda index=index: rank(index) for index in range(3)}, timeout=30)
+    assert all("Received: [4, 4, 6] values by rank" in said[index] for index in range(3)), said
+
+
+class Warnings:
+    def __init__(self):
+        self.said = []
+
+    def warn(self, message):
+        self.said.append(message)
+
+
+def test_the_log_says_so_when_the_workers_train_but_no_optimizer_found_steps():
+    model = bn_model()
+    record = Warnings()
+    rounds = SchedulerRounds(None, model, ModelState(model), None, None, None, 1, record)
+    rounds.check_optimizers_stepped(0, np.array([4.0, 0.0]))  # 4 batches; model.optimizer took no step
+    rounds.check_optimizers_stepped(1, np.array([4.0, 0.0]))  # said once
+    assert len(record.said) == 1 and "none of the model's optimizers found (Adam" in record.said[0]
+    stepped = SchedulerRounds(None, model, ModelState(model), None, None, None, 1, Warnings())
+    stepped.check_optimizers_stepped(0, np.array([4.0, 8.0]))
+    assert not stepped.record.said
