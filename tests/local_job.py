@@ -133,14 +133,14 @@ def build_local_job(run_dir: Path, workers: int = 2, builder: Any = None, resume
     streamed_rows = streamed_train(dataset)  # an adapter cuts its own blocks, as in launch.job_setup.setup
     bounds = (streamed_rows.block_bounds(workers) if streamed_rows is not None
               else block_bounds(dataset.num_train, workers))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    state = load_resume_state(run_dir, cfg.to_dict()) if resume else None
+    state = load_resume_state(run_dir, cfg.to_dict()) if resume and run_dir.exists() else None
     # planned from the checkpoint's next round, as a job's set-up plans it: a resumed worker seeds its
-    # shuffles from that round (persistence.resume.worker_seed), as under mpirun
+    # shuffles from that round (persistence.resume.worker_seed), as under mpirun; a refused plan writes nothing
     model, plan = plan_job(cfg, dataset, inputs, bounds, state)
     world = LocalWorld(workers + 1)
     transports = world.transports()
     placed = place(world, cfg, dataset, plan)
+    run_dir.mkdir(parents=True, exist_ok=True)
     preemption = preemption or Preemption()
     context = RunContext(callbacks=None if callbacks is None else tuple(callbacks),  # Keras callbacks on rank 0
                          preemption=preemption)
