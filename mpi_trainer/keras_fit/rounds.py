@@ -3,16 +3,18 @@
 Separation of concerns: Keras owns training. Each worker calls the model's own ``fit`` for one
 epoch on its share of the input (:mod:`.shares`), so its data adapters, ``train_step``, optimizer,
 loss scaling and callbacks-free progress are exactly those of plain Keras. The scheduler (rank 0)
-owns what happens between epochs: it hands every worker the same state before an epoch, combines
-the workers' states after it (:mod:`.state`: averaged, the trainable part stepped by the outer
-optimizer), scores the validation data with ``model.evaluate``, runs the user's callbacks with the
-epoch's logs, and decides when to stop (the epochs asked for, or ``model.stop_training``). The
-run's record (:mod:`.record`) is a sink that rank 0 hands finished epochs to.
+owns what happens between rounds: it hands every worker the same state before a round, combines
+the workers' states after it (:mod:`.state`: each part by its meaning, the trainable part stepped
+by the outer optimizer), has the validation data scored with ``model.evaluate`` (by itself, or by
+the workers in shares), runs the user's callbacks with the epoch's logs, and decides when to stop
+(the epochs asked for, ``model.stop_training``, or a preemption signal, which checkpoints first).
+The run's record (:mod:`.record`) is a sink that rank 0 hands finished epochs to.
 
-Every epoch is three collectives: the order (a small object) and the state (one flat float32
-buffer) from rank 0, then the workers' states summed into rank 0 and their reports gathered.
+A round is an epoch, or ``train.sync_every`` steps of every worker. Every round is three
+collectives: the order (a small object) and the state (one flat float32 buffer) from rank 0, then
+the workers' states summed into rank 0 and their reports gathered. Scoring by the workers is an
+order, the combined state (which then need not travel again) and a sum of the metrics' states.
 """
-
 from __future__ import annotations
 
 import math
