@@ -72,3 +72,12 @@ def test_a_users_choice_and_one_worker_are_kept():
     model.compile(keras.optimizers.Adam(), keras.optimizers.SGD())
     assert choose_outer("nesterov", False, model) == ("nesterov", "set by aggregation.outer_optimizer")
     assert choose_outer("none", True, dense())[0] == "none"
+
+
+def test_a_model_with_batchnorm_averages_plainly_naming_the_layers():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.BatchNormalization(name="bn"),
+                              keras.layers.Dense(1)])
+    model.compile("adam", "mse")
+    name, why = choose_outer("nesterov", True, model)
+    assert name == "none" and "moving statistics (bn)" in why
+    assert choose_outer("nesterov", False, model)[0] == "nesterov"  # the user's choice stands
