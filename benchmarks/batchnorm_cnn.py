@@ -74,7 +74,7 @@ def network(seed: int) -> Any:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--outer", choices=["auto", "none"], default="auto")
+    parser.add_argument("--outer", choices=["auto", "none", "nesterov"], default="auto")
     parser.add_argument("--plain", action="store_true", help="plain Keras model.fit in this one process")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=20)
