@@ -9,8 +9,8 @@ amplifies whichever player moved most, and can leave the model worse than plain 
 keras.io GAN ended farther from the data than an untrained generator). ``auto`` takes plain
 averaging there. So it does for a model with BatchNormalization: its moving statistics are
 combined for the workers' weights, and a step that moves the weights past their average leaves
-the statistics measured for other weights (two BatchNorm CNNs ended 0.3 and 1.9 points lower with
-the step than without, docs/outer-optimizer.md). The choice and its reason go into the run's log;
+the statistics measured for other weights (two BatchNorm CNNs ended 0.3 and 1.4 to 1.9 points
+lower with the step than without, docs/outer-optimizer.md). The choice and its reason go into the run's log;
 a value set by the user is used as it is.
 """
 
