@@ -39,14 +39,6 @@ def stepping_optimizers(model: Any) -> list[Any]:
     return found
 
 
-def moving_statistics(model: Any) -> list[str]:
-    """The layers whose moving statistics follow the weights (BatchNormalization), by name."""
-    import keras
-
-    return [layer.name for layer in model._flatten_layers(include_self=False)
-            if isinstance(layer, keras.layers.BatchNormalization)]
-
-
 def choose_outer(requested: str, auto: bool, model: Any) -> tuple[str, str]:
     """The outer optimizer in effect and why: ``requested`` is the config's choice for the job's
     workers (``auto`` already resolved as for any model), ``auto`` whether the user left it to us."""
@@ -59,7 +51,9 @@ def choose_outer(requested: str, auto: bool, model: Any) -> tuple[str, str]:
         names = ", ".join(type(optimizer).__name__ for optimizer in optimizers)
         return "none", (f"aggregation.outer_optimizer = \"auto\": the model steps {len(optimizers)} optimizers "
                         f"({names}), so a round's change is not one loss's descent; plain averaging")
-    normalized = moving_statistics(model)
+    from mpi_trainer.keras_fit.state import batchnorm_layers
+
+    normalized = [layer.name for layer in batchnorm_layers(model)]
     if normalized:
         return "none", (f"aggregation.outer_optimizer = \"auto\": the model keeps moving statistics "
                         f"({', '.join(normalized)}), measured for the workers' average weights, which a step "

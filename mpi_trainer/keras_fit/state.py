@@ -121,13 +121,19 @@ def optimizer_rules(optimizer: Any, clock: int) -> dict[int, Rule]:
     return rules
 
 
-def layer_rules(model: Any) -> dict[int, Rule]:
-    """BatchNormalization's moving mean and variance, updated once per training step with its momentum."""
+def batchnorm_layers(model: Any) -> list[Any]:
+    """The model's BatchNormalization layers: their moving statistics follow the weights."""
     import keras
 
+    return [layer for layer in model._flatten_layers(include_self=False)
+            if isinstance(layer, keras.layers.BatchNormalization)]
+
+
+def layer_rules(model: Any) -> dict[int, Rule]:
+    """BatchNormalization's moving mean and variance, updated once per training step with its momentum."""
     rules: dict[int, Rule] = {}
-    for layer in model._flatten_layers(include_self=False):
-        decay = _decay(layer, "momentum") if isinstance(layer, keras.layers.BatchNormalization) else None
+    for layer in batchnorm_layers(model):
+        decay = _decay(layer, "momentum")
         if decay is not None:
             for variable in (layer.moving_mean, layer.moving_variance):
                 rules[id(variable)] = Rule(MOVING, decay, MODEL_STEPS)
