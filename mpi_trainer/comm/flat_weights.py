@@ -87,7 +87,9 @@ class WeightCodec:
 
         for variable, array in zip(variables, arrays):
             if str(variable.dtype) == "float32" and tuple(variable.shape) == array.shape:
-                tf.raw_ops.AssignVariableOp(resource=variable.handle, value=array)
+                # a copy: TensorFlow may keep an aligned NumPy buffer as the variable's own, and ``flat`` is
+                # written again by the next round
+                tf.raw_ops.AssignVariableOp(resource=variable.handle, value=array.copy())
             else:
                 variable.assign(array)
 
