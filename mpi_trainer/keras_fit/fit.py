@@ -46,6 +46,7 @@ class Prepared:
     rows: int | None = None  # a worker's rows (arrays)
     validation: dict[str, Any] | None = None  # rank 0's model.evaluate arguments; a worker's share when it scores
     workers_score: bool = False  # the workers score the validation data (evaluation.where = "workers")
+    election: dict[str, Any] | None = None  # best-of: a worker's model.evaluate arguments for the validation data
     train_data: Any = None  # (x, y, sample_weight) after validation_split
 
 
@@ -70,7 +71,7 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
         check_config(cfg, run_dir, resume, given_keys(config, overrides))
         check_backend()
         check_sync_every(cfg.train.sync_every, kwargs)
-        prepared = prepare(model, kwargs, transport.rank, workers, cfg.evaluation.on_workers)
+        prepared = prepare(model, kwargs, transport.rank, workers, cfg.evaluation.on_workers, cfg.aggregation.elects)
     except (InputError, ValueError, TypeError) as exc:  # Keras' refusals are ValueError / TypeError
         error = str(exc)
     agree(transport, error)
@@ -100,6 +101,7 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
             worker = WorkerRounds(transport, model, state, prepared.share, prepared.rows,
                                   cfg.aggregation.weighs_by_samples, wait_bounds(cfg), prepared.validation)
             worker.preemption, worker.sync_every = preemption, cfg.train.sync_every
+            worker.election = prepared.election
             worker.run()
             history = None
     finally:
@@ -116,9 +118,6 @@ def check_config(cfg: Config, run_dir: Any, resume: bool, given: Collection[str]
     """
     has_run_dir = run_dir is not None or bool(os.environ.get("MPI_TRAINER_RUN_DIR"))
     problems = refusals(cfg, given, has_run_dir)
-    if cfg.aggregation.elects:
-        problems.append(f"`aggregation.method` must be 'average' or 'weighted' when `model` is a keras.Model. "
-                        f"Received: aggregation.method={cfg.aggregation.method!r}")
     if problems:
         raise ConfigError("\n".join(problems))
     if resume and not has_run_dir:
@@ -156,9 +155,11 @@ def check_backend() -> None:
                           f"Received: KERAS_BACKEND={asked!r}; expected it set before anything imports Keras")
 
 
-def prepare(model: Any, kwargs: dict[str, Any], rank: int, workers: int, workers_score: bool = False) -> Prepared:
+def prepare(model: Any, kwargs: dict[str, Any], rank: int, workers: int, workers_score: bool = False,
+            elects: bool = False) -> Prepared:
     """Keras' own checks and splits, then this rank's part: a worker's share, rank 0's validation data (a
-    worker's share of it when ``workers_score`` and it can be shared, :func:`validation_shares`)."""
+    worker's share of it when ``workers_score`` and it can be shared, :func:`validation_shares`; all of it
+    under best-of election, ``elects``, where every worker scores its own state on it)."""
     from keras.src.trainers.data_adapters import array_slicing, data_adapter_utils, get_data_adapter
 
     model._assert_compile_called("fit")
@@ -173,10 +174,18 @@ def prepare(model: Any, kwargs: dict[str, Any], rank: int, workers: int, workers
         prepared.validation = {"x": val_x, "y": val_y, "sample_weight": val_weights,
                                "batch_size": kwargs.get("validation_batch_size") or kwargs.get("batch_size"),
                                "steps": kwargs.get("validation_steps")}
-        prepared.workers_score = workers_score and validation_shares(prepared.validation, workers)
+        prepared.workers_score = workers_score and not elects and validation_shares(prepared.validation, workers)
+        if elects:
+            prepared.election = prepared.validation if rank > 0 else None
         if rank > 0:
             prepared.validation = validation_share(prepared.validation, workers, rank - 1) \
                 if prepared.workers_score else None
+    if elects and validation is None:
+        raise ConfigError("`aggregation.method = 'best'` keeps the worker state that scores best on the "
+                          "validation data, and this fit has none. Received: aggregation.method='best' with "
+                          "validation_data=None and validation_split="
+                          f"{kwargs.get('validation_split')!r}; expected validation_data or validation_split, or "
+                          "aggregation.method 'average' or 'weighted'")
     if rank == 0:
         return prepared
     steps = kwargs.get("steps_per_epoch")
@@ -297,7 +306,7 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
                                              steps=worker_steps(kwargs, prepared, workers), model=model)
     rounds = SchedulerRounds(transport, model, state, outer, callbacks, prepared.validation,
                              kwargs.get("validation_freq", 1), record, wait_bounds(cfg))
-    rounds.workers_score = prepared.workers_score
+    rounds.workers_score, rounds.elects = prepared.workers_score, cfg.aggregation.elects
     rounds.parts = rounds_an_epoch(cfg.train.sync_every, kwargs, prepared, workers)
     rounds.preemption = preemption or rounds.preemption
     try:
@@ -335,6 +344,9 @@ def scoring_place(cfg: Config, prepared: Prepared) -> str:
     """Where the validation data is scored, for the log."""
     if prepared.validation is None:
         return "no validation data"
+    if cfg.aggregation.elects:
+        return ("best-of: each worker scores its own state on the validation data, the best is kept and its "
+                "scores are the epoch's")
     if prepared.workers_score:
         return "validation data scored by the workers, each on its share, their metric states summed on rank 0"
     if cfg.evaluation.on_workers:

@@ -62,11 +62,13 @@ class Report:
     integers: list[np.ndarray]
     sent: int = 0  # the bytes the worker sent for this epoch: its state into the sum, and this report
     preempt: bool = False  # a preemption signal reached this worker
+    scores: dict[str, float] = field(default_factory=dict)  # best-of: its state's Keras scores on the validation data
 
 
 def merged_reports(rounds: list[list[Report]]) -> list[Report]:
     """Each worker's report of an epoch of several rounds: its Keras logs averaged by the rows of each round,
-    its batches, rows, seconds and bytes added up, its last integer state, a preemption in any round."""
+    its batches, rows, seconds and bytes added up, its last integer state and scores, a preemption in any
+    round."""
     if len(rounds) == 1:
         return rounds[0]
     merged = []
@@ -76,8 +78,21 @@ def merged_reports(rounds: list[list[Report]]) -> list[Report]:
         logs = {name: sum(r.logs.get(name, 0.0) * r.rows for r in worker if r.batches) / rows for name in names}
         merged.append(Report(logs, sum(r.batches for r in worker), sum(r.rows for r in worker),
                              sum(r.seconds for r in worker), worker[-1].integers, sum(r.sent for r in worker),
-                             any(r.preempt for r in worker)))
+                             any(r.preempt for r in worker), worker[-1].scores))
     return merged
+
+
+def election_score(scores: dict[str, float]) -> tuple[float, float]:
+    """What a best-of election ranks a candidate by (:func:`~mpi_trainer.algorithms.aggregation.elect`): its
+    validation accuracy (NaN when the model computes none), then its loss."""
+    return scores.get("accuracy", math.nan), scores.get("loss", math.nan)
+
+
+def elected(scores: list[tuple[float, float]]) -> int:
+    """The index of the winning candidate among the workers' ``(accuracy, loss)``, the same on every rank."""
+    from mpi_trainer.algorithms.aggregation import elect
+
+    return elect(dict(enumerate(scores)))
 
 
 def agree_on_metric_size(transport: Transport, size: int) -> None:
@@ -135,6 +150,7 @@ class WorkerRounds:
         self.clock = RoundClock(transport, bounds or WaitBounds())
         self.share = share  # model.fit's arguments for this worker's share
         self.validation = validation  # model.evaluate's arguments for its share of the validation data
+        self.election: dict[str, Any] | None = None  # best-of: model.evaluate's arguments for the validation data
         self.preemption = Preemption()  # the job's, when the fit installed its signal handlers
         self.sync_every = 0  # train.sync_every: rounds of this many steps (arrays)
         self.order, self.order_epoch = np.arange(0), -1  # the epoch's order of the share's rows
@@ -165,7 +181,13 @@ class WorkerRounds:
             report = self.train(order.epoch) if order.parts == 1 else self.train_part(order.epoch, order.part)
             steps = [report.batches] + [now - then for now, then in zip(self.state.optimizer_steps(), began)]
             weight = float(report.rows if self.weighted else 1) if report.batches else 0.0
-            self.state.contribute(self.buffer[:size], weight, steps)
+            if self.election is not None:
+                weight = self.stand(report)
+            if weight or self.election is None:
+                self.state.contribute(self.buffer[:size], weight, steps)
+            else:  # best-of, not elected: this worker adds nothing to the sum
+                self.buffer[:] = 0.0
+                steps = [0] * len(steps)
             self.buffer[size] = weight
             self.buffer[size + 1:] = steps
             self.transport.reduce_sum(self.buffer)
@@ -173,6 +195,16 @@ class WorkerRounds:
             report.sent = self.transport.take_bytes()
             report.sent += len(pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL)) * (self.transport.size - 1)
             self.transport.allgather(report)
+
+    def stand(self, report: Report) -> float:
+        """Best-of: score this worker's state on the validation data; every rank learns every score and so the
+        winner (:func:`elected`). Its weight: 1 when elected (its state becomes the combined one), else 0."""
+        if report.batches:  # a worker past its last rows (train.sync_every) stands with no state of its own
+            report.scores = {name: float(value) for name, value in
+                             self.model.evaluate(**(self.election or {}), verbose=0, return_dict=True).items()}
+        scores = self.transport.allgather(election_score(report.scores) if report.batches else None)[1:]
+        candidates = [(math.nan, math.inf) if score is None else score for score in scores]
+        return 1.0 if elected(candidates) == self.transport.rank - 1 else 0.0
 
     def score(self) -> None:
         """This worker's share of the validation data, scored by Keras; the metrics' state summed on rank 0."""
@@ -234,6 +266,8 @@ class SchedulerRounds:
         self.parts = 1  # rounds an epoch (train.sync_every; set by the fit)
         self.before_integers: list[np.ndarray] = []
         self.optimizers_checked = False  # whether the first trained epoch's optimizer steps were looked at
+        self.elects = False  # best-of: the workers score their states and the best one is kept (set by the fit)
+        self.winner = 0  # best-of: the index among the workers of the last round's elected one
 
     def run(self, initial_epoch: int, epochs: int) -> dict[str, float]:
         """Every epoch from ``initial_epoch`` to ``epochs``; the last epoch's logs."""
@@ -317,6 +351,9 @@ class SchedulerRounds:
         self.before_integers = self.state.read_integers()
         self.send(Order(epoch, False, self.before_integers, part=part, parts=self.parts))
         self.before[:] = self.buffer[:self.state.size]
+        if self.elects:  # every worker's score, so every rank knows the winner before the sum
+            scores = self.transport.allgather(None)[1:]
+            self.winner = elected([(math.nan, math.inf) if score is None else score for score in scores])
         self.buffer[:] = 0.0
         self.transport.reduce_sum(self.buffer)
         self.workers_hold = False  # their buffers now hold their own parts of the sum
@@ -347,7 +384,8 @@ class SchedulerRounds:
             self.outer.step(self.before[:trainable], combined[:trainable], out=combined[:trainable])
         self.state.keep_rates(combined, self.before)
         self.state.write(combined)
-        self.state.write_integers(self.state.combine_integers(self.before_integers, reports[0].integers, steps))
+        kept = reports[self.winner if self.elects else 0].integers  # other than step counts: a worker's own
+        self.state.write_integers(self.state.combine_integers(self.before_integers, kept, steps))
 
     def check_optimizers_stepped(self, epoch: int, steps: np.ndarray) -> None:
         """Say so once when the workers trained but no optimizer the state holds took a step: the model
@@ -371,7 +409,9 @@ class SchedulerRounds:
     def validate(self, epoch: int) -> dict[str, float]:
         if self.validation is None or not self.model._should_eval(epoch, self.validation_freq):
             return {}
-        if self.workers_score:
+        if self.elects:  # the combined state is the elected worker's: its scores are the epoch's
+            scores = self.reports[self.winner].scores
+        elif self.workers_score:
             scores = self.score_on_workers(epoch)
         else:
             scores = self.model.evaluate(**self.validation, verbose=0, return_dict=True)

@@ -34,7 +34,8 @@ HONOURED: dict[str, str] = {
     "train.scheduler_device": PLACEMENT,
     "train.threads": PLACEMENT,
     "train.bind_cores": PLACEMENT,
-    "aggregation.method": "'average' or 'weighted': how the workers' states are combined ('best' is refused)",
+    "aggregation.method": "how the workers' states are combined: 'average', 'weighted' by rows, or 'best' (each "
+                          "worker scores its state on the validation data, the best is kept)",
     "aggregation.outer_optimizer": OUTER,
     "aggregation.outer_learning_rate": OUTER,
     "aggregation.outer_momentum": OUTER,

@@ -71,7 +71,7 @@ def test_a_keras_backend_asked_for_too_late_is_named(monkeypatch):
 
 
 @pytest.mark.parametrize("key, value", [("aggregation.ssp", 1), ("fault.survive", True),
-                                        ("early_stopping.patience", 3), ("aggregation.method", "best")])
+                                        ("early_stopping.patience", 3)])
 def test_engine_settings_a_keras_model_does_not_use_are_refused_not_ignored(key, value):
     from mpi_trainer.config import load_config
     from mpi_trainer.keras_fit.fit import check_config
@@ -124,3 +124,21 @@ def test_sync_every_takes_arrays_and_names_what_it_cannot_cut_into_rounds():
         check_sync_every(4, {"x": tf.data.Dataset.from_tensor_slices(np.zeros((8, 2)))})
     with pytest.raises(ConfigError, match=r"steps_per_epoch=2"):
         check_sync_every(4, {**arrays, "steps_per_epoch": 2})
+
+
+def test_best_of_without_validation_data_is_refused_naming_what_it_needs():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    model.compile("adam", "sparse_categorical_crossentropy")
+    with pytest.raises(ConfigError, match="aggregation.method='best' with validation_data=None"):
+        prepare(model, {"x": X, "y": Y}, rank=1, workers=2, elects=True)
+
+
+def test_under_best_of_every_worker_holds_the_whole_validation_data():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    model.compile("adam", "sparse_categorical_crossentropy")
+    kwargs = {"x": X, "y": Y, "validation_split": 0.25}
+    rows = [prepare(model, kwargs, rank, 2, workers_score=True, elects=True) for rank in (0, 1, 2)]
+    assert not any(part.workers_score for part in rows)
+    assert rows[0].election is None
+    for part in rows[1:]:
+        assert part.election is not None and len(part.election["x"]) == len(rows[0].validation["x"])

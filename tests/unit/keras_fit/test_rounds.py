@@ -48,7 +48,7 @@ def input_bn_model() -> keras.Model:
 
 
 def run_job(outer: str, epochs: int = 3, shuffle: bool = True, rows: tuple[np.ndarray, np.ndarray] | None = None,
-            make_model=bn_model, workers_score: bool = False) -> dict[int, dict]:
+            make_model=bn_model, workers_score: bool = False, elects: bool = False) -> dict[int, dict]:
     """A fit on 2 workers; ``shuffle`` both shuffles each epoch's batches and deals the rows out at random."""
     x, y = rows or data()
     world = LocalWorld(3)
@@ -64,7 +64,7 @@ def run_job(outer: str, epochs: int = 3, shuffle: bool = True, rows: tuple[np.nd
         record = FitRecord(None, {}, {})
         rounds = SchedulerRounds(transports[0], model, state, optimizer, callbacks,
                                  {"x": x[:60], "y": y[:60]}, 1, record)
-        rounds.workers_score = workers_score
+        rounds.workers_score, rounds.elects = workers_score, elects
         rounds.run(0, epochs)
         return {"history": callbacks.callbacks[-1].history, "weights": model.get_weights(),
                 "flat": state.read(state.empty()), "rows": record.rows, "traffic": record.traffic,
@@ -77,8 +77,10 @@ def run_job(outer: str, epochs: int = 3, shuffle: bool = True, rows: tuple[np.nd
         share_x, share_y, _ = array_share((x, y, None), 2, rank - 1, shuffle)
         share = {"x": share_x, "y": share_y, "batch_size": 30, "shuffle": shuffle}
         validation = {"x": x[:60][30 * (rank - 1):30 * rank], "y": y[:60][30 * (rank - 1):30 * rank]}
-        WorkerRounds(transports[rank], model, ModelState(model), share, len(share_x), False,
-                     validation=validation if workers_score else None).run()
+        rounds = WorkerRounds(transports[rank], model, ModelState(model), share, len(share_x), False,
+                              validation=validation if workers_score else None)
+        rounds.election = {"x": x[:60], "y": y[:60]} if elects else None
+        rounds.run()
         return {"weights": model.get_weights(), "iterations": int(model.optimizer.iterations),
                 "moments": [np.asarray(v) for v in model.optimizer.variables],
                 "rate": float(model.optimizer.learning_rate)}
@@ -193,6 +195,31 @@ def test_workers_scoring_their_shares_give_the_schedulers_scores_and_the_state_t
     assert broadcast < extra[0] < broadcast + 1024 and broadcast < extra[1] < broadcast + 1024
     assert 0 < extra[2] < 1024
     assert shared[0]["traffic"] - sum(row["bytes"] for row in shared[0]["rows"]) < 1024
+
+
+def test_best_of_keeps_the_whole_state_of_the_worker_that_scores_best_and_its_scores():
+    """aggregation.method = "best": the combined state is the elected worker's, weights, BatchNorm statistics,
+    optimizer moments and step count alike, and the epoch's validation scores are its scores."""
+    x, y = data()
+    best = run_job("none", epochs=1, shuffle=False, elects=True)
+    alone = {}
+    for index in (0, 1):
+        model = bn_model()
+        share_x, share_y, _ = array_share((x, y, None), 2, index, False)
+        model.fit(share_x, share_y, batch_size=30, shuffle=False, epochs=1, verbose=0)
+        alone[index] = (model, model.evaluate(x[:60], y[:60], verbose=0, return_dict=True))
+    from mpi_trainer.algorithms.aggregation import elect
+
+    winner = elect({index: (scores["accuracy"], scores["loss"]) for index, (_, scores) in alone.items()})
+    model, scores = alone[winner]
+    for rank in (0, 1, 2):
+        for mine, theirs in zip(best[rank]["weights"], model.get_weights(), strict=True):
+            np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+        for mine, theirs in zip(best[rank]["moments"][2:], [np.asarray(v) for v in model.optimizer.variables][2:]):
+            np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-7)
+        assert best[rank]["iterations"] == 4  # the winner's steps only: 120 rows in batches of 30
+    assert best[0]["history"]["val_loss"] == [pytest.approx(scores["loss"], rel=1e-6)]
+    assert best[0]["history"]["val_accuracy"] == [pytest.approx(scores["accuracy"])]
 
 
 def test_averaging_every_step_is_synchronous_sgd_on_both_workers_batches_together():
