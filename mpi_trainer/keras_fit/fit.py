@@ -48,6 +48,7 @@ class Prepared:
     workers_score: bool = False  # the workers score the validation data (evaluation.where = "workers")
     election: dict[str, Any] | None = None  # best-of: a worker's model.evaluate arguments for the validation data
     train_data: Any = None  # (x, y, sample_weight) after validation_split
+    fixed_rows: Any = None  # a worker's rows of the training arrays (the data increment draws from the others)
 
 
 def plain_fit(model: Any, kwargs: dict[str, Any]) -> Any:
@@ -71,6 +72,7 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
         check_config(cfg, run_dir, resume, given_keys(config, overrides))
         check_backend()
         check_sync_every(cfg.train.sync_every, kwargs)
+        check_increment(cfg, kwargs)
         prepared = prepare(model, kwargs, transport.rank, workers, cfg.evaluation.on_workers, cfg.aggregation.elects)
     except (InputError, ValueError, TypeError) as exc:  # Keras' refusals are ValueError / TypeError
         error = str(exc)
@@ -102,6 +104,8 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
                                   cfg.aggregation.weighs_by_samples, wait_bounds(cfg), prepared.validation)
             worker.preemption, worker.sync_every = preemption, cfg.train.sync_every
             worker.election = prepared.election
+            if cfg.data.increment.enabled:
+                worker.increment = (prepared.train_data, prepared.fixed_rows, cfg.data.increment)
             worker.run()
             history = None
     finally:
@@ -133,6 +137,19 @@ def check_sync_every(sync_every: int, kwargs: dict[str, Any]) -> None:
                           f"{sync_every} with x of kind {shares.input_kind(kwargs.get('x'))!r} and steps_per_epoch="
                           f"{kwargs.get('steps_per_epoch')!r}; expected arrays without steps_per_epoch, or "
                           f"train.sync_every=0")
+
+
+def check_increment(cfg: Config, kwargs: dict[str, Any]) -> None:
+    """``data.increment`` adds rows of the training arrays to each worker's share, an epoch at a time."""
+    if not cfg.data.increment.enabled:
+        return
+    kind = shares.input_kind(kwargs.get("x"))
+    if kind != "arrays" or kwargs.get("steps_per_epoch") is not None or cfg.train.sync_every:
+        raise ConfigError(f"`data.increment` adds a draw of the other workers' rows to each worker's share every "
+                          f"epoch: arrays given as `x`, trained in whole epochs. Received: data.increment.enabled="
+                          f"True with x of kind {kind!r}, steps_per_epoch={kwargs.get('steps_per_epoch')!r} and "
+                          f"train.sync_every={cfg.train.sync_every}; expected arrays, no steps_per_epoch and "
+                          f"train.sync_every=0, or data.increment.enabled=false")
 
 
 def rounds_an_epoch(sync_every: int, kwargs: dict[str, Any], prepared: Prepared, workers: int) -> int:
@@ -198,7 +215,7 @@ def prepare(model: Any, kwargs: dict[str, Any], rank: int, workers: int, workers
                               f"workers; expected at least one row per worker")
         index = shares.share_rows(rows, workers, rank - 1, kwargs.get("shuffle", True))
         x, y, weights = (None if part is None else shares.take_rows(part, index) for part in (x, y, weights))
-        prepared.rows = len(index)
+        prepared.rows, prepared.fixed_rows = len(index), index
     else:
         x = shares.pipeline_share(x, workers, rank - 1)
     share = {"x": x, "y": y, "sample_weight": weights, "batch_size": kwargs.get("batch_size"),
@@ -278,7 +295,7 @@ def make_record(model: Any, kwargs: dict[str, Any], cfg: Config, prepared: Prepa
                 "placement": [placement.as_dict() for placement in placements]}
     return FitRecord(None if path is None else Path(path),
                      fingerprint(model, prepared.train_data, arguments_print(kwargs), cfg.to_dict()), describe,
-                     cfg.checkpoint.every, cfg.checkpoint.every_seconds)
+                     cfg.checkpoint.every, cfg.checkpoint.every_seconds, cfg.to_toml())
 
 
 def outer_for(cfg: Config, model: Any, workers: int) -> tuple[str, str]:

@@ -95,8 +95,9 @@ class FitRecord:
     """Rank 0's record of one fit: rows, summary, state checkpoints; a no-op without a directory."""
 
     def __init__(self, path: Path | None, print_: dict[str, str], describe: dict[str, Any], every: int = 0,
-                 every_seconds: float = 0.0) -> None:
+                 every_seconds: float = 0.0, config_text: str = "") -> None:
         self.path, self.print_, self.describe = path, print_, describe
+        self.config_text = config_text  # the whole config as applied, written as config.toml
         self.every, self.every_seconds = every, every_seconds  # checkpoint.every / every_seconds
         self.saved_at = time.time()
         self.rows: list[dict[str, Any]] = []
@@ -145,10 +146,12 @@ class FitRecord:
     def begin(self, saved: dict[str, Any] | None) -> None:
         if self.path is None:
             return
-        from mpi_trainer.persistence.run_files import write_json_atomic
+        from mpi_trainer.persistence.run_files import CONFIG_NAME, write_atomic, write_json_atomic
 
         add_log_file(self.path / LOG_NAME)
         write_json_atomic(self.path / FINGERPRINT_NAME, self.print_)
+        if self.config_text and not (saved is not None and saved["complete"]):  # a complete run's files stay
+            write_atomic(self.path / CONFIG_NAME, self.config_text)
         if saved is not None:
             self.rows, self.history, self.epochs = saved["rows"], saved["history"], saved["epochs"]
             self.complete = saved["complete"]

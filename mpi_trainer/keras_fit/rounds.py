@@ -151,6 +151,8 @@ class WorkerRounds:
         self.share = share  # model.fit's arguments for this worker's share
         self.validation = validation  # model.evaluate's arguments for its share of the validation data
         self.election: dict[str, Any] | None = None  # best-of: model.evaluate's arguments for the validation data
+        # data.increment: (every training row, this worker's fixed rows, the settings); each epoch adds a draw
+        self.increment: tuple[Any, np.ndarray, Any] | None = None
         self.preemption = Preemption()  # the job's, when the fit installed its signal handlers
         self.sync_every = 0  # train.sync_every: rounds of this many steps (arrays)
         self.order, self.order_epoch = np.arange(0), -1  # the epoch's order of the share's rows
@@ -178,7 +180,10 @@ class WorkerRounds:
                 self.score()
                 continue
             began = self.state.optimizer_steps()
-            report = self.train(order.epoch) if order.parts == 1 else self.train_part(order.epoch, order.part)
+            if order.parts > 1:
+                report = self.train_part(order.epoch, order.part)
+            else:
+                report = self.train(order.epoch, *self.increment_share(order.epoch))
             steps = [report.batches] + [now - then for now, then in zip(self.state.optimizer_steps(), began)]
             weight = float(report.rows if self.weighted else 1) if report.batches else 0.0
             if self.election is not None:
@@ -226,6 +231,19 @@ class WorkerRounds:
         logs = {name: float(values[-1]) for name, values in history.history.items() if values}
         rows = rows or self.rows or counter.batches * (self.share.get("batch_size") or 32)
         return Report(logs, counter.batches, int(rows), time.perf_counter() - started, self.state.read_integers())
+
+    def increment_share(self, epoch: int) -> tuple[dict[str, Any] | None, int | None]:
+        """``data.increment``: this epoch's share, the worker's fixed rows plus the epoch's seeded draw from the
+        other rows (:func:`~mpi_trainer.data.increment.draw_extra`), and its rows; (None, None) without it."""
+        from mpi_trainer.data.increment import draw_extra
+
+        if self.increment is None:
+            return None, None
+        data, fixed, settings = self.increment
+        extra = draw_extra(shares.row_count(data), fixed, epoch, self.transport.rank, shares.SHARE_SEED, settings)
+        index = np.concatenate([fixed, extra])
+        x, y, weights = (None if part is None else shares.take_rows(part, index) for part in data)
+        return {**self.share, "x": x, "y": y, "sample_weight": weights}, len(index)
 
     def train_part(self, epoch: int, part: int) -> Report:
         """Round ``part`` of the epoch under ``train.sync_every = k``: the next k batches of this worker's rows,
@@ -330,8 +348,10 @@ class SchedulerRounds:
         self.callbacks.on_epoch_end(epoch, logs)
         logs = self.recorded_logs(logs)
         sent = self.transport.take_bytes() + sum(report.sent for report in reports)  # rank 0's, then the workers'
+        trained = {"samples": sum(report.rows for report in reports), "workers": len(reports),
+                   "winner": self.winner + 1 if self.elects else ""}  # the rows trained; best-of: the rank kept
         self.record.epoch(epoch, logs, reports, {"bytes": sent, "wall_seconds": time.perf_counter() - started,
-                                                 **times, "eval_seconds": scored - combined})
+                                                 **times, "eval_seconds": scored - combined, **trained})
         self.record.checkpoint(epoch + 1, self.state, self.callbacks, outer=self.outer.state_arrays())
         return logs
 

@@ -54,6 +54,9 @@ HONOURED: dict[str, str] = {
                         "each epoch in ceil(steps / k) rounds; 0: once an epoch",
     "checkpoint.preempt_signals": PREEMPTION,
     "checkpoint.grace_seconds": PREEMPTION,
+    **dict.fromkeys(("data.increment.enabled", "data.increment.load_factor", "data.increment.absolute_factor",
+                     "data.increment.min_gap"),
+                    "each epoch a worker trains its own rows plus a seeded draw of the others' (arrays, whole epochs)"),
     "evaluation.where": "'workers': each worker scores its shard of the validation data with the combined state, "
                         "and their metric states are summed on rank 0 (docs/keras.md)",
 }
@@ -69,14 +72,12 @@ STEPS = "bound an epoch with fit's `steps_per_epoch`, or stop with a callback th
 FILES = "rank 0 writes rounds.csv, summary.json and train.log in the run directory; pass " \
         "keras.callbacks.TensorBoard in `callbacks` for event files"
 # The engines' features: their keys kept the meaning they had before this classification.
-ENGINE_ONLY = ("aggregation.ssp", "fault.survive", "early_stopping.patience",
-               "data.increment.enabled", "data.rebalance", "data.augmentation.enabled", "data.placement")
+ENGINE_ONLY = ("aggregation.ssp", "fault.survive", "early_stopping.patience", "data.rebalance", "data.augmentation.enabled", "data.placement")
 
 NOT_APPLIED: dict[str, str] = {
     **dict.fromkeys(ENGINE_ONLY, ENGINE),
     **dict.fromkeys(("aggregation.staleness_damping", "train.sync_warmup_epochs", "train.sync_warmup_every",
-                     "train.overlap_eval", "fault.min_workers", "data.increment.load_factor",
-                     "data.increment.absolute_factor", "data.increment.min_gap", "data.augmentation.shift",
+                     "train.overlap_eval", "fault.min_workers", "data.augmentation.shift",
                      "data.augmentation.rotation", "data.augmentation.zoom", "data.augmentation.flip",
                      "data.rebalance_smoothing"), ENGINE),
     "aggregation.wire_dtype": "a keras.Model's state travels as float32",
@@ -101,7 +102,7 @@ AS_DONE: dict[str, Any] = {
     "aggregation.ssp": 0, "aggregation.staleness_damping": False, "aggregation.wire_dtype": "float32",
     "fault.survive": False, "early_stopping.patience": 0,
     "train.sync_warmup_epochs": 0, "train.max_steps": 0, "train.overlap_eval": False,
-    "train.divergence": "off", "data.increment.enabled": False, "data.augmentation.enabled": False,
+    "train.divergence": "off", "data.augmentation.enabled": False,
     "data.rebalance": False, "data.placement": "shared", "data.test_size": 0.0, "data.validation_size": 0.0,
     "log.plots": False, "log.tensorboard": False, "log.timeline": False,
 }

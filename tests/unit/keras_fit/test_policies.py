@@ -1,0 +1,88 @@
+"""The scheduler's policies on a script's own keras.Model, each set as ``launch --set`` hands it to ``fit``
+(a ``KEY=VALUE`` override the script does not name): ``fit_model`` on a scheduler and two workers as threads
+of a LocalWorld, each rank with its own copy of the model. Every rank ends with the same weights and History."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+
+from mpi_trainer.comm.local import LocalWorld
+from mpi_trainer.config import read_toml
+from mpi_trainer.keras_fit.fit import fit_model
+from tests.unit.keras_fit.test_fit_again import placed_in_place
+
+rng = np.random.default_rng(1)
+X = rng.normal(size=(160, 6)).astype("float32")
+Y = (X[:, 0] + X[:, 1] > 0).astype("int64") + (X[:, 2] > 0.5).astype("int64")
+
+
+def model() -> keras.Model:
+    keras.utils.set_random_seed(7)
+    built = keras.Sequential([keras.Input((6,)), keras.layers.Dense(12, activation="relu"),
+                              keras.layers.Dense(3, activation="softmax")])
+    built.compile(keras.optimizers.Adam(0.02), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return built
+
+
+def fit_set(overrides: list[str], run_dir: Any = None, epochs: int = 3, **kwargs: Any) -> dict[int, dict[str, Any]]:
+    """Every rank's History, weights and summary after the script's fit with ``overrides`` set from outside."""
+    world = LocalWorld(3)
+    transports = world.transports()
+    models = {rank: model() for rank in range(3)}
+
+    def rank(index: int) -> dict[str, Any]:
+        arguments = {"x": X, "y": Y, "batch_size": 16, "epochs": epochs, "verbose": 0, "validation_split": 0.25,
+                     "shuffle": True, "initial_epoch": 0, "validation_freq": 1, **kwargs}
+        history = fit_model(transports[index], models[index], arguments, None, overrides, run_dir, False)
+        return {"history": history.history, "epoch": list(history.epoch), "summary": history.summary,
+                "rounds": history.rounds, "weights": models[index].get_weights()}
+
+    return world.run({index: lambda index=index: rank(index) for index in range(3)}, timeout=120)
+
+
+@pytest.fixture(autouse=True)
+def start_in_place(monkeypatch):
+    monkeypatch.setattr("mpi_trainer.launch.job.start_rank", placed_in_place)
+
+
+def same_everywhere(result: dict[int, dict[str, Any]]) -> None:
+    for rank in (1, 2):
+        assert result[rank]["history"] == result[0]["history"]
+        assert result[rank]["epoch"] == result[0]["epoch"]
+        for mine, theirs in zip(result[rank]["weights"], result[0]["weights"], strict=True):
+            np.testing.assert_array_equal(mine, theirs)
+
+
+def test_best_of_keeps_one_workers_state_an_epoch_and_says_which():
+    result = fit_set(["aggregation.method=best"])
+    same_everywhere(result)
+    assert set(result[0]["rounds"]["winner"]) <= {1, 2}
+    assert len(result[0]["history"]["val_loss"]) == 3
+
+
+def test_weighted_and_sync_every_train_and_agree_everywhere():
+    for overrides in (["aggregation.method=weighted"], ["train.sync_every=2"]):
+        result = fit_set(overrides)
+        same_everywhere(result)
+        assert result[0]["history"]["loss"][-1] < result[0]["history"]["loss"][0], overrides
+
+
+def test_increment_grows_each_workers_rows_epoch_by_epoch(tmp_path):
+    # 120 training rows, 60 a worker; a draw of 12 more (0.1 of 120) each epoch, up to 0.8 of the rows (96)
+    result = fit_set(["data.increment.enabled=true", "data.increment.load_factor=0.1"], tmp_path / "run", epochs=4)
+    same_everywhere(result)
+    assert result[0]["rounds"]["samples"] == [2 * (60 + 12), 2 * (60 + 24), 2 * (60 + 36), 2 * (60 + 36)]
+    recorded = read_toml(tmp_path / "run" / "config.toml")  # the run record holds what was set from outside
+    assert recorded["data"]["increment"]["enabled"] is True and recorded["data"]["increment"]["load_factor"] == 0.1
+
+
+def test_increment_with_a_pipeline_is_refused_naming_what_it_needs():
+    import tensorflow as tf
+
+    dataset = tf.data.Dataset.from_tensor_slices((X, Y)).batch(16)
+    with pytest.raises(Exception, match="data.increment.*Received: data.increment.enabled=True with x of kind"):
+        fit_set(["data.increment.enabled=true"], x=dataset, y=None, validation_split=None)
