@@ -72,7 +72,8 @@ STEPS = "bound an epoch with fit's `steps_per_epoch`, or stop with a callback th
 FILES = "rank 0 writes rounds.csv, summary.json and train.log in the run directory; pass " \
         "keras.callbacks.TensorBoard in `callbacks` for event files"
 # The engines' features: their keys kept the meaning they had before this classification.
-ENGINE_ONLY = ("aggregation.ssp", "fault.survive", "early_stopping.patience", "data.rebalance", "data.augmentation.enabled", "data.placement")
+ENGINE_ONLY = ("aggregation.ssp", "fault.survive", "early_stopping.patience", "data.rebalance",
+               "data.augmentation.enabled", "data.placement")
 
 NOT_APPLIED: dict[str, str] = {
     **dict.fromkeys(ENGINE_ONLY, ENGINE),
