@@ -103,14 +103,25 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
             worker = WorkerRounds(transport, model, state, prepared.share, prepared.rows,
                                   cfg.aggregation.weighs_by_samples, wait_bounds(cfg), prepared.validation)
             worker.preemption, worker.sync_every = preemption, cfg.train.sync_every
-            worker.election = prepared.election
-            if cfg.data.increment.enabled:
-                worker.increment = (prepared.train_data, prepared.fixed_rows, cfg.data.increment)
+            take_share(worker, prepared, cfg)
+            if cfg.fault.survive:  # after a loss: this worker's share for the survivors, by its new rank
+                worker.reshare = lambda rounds: take_share(rounds, prepare(
+                    model, kwargs, transport.rank, transport.size - 1, cfg.evaluation.on_workers,
+                    cfg.aggregation.elects), cfg)
             worker.run()
             history = None
     finally:
         preemption.uninstall()
     return finish(transport, model, history)
+
+
+def take_share(worker: WorkerRounds, prepared: Prepared, cfg: Config) -> None:
+    """A worker's part of the fit: its share of the rows, its validation rows (to score, or to stand for
+    election with), and with ``data.increment`` the rows its draws come from."""
+    worker.share, worker.rows = prepared.share, prepared.rows
+    worker.validation, worker.election = prepared.validation, prepared.election
+    if cfg.data.increment.enabled:
+        worker.increment = (prepared.train_data, prepared.fixed_rows, cfg.data.increment)
 
 
 def check_config(cfg: Config, run_dir: Any, resume: bool, given: Collection[str] = ()) -> None:
@@ -326,6 +337,9 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
     rounds.workers_score, rounds.elects = prepared.workers_score, cfg.aggregation.elects
     rounds.parts = rounds_an_epoch(cfg.train.sync_every, kwargs, prepared, workers)
     rounds.preemption = preemption or rounds.preemption
+    if cfg.fault.survive:
+        rounds.fault = cfg.fault
+        rounds.plan_parts = lambda survivors: rounds_an_epoch(cfg.train.sync_every, kwargs, prepared, survivors)
     try:
         record.begin(saved)
         log_placements(placements)
@@ -344,12 +358,12 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
         else:
             rounds.run(start, epochs)
         if rounds.preempted:  # checkpointed after its last epoch, and the workers are leaving
-            record.finish(workers)
+            record.finish(transport.size - 1)
             raise Preempted()
         history = _history(callbacks, record, trained=not complete)
         if not complete:
             record.save_state(state.read(state.empty()), state.read_integers(), len(history.epoch), history, True)
-        history.summary = record.finish(workers)
+        history.summary = record.finish(transport.size - 1)  # the survivors, under fault.survive
         history.rounds = record.columns()
         history.run_dir = record.path
         return history

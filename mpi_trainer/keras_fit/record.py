@@ -110,6 +110,7 @@ class FitRecord:
         self.history: dict[str, list[float]] = {}
         self.epochs: list[int] = []
         self.header: list[str] = []  # rounds.csv's columns as written
+        self.lost: list[dict[str, Any]] = []  # fault.survive: the workers lost, each {rank, host, where}
 
     # -- before training -----------------------------------------------------------
     def open(self) -> dict[str, Any] | None:
@@ -165,6 +166,11 @@ class FitRecord:
     # -- each epoch ---------------------------------------------------------------
     def warn(self, message: str) -> None:
         self.log.warning("%s", message)
+
+    def lost_worker(self, world_rank: int, host: str, where: str) -> None:
+        """``fault.survive``: a worker was lost and the others carry on; named in the log and the summary."""
+        self.lost.append({"rank": world_rank, "host": host, "where": where})
+        self.log.warning("%s: worker rank %d on host %s was lost", where, world_rank, host)
 
     def count_bytes(self, sent: int) -> None:
         """Traffic outside an epoch (the final state handed to the workers): in the run's total only."""
@@ -257,6 +263,8 @@ class FitRecord:
                    "best_test_accuracy": max(scored) if scored else None,
                    "wall_seconds": time.time() - self.started, "traffic_bytes": self.traffic,
                    "stop_reason": self.stop_reason, "workers": workers, "complete": True, **self.describe}
+        if self.lost:
+            summary["lost_workers"] = self.lost
         if self.path is not None:
             from mpi_trainer.persistence.run_files import write_json_atomic
 

@@ -20,15 +20,18 @@ from __future__ import annotations
 import math
 import pickle
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mpi_trainer.errors import Preempted
+from mpi_trainer import hooks
+from mpi_trainer.errors import Preempted, RankLost, WorkerFailure
 from mpi_trainer.keras_fit import shares
 from mpi_trainer.keras_fit.state import ModelState
 from mpi_trainer.persistence.preemption import Preemption
+from mpi_trainer.worker.slowdown import make_slowdown
 
 if TYPE_CHECKING:
     from mpi_trainer.comm.transport import Transport
@@ -153,6 +156,12 @@ class WorkerRounds:
         self.election: dict[str, Any] | None = None  # best-of: model.evaluate's arguments for the validation data
         # data.increment: (every training row, this worker's fixed rows, the settings); each epoch adds a draw
         self.increment: tuple[Any, np.ndarray, Any] | None = None
+        # fault.survive: after a rank is lost, gives this worker its share for the survivors (None: the job ends)
+        self.reshare: Callable[[WorkerRounds], None] | None = None
+        test_hooks = hooks.active()  # debug.*: slow batches, and a crash at an epoch's training or contribution
+        self.slowdown = make_slowdown(test_hooks, transport.rank)
+        self.crash_at = ((test_hooks.crash_round, test_hooks.crash_phase)
+                         if test_hooks.crash_rank and test_hooks.crash_rank == transport.world_rank else None)
         self.preemption = Preemption()  # the job's, when the fit installed its signal handlers
         self.sync_every = 0  # train.sync_every: rounds of this many steps (arrays)
         self.order, self.order_epoch = np.arange(0), -1  # the epoch's order of the share's rows
@@ -163,43 +172,82 @@ class WorkerRounds:
         self.buffer = np.zeros(state.size + 1 + state.clocks, dtype=np.float32)
 
     def run(self) -> None:
-        size = self.state.size
+        """Carry out the scheduler's orders until it says stop."""
         while True:
-            order: Order = self.transport.bcast_object(None)
-            if not order.score:
-                self.clock.tick()
-            if order.state_follows:
-                self.transport.broadcast(self.buffer[:size])
-                self.state.write(self.buffer[:size])
-            self.state.write_integers(order.integers)
-            if order.stop and order.preempted:
-                raise Preempted()
-            if order.stop:
-                return
-            if order.score:
-                self.score()
-                continue
-            began = self.state.optimizer_steps()
-            if order.parts > 1:
-                report = self.train_part(order.epoch, order.part)
-            else:
-                report = self.train(order.epoch, *self.increment_share(order.epoch))
-            steps = [report.batches] + [now - then for now, then in zip(self.state.optimizer_steps(), began)]
-            weight = float(report.rows if self.weighted else 1) if report.batches else 0.0
-            if self.election is not None:
-                weight = self.stand(report)
-            if weight or self.election is None:
-                self.state.contribute(self.buffer[:size], weight, steps)
-            else:  # best-of, not elected: this worker adds nothing to the sum
-                self.buffer[:] = 0.0
-                steps = [0] * len(steps)
-            self.buffer[size] = weight
-            self.buffer[size + 1:] = steps
-            self.transport.reduce_sum(self.buffer)
-            report.preempt = self.preemption.requested
-            report.sent = self.transport.take_bytes()
-            report.sent += len(pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL)) * (self.transport.size - 1)
-            self.transport.allgather(report)
+            try:
+                if not self.serve():
+                    return
+            except RankLost as error:  # fault.survive: the survivors carry on; else the job ends
+                self.rejoin(error)
+
+    def rejoin(self, error: RankLost) -> None:
+        """``fault.survive``: a rank was lost. Carry on with the survivors under this worker's new rank, with
+        its share of the rows for the survivors (:attr:`reshare`); the scheduler redoes the epoch's rounds."""
+        if self.reshare is None:
+            raise error
+        while True:
+            self.transport.shrink()
+            if self.transport.world_ranks[0] != 0:
+                raise WorkerFailure("the scheduler (rank 0) was lost; ending the job for `launch` to restart it")
+            try:
+                self.transport.agree(1)
+                break
+            except RankLost:
+                continue  # another rank was lost during the shrink
+        self.order_epoch = -1  # the walk through the rows follows the new share
+        self.reshare(self)
+
+    def serve(self) -> bool:
+        """One order: take the state, then train, score or stop; False once the order is to stop."""
+        size = self.state.size
+        order: Order = self.transport.bcast_object(None)
+        if not order.score:
+            self.clock.tick()
+        if order.state_follows:
+            self.transport.broadcast(self.buffer[:size])
+            self.state.write(self.buffer[:size])
+        self.state.write_integers(order.integers)
+        if order.stop and order.preempted:
+            raise Preempted()
+        if order.stop:
+            return False
+        if order.score:
+            self.score()
+            return True
+        self.train_round(order)
+        return True
+
+    def train_round(self, order: Order) -> None:
+        """Train the round the order names, then add this worker's state to the sum and report."""
+        size = self.state.size
+        self.maybe_crash(order.epoch, "train")
+        began = self.state.optimizer_steps()
+        if order.parts > 1:
+            report = self.train_part(order.epoch, order.part)
+        else:
+            report = self.train(order.epoch, *self.increment_share(order.epoch))
+        steps = [report.batches] + [now - then for now, then in zip(self.state.optimizer_steps(), began)]
+        weight = float(report.rows if self.weighted else 1) if report.batches else 0.0
+        if self.election is not None:
+            weight = self.stand(report)
+        if weight or self.election is None:
+            self.state.contribute(self.buffer[:size], weight, steps)
+        else:  # best-of, not elected: this worker adds nothing to the sum
+            self.buffer[:] = 0.0
+            steps = [0] * len(steps)
+        self.buffer[size] = weight
+        self.buffer[size + 1:] = steps
+        self.maybe_crash(order.epoch, "contribute")
+        self.transport.reduce_sum(self.buffer)
+        report.preempt = self.preemption.requested
+        report.sent = self.transport.take_bytes()
+        report.sent += len(pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL)) * (self.transport.size - 1)
+        self.transport.allgather(report)
+
+    def maybe_crash(self, epoch: int, phase: str) -> None:
+        """Test hook (``debug.crash_rank``, ``crash_round``, ``crash_phase``): end this process as kill -9 would."""
+        if self.crash_at == (epoch, phase):
+            self.transport.crash()
 
     def stand(self, report: Report) -> float:
         """Best-of: score this worker's state on the validation data; every rank learns every score and so the
@@ -226,8 +274,9 @@ class WorkerRounds:
         """One ``model.fit`` epoch over ``share`` (default: the whole share of the input)."""
         counter = _BatchCounter()
         started = time.perf_counter()
+        callbacks = [counter.callback] + ([self.slowdown] if self.slowdown is not None else [])
         history = self.model.fit(**(share or self.share), epochs=epoch + 1, initial_epoch=epoch, verbose=0,
-                                 callbacks=[counter.callback])
+                                 callbacks=callbacks)
         logs = {name: float(values[-1]) for name, values in history.history.items() if values}
         rows = rows or self.rows or counter.batches * (self.share.get("batch_size") or 32)
         return Report(logs, counter.batches, int(rows), time.perf_counter() - started, self.state.read_integers())
@@ -285,6 +334,8 @@ class SchedulerRounds:
         self.before_integers: list[np.ndarray] = []
         self.optimizers_checked = False  # whether the first trained epoch's optimizer steps were looked at
         self.elects = False  # best-of: the workers score their states and the best one is kept (set by the fit)
+        self.fault: Any = None  # fault.survive: the fault settings (None: a lost rank ends the job)
+        self.plan_parts: Callable[[int], int] = lambda workers: self.parts  # rounds an epoch for so many workers
         self.winner = 0  # best-of: the index among the workers of the last round's elected one
 
     def run(self, initial_epoch: int, epochs: int) -> dict[str, float]:
@@ -337,8 +388,13 @@ class SchedulerRounds:
     def epoch(self, epoch: int) -> dict[str, float]:
         started = time.perf_counter()
         self.callbacks.on_epoch_begin(epoch)
-        times = {"comm_seconds": 0.0, "aggregate_seconds": 0.0}
-        rounds = [self.round(epoch, part, times) for part in range(self.parts)]  # one, or one a sync_every steps
+        while True:
+            times = {"comm_seconds": 0.0, "aggregate_seconds": 0.0}
+            try:
+                rounds = [self.round(epoch, part, times) for part in range(self.parts)]  # one, or one a k steps
+                break
+            except RankLost as error:  # fault.survive: the epoch's rounds start over with the survivors
+                self.carry_on(error, epoch)
         reports = merged_reports(rounds)
         self.reports = reports
         combined = time.perf_counter()
@@ -354,6 +410,33 @@ class SchedulerRounds:
                                                  **times, "eval_seconds": scored - combined, **trained})
         self.record.checkpoint(epoch + 1, self.state, self.callbacks, outer=self.outer.state_arrays())
         return logs
+
+    def carry_on(self, error: RankLost, epoch: int) -> None:
+        """``fault.survive``: shrink to the surviving ranks, name the lost, and redo the epoch's rounds from the
+        state the rounds so far reached (the epoch's start when a round is an epoch), each survivor on its
+        share for the survivors. Below ``fault.min_workers`` the job checkpoints and ends for ``launch``."""
+        if self.fault is None or not self.fault.survive:
+            raise error
+        while True:
+            hosts = list(self.transport.hosts or [])
+            shrunk = self.transport.shrink()
+            for rank, world_rank in zip(shrunk.lost, shrunk.lost_world):
+                host = hosts[rank] if rank < len(hosts) else "?"
+                self.record.lost_worker(world_rank, host, f"epoch {epoch}")
+            try:
+                self.transport.agree(1)
+                break
+            except RankLost:
+                continue  # another rank was lost during the shrink
+        workers = self.transport.size - 1
+        self.workers_hold = False  # their buffers hold their parts of a sum that did not complete
+        if workers < max(1, self.fault.min_workers):
+            self.record.checkpoint(epoch, self.state, self.callbacks, force=True, outer=self.outer.state_arrays())
+            raise WorkerFailure(f"{workers} workers left, fewer than fault.min_workers={self.fault.min_workers}; "
+                                f"checkpointed before epoch {epoch} and ending the job for `launch` to restart it")
+        self.parts = self.plan_parts(workers)
+        self.record.log.warning("epoch %d: carrying on with %d workers, each on its share for the survivors; the "
+                                "epoch's rounds start again from the state reached", epoch, workers)
 
     def recorded_logs(self, logs: dict[str, float]) -> dict[str, float]:
         """The epoch's logs as History holds them (callbacks add entries such as ``learning_rate``)."""

@@ -57,6 +57,9 @@ HONOURED: dict[str, str] = {
     **dict.fromkeys(("data.increment.enabled", "data.increment.load_factor", "data.increment.absolute_factor",
                      "data.increment.min_gap"),
                     "each epoch a worker trains its own rows plus a seeded draw of the others' (arrays, whole epochs)"),
+    "fault.survive": "a lost worker's epoch starts again with the survivors, each on its share for them "
+                     "(needs fault-tolerant MPI: launch, or mpirun --with-ft ulfm)",
+    "fault.min_workers": "with fault.survive: fewer workers than this checkpoint and end the job for launch",
     "evaluation.where": "'workers': each worker scores its shard of the validation data with the combined state, "
                         "and their metric states are summed on rank 0 (docs/keras.md)",
 }
@@ -72,13 +75,13 @@ STEPS = "bound an epoch with fit's `steps_per_epoch`, or stop with a callback th
 FILES = "rank 0 writes rounds.csv, summary.json and train.log in the run directory; pass " \
         "keras.callbacks.TensorBoard in `callbacks` for event files"
 # The engines' features: their keys kept the meaning they had before this classification.
-ENGINE_ONLY = ("aggregation.ssp", "fault.survive", "early_stopping.patience", "data.rebalance",
+ENGINE_ONLY = ("aggregation.ssp", "early_stopping.patience", "data.rebalance",
                "data.augmentation.enabled", "data.placement")
 
 NOT_APPLIED: dict[str, str] = {
     **dict.fromkeys(ENGINE_ONLY, ENGINE),
     **dict.fromkeys(("aggregation.staleness_damping", "train.sync_warmup_epochs", "train.sync_warmup_every",
-                     "train.overlap_eval", "fault.min_workers", "data.augmentation.shift",
+                     "train.overlap_eval", "data.augmentation.shift",
                      "data.augmentation.rotation", "data.augmentation.zoom", "data.augmentation.flip",
                      "data.rebalance_smoothing"), ENGINE),
     "aggregation.wire_dtype": "a keras.Model's state travels as float32",
@@ -101,7 +104,7 @@ NOT_APPLIED: dict[str, str] = {
 # Values of keys in NOT_APPLIED that say what this path does anyway: accepted even when set.
 AS_DONE: dict[str, Any] = {
     "aggregation.ssp": 0, "aggregation.staleness_damping": False, "aggregation.wire_dtype": "float32",
-    "fault.survive": False, "early_stopping.patience": 0,
+    "early_stopping.patience": 0,
     "train.sync_warmup_epochs": 0, "train.max_steps": 0, "train.overlap_eval": False,
     "train.divergence": "off", "data.augmentation.enabled": False,
     "data.rebalance": False, "data.placement": "shared", "data.test_size": 0.0, "data.validation_size": 0.0,

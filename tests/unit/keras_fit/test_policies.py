@@ -86,3 +86,26 @@ def test_increment_with_a_pipeline_is_refused_naming_what_it_needs():
     dataset = tf.data.Dataset.from_tensor_slices((X, Y)).batch(16)
     with pytest.raises(Exception, match="data.increment.*Received: data.increment.enabled=True with x of kind"):
         fit_set(["data.increment.enabled=true"], x=dataset, y=None, validation_split=None)
+
+
+# worker rank 2 ends itself as kill -9 would while it trains epoch 1
+LOSE_RANK_2 = ["debug.crash_rank=2", "debug.crash_round=1", "debug.crash_phase=train"]
+
+
+def test_survive_a_worker_lost_mid_run_leaves_the_other_to_finish_every_epoch():
+    result = fit_set(["fault.survive=true", *LOSE_RANK_2])
+    assert result[2] is None  # lost
+    survivors = {rank: result[rank] for rank in (0, 1)}
+    same_everywhere({**survivors, 2: survivors[1]})
+    assert survivors[0]["epoch"] == [0, 1, 2]
+    assert survivors[0]["rounds"]["workers"] == [2, 1, 1]
+    assert survivors[0]["rounds"]["samples"] == [120, 120, 120]  # the survivor takes every row
+    summary = survivors[0]["summary"]
+    assert [lost["rank"] for lost in summary["lost_workers"]] == [2] and summary["workers"] == 1
+
+
+def test_without_survive_a_lost_worker_ends_the_job():
+    from mpi_trainer.errors import RankLost
+
+    with pytest.raises(RankLost):
+        fit_set(LOSE_RANK_2)
