@@ -18,6 +18,11 @@ makes already). A linear recursion without the ``(1 - a)`` factor (SGD's momentu
 
 A running sum (Adagrad's accumulators) combines as ``m0 + sum(m_w - m0)``.
 
+Under SSP each update is merged alone, as it arrives, into a global average that other updates
+may have moved since its author started from ``base`` (:func:`merge_update`): its ``n`` steps are
+applied to the global average as they moved its own, ``m <- m_w + a**n * (m - base)``, which is
+``m_w`` when nothing moved it meanwhile: one process that made the updates in the order they came.
+
 Each worker computes its contribution before the sum (:func:`contribution`), so the combine
 costs one reduction and no more traffic than a plain mean; rank 0 finishes it (:func:`combine`).
 Arrays are float32 and updated in place.
@@ -61,3 +66,19 @@ def sum_contribution(final: np.ndarray, start: np.ndarray) -> None:
 def sum_combine(summed: np.ndarray, start: np.ndarray) -> None:
     """Rank 0's side of a running sum, in place: the start plus every worker's additions."""
     summed += start
+
+
+def merge_update(into: np.ndarray, local: np.ndarray, base: np.ndarray, steps: int, decay: float) -> None:
+    """SSP, in place: one worker's ``steps`` updates from ``base`` (which left it at ``local``) applied to
+    the global average ``into``: ``into <- local + a**n * (into - base)``."""
+    if steps <= 0:
+        return
+    into -= base
+    into *= np.float32(decay ** steps)
+    into += local
+
+
+def sum_merge(into: np.ndarray, local: np.ndarray, base: np.ndarray) -> None:
+    """SSP, in place: one worker's additions to a running sum added to the global sum."""
+    into += local
+    into -= base

@@ -25,7 +25,8 @@ from mpi_trainer.keras_fit.outer_choice import choose_outer
 from mpi_trainer.keras_fit.record import FitRecord, fingerprint
 from mpi_trainer.keras_fit.rounds import SchedulerRounds, WorkerRounds
 from mpi_trainer.keras_fit.saving import save_whole_files
-from mpi_trainer.keras_fit.settings import given_keys, refusals
+from mpi_trainer.keras_fit.settings import given_keys, refusals, value_of
+from mpi_trainer.keras_fit.stale import StaleScheduler, StaleWorker
 from mpi_trainer.keras_fit.state import ModelState, build_optimizers
 from mpi_trainer.launch.agreement import agree, agreed, load_config_everywhere
 from mpi_trainer.persistence.preemption import Preemption
@@ -100,7 +101,8 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
             history = schedule(transport, model, state, kwargs, cfg, prepared, agreed(record), saved, placements,
                                preemption)
         else:
-            worker = WorkerRounds(transport, model, state, prepared.share, prepared.rows,
+            worker = (StaleWorker if cfg.aggregation.ssp else WorkerRounds)(
+                transport, model, state, prepared.share, prepared.rows,
                                   cfg.aggregation.weighs_by_samples, wait_bounds(cfg), prepared.validation)
             worker.preemption, worker.sync_every = preemption, cfg.train.sync_every
             take_share(worker, prepared, cfg)
@@ -132,12 +134,29 @@ def check_config(cfg: Config, run_dir: Any, resume: bool, given: Collection[str]
     refused when its value differs from the default.
     """
     has_run_dir = run_dir is not None or bool(os.environ.get("MPI_TRAINER_RUN_DIR"))
-    problems = refusals(cfg, given, has_run_dir)
+    problems = refusals(cfg, given, has_run_dir) + ssp_conflicts(cfg)
     if problems:
         raise ConfigError("\n".join(problems))
     if resume and not has_run_dir:
         raise ConfigError("`resume=True` needs the run directory to continue. Received: run_dir=None; "
                           "expected the run_dir of an earlier fit")
+
+
+def ssp_conflicts(cfg: Config) -> list[str]:
+    """What a fit of a keras.Model does not combine with ``aggregation.ssp > 0``, each as a message."""
+    ssp = cfg.aggregation.ssp
+    if not ssp:
+        return []
+    conflicts = {
+        "aggregation.method": (cfg.aggregation.elects, "'average' or 'weighted'",
+                               "an election needs every worker's state of one epoch at once"),
+        "train.sync_every": (cfg.train.sync_every > 0, "0", "an SSP update is a worker's whole epoch"),
+        "fault.survive": (cfg.fault.survive, "false", "the synchronous epochs are what restart with the survivors"),
+        "evaluation.where": (cfg.evaluation.on_workers, "'scheduler'", "the workers are busy with their next epochs"),
+    }
+    return [f"`aggregation.ssp` = {ssp} cannot be combined with {key}={value_of(cfg, key)!r} when `model` is a "
+            f"keras.Model: {why}. Expected {key} = {expected}, or aggregation.ssp = 0"
+            for key, (conflicts_with, expected, why) in conflicts.items() if conflicts_with]
 
 
 def check_sync_every(sync_every: int, kwargs: dict[str, Any]) -> None:
@@ -302,7 +321,8 @@ def make_record(model: Any, kwargs: dict[str, Any], cfg: Config, prepared: Prepa
     """Rank 0's record of this fit, in ``run_dir`` (or ``launch``'s), or kept in memory only."""
     path = run_dir if run_dir is not None else os.environ.get("MPI_TRAINER_RUN_DIR")
     workers = len(placements) - 1
-    describe = {"aggregation": cfg.aggregation.method, "ssp": 0, "outer_optimizer": outer_for(cfg, model, workers)[0],
+    describe = {"aggregation": cfg.aggregation.method, "ssp": cfg.aggregation.ssp,
+                "outer_optimizer": outer_for(cfg, model, workers)[0],
                 "placement": [placement.as_dict() for placement in placements]}
     return FitRecord(None if path is None else Path(path),
                      fingerprint(model, prepared.train_data, arguments_print(kwargs), cfg.to_dict()), describe,
@@ -332,8 +352,11 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
     callbacks = keras.callbacks.CallbackList(list(kwargs.get("callbacks") or []), add_history=True,
                                              add_progbar=verbose != 0, verbose=verbose, epochs=epochs,
                                              steps=worker_steps(kwargs, prepared, workers), model=model)
-    rounds = SchedulerRounds(transport, model, state, outer, callbacks, prepared.validation,
-                             kwargs.get("validation_freq", 1), record, wait_bounds(cfg))
+    arguments = (transport, model, state, outer, callbacks, prepared.validation, kwargs.get("validation_freq", 1),
+                 record, wait_bounds(cfg))
+    aggregation = cfg.aggregation
+    rounds = SchedulerRounds(*arguments) if not aggregation.ssp else StaleScheduler(
+        *arguments, ssp=aggregation.ssp, damping=aggregation.staleness_damping, weighted=aggregation.weighs_by_samples)
     rounds.workers_score, rounds.elects = prepared.workers_score, cfg.aggregation.elects
     rounds.parts = rounds_an_epoch(cfg.train.sync_every, kwargs, prepared, workers)
     rounds.preemption = preemption or rounds.preemption

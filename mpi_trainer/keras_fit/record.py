@@ -182,11 +182,13 @@ class FitRecord:
     def epoch(self, epoch: int, logs: dict[str, float], reports: list[Any], times: dict[str, float],
               state: Any = None) -> None:
         sent = int(times.pop("bytes", 0))
+        staleness = times.pop("max_staleness", 0)  # SSP: the most an epoch's update started ahead of the slowest
         self.traffic += sent
         seconds = [report.seconds for report in reports]
         row = {"round": epoch, **times, "train_seconds_max": max(seconds), "train_seconds_min": min(seconds),
                "bytes": sent, "test_loss": logs.get("val_loss", math.nan),
-               "test_accuracy": logs.get("val_accuracy", logs.get("val_acc", math.nan)), "max_staleness": 0,
+               "test_accuracy": logs.get("val_accuracy", logs.get("val_acc", math.nan)),
+               "max_staleness": staleness,
                "train_loss": logs.get("loss", math.nan), "train_accuracy": logs.get("accuracy", math.nan),
                **{key: float(value) for key, value in logs.items()}}
         self.rows.append(row)

@@ -63,6 +63,9 @@ class Report:
     rows: int
     seconds: float
     integers: list[np.ndarray]
+    steps: list[int] = field(default_factory=list)  # SSP: its count of each clock (the model's, each optimizer's)
+    staleness: int = 0  # SSP: how far ahead of the slowest worker it started (set by rank 0)
+    worker: int = 0  # SSP: the rank it came from (set by rank 0)
     sent: int = 0  # the bytes the worker sent for this epoch: its state into the sum, and this report
     preempt: bool = False  # a preemption signal reached this worker
     scores: dict[str, float] = field(default_factory=dict)  # best-of: its state's Keras scores on the validation data
@@ -388,20 +391,15 @@ class SchedulerRounds:
     def epoch(self, epoch: int) -> dict[str, float]:
         started = time.perf_counter()
         self.callbacks.on_epoch_begin(epoch)
-        while True:
-            times = {"comm_seconds": 0.0, "aggregate_seconds": 0.0}
-            try:
-                rounds = [self.round(epoch, part, times) for part in range(self.parts)]  # one, or one a k steps
-                break
-            except RankLost as error:  # fault.survive: the epoch's rounds start over with the survivors
-                self.carry_on(error, epoch)
-        reports = merged_reports(rounds)
+        times = {"comm_seconds": 0.0, "aggregate_seconds": 0.0}
+        reports = self.train_epoch(epoch, times)
         self.reports = reports
         combined = time.perf_counter()
         logs = self.train_logs(reports)
         logs.update(self.validate(epoch))
         scored = time.perf_counter()
         self.callbacks.on_epoch_end(epoch, logs)
+        self.epoch_ended()
         logs = self.recorded_logs(logs)
         sent = self.transport.take_bytes() + sum(report.sent for report in reports)  # rank 0's, then the workers'
         trained = {"samples": sum(report.rows for report in reports), "workers": len(reports),
@@ -410,6 +408,17 @@ class SchedulerRounds:
                                                  **times, "eval_seconds": scored - combined, **trained})
         self.record.checkpoint(epoch + 1, self.state, self.callbacks, outer=self.outer.state_arrays())
         return logs
+
+    def train_epoch(self, epoch: int, times: dict[str, float]) -> list[Report]:
+        """The epoch's rounds, combined; each worker's report of them (their seconds added to ``times``)."""
+        while True:
+            try:
+                return merged_reports([self.round(epoch, part, times) for part in range(self.parts)])
+            except RankLost as error:  # fault.survive: the epoch's rounds start over with the survivors
+                self.carry_on(error, epoch)
+
+    def epoch_ended(self) -> None:
+        """After the epoch's callbacks: nothing here (the model holds the state the next round hands out)."""
 
     def carry_on(self, error: RankLost, epoch: int) -> None:
         """``fault.survive``: shrink to the surviving ranks, name the lost, and redo the epoch's rounds from the

@@ -7,7 +7,7 @@ that train a model given by name or as a function. Every key of the config is cl
 what a Keras script does instead). A key this path does not apply is refused before training when
 its value differs from the default, or when the script sets it at all (:func:`given_keys`), unless
 the value is :data:`AS_DONE`: the value that says what this path does anyway (``log.tensorboard =
-false``, ``aggregation.ssp = 0``).
+false``, ``train.max_steps = 0``).
 """
 
 from __future__ import annotations
@@ -57,6 +57,9 @@ HONOURED: dict[str, str] = {
     **dict.fromkeys(("data.increment.enabled", "data.increment.load_factor", "data.increment.absolute_factor",
                      "data.increment.min_gap"),
                     "each epoch a worker trains its own rows plus a seeded draw of the others' (arrays, whole epochs)"),
+    "aggregation.ssp": "s > 0: each worker's epoch is merged as it arrives, a worker at most s epochs ahead of "
+                       "the slowest; every W merged updates close an epoch (docs/keras.md)",
+    "aggregation.staleness_damping": "under SSP: an update's share divided by 1 + its staleness",
     "fault.survive": "a lost worker's epoch starts again with the survivors, each on its share for them "
                      "(needs fault-tolerant MPI: launch, or mpirun --with-ft ulfm)",
     "fault.min_workers": "with fault.survive: fewer workers than this checkpoint and end the job for launch",
@@ -65,7 +68,7 @@ HONOURED: dict[str, str] = {
 }
 
 # What a Keras script does instead of each key a keras.Model does not apply.
-ENGINE = "a keras.Model trains in synchronous epochs with Keras' own callbacks"
+ENGINE = "a keras.Model trains each worker's share as Keras' fit takes it, with Keras' own callbacks"
 DATA = "a keras.Model trains on the `x` and `y` the script passes; hold rows out with `validation_split` or " \
        "`validation_data`"
 COMPILED = "a keras.Model trains with the optimizer, loss and metrics it was compiled with"
@@ -75,12 +78,12 @@ STEPS = "bound an epoch with fit's `steps_per_epoch`, or stop with a callback th
 FILES = "rank 0 writes rounds.csv, summary.json and train.log in the run directory; pass " \
         "keras.callbacks.TensorBoard in `callbacks` for event files"
 # The engines' features: their keys kept the meaning they had before this classification.
-ENGINE_ONLY = ("aggregation.ssp", "early_stopping.patience", "data.rebalance",
+ENGINE_ONLY = ("early_stopping.patience", "data.rebalance",
                "data.augmentation.enabled", "data.placement")
 
 NOT_APPLIED: dict[str, str] = {
     **dict.fromkeys(ENGINE_ONLY, ENGINE),
-    **dict.fromkeys(("aggregation.staleness_damping", "train.sync_warmup_epochs", "train.sync_warmup_every",
+    **dict.fromkeys(("train.sync_warmup_epochs", "train.sync_warmup_every",
                      "train.overlap_eval", "data.augmentation.shift",
                      "data.augmentation.rotation", "data.augmentation.zoom", "data.augmentation.flip",
                      "data.rebalance_smoothing"), ENGINE),
@@ -103,7 +106,7 @@ NOT_APPLIED: dict[str, str] = {
 
 # Values of keys in NOT_APPLIED that say what this path does anyway: accepted even when set.
 AS_DONE: dict[str, Any] = {
-    "aggregation.ssp": 0, "aggregation.staleness_damping": False, "aggregation.wire_dtype": "float32",
+    "aggregation.wire_dtype": "float32",
     "early_stopping.patience": 0,
     "train.sync_warmup_epochs": 0, "train.max_steps": 0, "train.overlap_eval": False,
     "train.divergence": "off", "data.augmentation.enabled": False,

@@ -234,6 +234,20 @@ class ModelState:
             else:
                 moving_averages.combine(part, before[start:end], int(steps[rule.clock]), rule.decay)
 
+    def merge(self, into: np.ndarray, local: np.ndarray, base: np.ndarray, share: float, steps: list[int]) -> None:
+        """SSP, in place: one worker's update merged into the global state ``into`` as it arrives (``base``:
+        the state it started from, ``local``: where it ended, ``steps``: its count of each clock). A mean
+        takes ``share`` of the worker's change, a running sum all of it, a moving average the worker's
+        steps applied to the global one (:func:`~mpi_trainer.algorithms.moving_averages.merge_update`)."""
+        for rule, start, end in zip(self.rules, self.offsets[:-1], self.offsets[1:]):
+            part, mine, began = into[start:end], local[start:end], base[start:end]
+            if rule.kind == MEAN:
+                part += np.float32(share) * (mine - began)
+            elif rule.kind == SUM:
+                moving_averages.sum_merge(part, mine, began)
+            else:
+                moving_averages.merge_update(part, mine, began, int(steps[rule.clock]), rule.decay)
+
     def combine_integers(self, before: list[np.ndarray], first_worker: list[np.ndarray],
                          steps: np.ndarray) -> list[np.ndarray]:
         """Each optimizer's step count advanced by every worker's steps; other integers the first worker's."""

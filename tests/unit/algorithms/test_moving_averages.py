@@ -66,3 +66,25 @@ def test_running_sums_add_every_workers_additions_to_the_start():
         summed += part
     moving_averages.sum_combine(summed, start)
     np.testing.assert_allclose(summed, start + 2.0)
+
+
+def test_ssp_merges_in_arrival_order_are_one_process_that_made_the_updates_in_that_order():
+    rng = np.random.default_rng(2)
+    start = rng.normal(size=4).astype(np.float32)
+    first = list(rng.normal(size=(3, 4)).astype(np.float32))
+    second = list(rng.normal(size=(5, 4)).astype(np.float32))
+    into = start.copy()
+    for batches in (first, second):  # both workers started from ``start``; merged as they arrive
+        moving_averages.merge_update(into, ema(start, batches, 0.8), start, len(batches), 0.8)
+    np.testing.assert_allclose(into, ema(start, first + second, 0.8), rtol=1e-5, atol=1e-6)
+
+
+def test_an_ssp_merge_onto_the_state_it_started_from_is_the_workers_own_and_sums_add():
+    start = np.array([1.0, -2.0], np.float32)
+    moved = ema(start, [np.ones(2, np.float32)] * 2, 0.5)
+    into = start.copy()
+    moving_averages.merge_update(into, moved, start, 2, 0.5)
+    np.testing.assert_allclose(into, moved, rtol=1e-6)
+    total = np.array([3.0, 3.0], np.float32)
+    moving_averages.sum_merge(total, start + 0.5, start)
+    np.testing.assert_allclose(total, [3.5, 3.5])

@@ -109,3 +109,20 @@ def test_without_survive_a_lost_worker_ends_the_job():
 
     with pytest.raises(RankLost):
         fit_set(LOSE_RANK_2)
+
+
+def test_ssp_lets_a_fast_worker_run_ahead_within_the_bound_and_every_rank_ends_alike():
+    # worker rank 1 takes four times as long a batch: rank 2 runs ahead, at most 2 epochs
+    result = fit_set(["aggregation.ssp=2", "debug.batch_delay=0.004", "debug.slow_ranks=[1]",
+                      "debug.slow_factor=4"], epochs=6)
+    same_everywhere(result)
+    staleness = result[0]["rounds"]["max_staleness"]
+    assert max(staleness) == 2 and min(staleness) >= 0, staleness
+    history = result[0]["history"]
+    assert len(history["val_loss"]) == 6 and history["loss"][-1] < history["loss"][0]
+    assert result[0]["summary"]["ssp"] == 2
+
+
+def test_ssp_with_best_of_is_refused_naming_both():
+    with pytest.raises(Exception, match=r"`aggregation.ssp` = 1 cannot be combined with aggregation.method='best'"):
+        fit_set(["aggregation.ssp=1", "aggregation.method=best"])

@@ -142,9 +142,9 @@ def test_max_steps_is_refused_by_its_value_alone():
 
 
 def test_engine_only_keys_keep_their_meaning_in_the_message():
-    message = refused({"aggregation.ssp": 1})
+    message = refused({"data.rebalance": True})
     assert message is not None and "applies to models given by name or as a function" in message
-    assert "a keras.Model trains in synchronous epochs with Keras' own callbacks" in message
+    assert "a keras.Model trains each worker's share as Keras' fit takes it" in message
 
 
 @pytest.mark.parametrize("overrides", [
