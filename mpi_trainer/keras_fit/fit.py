@@ -74,6 +74,7 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
         check_backend()
         check_sync_every(cfg.train.sync_every, kwargs)
         check_increment(cfg, kwargs)
+        check_early_stopping(cfg, kwargs)
         prepared = prepare(model, kwargs, transport.rank, workers, cfg.evaluation.on_workers, cfg.aggregation.elects)
     except (InputError, ValueError, TypeError) as exc:  # Keras' refusals are ValueError / TypeError
         error = str(exc)
@@ -180,6 +181,46 @@ def check_increment(cfg: Config, kwargs: dict[str, Any]) -> None:
                           f"True with x of kind {kind!r}, steps_per_epoch={kwargs.get('steps_per_epoch')!r} and "
                           f"train.sync_every={cfg.train.sync_every}; expected arrays, no steps_per_epoch and "
                           f"train.sync_every=0, or data.increment.enabled=false")
+
+
+def check_early_stopping(cfg: Config, kwargs: dict[str, Any]) -> None:
+    """``early_stopping.patience`` watching held-out rows needs the fit's validation data."""
+    settings = cfg.early_stopping
+    held_out = kwargs.get("validation_data") is not None or bool(kwargs.get("validation_split"))
+    if settings.patience and not settings.monitor.startswith("train_") and not held_out:
+        raise ConfigError(f"`early_stopping.monitor` = {settings.monitor!r} watches the held-out rows, and this fit "
+                          f"holds none out. Received: early_stopping.patience={settings.patience} with "
+                          f"validation_data=None and validation_split={kwargs.get('validation_split')!r}; expected "
+                          f"validation_data or validation_split, or a train_* monitor")
+
+
+def early_stopping(cfg: Config) -> list[Any]:
+    """``early_stopping.patience > 0``: Keras' own EarlyStopping among rank 0's callbacks, watching the config's
+    monitor (``test_*`` and ``val_*``: the fit's validation data; ``train_*``: the training logs), restoring
+    the best weights at the end as the command line keeps them. A monitor the logs never hold is named."""
+    import keras
+
+    from mpi_trainer.algorithms.early_stopping import minimised
+
+    settings = cfg.early_stopping
+    if not settings.patience:
+        return []
+    split, name = settings.monitor.split("_", 1)
+    monitor = name if split == "train" else f"val_{name}"
+    mode = settings.mode if settings.mode != "auto" else ("min" if minimised(settings.monitor) else "max")
+
+    class Watched(keras.callbacks.EarlyStopping):
+        def get_monitor_value(self, logs: Any) -> Any:
+            logs = logs or {}
+            scored = split == "train" or any(key.startswith("val_") for key in logs)
+            if scored and self.monitor not in logs:  # else an epoch validation_freq does not score
+                raise ConfigError(f"`early_stopping.monitor` = {settings.monitor!r} watches {self.monitor!r}, which "
+                                  f"the epoch's logs do not hold. Received logs: {sorted(logs)}; expected a "
+                                  f"metric the model was compiled with")
+            return super().get_monitor_value(logs)
+
+    return [Watched(monitor=monitor, patience=settings.patience, min_delta=settings.min_delta, mode=mode,
+                    restore_best_weights=True)]
 
 
 def rounds_an_epoch(sync_every: int, kwargs: dict[str, Any], prepared: Prepared, workers: int) -> int:
@@ -349,7 +390,8 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
     outer = OuterOptimizer(dataclasses.replace(OuterSettings.from_config(cfg, workers), name=outer_name))
     verbose = kwargs.get("verbose", "auto")
     epochs = kwargs.get("epochs", 1)
-    callbacks = keras.callbacks.CallbackList(list(kwargs.get("callbacks") or []), add_history=True,
+    callbacks = keras.callbacks.CallbackList(list(kwargs.get("callbacks") or []) + early_stopping(cfg),
+                                             add_history=True,
                                              add_progbar=verbose != 0, verbose=verbose, epochs=epochs,
                                              steps=worker_steps(kwargs, prepared, workers), model=model)
     arguments = (transport, model, state, outer, callbacks, prepared.validation, kwargs.get("validation_freq", 1),

@@ -60,6 +60,10 @@ HONOURED: dict[str, str] = {
     "aggregation.ssp": "s > 0: each worker's epoch is merged as it arrives, a worker at most s epochs ahead of "
                        "the slowest; every W merged updates close an epoch (docs/keras.md)",
     "aggregation.staleness_damping": "under SSP: an update's share divided by 1 + its staleness",
+    **dict.fromkeys(("early_stopping.patience", "early_stopping.min_delta", "early_stopping.monitor",
+                     "early_stopping.mode"),
+                    "patience > 0: keras.callbacks.EarlyStopping on rank 0 watching the monitor (test_* and val_*: "
+                    "the validation data), the best weights restored at the end"),
     "fault.survive": "a lost worker's epoch starts again with the survivors, each on its share for them "
                      "(needs fault-tolerant MPI: launch, or mpirun --with-ft ulfm)",
     "fault.min_workers": "with fault.survive: fewer workers than this checkpoint and end the job for launch",
@@ -72,13 +76,12 @@ ENGINE = "a keras.Model trains each worker's share as Keras' fit takes it, with 
 DATA = "a keras.Model trains on the `x` and `y` the script passes; hold rows out with `validation_split` or " \
        "`validation_data`"
 COMPILED = "a keras.Model trains with the optimizer, loss and metrics it was compiled with"
-EARLY_STOPPING = "pass keras.callbacks.EarlyStopping in `callbacks`"
 NOT_FINITE = "pass keras.callbacks.TerminateOnNaN in `callbacks` (a combined state that is not finite is logged)"
 STEPS = "bound an epoch with fit's `steps_per_epoch`, or stop with a callback that sets `model.stop_training`"
 FILES = "rank 0 writes rounds.csv, summary.json and train.log in the run directory; pass " \
         "keras.callbacks.TensorBoard in `callbacks` for event files"
 # The engines' features: their keys kept the meaning they had before this classification.
-ENGINE_ONLY = ("early_stopping.patience", "data.rebalance",
+ENGINE_ONLY = ("data.rebalance",
                "data.augmentation.enabled", "data.placement")
 
 NOT_APPLIED: dict[str, str] = {
@@ -95,7 +98,6 @@ NOT_APPLIED: dict[str, str] = {
     **dict.fromkeys(("model.name", "model.optimizer", "model.learning_rate", "model.activation", "model.loss",
                      "model.metrics", "lbfgs.history_size", "lbfgs.gtol", "lbfgs.ftol", "lbfgs.max_evaluations",
                      "lbfgs.batch_size"), COMPILED),
-    **dict.fromkeys(("early_stopping.min_delta", "early_stopping.monitor", "early_stopping.mode"), EARLY_STOPPING),
     **dict.fromkeys(("train.nan_policy", "train.divergence", "train.divergence_rounds"), NOT_FINITE),
     "train.max_steps": STEPS,
     "train.shuffle": "pass `shuffle=False` to fit",
@@ -106,10 +108,8 @@ NOT_APPLIED: dict[str, str] = {
 
 # Values of keys in NOT_APPLIED that say what this path does anyway: accepted even when set.
 AS_DONE: dict[str, Any] = {
-    "aggregation.wire_dtype": "float32",
-    "early_stopping.patience": 0,
-    "train.sync_warmup_epochs": 0, "train.max_steps": 0, "train.overlap_eval": False,
-    "train.divergence": "off", "data.augmentation.enabled": False,
+    "aggregation.wire_dtype": "float32", "train.sync_warmup_epochs": 0, "train.max_steps": 0,
+    "train.overlap_eval": False, "train.divergence": "off", "data.augmentation.enabled": False,
     "data.rebalance": False, "data.placement": "shared", "data.test_size": 0.0, "data.validation_size": 0.0,
     "log.plots": False, "log.tensorboard": False, "log.timeline": False,
 }

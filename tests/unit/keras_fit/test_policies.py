@@ -126,3 +126,35 @@ def test_ssp_lets_a_fast_worker_run_ahead_within_the_bound_and_every_rank_ends_a
 def test_ssp_with_best_of_is_refused_naming_both():
     with pytest.raises(Exception, match=r"`aggregation.ssp` = 1 cannot be combined with aggregation.method='best'"):
         fit_set(["aggregation.ssp=1", "aggregation.method=best"])
+
+
+class Worsening(keras.callbacks.Callback):
+    """Rank 0's logs say the validation loss got worse from epoch 1 on, whatever training does."""
+
+    best: list = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs["val_loss"] = 1.0 + epoch
+        if epoch == 0:
+            self.best = self.model.get_weights()
+
+
+def test_patience_stops_with_keras_early_stopping_and_restores_the_best_weights():
+    worsening = Worsening()
+    result = fit_set(["early_stopping.patience=2", "early_stopping.monitor=val_loss"], epochs=8,
+                     callbacks=[worsening])
+    same_everywhere(result)
+    assert result[0]["epoch"] == [0, 1, 2]  # epoch 0 best, then 2 without improvement
+    for final, best in zip(result[0]["weights"], worsening.best, strict=True):  # every rank: epoch 0's weights
+        np.testing.assert_array_equal(final, best)
+    assert result[0]["summary"]["stop_reason"] == "callback"
+
+
+def test_patience_on_a_metric_the_model_does_not_compute_is_named():
+    with pytest.raises(Exception, match=r"`early_stopping.monitor` = 'val_auc' watches 'val_auc'.*Received logs"):
+        fit_set(["early_stopping.patience=2", "early_stopping.monitor=val_auc"])
+
+
+def test_patience_on_held_out_rows_without_validation_data_is_refused():
+    with pytest.raises(Exception, match=r"holds none out. Received: early_stopping.patience=2"):
+        fit_set(["early_stopping.patience=2"], validation_split=None)
