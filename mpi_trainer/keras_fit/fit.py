@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mpi_trainer.algorithms.divergence import DivergenceWatch
 from mpi_trainer.errors import EXIT_PREEMPTED, ConfigError, InputError, Preempted
 from mpi_trainer.keras_fit import shares
 from mpi_trainer.keras_fit.outer_choice import choose_outer
@@ -402,11 +403,17 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
     rounds.workers_score, rounds.elects = prepared.workers_score, cfg.aggregation.elects
     rounds.parts = rounds_an_epoch(cfg.train.sync_every, kwargs, prepared, workers)
     rounds.preemption = preemption or rounds.preemption
+    rounds.nan_policy = cfg.train.nan_policy
+    if cfg.train.watches_divergence:
+        rounds.divergence = DivergenceWatch(cfg.train.divergence_rounds, output_classes(model))
+        rounds.stops_on_divergence = cfg.train.stops_on_divergence
     if cfg.fault.survive:
         rounds.fault = cfg.fault
         rounds.plan_parts = lambda survivors: rounds_an_epoch(cfg.train.sync_every, kwargs, prepared, survivors)
     try:
         record.begin(saved)
+        if rounds.divergence is not None:
+            rounds.divergence.start_from(record.rows)  # a resumed run's epochs so far
         log_placements(placements)
         record.log.info("state: %s; %s: %s", state.describe(), outer.settings.describe(), outer_why)
         record.log.info("fit: %s; %s", describe_input(prepared.train_data, workers,
@@ -434,6 +441,15 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
         return history
     finally:
         record.release()
+
+
+def output_classes(model: Any) -> int | None:
+    """The classes a single-output classifier scores (its last dimension; 2 for one sigmoid), for the
+    divergence watch's chance level; None when the model has no single output to read it from."""
+    outputs = getattr(model, "outputs", None) or []
+    if len(outputs) != 1 or outputs[0].shape[-1] is None:
+        return None
+    return max(2, int(outputs[0].shape[-1]))
 
 
 def scoring_place(cfg: Config, prepared: Prepared) -> str:

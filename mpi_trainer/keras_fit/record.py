@@ -111,6 +111,7 @@ class FitRecord:
         self.epochs: list[int] = []
         self.header: list[str] = []  # rounds.csv's columns as written
         self.lost: list[dict[str, Any]] = []  # fault.survive: the workers lost, each {rank, host, where}
+        self.divergence: dict[str, Any] | None = None  # train.divergence: the one confirmed {round, cause, action}
 
     # -- before training -----------------------------------------------------------
     def open(self) -> dict[str, Any] | None:
@@ -267,6 +268,8 @@ class FitRecord:
                    "stop_reason": self.stop_reason, "workers": workers, "complete": True, **self.describe}
         if self.lost:
             summary["lost_workers"] = self.lost
+        if self.divergence:
+            summary["divergence"] = self.divergence
         if self.path is not None:
             from mpi_trainer.persistence.run_files import write_json_atomic
 

@@ -101,12 +101,29 @@ def elected(scores: list[tuple[float, float]]) -> int:
     return elect(dict(enumerate(scores)))
 
 
+def non_finite_cause(reports: list[Report], combined: np.ndarray) -> str | None:
+    """Why a round cannot be kept: a worker's loss, or the combined state, not finite (None: it can)."""
+    from mpi_trainer.algorithms import nan_guard
+
+    outcomes = [nan_guard.WorkerOutcome(rank + 1, report.logs.get("loss", 0.0), True)
+                for rank, report in enumerate(reports) if report.batches]
+    return nan_guard.non_finite_cause(outcomes, combined)
+
+
 def agree_on_metric_size(transport: Transport, size: int) -> None:
     """Every rank's metric state has ``size`` values before they are summed, else the job ends naming them."""
     sizes = transport.allgather(size)
     if len(set(sizes)) != 1:
         raise RuntimeError(f"The ranks' compiled metrics hold different states. Received: {sizes} values by rank; "
                            f"expected the same on every rank (compile the model the same way on every rank)")
+
+
+class NonFinite(Exception):
+    """A round's combined state (or a worker's loss) is not finite; ``reports``: the round's."""
+
+    def __init__(self, cause: str, reports: list[Report]) -> None:
+        super().__init__(cause)
+        self.cause, self.reports = cause, reports
 
 
 class RoundClock:
@@ -165,6 +182,8 @@ class WorkerRounds:
         self.slowdown = make_slowdown(test_hooks, transport.rank)
         self.crash_at = ((test_hooks.crash_round, test_hooks.crash_phase)
                          if test_hooks.crash_rank and test_hooks.crash_rank == transport.world_rank else None)
+        # debug.nan_rank / nan_round: this worker's part of that epoch's sum is poisoned once
+        self.nan_at = test_hooks.nan_round if test_hooks.nan_rank and test_hooks.nan_rank == transport.rank else None
         self.preemption = Preemption()  # the job's, when the fit installed its signal handlers
         self.sync_every = 0  # train.sync_every: rounds of this many steps (arrays)
         self.order, self.order_epoch = np.arange(0), -1  # the epoch's order of the share's rows
@@ -240,6 +259,9 @@ class WorkerRounds:
             steps = [0] * len(steps)
         self.buffer[size] = weight
         self.buffer[size + 1:] = steps
+        if self.nan_at == order.epoch:
+            self.buffer[:size] = np.nan
+            self.nan_at = None
         self.maybe_crash(order.epoch, "contribute")
         self.transport.reduce_sum(self.buffer)
         report.preempt = self.preemption.requested
@@ -338,6 +360,11 @@ class SchedulerRounds:
         self.optimizers_checked = False  # whether the first trained epoch's optimizer steps were looked at
         self.elects = False  # best-of: the workers score their states and the best one is kept (set by the fit)
         self.fault: Any = None  # fault.survive: the fault settings (None: a lost rank ends the job)
+        self.nan_policy = "stop"  # train.nan_policy: a non-finite round stops the fit, or is trained again
+        self.rollbacks = 0  # rounds rolled back in a row
+        self.stop_reason: str | None = None  # why the fit ends early (non-finite, divergence), set at an epoch
+        self.divergence: Any = None  # train.divergence: a DivergenceWatch over the epochs' rows (None: off)
+        self.stops_on_divergence = False
         self.plan_parts: Callable[[int], int] = lambda workers: self.parts  # rounds an epoch for so many workers
         self.winner = 0  # best-of: the index among the workers of the last round's elected one
 
@@ -351,6 +378,9 @@ class SchedulerRounds:
             if self.preemption.requested or any(report.preempt for report in self.reports):
                 self.preempt(epoch)
                 return logs
+            if self.stop_reason is not None:
+                self.record.stopped(self.stop_reason)
+                break
             if self.model.stop_training:
                 self.record.stopped("callback")  # a callback set model.stop_training
                 break
@@ -406,16 +436,60 @@ class SchedulerRounds:
                    "winner": self.winner + 1 if self.elects else ""}  # the rows trained; best-of: the rank kept
         self.record.epoch(epoch, logs, reports, {"bytes": sent, "wall_seconds": time.perf_counter() - started,
                                                  **times, "eval_seconds": scored - combined, **trained})
+        self.watch_divergence(epoch)
         self.record.checkpoint(epoch + 1, self.state, self.callbacks, outer=self.outer.state_arrays())
         return logs
 
     def train_epoch(self, epoch: int, times: dict[str, float]) -> list[Report]:
         """The epoch's rounds, combined; each worker's report of them (their seconds added to ``times``)."""
         while True:
+            rounds: list[list[Report]] = []
             try:
-                return merged_reports([self.round(epoch, part, times) for part in range(self.parts)])
+                for part in range(self.parts):
+                    rounds.append(self.round(epoch, part, times))
+                    self.rollbacks = 0
+                return merged_reports(rounds)
             except RankLost as error:  # fault.survive: the epoch's rounds start over with the survivors
                 self.carry_on(error, epoch)
+            except NonFinite as error:  # the model holds the state the round started from
+                if not self.roll_back(epoch, error):
+                    return merged_reports(rounds + [error.reports])
+
+    def roll_back(self, epoch: int, error: NonFinite) -> bool:
+        """``train.nan_policy``: True when the epoch's rounds are to start again from the state before the round
+        that went non-finite, each optimizer's learning rate halved ("rollback", up to
+        :data:`~mpi_trainer.algorithms.nan_guard.MAX_CONSECUTIVE_ROLLBACKS` in a row); False when the fit stops
+        there, keeping that state ("stop")."""
+        from mpi_trainer.algorithms import nan_guard
+
+        self.workers_hold = False
+        if nan_guard.decide(self.nan_policy, self.rollbacks) == nan_guard.STOP:
+            self.record.log.error("epoch %d: %s; stopping (train.nan_policy=%r, %d rollbacks in a row), the model "
+                                  "keeping the state the round started from", epoch, error.cause, self.nan_policy,
+                                  self.rollbacks)
+            self.stop_reason = "nan"
+            return False
+        self.rollbacks += 1
+        rates = self.state.halve_rates()
+        self.record.log.warning("epoch %d: %s; rolling back to the state the round started from, learning rate "
+                                "halved to %s (train.nan_policy='rollback', %d in a row)", epoch, error.cause,
+                                ", ".join(f"{rate:.4g}" for rate in rates) or "(a schedule: unchanged)",
+                                self.rollbacks)
+        return True
+
+    def watch_divergence(self, epoch: int) -> None:
+        """``train.divergence``: a finite divergence confirmed at this epoch's row is logged and kept in
+        summary.json ("warn"), and ends the fit keeping the state it reached ("stop")."""
+        cause = self.divergence.update(self.record.rows[-1]) if self.divergence is not None else None
+        if cause is None:
+            return
+        self.record.divergence = {"round": epoch, "cause": cause,
+                                  "action": "stopped" if self.stops_on_divergence else "warned"}
+        self.record.log.warning("epoch %d: the training diverged: %s; %s", epoch, cause,
+                                "stopping (train.divergence='stop')" if self.stops_on_divergence else
+                                "carrying on (train.divergence='warn')")
+        if self.stops_on_divergence:
+            self.stop_reason = "divergence"
 
     def epoch_ended(self) -> None:
         """After the epoch's callbacks: nothing here (the model holds the state the next round hands out)."""
@@ -489,8 +563,9 @@ class SchedulerRounds:
         self.check_optimizers_stepped(epoch, steps)
         combined = self.buffer[:size]
         self.state.combine(combined, self.before, total, steps)
-        if not np.isfinite(combined).all():
-            self.record.warn(f"epoch {epoch}: the combined model holds NaN or inf values (the loss diverged)")
+        cause = non_finite_cause(reports, combined)
+        if cause:
+            raise NonFinite(cause, reports)
         trainable = self.state.trainable_size
         if self.outer.active:
             self.outer.step(self.before[:trainable], combined[:trainable], out=combined[:trainable])

@@ -64,6 +64,11 @@ HONOURED: dict[str, str] = {
                      "early_stopping.mode"),
                     "patience > 0: keras.callbacks.EarlyStopping on rank 0 watching the monitor (test_* and val_*: "
                     "the validation data), the best weights restored at the end"),
+    "train.nan_policy": "a round whose loss or combined state is not finite: 'stop' ends the fit with the state "
+                        "before it, 'rollback' trains it again from there at half the learning rate",
+    **dict.fromkeys(("train.divergence", "train.divergence_rounds"),
+                    "a finite divergence (the loss above its first epoch's, the accuracy at chance) over the epochs' "
+                    "rows: 'warn' logs it and keeps it in summary.json, 'stop' also ends the fit"),
     "fault.survive": "a lost worker's epoch starts again with the survivors, each on its share for them "
                      "(needs fault-tolerant MPI: launch, or mpirun --with-ft ulfm)",
     "fault.min_workers": "with fault.survive: fewer workers than this checkpoint and end the job for launch",
@@ -76,7 +81,6 @@ ENGINE = "a keras.Model trains each worker's share as Keras' fit takes it, with 
 DATA = "a keras.Model trains on the `x` and `y` the script passes; hold rows out with `validation_split` or " \
        "`validation_data`"
 COMPILED = "a keras.Model trains with the optimizer, loss and metrics it was compiled with"
-NOT_FINITE = "pass keras.callbacks.TerminateOnNaN in `callbacks` (a combined state that is not finite is logged)"
 STEPS = "bound an epoch with fit's `steps_per_epoch`, or stop with a callback that sets `model.stop_training`"
 FILES = "rank 0 writes rounds.csv, summary.json and train.log in the run directory; pass " \
         "keras.callbacks.TensorBoard in `callbacks` for event files"
@@ -98,7 +102,6 @@ NOT_APPLIED: dict[str, str] = {
     **dict.fromkeys(("model.name", "model.optimizer", "model.learning_rate", "model.activation", "model.loss",
                      "model.metrics", "lbfgs.history_size", "lbfgs.gtol", "lbfgs.ftol", "lbfgs.max_evaluations",
                      "lbfgs.batch_size"), COMPILED),
-    **dict.fromkeys(("train.nan_policy", "train.divergence", "train.divergence_rounds"), NOT_FINITE),
     "train.max_steps": STEPS,
     "train.shuffle": "pass `shuffle=False` to fit",
     "train.seed": "seed the script itself (keras.utils.set_random_seed) before it builds the model",
@@ -109,7 +112,7 @@ NOT_APPLIED: dict[str, str] = {
 # Values of keys in NOT_APPLIED that say what this path does anyway: accepted even when set.
 AS_DONE: dict[str, Any] = {
     "aggregation.wire_dtype": "float32", "train.sync_warmup_epochs": 0, "train.max_steps": 0,
-    "train.overlap_eval": False, "train.divergence": "off", "data.augmentation.enabled": False,
+    "train.overlap_eval": False, "data.augmentation.enabled": False,
     "data.rebalance": False, "data.placement": "shared", "data.test_size": 0.0, "data.validation_size": 0.0,
     "log.plots": False, "log.tensorboard": False, "log.timeline": False,
 }

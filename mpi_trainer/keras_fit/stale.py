@@ -23,7 +23,7 @@ import numpy as np
 
 from mpi_trainer.algorithms.staleness import StalenessClock, merge_share
 from mpi_trainer.errors import Preempted
-from mpi_trainer.keras_fit.rounds import Order, Report, SchedulerRounds, WorkerRounds
+from mpi_trainer.keras_fit.rounds import Order, Report, SchedulerRounds, WorkerRounds, non_finite_cause
 
 TAG_ORDER = 31  # rank 0 -> a worker: an Order (train an epoch from the state that follows, or stop)
 TAG_STATE = 32  # rank 0 -> a worker: the state the order starts from
@@ -69,8 +69,13 @@ class StaleScheduler(SchedulerRounds):
         while len(reports) < len(self.workers):
             reports.append(self.merge_next(times))
             self.dispatch_ready()
-        self.state.write(self.global_)
-        self.state.write_integers(self.integers)
+        cause = non_finite_cause(reports, self.global_)
+        if cause:  # the fit stops with the state of the last epoch (train.nan_policy 'stop'; SSP never rolls back)
+            self.record.log.error("epoch %d: %s; stopping, the model keeping the previous epoch's state", epoch, cause)
+            self.stop_reason = "nan"
+        else:
+            self.state.write(self.global_)
+            self.state.write_integers(self.integers)
         times["max_staleness"] = max(report.staleness for report in reports)
         return sorted(reports, key=lambda report: report.worker)
 

@@ -259,6 +259,16 @@ class ModelState:
         for start, end in self._rate_spans:
             combined[start:end] = own[start:end]
 
+    def halve_rates(self) -> list[float]:
+        """Halve each optimizer's learning rate held in a variable (a schedule's stays); the new rates."""
+        halved = []
+        for optimizer in self.optimizers:
+            for rate in _rate_variables(optimizer):
+                value = float(_value(rate)) / 2
+                rate.assign(value)
+                halved.append(value)
+        return halved
+
     def describe(self) -> str:
         mib = self.size * 4 / 2**20
         moving = sum(size for size, rule in zip(self.sizes, self.rules) if rule.kind != MEAN)

@@ -39,7 +39,8 @@ def fit_set(overrides: list[str], run_dir: Any = None, epochs: int = 3, **kwargs
                      "shuffle": True, "initial_epoch": 0, "validation_freq": 1, **kwargs}
         history = fit_model(transports[index], models[index], arguments, None, overrides, run_dir, False)
         return {"history": history.history, "epoch": list(history.epoch), "summary": history.summary,
-                "rounds": history.rounds, "weights": models[index].get_weights()}
+                "rounds": history.rounds, "weights": models[index].get_weights(),
+                "rate": float(models[index].optimizer.learning_rate)}
 
     return world.run({index: lambda index=index: rank(index) for index in range(3)}, timeout=120)
 
@@ -158,3 +159,39 @@ def test_patience_on_a_metric_the_model_does_not_compute_is_named():
 def test_patience_on_held_out_rows_without_validation_data_is_refused():
     with pytest.raises(Exception, match=r"holds none out. Received: early_stopping.patience=2"):
         fit_set(["early_stopping.patience=2"], validation_split=None)
+
+
+class Keep(keras.callbacks.Callback):
+    """Rank 0 keeps the model's weights after each epoch's callbacks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weights: list = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.weights.append(self.model.get_weights())
+
+
+def test_a_non_finite_epoch_stops_the_fit_with_the_state_before_it():
+    kept = Keep()
+    result = fit_set(["debug.nan_rank=1", "debug.nan_round=1"], callbacks=[kept])
+    same_everywhere(result)
+    assert result[0]["epoch"] == [0, 1] and result[0]["summary"]["stop_reason"] == "nan"
+    for final, first in zip(result[0]["weights"], kept.weights[0], strict=True):
+        np.testing.assert_array_equal(final, first)  # epoch 1 never reached the model
+
+
+def test_rollback_trains_the_epoch_again_at_half_the_learning_rate():
+    result = fit_set(["debug.nan_rank=1", "debug.nan_round=1", "train.nan_policy=rollback"])
+    same_everywhere(result)
+    assert result[0]["epoch"] == [0, 1, 2] and result[0]["summary"]["stop_reason"] == "epochs"
+    assert all(np.isfinite(weights).all() for weights in result[0]["weights"])
+    assert result[0]["rounds"]["workers"] == [2, 2, 2]
+    assert [result[rank]["rate"] for rank in range(3)] == [pytest.approx(0.01)] * 3  # 0.02 halved once
+
+
+def test_a_loss_climbing_from_its_first_epoch_is_named_and_stops_the_fit_when_asked():
+    result = fit_set(["train.divergence=stop", "train.divergence_rounds=2"], epochs=6, callbacks=[Worsening()])
+    assert result[0]["epoch"] == [0, 1, 2]
+    assert result[0]["summary"]["stop_reason"] == "divergence"
+    assert "val_loss 3 has been above its first round's 1 for 2 rounds" in result[0]["summary"]["divergence"]["cause"]
