@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from mpi_trainer.algorithms.divergence import DivergenceWatch
 from mpi_trainer.errors import EXIT_PREEMPTED, ConfigError, InputError, Preempted
 from mpi_trainer.keras_fit import shares
@@ -76,6 +78,7 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
         check_sync_every(cfg.train.sync_every, kwargs)
         check_increment(cfg, kwargs)
         check_early_stopping(cfg, kwargs)
+        check_max_steps(cfg, kwargs)
         prepared = prepare(model, kwargs, transport.rank, workers, cfg.evaluation.on_workers, cfg.aggregation.elects)
     except (InputError, ValueError, TypeError) as exc:  # Keras' refusals are ValueError / TypeError
         error = str(exc)
@@ -193,6 +196,30 @@ def check_early_stopping(cfg: Config, kwargs: dict[str, Any]) -> None:
                           f"holds none out. Received: early_stopping.patience={settings.patience} with "
                           f"validation_data=None and validation_split={kwargs.get('validation_split')!r}; expected "
                           f"validation_data or validation_split, or a train_* monitor")
+
+
+def check_max_steps(cfg: Config, kwargs: dict[str, Any]) -> None:
+    """``train.max_steps`` deals the last steps out to the workers from the batches each has in an epoch."""
+    if not cfg.train.max_steps:
+        return
+    kind = shares.input_kind(kwargs.get("x"))
+    known = kind == "arrays" or kwargs.get("steps_per_epoch") is not None
+    if not known or cfg.train.sync_every or cfg.data.increment.enabled:
+        raise ConfigError(f"`train.max_steps` deals the steps left to the workers from the batches each trains in "
+                          f"an epoch. Received: train.max_steps={cfg.train.max_steps} with x of kind {kind!r}, "
+                          f"steps_per_epoch={kwargs.get('steps_per_epoch')!r}, train.sync_every="
+                          f"{cfg.train.sync_every} and data.increment.enabled={cfg.data.increment.enabled}; "
+                          f"expected arrays (or steps_per_epoch), whole epochs and no increment, or train.max_steps=0")
+
+
+def full_steps(kwargs: dict[str, Any], prepared: Prepared, workers: int) -> list[int]:
+    """Each worker's batches in a whole epoch (arrays dealt by ``np.array_split``, or steps_per_epoch shared)."""
+    steps = kwargs.get("steps_per_epoch")
+    if steps is not None:
+        return [max(1, -(-int(steps) // workers))] * workers
+    batch = kwargs.get("batch_size") or 32
+    rows = shares.row_count(prepared.train_data)
+    return [-(-len(part) // batch) for part in np.array_split(np.arange(rows), workers)]
 
 
 def early_stopping(cfg: Config) -> list[Any]:
@@ -368,7 +395,8 @@ def make_record(model: Any, kwargs: dict[str, Any], cfg: Config, prepared: Prepa
                 "placement": [placement.as_dict() for placement in placements]}
     return FitRecord(None if path is None else Path(path),
                      fingerprint(model, prepared.train_data, arguments_print(kwargs), cfg.to_dict()), describe,
-                     cfg.checkpoint.every, cfg.checkpoint.every_seconds, cfg.to_toml())
+                     cfg.checkpoint.every, cfg.checkpoint.every_seconds, cfg.to_toml(), cfg.log.tensorboard,
+                     cfg.log.plots)
 
 
 def outer_for(cfg: Config, model: Any, workers: int) -> tuple[str, str]:
@@ -404,6 +432,8 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
     rounds.parts = rounds_an_epoch(cfg.train.sync_every, kwargs, prepared, workers)
     rounds.preemption = preemption or rounds.preemption
     rounds.nan_policy = cfg.train.nan_policy
+    if cfg.train.max_steps:
+        rounds.max_steps, rounds.full_steps = cfg.train.max_steps, full_steps(kwargs, prepared, workers)
     if cfg.train.watches_divergence:
         rounds.divergence = DivergenceWatch(cfg.train.divergence_rounds, output_classes(model))
         rounds.stops_on_divergence = cfg.train.stops_on_divergence
@@ -414,6 +444,7 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
         record.begin(saved)
         if rounds.divergence is not None:
             rounds.divergence.start_from(record.rows)  # a resumed run's epochs so far
+        rounds.steps_done = sum(int(float(row.get("steps") or 0)) for row in record.rows)
         log_placements(placements)
         record.log.info("state: %s; %s: %s", state.describe(), outer.settings.describe(), outer_why)
         record.log.info("fit: %s; %s", describe_input(prepared.train_data, workers,

@@ -95,9 +95,12 @@ class FitRecord:
     """Rank 0's record of one fit: rows, summary, state checkpoints; a no-op without a directory."""
 
     def __init__(self, path: Path | None, print_: dict[str, str], describe: dict[str, Any], every: int = 0,
-                 every_seconds: float = 0.0, config_text: str = "") -> None:
+                 every_seconds: float = 0.0, config_text: str = "", tensorboard: bool = False,
+                 plots: bool = False) -> None:
         self.path, self.print_, self.describe = path, print_, describe
         self.config_text = config_text  # the whole config as applied, written as config.toml
+        self.tensorboard, self.plots = tensorboard, plots  # log.tensorboard, log.plots: as the command line's
+        self.board: Any = None  # the TensorBoard writer while the fit trains
         self.every, self.every_seconds = every, every_seconds  # checkpoint.every / every_seconds
         self.saved_at = time.time()
         self.rows: list[dict[str, Any]] = []
@@ -163,6 +166,10 @@ class FitRecord:
             self.log.info("%s holds this fit's run: %s from epoch %d", self.path,
                           "complete, nothing to train" if saved["complete"] else "resuming", saved["next_epoch"])
         self._rewrite_rows(self.path)
+        if self.tensorboard and not self.complete:
+            from mpi_trainer.reporting.tensorboard import TensorBoardRounds
+
+            self.board = TensorBoardRounds(self.path, self.rows)  # a resumed run's epochs, then this job's
 
     # -- each epoch ---------------------------------------------------------------
     def warn(self, message: str) -> None:
@@ -196,6 +203,8 @@ class FitRecord:
         self.log.debug("epoch %d: %s", epoch, ", ".join(f"{k} {v:.4g}" for k, v in sorted(logs.items())))
         if self.path is not None:
             self._append_row(self.path, row)
+        if self.board is not None:
+            self.board.write_round(row)
 
     def _columns(self) -> list[str]:
         extra = sorted({key for row in self.rows for key in row} - set(FIXED_COLUMNS))
@@ -274,7 +283,17 @@ class FitRecord:
             from mpi_trainer.persistence.run_files import write_json_atomic
 
             write_json_atomic(self.path / SUMMARY_NAME, summary)
+        self.close_board()
+        if self.path is not None and self.plots and self.rows and self.stop_reason != "preempted":
+            from mpi_trainer.launch.roles import write_report
+
+            write_report(self.path)  # report.txt and the plots, as the command line's run ends
         return summary
+
+    def close_board(self) -> None:
+        if self.board is not None:
+            self.board.close()
+            self.board = None
 
     def _kept_summary(self) -> dict[str, Any] | None:
         if not self.complete or self.path is None:
@@ -290,6 +309,7 @@ class FitRecord:
         return {name: [float(row[name]) for row in self.rows] for name in names}
 
     def release(self) -> None:
+        self.close_board()
         if self.lock is not None:
             self.lock.release()
 

@@ -52,6 +52,7 @@ class Order:
     preempted: bool = False  # with ``stop``: the job checkpointed for a preemption signal; every rank exits 75
     part: int = 0  # with ``train.sync_every = k``: which round of the epoch, each k steps of every worker
     parts: int = 1
+    budgets: list[int] | None = None  # train.max_steps: each worker's steps in this epoch (None: all its batches)
 
 
 @dataclass
@@ -244,10 +245,17 @@ class WorkerRounds:
         size = self.state.size
         self.maybe_crash(order.epoch, "train")
         began = self.state.optimizer_steps()
-        if order.parts > 1:
+        budget = None if order.budgets is None else order.budgets[self.transport.rank - 1]
+        if budget == 0:  # train.max_steps: the steps left went to other workers
+            report = Report({}, 0, 0, 0.0, self.state.read_integers())
+        elif order.parts > 1:
             report = self.train_part(order.epoch, order.part)
         else:
-            report = self.train(order.epoch, *self.increment_share(order.epoch))
+            share, rows = self.increment_share(order.epoch)
+            if budget is not None:
+                share = {**(share or self.share), "steps_per_epoch": budget}
+                rows = min(budget * (self.share.get("batch_size") or 32), int(rows or self.rows or 0)) or None
+            report = self.train(order.epoch, share, rows)
         steps = [report.batches] + [now - then for now, then in zip(self.state.optimizer_steps(), began)]
         weight = float(report.rows if self.weighted else 1) if report.batches else 0.0
         if self.election is not None:
@@ -365,6 +373,9 @@ class SchedulerRounds:
         self.stop_reason: str | None = None  # why the fit ends early (non-finite, divergence), set at an epoch
         self.divergence: Any = None  # train.divergence: a DivergenceWatch over the epochs' rows (None: off)
         self.stops_on_divergence = False
+        self.max_steps = 0  # train.max_steps: the workers' steps, summed, after which the fit stops (0: no bound)
+        self.full_steps: list[int] = []  # with max_steps: each worker's batches in a whole epoch
+        self.steps_done = 0  # the workers' steps so far, summed (a resumed run's included)
         self.plan_parts: Callable[[int], int] = lambda workers: self.parts  # rounds an epoch for so many workers
         self.winner = 0  # best-of: the index among the workers of the last round's elected one
 
@@ -424,6 +435,9 @@ class SchedulerRounds:
         times = {"comm_seconds": 0.0, "aggregate_seconds": 0.0}
         reports = self.train_epoch(epoch, times)
         self.reports = reports
+        self.steps_done += sum(report.batches for report in reports)
+        if self.max_steps and self.steps_done >= self.max_steps and self.stop_reason is None:
+            self.stop_reason = "max_steps"
         combined = time.perf_counter()
         logs = self.train_logs(reports)
         logs.update(self.validate(epoch))
@@ -433,6 +447,7 @@ class SchedulerRounds:
         logs = self.recorded_logs(logs)
         sent = self.transport.take_bytes() + sum(report.sent for report in reports)  # rank 0's, then the workers'
         trained = {"samples": sum(report.rows for report in reports), "workers": len(reports),
+                   "steps": sum(report.batches for report in reports),
                    "winner": self.winner + 1 if self.elects else ""}  # the rows trained; best-of: the rank kept
         self.record.epoch(epoch, logs, reports, {"bytes": sent, "wall_seconds": time.perf_counter() - started,
                                                  **times, "eval_seconds": scored - combined, **trained})
@@ -489,7 +504,7 @@ class SchedulerRounds:
                                 "stopping (train.divergence='stop')" if self.stops_on_divergence else
                                 "carrying on (train.divergence='warn')")
         if self.stops_on_divergence:
-            self.stop_reason = "divergence"
+            self.stop_reason = "diverged"
 
     def epoch_ended(self) -> None:
         """After the epoch's callbacks: nothing here (the model holds the state the next round hands out)."""
@@ -531,11 +546,22 @@ class SchedulerRounds:
         return {**logs, **{key: float(values[-1]) for key, values in history.history.items()
                            if len(values) == len(history.epoch)}}
 
+    def budgets(self) -> list[int] | None:
+        """``train.max_steps``: each worker's steps in the next epoch when fewer are left than a whole epoch takes
+        (:func:`~mpi_trainer.algorithms.step_budget.step_budgets`), else None."""
+        from mpi_trainer.algorithms.step_budget import step_budgets
+
+        if not self.max_steps:
+            return None
+        budgets = step_budgets(self.max_steps - self.steps_done, dict(enumerate(self.full_steps)))
+        return None if budgets is None else [budgets[index] for index in range(len(self.full_steps))]
+
     def round(self, epoch: int, part: int, times: dict[str, float]) -> list[Report]:
         """Hand out the state, let the workers train, combine: one round; its seconds added to ``times``."""
         started = time.perf_counter()
         self.before_integers = self.state.read_integers()
-        self.send(Order(epoch, False, self.before_integers, part=part, parts=self.parts))
+        budgets = self.budgets()
+        self.send(Order(epoch, False, self.before_integers, part=part, parts=self.parts, budgets=budgets))
         self.before[:] = self.buffer[:self.state.size]
         if self.elects:  # every worker's score, so every rank knows the winner before the sum
             scores = self.transport.allgather(None)[1:]
@@ -545,7 +571,7 @@ class SchedulerRounds:
         self.workers_hold = False  # their buffers now hold their own parts of the sum
         reports: list[Report] = self.transport.allgather(None)[1:]
         collected = time.perf_counter()
-        self.combine(epoch, reports, some_may_rest=self.parts > 1)
+        self.combine(epoch, reports, some_may_rest=self.parts > 1 or budgets is not None)
         times["comm_seconds"] += collected - started
         times["aggregate_seconds"] += time.perf_counter() - collected
         return reports

@@ -64,6 +64,10 @@ HONOURED: dict[str, str] = {
                      "early_stopping.mode"),
                     "patience > 0: keras.callbacks.EarlyStopping on rank 0 watching the monitor (test_* and val_*: "
                     "the validation data), the best weights restored at the end"),
+    "log.tensorboard": "rank 0 writes each epoch's row of rounds.csv as TensorBoard scalars in RUN_DIR/tensorboard",
+    "log.plots": "rank 0 writes report.txt and the plots in the run directory at the end, as the command line's",
+    "train.max_steps": "the workers' steps, summed, after which the fit stops: the last epoch's steps dealt out to "
+                       "them (arrays or steps_per_epoch, whole epochs)",
     "train.nan_policy": "a round whose loss or combined state is not finite: 'stop' ends the fit with the state "
                         "before it, 'rollback' trains it again from there at half the learning rate",
     **dict.fromkeys(("train.divergence", "train.divergence_rounds"),
@@ -81,9 +85,8 @@ ENGINE = "a keras.Model trains each worker's share as Keras' fit takes it, with 
 DATA = "a keras.Model trains on the `x` and `y` the script passes; hold rows out with `validation_split` or " \
        "`validation_data`"
 COMPILED = "a keras.Model trains with the optimizer, loss and metrics it was compiled with"
-STEPS = "bound an epoch with fit's `steps_per_epoch`, or stop with a callback that sets `model.stop_training`"
-FILES = "rank 0 writes rounds.csv, summary.json and train.log in the run directory; pass " \
-        "keras.callbacks.TensorBoard in `callbacks` for event files"
+FILES = "rank 0 writes rounds.csv (each epoch's wall, communication and combining seconds), summary.json, " \
+        "train.log and the TensorBoard scalars; the workers' phases are not traced"
 # The engines' features: their keys kept the meaning they had before this classification.
 ENGINE_ONLY = ("data.rebalance",
                "data.augmentation.enabled", "data.placement")
@@ -102,19 +105,18 @@ NOT_APPLIED: dict[str, str] = {
     **dict.fromkeys(("model.name", "model.optimizer", "model.learning_rate", "model.activation", "model.loss",
                      "model.metrics", "lbfgs.history_size", "lbfgs.gtol", "lbfgs.ftol", "lbfgs.max_evaluations",
                      "lbfgs.batch_size"), COMPILED),
-    "train.max_steps": STEPS,
     "train.shuffle": "pass `shuffle=False` to fit",
     "train.seed": "seed the script itself (keras.utils.set_random_seed) before it builds the model",
-    **dict.fromkeys(("log.plots", "log.tensorboard", "log.timeline"), FILES),
+    "log.timeline": FILES,
 
 }
 
 # Values of keys in NOT_APPLIED that say what this path does anyway: accepted even when set.
 AS_DONE: dict[str, Any] = {
-    "aggregation.wire_dtype": "float32", "train.sync_warmup_epochs": 0, "train.max_steps": 0,
+    "aggregation.wire_dtype": "float32", "train.sync_warmup_epochs": 0,
     "train.overlap_eval": False, "data.augmentation.enabled": False,
     "data.rebalance": False, "data.placement": "shared", "data.test_size": 0.0, "data.validation_size": 0.0,
-    "log.plots": False, "log.tensorboard": False, "log.timeline": False,
+    "log.timeline": False,
 }
 
 
@@ -173,13 +175,15 @@ def refusal(key: str, value: Any, default: Any) -> str:
 
 
 def _run_dir_refusal(cfg: Config, given: Collection[str]) -> str | None:
-    """Checkpoints go to the run directory; a fit that has none would not save them."""
+    """Checkpoints, TensorBoard's events and the plots go to the run directory; a fit that has none would not
+    write them."""
     defaults = Config()
-    for key in ("checkpoint.every", "checkpoint.every_seconds"):
+    for key in ("checkpoint.every", "checkpoint.every_seconds", "log.tensorboard", "log.plots"):
         value = value_of(cfg, key)
         if value and (value != value_of(defaults, key) or key in given):
-            return (f"`{key}` saves the state in the run directory, and this fit has none. Received: "
-                    f"{key}={value!r} with run_dir=None; expected a `run_dir` (or `launch`'s), or {key}=0")
+            return (f"`{key}` writes into the run directory, and this fit has none. Received: "
+                    f"{key}={value!r} with run_dir=None; expected a `run_dir` (or `launch`'s), or "
+                    f"{key}={'false' if isinstance(value, bool) else 0}")
     return None
 
 

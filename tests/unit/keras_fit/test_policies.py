@@ -193,5 +193,23 @@ def test_rollback_trains_the_epoch_again_at_half_the_learning_rate():
 def test_a_loss_climbing_from_its_first_epoch_is_named_and_stops_the_fit_when_asked():
     result = fit_set(["train.divergence=stop", "train.divergence_rounds=2"], epochs=6, callbacks=[Worsening()])
     assert result[0]["epoch"] == [0, 1, 2]
-    assert result[0]["summary"]["stop_reason"] == "divergence"
+    assert result[0]["summary"]["stop_reason"] == "diverged"
     assert "val_loss 3 has been above its first round's 1 for 2 rounds" in result[0]["summary"]["divergence"]["cause"]
+
+
+def test_max_steps_stops_on_exactly_that_many_steps_dealt_out_to_the_workers(tmp_path):
+    # 120 training rows, 60 a worker in batches of 16: 4 steps each, 8 an epoch; 13 = 8 + 3 + 2
+    result = fit_set(["train.max_steps=13", "log.plots=false"], tmp_path / "run", epochs=5)
+    same_everywhere(result)
+    assert result[0]["epoch"] == [0, 1] and result[0]["summary"]["stop_reason"] == "max_steps"
+    assert result[0]["rounds"]["steps"] == [8, 5]
+    assert result[0]["rounds"]["samples"] == [120, 16 * 5]
+
+
+def test_a_fit_with_a_run_directory_writes_the_command_lines_files(tmp_path):
+    fit_set(["train.epochs=2"], tmp_path / "run", epochs=2)
+    written = {path.name for path in (tmp_path / "run").iterdir()}
+    assert {"config.toml", "rounds.csv", "summary.json", "train.log", "report.txt", "tensorboard"} <= written
+    assert {"accuracy_loss.png", "round_time.png", "traffic.png"} <= written, written
+    events = list((tmp_path / "run" / "tensorboard").iterdir())
+    assert events and events[0].stat().st_size > 0

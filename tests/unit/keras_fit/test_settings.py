@@ -126,19 +126,12 @@ def test_a_value_that_says_what_this_path_does_is_taken(key, tmp_path):
     assert refused({key: AS_DONE[key]}, tmp_path) is None
 
 
-def test_max_steps_and_tensorboard_are_refused_not_ignored():
-    message = refused({"train.max_steps": 5, "log.tensorboard": True})
-    assert message is not None
-    assert "`train.max_steps` is not applied when `model` is a keras.Model" in message
-    assert "Received: train.max_steps=5; expected the default 0" in message
-    assert "`log.tensorboard` is not applied when `model` is a keras.Model" in message
-    assert "Received: log.tensorboard=True; expected False, or the key left out" in message
-    assert "keras.callbacks.TensorBoard" in message
-
-
-def test_max_steps_is_refused_by_its_value_alone():
-    with pytest.raises(ConfigError, match=r"`train.max_steps`.*Received: train.max_steps=5; expected the default 0"):
-        check_config(load_config({}, {"train.max_steps": 5}), None, False)
+def test_max_steps_and_tensorboard_are_taken_and_tensorboard_without_a_run_directory_is_refused(tmp_path):
+    assert refused({"train.max_steps": 5, "log.tensorboard": True}, tmp_path) is None
+    message = refused({"log.tensorboard": True})
+    assert message is not None and "`log.tensorboard` writes into the run directory, and this fit has none" in message
+    assert "Received: log.tensorboard=True with run_dir=None" in message and "or log.tensorboard=false" in message
+    assert refused({}) is None  # its default, left out: nothing is written without a run directory
 
 
 def test_engine_only_keys_keep_their_meaning_in_the_message():
@@ -163,9 +156,9 @@ def test_best_of_election_is_taken_and_its_validation_split_is_not_blamed(tmp_pa
 
 
 def test_every_refusal_is_named_at_once():
-    message = refused({"model.learning_rate": 0.01, "data.source": "iris", "train.max_steps": 5})
+    message = refused({"model.learning_rate": 0.01, "data.source": "iris", "log.timeline": True})
     assert message is not None
-    for key in ("model.learning_rate", "data.source", "train.max_steps"):
+    for key in ("model.learning_rate", "data.source", "log.timeline"):
         assert f"Received: {key}=" in message
     assert "data.validation_size" not in message  # filled in for the val_* monitor
 
