@@ -57,11 +57,15 @@ def prepare_mpi_environment(environ: MutableMapping[str, str] | None = None) -> 
     the ranks that survive a lost peer skip the runtime's fence at the start of ``MPI_Finalize``:
     across hosts that fence waits for the dead ranks and never returns (a known Open MPI defect,
     open-mpi/ompi#11404). The job's own closing barrier runs on the shrunk communicator before it,
-    so nothing is left in flight. A value the user set is kept.
+    so nothing is left in flight. Open MPI's UCX one-sided component is left out (see below). A value the
+    user set is kept.
     """
     environ = os.environ if environ is None else environ
     if environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes"):
         environ.setdefault("OMPI_MCA_async_mpi_finalize", "1")
+    # One node's shared window (mpi_trainer.comm.shared_memory) is the osc "sm" component's; the UCX one,
+    # asked first, prints an error on every rank where UCX has no transport for it.
+    environ.setdefault("OMPI_MCA_osc", "^ucx")
 
 
 def fault_tolerance_problem(environ: dict[str, str] | None = None) -> str | None:

@@ -47,6 +47,7 @@ from mpi_trainer.comm.failures import (
 )
 from mpi_trainer.comm.handshakes import ANNOUNCE_BYTES, TAG_ARRIVED, TAG_CLEAR, TAG_GOING, TAG_PROCEED
 from mpi_trainer.comm.interface import REDUCE_PART_BYTES
+from mpi_trainer.comm.shared_memory import SHARED_MIN_BYTES, NodeSlots, shared_memory_wanted
 from mpi_trainer.comm.waits import (
     DEFAULT_MAX_SLEEP,
     NOTHING,
@@ -70,6 +71,8 @@ __all__ = ["MAX_MESSAGE_BYTES", "PeerFailure", "RankAccounting", "Received", "Sh
 # that takes an array message by message (a checkpoint writing a worker's optimizer state as it arrives)
 # holds at once: one chunk, not the whole array.
 MAX_MESSAGE_BYTES = 1 << 26
+
+_UNDECIDED = object()  # a transport's shared-memory slots before the first large collective decides them
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -116,6 +119,8 @@ class Transport(AccountedRank):
         self.announce_bytes = ANNOUNCE_BYTES
         self._failure_classes = {getattr(MPI, name) for name in FAILURE_CLASSES if hasattr(MPI, name)}
         self._guard: StuckGuard | None = None
+        # one node's ranks meet in a shared window (decided at the first large collective; None: MPI's)
+        self._slots: NodeSlots | None | object = _UNDECIDED
 
     def _limit(self, timeout: float | None) -> float | None:
         """A verb's own ``timeout``, else the transport's ``bound``."""
@@ -326,14 +331,34 @@ class Transport(AccountedRank):
             self.comm.Recv([data, self._mpi.BYTE], status.Get_source(), tag)
         return Received(pickle.loads(data), status.Get_source(), nbytes)
 
+    # -- one node's shared memory (:mod:`~mpi_trainer.comm.shared_memory`) -----------------
+    def _shared(self, nbytes: int) -> NodeSlots | None:
+        """The node's slots when a collective of ``nbytes`` meets in shared memory; None for MPI's own.
+        Collective: every rank asks at the same collective, with the same ``nbytes``."""
+        if nbytes < SHARED_MIN_BYTES or self.size == 1 or not shared_memory_wanted():
+            return None
+        if self._slots is _UNDECIDED:
+            self._slots = NodeSlots.for_comm(self.comm, self._mpi)
+        return self._slots if isinstance(self._slots, NodeSlots) else None
+
+    def _node_barrier(self, slots: NodeSlots, timeout: float | None, what: str) -> Callable[[], None]:
+        """A wait for every rank of the node, polled (a waiting rank sleeps instead of spinning) and bounded."""
+        return lambda: self._wait(slots.comm.Ibarrier(), what, timeout)
+
     # -- flat float32 buffers ---------------------------------------------
     @surfacing_failures
     def broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None:
         """Broadcast ``buf`` in place from ``root`` to every rank."""
         timeout = self._limit(timeout)
         self._rendezvous(root, timeout, "weights broadcast")
-        with self._bulk(timeout, "weights broadcast"):
-            self.comm.Bcast(buf, root=root)
+        slots = self._shared(buf.nbytes) if buf.flags.c_contiguous else None
+        if slots is not None:
+            with self._timed():
+                barrier = self._node_barrier(slots, timeout, "weights broadcast")
+                slots.broadcast(buf.reshape(-1), self.rank, root, barrier)
+        else:
+            with self._bulk(timeout, "weights broadcast"):
+                self.comm.Bcast(buf, root=root)
         if self.rank == root:
             self._count(buf.nbytes * (self.size - 1))
 
@@ -344,6 +369,13 @@ class Transport(AccountedRank):
         timeout = self._limit(timeout)
         self._rendezvous(root, timeout, "weights reduction")
         flat, part = buf.reshape(-1), max(1, REDUCE_PART_BYTES // buf.itemsize)
+        slots = self._shared(buf.nbytes)
+        if slots is not None:
+            with self._timed():
+                slots.reduce(flat, self.rank, root, self._node_barrier(slots, timeout, "weights reduction"))
+            if self.rank != root:
+                self._count(buf.nbytes)
+            return
         with self._bulk(timeout, "weights reduction"):
             for start in range(0, flat.size, part):
                 values = flat[start:start + part]
@@ -364,6 +396,12 @@ class Transport(AccountedRank):
         self._rendezvous(root, timeout, "weights reduction")
         part = max(1, REDUCE_PART_BYTES // np.dtype(dtype).itemsize)
         scratch = np.empty(min(part, size), dtype)
+        slots = self._shared(size * np.dtype(dtype).itemsize)
+        if slots is not None:  # the others' reduce_sum copies in; each part is their slots' sum
+            with self._timed():
+                slots.reduce_parts(size, dtype, scratch, root, take,
+                                   self._node_barrier(slots, timeout, "weights reduction"))
+            return
         with self._bulk(timeout, "weights reduction"):
             for start in range(0, size, part):
                 values = scratch[:min(part, size - start)]
@@ -581,6 +619,7 @@ class Transport(AccountedRank):
         new.Set_errhandler(self._mpi.ERRORS_RETURN)  # failures stay exceptions on the new communicator
         survivors = self._mpi.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())), old.Get_group())
         self.comm = new
+        self._slots = None  # the window was the old communicator's; a survivor meets through MPI
         return self.accounting.renumber(list(survivors))
 
     @surfacing_failures
