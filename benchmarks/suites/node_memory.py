@@ -1,0 +1,46 @@
+"""One node: does a round's sum and broadcast of the weights move at memory speed?"""
+
+from __future__ import annotations
+
+from benchmarks.harness import Comparison, Figures
+from benchmarks.jobs import program
+
+QUESTION = "One node: a round's sum and broadcast through shared memory, against MPI and what memory allows"
+SIZES = {"25M": 25e6, "100M": 100e6}
+
+
+def job(params: float, reps: int) -> Figures:
+    """``benchmarks.shared_memory`` at one size, 2 workers: each way's median seconds and the ratios."""
+    result = program("shared_memory", ["--params", str(params), "--reps", str(reps)], ranks=3)
+    return {key: float(result[key]) for key in ("mpi_floor", "transport_mpi", "transport_shared", "memory_bound",
+                                                "shared_over_bound", "shared_over_floor")}
+
+
+def comparisons(quick: bool) -> list[Comparison]:
+    reps = 5 if quick else 9
+    return [Comparison(
+        title="Rank 0 sums two workers' float32 weights, then broadcasts the result; median of "
+              f"{reps} calls, a call's time the slowest rank's",
+        command=f"python -m benchmarks run node_memory{' --quick' if quick else ''}",
+        variants={f"{size} parameters ({params * 4 / 1e6:g} MB)": (lambda p=params: job(p, reps))
+                  for size, params in SIZES.items()},
+        columns={"transport_shared": "shared memory s", "transport_mpi": "MPI (the transport's) s",
+                 "mpi_floor": "MPI floor s", "memory_bound": "memory bound s",
+                 "shared_over_bound": "shared / bound", "shared_over_floor": "shared / floor"},
+        notes="Shared memory is the transport's default when every rank is on one node; MPI (the transport's) is the "
+              "same calls with MPI_TRAINER_SHARED_MEMORY=0; the MPI floor is a blocking Reduce then Bcast of the "
+              "whole buffer. The memory bound is rank 0 alone on one thread, in the same run: two in-place adds "
+              "of a worker's buffer into its own and two copies of the result. The targets: shared memory "
+              "<= 2x the bound and <= 0.5x the floor.")]
+
+
+def conclude(tables: list[dict]) -> list[str]:
+    lines = []
+    for table in tables:
+        for name, figures in table["rows"].items():
+            median = {key: spread["median"] for key, spread in figures.items()}
+            lines.append(f"At {name} a round's sum and broadcast took {median['transport_shared']:.3g} s through "
+                         f"shared memory: {median['shared_over_bound']:.2g}x the memory bound (target 2x) and "
+                         f"{median['shared_over_floor']:.2g}x the MPI floor (target 0.5x); through MPI "
+                         f"{median['transport_mpi']:.3g} s.")
+    return lines

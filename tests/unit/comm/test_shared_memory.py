@@ -1,0 +1,121 @@
+"""The shared-memory collectives' part-by-part passes, with threads as the ranks of one node."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from mpi_trainer.comm import shared_memory
+from mpi_trainer.comm.shared_memory import MIB, NodeSlots, shared_memory_wanted, slot_part_bytes
+
+RANKS = 3
+
+
+def slots(part_bytes: int = MIB) -> NodeSlots:
+    """Slots as the window maps them, in this process's memory (every thread a rank)."""
+    node = object.__new__(NodeSlots)
+    node.comm = SimpleNamespace(Get_size=lambda: RANKS)
+    node.part_bytes = part_bytes
+    node.views = [np.zeros(2 * part_bytes, np.uint8) for _ in range(RANKS)]
+    return node
+
+
+def as_ranks(work) -> list:
+    """``work(rank, barrier)`` on a thread per rank; their results by rank."""
+    barrier = threading.Barrier(RANKS, timeout=30)
+    results: list = [None] * RANKS
+    errors: list = []
+
+    def run(rank: int) -> None:
+        try:
+            results[rank] = work(rank, barrier.wait)
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(RANKS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+# 5.5 parts of 1 MiB: the halves are reused several times, the last part is short
+SIZE = (11 * MIB // 2) // 4
+
+
+def buffers() -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [rng.normal(size=SIZE).astype(np.float32) for _ in range(RANKS)]
+
+
+def test_a_sum_through_the_slots_is_every_ranks_buffer_added_at_the_root():
+    node, given = slots(), buffers()
+
+    def work(rank, barrier):
+        mine = given[rank].copy()
+        node.reduce(mine, rank, 0, barrier)
+        return mine
+
+    summed = as_ranks(work)[0]
+    np.testing.assert_array_equal(summed, (given[0] + given[1]) + given[2])
+
+
+def test_the_roots_parts_are_the_others_sums_in_order():
+    node, given = slots(), buffers()
+    scratch = np.empty(MIB // 4, np.float32)
+
+    def work(rank, barrier):
+        if rank != 0:
+            return node.reduce(given[rank].copy(), rank, 0, barrier)
+        whole, starts = np.full(SIZE, np.nan, np.float32), []
+
+        def take(start, values):
+            starts.append(start)
+            whole[start:start + values.size] = values
+
+        node.reduce_parts(SIZE, np.float32, scratch, 0, take, barrier)
+        return whole, starts
+
+    whole, starts = as_ranks(work)[0]
+    np.testing.assert_array_equal(whole, given[1] + given[2])
+    assert starts == sorted(starts) and len(starts) == 6
+
+
+def test_a_broadcast_through_the_slots_reaches_every_rank_whole():
+    node, given = slots(), buffers()
+
+    def work(rank, barrier):
+        mine = given[rank].copy()
+        node.broadcast(mine, rank, 0, barrier)
+        return mine
+
+    for result in as_ranks(work):
+        np.testing.assert_array_equal(result, given[0])
+
+
+def test_parts_are_a_32nd_of_the_buffer_in_whole_mib_between_1_mib_and_the_slots_part():
+    node = slots(part_bytes=32 * MIB)
+    assert node.parts(100, np.dtype(np.float32)) == [(0, 100)]  # a small buffer: one part
+    sizes = {count for _, count in node.parts(400 * MIB // 4, np.dtype(np.float32))}
+    assert sizes == {12 * MIB // 4, (400 - 33 * 12) * MIB // 4}  # 12 MiB parts (400 / 32, whole MiB)
+    assert {count for _, count in node.parts(4096 * MIB // 4, np.dtype(np.float32))} == {32 * MIB // 4}
+
+
+def test_the_slots_take_at_most_an_eighth_of_a_small_shared_memory_file_system(monkeypatch):
+    monkeypatch.setattr(shared_memory.os, "statvfs", lambda path: SimpleNamespace(f_bavail=64 * 256, f_frsize=4096))
+    assert slot_part_bytes(3) == 1 * MIB  # 64 MB free: 3 ranks x 2 parts x 1 MiB <= 8 MB
+    monkeypatch.setattr(shared_memory.os, "statvfs", lambda path: SimpleNamespace(f_bavail=32 * 256, f_frsize=4096))
+    assert slot_part_bytes(3) == 0  # 32 MB: no room, MPI's collectives
+
+
+@pytest.mark.parametrize("environ, wanted", [({}, True), ({"MPI_TRAINER_SHARED_MEMORY": "0"}, False),
+                                             ({"OMPI_MCA_mpi_ft_enable": "1"}, False)])
+def test_shared_memory_is_off_when_asked_and_under_fault_tolerant_mpi(environ, wanted):
+    assert shared_memory_wanted(environ) is wanted
