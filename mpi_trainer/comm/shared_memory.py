@@ -62,29 +62,39 @@ def slot_part_bytes(ranks: int, directory: str = SHM_DIR) -> int:
 
 
 class NodeSlots:
-    """A slot of two parts per rank in a window every rank of a one-node communicator maps, and the
-    collectives through it. ``barrier``: the caller's wait for every rank of the node (bounded, sleeping)."""
+    """A slot of two parts per rank in a window every rank of its node maps, and the collectives through it.
 
-    def __init__(self, comm: Any, mpi: Any, part_bytes: int = MAX_PART_BYTES) -> None:
-        self.comm = comm  # the node's communicator: the same ranks, in the same order
+    Across nodes the lowest rank of each node leads it: it sums its node's parts and joins the other
+    leaders' ``Reduce`` of that part, and takes each part of a broadcast from theirs (``leaders``, the
+    communicator of the leaders, on a leader of a job of several nodes; None otherwise). So a part crosses
+    the network once per node, not once per rank. The job's root (rank 0) leads its node. ``barrier``:
+    the caller's wait for every rank of the node (bounded, sleeping)."""
+
+    def __init__(self, node: Any, leaders: Any, mpi: Any, part_bytes: int = MAX_PART_BYTES) -> None:
+        self.comm, self.leaders, self._mpi = node, leaders, mpi
+        self.rank, self.size = node.Get_rank(), node.Get_size()  # on the node
         self.part_bytes = part_bytes  # the largest part; a buffer's parts are sized by :meth:`parts`
-        self.win = mpi.Win.Allocate_shared(2 * part_bytes, 1, comm=comm)
+        self.win = mpi.Win.Allocate_shared(2 * part_bytes, 1, comm=node)
         # pages count in a process's memory once touched: a small buffer's parts touch only their start
         self.views = [np.frombuffer(self.win.Shared_query(rank)[0], dtype=np.uint8, count=2 * part_bytes)
-                      for rank in range(comm.Get_size())]
+                      for rank in range(self.size)]
+        self.scratch = np.empty(0, np.uint8)  # a leader's sum of its node's part (made at the first)
 
     @classmethod
     def for_comm(cls, comm: Any, mpi: Any) -> NodeSlots | None:
-        """Slots for ``comm`` when all its ranks share one node, else None (collective over ``comm``)."""
+        """Slots for ``comm``'s ranks on this node, or None where there is no room for them (collective)."""
         node = comm.Split_type(mpi.COMM_TYPE_SHARED, key=comm.Get_rank())
-        if node.Get_size() != comm.Get_size():
+        leader = node.Get_rank() == 0
+        leaders = comm.Split(0 if leader else mpi.UNDEFINED, key=comm.Get_rank())
+        part = comm.allreduce(slot_part_bytes(node.Get_size()), op=mpi.MIN)  # one size on every rank
+        single = node.Get_size() == comm.Get_size()
+        if leaders != mpi.COMM_NULL and (single or part < MIB):
+            leaders.Free()
+        leaders = None if single or leaders == mpi.COMM_NULL else leaders
+        if part < MIB:  # no room for the slots on some node: MPI's collectives
             node.Free()
             return None
-        part = node.allreduce(slot_part_bytes(node.Get_size()), op=mpi.MIN)  # one size on every rank
-        if part < MIB:  # no room for the slots: MPI's collectives
-            node.Free()
-            return None
-        return cls(node, mpi, part)
+        return cls(node, leaders, mpi, part)
 
     def half(self, rank: int, index: int, dtype: np.dtype, count: int) -> np.ndarray:
         """The half of ``rank``'s slot that part ``index`` passes through, as ``count`` values of ``dtype``."""
@@ -98,40 +108,61 @@ class NodeSlots:
         step = min(self.part_bytes, max(MIB, wanted)) // dtype.itemsize
         return [(start, min(step, size - start)) for start in range(0, size, step)]
 
-    def reduce(self, flat: np.ndarray, rank: int, root: int, barrier: Callable[[], None]) -> None:
-        """Every rank's ``flat`` added into the root's."""
-        others = [other for other in range(self.comm.Get_size()) if other != root]
+    def node_sum(self, values: np.ndarray, index: int, start: int) -> None:
+        """Add the node's other ranks' part ``index`` (at ``start``) to ``values``."""
+        for other in range(1, self.size):
+            np.add(values, self.half(other, index, values.dtype, values.size), out=values)
+
+    def across(self, values: np.ndarray, is_root: bool) -> None:
+        """A leader's part of the leaders' sum of a part into the root's ``values``."""
+        if self.leaders is not None:
+            self.leaders.Reduce(self._mpi.IN_PLACE if is_root else values, values if is_root else None,
+                                op=self._mpi.SUM, root=0)
+
+    def reduce(self, flat: np.ndarray, is_root: bool, barrier: Callable[[], None]) -> None:
+        """Every rank's ``flat`` added into the root's (the others' buffers are left as they were)."""
         for index, (start, count) in enumerate(self.parts(flat.size, flat.dtype)):
-            if rank != root:
-                np.copyto(self.half(rank, index, flat.dtype, count), flat[start:start + count])
+            mine = flat[start:start + count]
+            if self.rank != 0:
+                np.copyto(self.half(self.rank, index, flat.dtype, count), mine)
             barrier()
-            if rank == root:
-                values = flat[start:start + count]
-                for other in others:
-                    np.add(values, self.half(other, index, flat.dtype, count), out=values)
+            if self.rank == 0:
+                values = mine if is_root else self.scratch_part(mine)
+                self.node_sum(values, index, start)
+                self.across(values, is_root)
         barrier()
 
-    def reduce_parts(self, size: int, dtype: Any, scratch: np.ndarray, root: int,
-                     take: Callable[[int, np.ndarray], None], barrier: Callable[[], None]) -> None:
+    def scratch_part(self, mine: np.ndarray) -> np.ndarray:
+        """A leader's own part, copied where its node's parts are added to it (its buffer stays as it was)."""
+        if self.scratch.nbytes < mine.nbytes:
+            self.scratch = np.empty(self.part_bytes, np.uint8)
+        values = self.scratch[:mine.nbytes].view(mine.dtype)
+        np.copyto(values, mine)
+        return values
+
+    def reduce_parts(self, size: int, dtype: Any, scratch: np.ndarray, take: Callable[[int, np.ndarray], None],
+                     barrier: Callable[[], None]) -> None:
         """The root's side of the others' :meth:`reduce` of ``size`` values: each part's sum (its own adds
         nothing) handed to ``take(start, values)`` in ``scratch``, which the next part overwrites."""
         dtype = np.dtype(dtype)
-        others = [other for other in range(self.comm.Get_size()) if other != root]
         for index, (start, count) in enumerate(self.parts(size, dtype)):
             barrier()
             values = scratch[:count]
-            np.copyto(values, self.half(others[0], index, dtype, count))
-            for other in others[1:]:
-                np.add(values, self.half(other, index, dtype, count), out=values)
+            values[...] = 0
+            self.node_sum(values, index, start)
+            self.across(values, True)
             take(start, values)
         barrier()
 
-    def broadcast(self, flat: np.ndarray, rank: int, root: int, barrier: Callable[[], None]) -> None:
+    def broadcast(self, flat: np.ndarray, barrier: Callable[[], None]) -> None:
         """The root's ``flat`` into every rank's."""
         for index, (start, count) in enumerate(self.parts(flat.size, flat.dtype)):
-            if rank == root:
-                np.copyto(self.half(root, index, flat.dtype, count), flat[start:start + count])
+            mine = flat[start:start + count]
+            if self.rank == 0:
+                if self.leaders is not None:
+                    self.leaders.Bcast(mine, root=0)
+                np.copyto(self.half(0, index, flat.dtype, count), mine)
             barrier()
-            if rank != root:
-                np.copyto(flat[start:start + count], self.half(root, index, flat.dtype, count))
+            if self.rank != 0:
+                np.copyto(mine, self.half(0, index, flat.dtype, count))
         barrier()

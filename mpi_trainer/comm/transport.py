@@ -183,18 +183,23 @@ class Transport(AccountedRank):
         :func:`due_sleep`.
         """
         with self._timed():
-            started = time.perf_counter()
-            while not ready():
-                now = time.perf_counter()
-                waited = now - started
-                if timeout is not None and waited > timeout:
-                    raise self._timeout(what, timeout, missing())
-                pause = poll_sleep(waited, self.max_sleep)
-                if due is not None:
-                    pause = due_sleep(pause, now, started, due)
-                if pause > 0:
-                    self.check_notices()  # once per sleep: a rank that failed and left is not waited for
-                    time.sleep(pause)
+            self._poll_untimed(ready, timeout, what, missing, due)
+
+    def _poll_untimed(self, ready: Callable[[], bool], timeout: float | None, what: str,
+                      missing: Callable[[], list[int]] = list, due: float | None = None) -> None:
+        """:meth:`_poll` inside a block that is timed already."""
+        started = time.perf_counter()
+        while not ready():
+            now = time.perf_counter()
+            waited = now - started
+            if timeout is not None and waited > timeout:
+                raise self._timeout(what, timeout, missing())
+            pause = poll_sleep(waited, self.max_sleep)
+            if due is not None:
+                pause = due_sleep(pause, now, started, due)
+            if pause > 0:
+                self.check_notices()  # once per sleep: a rank that failed and left is not waited for
+                time.sleep(pause)
 
     def _timeout(self, what: str, timeout: float, missing: list[int]) -> TransportTimeout:
         named = f" (waiting for {self.accounting.name_ranks(missing)})" if missing else ""
@@ -332,18 +337,20 @@ class Transport(AccountedRank):
         return Received(pickle.loads(data), status.Get_source(), nbytes)
 
     # -- one node's shared memory (:mod:`~mpi_trainer.comm.shared_memory`) -----------------
-    def _shared(self, nbytes: int) -> NodeSlots | None:
-        """The node's slots when a collective of ``nbytes`` meets in shared memory; None for MPI's own.
-        Collective: every rank asks at the same collective, with the same ``nbytes``."""
-        if nbytes < SHARED_MIN_BYTES or self.size == 1 or not shared_memory_wanted():
+    def _shared(self, nbytes: int, root: int) -> NodeSlots | None:
+        """The node's slots when a collective of ``nbytes`` to or from rank 0 meets in shared memory (and
+        across nodes, between their leaders); None for MPI's own. Collective: every rank asks at the same
+        collective, with the same ``nbytes``."""
+        if nbytes < SHARED_MIN_BYTES or self.size == 1 or root != 0 or not shared_memory_wanted():
             return None
         if self._slots is _UNDECIDED:
             self._slots = NodeSlots.for_comm(self.comm, self._mpi)
         return self._slots if isinstance(self._slots, NodeSlots) else None
 
     def _node_barrier(self, slots: NodeSlots, timeout: float | None, what: str) -> Callable[[], None]:
-        """A wait for every rank of the node, polled (a waiting rank sleeps instead of spinning) and bounded."""
-        return lambda: self._wait(slots.comm.Ibarrier(), what, timeout)
+        """A wait for every rank of the node, polled (a waiting rank sleeps instead of spinning) and bounded,
+        inside a block that is timed already."""
+        return lambda: self._poll_untimed(slots.comm.Ibarrier().Test, timeout, what)
 
     # -- flat float32 buffers ---------------------------------------------
     @surfacing_failures
@@ -351,11 +358,10 @@ class Transport(AccountedRank):
         """Broadcast ``buf`` in place from ``root`` to every rank."""
         timeout = self._limit(timeout)
         self._rendezvous(root, timeout, "weights broadcast")
-        slots = self._shared(buf.nbytes) if buf.flags.c_contiguous else None
+        slots = self._shared(buf.nbytes, root) if buf.flags.c_contiguous else None
         if slots is not None:
-            with self._timed():
-                barrier = self._node_barrier(slots, timeout, "weights broadcast")
-                slots.broadcast(buf.reshape(-1), self.rank, root, barrier)
+            with self._bulk(timeout, "weights broadcast"):
+                slots.broadcast(buf.reshape(-1), self._node_barrier(slots, timeout, "weights broadcast"))
         else:
             with self._bulk(timeout, "weights broadcast"):
                 self.comm.Bcast(buf, root=root)
@@ -369,10 +375,10 @@ class Transport(AccountedRank):
         timeout = self._limit(timeout)
         self._rendezvous(root, timeout, "weights reduction")
         flat, part = buf.reshape(-1), max(1, REDUCE_PART_BYTES // buf.itemsize)
-        slots = self._shared(buf.nbytes)
+        slots = self._shared(buf.nbytes, root)
         if slots is not None:
-            with self._timed():
-                slots.reduce(flat, self.rank, root, self._node_barrier(slots, timeout, "weights reduction"))
+            with self._bulk(timeout, "weights reduction"):
+                slots.reduce(flat, self.rank == root, self._node_barrier(slots, timeout, "weights reduction"))
             if self.rank != root:
                 self._count(buf.nbytes)
             return
@@ -396,11 +402,10 @@ class Transport(AccountedRank):
         self._rendezvous(root, timeout, "weights reduction")
         part = max(1, REDUCE_PART_BYTES // np.dtype(dtype).itemsize)
         scratch = np.empty(min(part, size), dtype)
-        slots = self._shared(size * np.dtype(dtype).itemsize)
+        slots = self._shared(size * np.dtype(dtype).itemsize, root)
         if slots is not None:  # the others' reduce_sum copies in; each part is their slots' sum
-            with self._timed():
-                slots.reduce_parts(size, dtype, scratch, root, take,
-                                   self._node_barrier(slots, timeout, "weights reduction"))
+            with self._bulk(timeout, "weights reduction"):
+                slots.reduce_parts(size, dtype, scratch, take, self._node_barrier(slots, timeout, "weights reduction"))
             return
         with self._bulk(timeout, "weights reduction"):
             for start in range(0, size, part):

@@ -1,6 +1,6 @@
 """The program that test_mpirun_transport.py runs under ``mpirun -n 3``; rank 0 prints one JSON line.
 
-    python tests/mpirun/transport_job.py exact | late | timeout
+    python tests/mpirun/transport_job.py exact | late | timeout | rounds
 """
 
 from __future__ import annotations
@@ -70,9 +70,28 @@ def timeout(transport: Transport) -> dict:
     return {"error": None}
 
 
+ROUND_VALUES = 4_000_000  # 16 MB of float32: a round's weights
+ROUNDS = 3
+
+
+def rounds(transport: Transport) -> dict:
+    """A plain-averaging round's traffic, three times: every rank's 16 MB summed into rank 0, then rank 0's
+    broadcast; exact on every rank."""
+    pattern = (np.arange(ROUND_VALUES) % 1000).astype(np.float32)
+    exact_every_time = True
+    for _ in range(ROUNDS):
+        weights = pattern * (transport.rank + 1)
+        transport.reduce_sum(weights, timeout=120)
+        if transport.rank != 0:
+            weights[:] = -1
+        transport.broadcast(weights, timeout=120)
+        exact_every_time &= bool(np.array_equal(weights, pattern * (transport.size * (transport.size + 1) // 2)))
+    return {"exact": all(transport.comm.allgather(exact_every_time)), "bytes": ROUND_VALUES * 4, "rounds": ROUNDS}
+
+
 def main() -> None:
     transport = Transport(MPI.COMM_WORLD)
-    result = {"exact": exact, "late": late, "timeout": timeout}[sys.argv[1]](transport)
+    result = {"exact": exact, "late": late, "timeout": timeout, "rounds": rounds}[sys.argv[1]](transport)
     if transport.rank == 0:
         print(json.dumps(result), flush=True)
 

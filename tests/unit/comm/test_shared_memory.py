@@ -14,13 +14,20 @@ from mpi_trainer.comm.shared_memory import MIB, NodeSlots, shared_memory_wanted,
 RANKS = 3
 
 
-def slots(part_bytes: int = MIB) -> NodeSlots:
-    """Slots as the window maps them, in this process's memory (every thread a rank)."""
-    node = object.__new__(NodeSlots)
-    node.comm = SimpleNamespace(Get_size=lambda: RANKS)
-    node.part_bytes = part_bytes
-    node.views = [np.zeros(2 * part_bytes, np.uint8) for _ in range(RANKS)]
-    return node
+class Node:
+    """The slots as one node's window maps them, in this process's memory: every thread a rank, each with
+    its own :class:`NodeSlots` over the same views."""
+
+    def __init__(self, part_bytes: int = MIB) -> None:
+        self.part_bytes = part_bytes
+        self.views = [np.zeros(2 * part_bytes, np.uint8) for _ in range(RANKS)]
+
+    def rank(self, rank: int) -> NodeSlots:
+        slots = object.__new__(NodeSlots)
+        slots.comm, slots.leaders, slots._mpi = None, None, None
+        slots.rank, slots.size, slots.part_bytes = rank, RANKS, self.part_bytes
+        slots.views, slots.scratch = self.views, np.empty(0, np.uint8)
+        return slots
 
 
 def as_ranks(work) -> list:
@@ -56,31 +63,33 @@ def buffers() -> list[np.ndarray]:
 
 
 def test_a_sum_through_the_slots_is_every_ranks_buffer_added_at_the_root():
-    node, given = slots(), buffers()
+    node, given = Node(), buffers()
 
     def work(rank, barrier):
         mine = given[rank].copy()
-        node.reduce(mine, rank, 0, barrier)
+        node.rank(rank).reduce(mine, rank == 0, barrier)
         return mine
 
-    summed = as_ranks(work)[0]
-    np.testing.assert_array_equal(summed, (given[0] + given[1]) + given[2])
+    summed = as_ranks(work)
+    np.testing.assert_array_equal(summed[0], (given[0] + given[1]) + given[2])
+    for rank in (1, 2):
+        np.testing.assert_array_equal(summed[rank], given[rank])  # the others' buffers are left as they were
 
 
 def test_the_roots_parts_are_the_others_sums_in_order():
-    node, given = slots(), buffers()
+    node, given = Node(), buffers()
     scratch = np.empty(MIB // 4, np.float32)
 
     def work(rank, barrier):
         if rank != 0:
-            return node.reduce(given[rank].copy(), rank, 0, barrier)
+            return node.rank(rank).reduce(given[rank].copy(), False, barrier)
         whole, starts = np.full(SIZE, np.nan, np.float32), []
 
         def take(start, values):
             starts.append(start)
             whole[start:start + values.size] = values
 
-        node.reduce_parts(SIZE, np.float32, scratch, 0, take, barrier)
+        node.rank(0).reduce_parts(SIZE, np.float32, scratch, take, barrier)
         return whole, starts
 
     whole, starts = as_ranks(work)[0]
@@ -89,11 +98,11 @@ def test_the_roots_parts_are_the_others_sums_in_order():
 
 
 def test_a_broadcast_through_the_slots_reaches_every_rank_whole():
-    node, given = slots(), buffers()
+    node, given = Node(), buffers()
 
     def work(rank, barrier):
         mine = given[rank].copy()
-        node.broadcast(mine, rank, 0, barrier)
+        node.rank(rank).broadcast(mine, barrier)
         return mine
 
     for result in as_ranks(work):
@@ -101,7 +110,7 @@ def test_a_broadcast_through_the_slots_reaches_every_rank_whole():
 
 
 def test_parts_are_a_32nd_of_the_buffer_in_whole_mib_between_1_mib_and_the_slots_part():
-    node = slots(part_bytes=32 * MIB)
+    node = Node(part_bytes=32 * MIB).rank(0)
     assert node.parts(100, np.dtype(np.float32)) == [(0, 100)]  # a small buffer: one part
     sizes = {count for _, count in node.parts(400 * MIB // 4, np.dtype(np.float32))}
     assert sizes == {12 * MIB // 4, (400 - 33 * 12) * MIB // 4}  # 12 MiB parts (400 / 32, whole MiB)
