@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from benchmarks.harness import Comparison, Figures
 from benchmarks.jobs import program
+from benchmarks.suites import bandwidth
 
 QUESTION = "One node: a round's sum and broadcast through shared memory, against MPI and what memory allows"
 SIZES = {"25M": 25e6, "100M": 100e6}
+LINK = "1gbit"  # the simulated hosts' rate each way
 
 
 def job(params: float, reps: int) -> Figures:
@@ -16,9 +21,39 @@ def job(params: float, reps: int) -> Figures:
                                                 "shared_over_bound", "shared_over_floor")}
 
 
+def across_hosts(params: float, reps: int) -> Figures:
+    """Rank 0 on one simulated host, both workers on the other: each way's seconds against the link's floor,
+    one copy of the weights each way at the link's rate."""
+    result = program("shared_memory", ["--params", str(params), "--reps", str(reps)], ranks=3,
+                     mpirun_args=bandwidth.shaped(LINK, slots="1,2"))
+    link = 2 * params * 4 * 8 / bandwidth.RATE_BITS[LINK]
+    return {"transport_shared": result["transport_shared"], "transport_mpi": result["transport_mpi"],
+            "mpi_floor": result["mpi_floor"], "link": link, "shared_over_link": result["transport_shared"] / link}
+
+
+@contextmanager
+def prepared() -> Iterator[None]:
+    """The simulated hosts, where this machine allows them, are removed after the suite, also on failure."""
+    if bandwidth.unavailable():
+        yield
+        return
+    with bandwidth.prepared():
+        yield
+
+
 def comparisons(quick: bool) -> list[Comparison]:
     reps = 5 if quick else 9
-    return [Comparison(
+    hosts = [] if bandwidth.unavailable() else [Comparison(
+        title=f"Two simulated hosts at {LINK} each way: rank 0 on one, both workers on the other; median of "
+              f"{max(3, reps // 3)} calls",
+        command=f"python -m benchmarks run node_memory{' --quick' if quick else ''}",
+        variants={"25M parameters (100 MB)": (lambda: across_hosts(25e6, max(3, reps // 3)))},
+        columns={"transport_shared": "through each node's shared memory s", "transport_mpi": "MPI (the transport's) s",
+                 "mpi_floor": "MPI floor s", "link": "one copy each way at the link's rate s",
+                 "shared_over_link": "shared / link"},
+        notes="Each node's ranks add up in its shared memory and only its leader's sum crosses the link; the "
+              "broadcast crosses once to the node. The target: <= 1.2x one copy each way at the link's rate.")]
+    return hosts + [Comparison(
         title="Rank 0 sums two workers' float32 weights, then broadcasts the result; median of "
               f"{reps} calls, a call's time the slowest rank's",
         command=f"python -m benchmarks run node_memory{' --quick' if quick else ''}",
@@ -39,6 +74,11 @@ def conclude(tables: list[dict]) -> list[str]:
     for table in tables:
         for name, figures in table["rows"].items():
             median = {key: spread["median"] for key, spread in figures.items()}
+            if "link" in median:
+                lines.append(f"Between two hosts at {LINK}, with both workers on one, a round's sum and broadcast of "
+                             f"{name} took {median['transport_shared']:.3g} s, {median['shared_over_link']:.2g}x one "
+                             f"copy each way at the link's rate (target 1.2x); MPI's: {median['transport_mpi']:.3g} s.")
+                continue
             lines.append(f"At {name} a round's sum and broadcast took {median['transport_shared']:.3g} s through "
                          f"shared memory: {median['shared_over_bound']:.2g}x the memory bound (target 2x) and "
                          f"{median['shared_over_floor']:.2g}x the MPI floor (target 0.5x); through MPI "
