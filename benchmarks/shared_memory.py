@@ -6,7 +6,8 @@ For each model size, on one float32 buffer per rank: the workers' buffers summed
 then rank 0's broadcast to them (a plain-averaging round's communication and combining). Timed side
 by side in one run, alternating: blocking ``Reduce`` + ``Bcast`` (the MPI floor), the transport's
 ``reduce_sum`` + ``broadcast`` through MPI (``MPI_TRAINER_SHARED_MEMORY=0``), and the same through
-the node's shared memory (the default on one node). A call's time is the slowest rank's, from a
+the node's shared memory (the default on one node), and one copy sent from rank 1 to rank 0 and back
+with blocking ``Send``/``Recv`` (what the path between them carries). A call's time is the slowest rank's, from a
 barrier; the median of the repetitions is printed. The memory bound is measured on this machine in
 the same run: rank 0 alone, one thread, does what the round's bytes need at least, ``W`` in-place
 adds of a worker's buffer into its own and ``W`` copies of the result (the issue's "one add per
@@ -72,7 +73,16 @@ def round_calls(comm: Any, transport: Transport, buf: np.ndarray) -> dict[str, C
             transport.broadcast(buf)
         return call
 
-    return {"mpi_floor": floor, "transport_mpi": through(False), "transport_shared": through(True)}
+    def send_each_way() -> None:  # one copy of the buffer from rank 1 to rank 0 and back: what the path carries
+        if rank == 1:
+            comm.Send(buf, 0, 77)
+            comm.Recv(buf, 0, 78)
+        elif rank == 0:
+            comm.Recv(buf, 1, 77)
+            comm.Send(buf, 1, 78)
+
+    return {"mpi_floor": floor, "transport_mpi": through(False), "transport_shared": through(True),
+            "send_each_way": send_each_way}
 
 
 def measure(comm: Any, transport: Transport, params: int, reps: int) -> dict[str, float]:

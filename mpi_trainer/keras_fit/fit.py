@@ -164,27 +164,40 @@ def ssp_conflicts(cfg: Config) -> list[str]:
             for key, (conflicts_with, expected, why) in conflicts.items() if conflicts_with]
 
 
+def input_refusal(key: str, value: Any, why: str, kwargs: dict[str, Any], expected: str,
+                  also: str = "") -> ConfigError:
+    """A setting that deals out or counts a worker's rows, refused for the input it was given with."""
+    return ConfigError(f"`{key}` {why}. Received: {key}={value!r} with x of kind "
+                       f"{shares.input_kind(kwargs.get('x'))!r}, steps_per_epoch={kwargs.get('steps_per_epoch')!r}"
+                       f"{also}; expected {expected}")
+
+
 def check_sync_every(sync_every: int, kwargs: dict[str, Any]) -> None:
     """``train.sync_every`` cuts each worker's rows into rounds: arrays only, epochs of all their rows."""
     if sync_every and (shares.input_kind(kwargs.get("x")) != "arrays" or kwargs.get("steps_per_epoch") is not None):
-        raise ConfigError(f"`train.sync_every` combines the workers every few steps of arrays given as `x`; a "
-                          f"pipeline (or `steps_per_epoch`) trains whole epochs. Received: train.sync_every="
-                          f"{sync_every} with x of kind {shares.input_kind(kwargs.get('x'))!r} and steps_per_epoch="
-                          f"{kwargs.get('steps_per_epoch')!r}; expected arrays without steps_per_epoch, or "
-                          f"train.sync_every=0")
+        raise input_refusal("train.sync_every", sync_every, "combines the workers every few steps of arrays given "
+                            "as `x`; a pipeline (or `steps_per_epoch`) trains whole epochs", kwargs,
+                            "arrays without steps_per_epoch, or train.sync_every=0")
 
 
 def check_increment(cfg: Config, kwargs: dict[str, Any]) -> None:
     """``data.increment`` adds rows of the training arrays to each worker's share, an epoch at a time."""
-    if not cfg.data.increment.enabled:
-        return
-    kind = shares.input_kind(kwargs.get("x"))
-    if kind != "arrays" or kwargs.get("steps_per_epoch") is not None or cfg.train.sync_every:
-        raise ConfigError(f"`data.increment` adds a draw of the other workers' rows to each worker's share every "
-                          f"epoch: arrays given as `x`, trained in whole epochs. Received: data.increment.enabled="
-                          f"True with x of kind {kind!r}, steps_per_epoch={kwargs.get('steps_per_epoch')!r} and "
-                          f"train.sync_every={cfg.train.sync_every}; expected arrays, no steps_per_epoch and "
-                          f"train.sync_every=0, or data.increment.enabled=false")
+    arrays = shares.input_kind(kwargs.get("x")) == "arrays" and kwargs.get("steps_per_epoch") is None
+    if cfg.data.increment.enabled and (not arrays or cfg.train.sync_every):
+        raise input_refusal("data.increment.enabled", True, "adds a draw of the other workers' rows to each "
+                            "worker's share every epoch: arrays given as `x`, trained in whole epochs", kwargs,
+                            "arrays, no steps_per_epoch and train.sync_every=0, or data.increment.enabled=false",
+                            f" and train.sync_every={cfg.train.sync_every}")
+
+
+def check_max_steps(cfg: Config, kwargs: dict[str, Any]) -> None:
+    """``train.max_steps`` deals the last steps out to the workers from the batches each has in an epoch."""
+    known = shares.input_kind(kwargs.get("x")) == "arrays" or kwargs.get("steps_per_epoch") is not None
+    if cfg.train.max_steps and (not known or cfg.train.sync_every or cfg.data.increment.enabled):
+        raise input_refusal("train.max_steps", cfg.train.max_steps, "deals the steps left to the workers from the "
+                            "batches each trains in an epoch", kwargs, "arrays (or steps_per_epoch), whole epochs "
+                            "and no increment, or train.max_steps=0", f", train.sync_every={cfg.train.sync_every} "
+                            f"and data.increment.enabled={cfg.data.increment.enabled}")
 
 
 def check_early_stopping(cfg: Config, kwargs: dict[str, Any]) -> None:
@@ -196,20 +209,6 @@ def check_early_stopping(cfg: Config, kwargs: dict[str, Any]) -> None:
                           f"holds none out. Received: early_stopping.patience={settings.patience} with "
                           f"validation_data=None and validation_split={kwargs.get('validation_split')!r}; expected "
                           f"validation_data or validation_split, or a train_* monitor")
-
-
-def check_max_steps(cfg: Config, kwargs: dict[str, Any]) -> None:
-    """``train.max_steps`` deals the last steps out to the workers from the batches each has in an epoch."""
-    if not cfg.train.max_steps:
-        return
-    kind = shares.input_kind(kwargs.get("x"))
-    known = kind == "arrays" or kwargs.get("steps_per_epoch") is not None
-    if not known or cfg.train.sync_every or cfg.data.increment.enabled:
-        raise ConfigError(f"`train.max_steps` deals the steps left to the workers from the batches each trains in "
-                          f"an epoch. Received: train.max_steps={cfg.train.max_steps} with x of kind {kind!r}, "
-                          f"steps_per_epoch={kwargs.get('steps_per_epoch')!r}, train.sync_every="
-                          f"{cfg.train.sync_every} and data.increment.enabled={cfg.data.increment.enabled}; "
-                          f"expected arrays (or steps_per_epoch), whole epochs and no increment, or train.max_steps=0")
 
 
 def full_steps(kwargs: dict[str, Any], prepared: Prepared, workers: int) -> list[int]:
