@@ -1,28 +1,29 @@
-"""Ranks on one node meet in memory they all map: each rank's slot of an MPI-3 shared window.
+"""Ranks on a node meet in memory they all map: each rank's slot of an MPI-3 shared window.
 
 MPI's ``Reduce`` moves each rank's buffer through the shared-memory transport's queues in small
 fragments and adds on one core in a tree; ``Bcast`` copies through the same queues (Open MPI's
-``coll/sm`` component, tried as well, was slower still). When every rank of a communicator is on
-one node (``MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`` keeps them all), the transport does without,
-part by part (:data:`~mpi_trainer.comm.interface.REDUCE_PART_BYTES`), each rank's slot holding two
-parts so that the next part is written while the last is read:
+``coll/sm`` component, tried as well, was slower still). The ranks of a node
+(``MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)``) do without, part by part (:meth:`NodeSlots.parts`),
+each rank's slot holding two parts so that the next part is written while the last is read:
 
-* a sum: each rank but the root copies part ``i`` of its buffer into its slot; after a barrier the
-  root adds every slot's part ``i`` to its own (which stays in cache while they are added), while
-  the others copy part ``i + 1`` into the slot's other half;
-* a broadcast: the root copies part ``i`` into its slot; after a barrier the others copy it out,
-  while the root copies part ``i + 1`` into the other half.
+* a sum: each rank but the node's first copies part ``i`` of its buffer into its slot; after a
+  barrier the first adds every slot's part ``i`` to its own (which stays in cache while they are
+  added), while the others copy part ``i + 1`` into the slot's other half;
+* a broadcast: the node's first copies part ``i`` into its slot; after a barrier the others copy
+  it out, while the first copies part ``i + 1`` into the other half.
 
 A barrier after part ``i + 1`` is written also says that part ``i`` was read, so a half is never
 written while it is read. A buffer crosses memory once in and once out, and no rank holds more
-than its slot (two parts) besides its buffer. Figures: docs/performance.md
-(``benchmarks/shared_memory.py``).
+than its slot (two parts) besides its buffer. Across nodes each node's first rank leads it: only
+the leaders' ``Reduce`` of each part, and their ``Bcast``, cross the network, once per node. The
+job's rank 0 leads its node. Figures: docs/performance.md (``benchmarks/shared_memory.py``).
 
 The window is allocated at the first collective that uses it (collective itself, so every rank
-does it at the same point). Buffers below :data:`SHARED_MIN_BYTES` keep MPI's collectives, whose
-latency the barriers would not beat. A job under fault-tolerant MPI (``fault.survive``) keeps MPI's
-collectives too: a rank lost between the barriers must surface as MPI's error, and the shrunk
-communicator has no window. ``MPI_TRAINER_SHARED_MEMORY=0`` in the job's environment turns this off.
+does it at the same point), for collectives to or from rank 0. Buffers below
+:data:`SHARED_MIN_BYTES` keep MPI's collectives, whose latency the barriers would not beat. A job
+under fault-tolerant MPI (``fault.survive``) keeps MPI's collectives too: a rank lost between the
+barriers must surface as MPI's error, and the shrunk communicator has no window.
+``MPI_TRAINER_SHARED_MEMORY=0`` in the job's environment turns this off.
 """
 
 from __future__ import annotations

@@ -395,7 +395,7 @@ def make_record(model: Any, kwargs: dict[str, Any], cfg: Config, prepared: Prepa
     return FitRecord(None if path is None else Path(path),
                      fingerprint(model, prepared.train_data, arguments_print(kwargs), cfg.to_dict()), describe,
                      cfg.checkpoint.every, cfg.checkpoint.every_seconds, cfg.to_toml(), cfg.log.tensorboard,
-                     cfg.log.plots)
+                     cfg.log.plots, cfg.log.timeline)
 
 
 def outer_for(cfg: Config, model: Any, workers: int) -> tuple[str, str]:

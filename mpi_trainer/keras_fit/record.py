@@ -32,6 +32,7 @@ STATE_NAME = "state.h5"
 ROUNDS_NAME = "rounds.csv"
 SUMMARY_NAME = "summary.json"
 LOG_NAME = "train.log"
+TIMELINE_EVERY_SECONDS = 10.0  # timeline.json rewritten at most this often while the fit trains
 FIXED_COLUMNS = ["round", "wall_seconds", "train_seconds_max", "train_seconds_min", "comm_seconds",
                  "aggregate_seconds", "eval_seconds", "bytes", "test_loss", "test_accuracy", "max_staleness"]
 
@@ -96,11 +97,13 @@ class FitRecord:
 
     def __init__(self, path: Path | None, print_: dict[str, str], describe: dict[str, Any], every: int = 0,
                  every_seconds: float = 0.0, config_text: str = "", tensorboard: bool = False,
-                 plots: bool = False) -> None:
+                 plots: bool = False, timeline: bool = False) -> None:
         self.path, self.print_, self.describe = path, print_, describe
         self.config_text = config_text  # the whole config as applied, written as config.toml
         self.tensorboard, self.plots = tensorboard, plots  # log.tensorboard, log.plots: as the command line's
         self.board: Any = None  # the TensorBoard writer while the fit trains
+        self.timeline: Any = None  # log.timeline: every rank's phases an epoch (a Timeline while the fit trains)
+        self.timeline_wanted, self.timeline_written = timeline, time.monotonic()
         self.every, self.every_seconds = every, every_seconds  # checkpoint.every / every_seconds
         self.saved_at = time.time()
         self.rows: list[dict[str, Any]] = []
@@ -170,6 +173,13 @@ class FitRecord:
             from mpi_trainer.reporting.tensorboard import TensorBoardRounds
 
             self.board = TensorBoardRounds(self.path, self.rows)  # a resumed run's epochs, then this job's
+        if self.timeline_wanted and not self.complete:
+            from mpi_trainer.persistence.run_files import TIMELINE_NAME
+            from mpi_trainer.reporting.timeline import Timeline
+
+            self.timeline = Timeline.load(self.path / TIMELINE_NAME, through_round=len(self.rows) - 1)
+            for rank, placement in enumerate(self.describe.get("placement", [])):
+                self.timeline.name_rank(rank, f"rank {rank} {placement.get('role', '')} ({placement.get('host', '')})")
 
     # -- each epoch ---------------------------------------------------------------
     def warn(self, message: str) -> None:
@@ -284,11 +294,30 @@ class FitRecord:
 
             write_json_atomic(self.path / SUMMARY_NAME, summary)
         self.close_board()
+        if self.timeline is not None and self.path is not None:
+            from mpi_trainer.persistence.run_files import TIMELINE_NAME
+
+            self.timeline.write(self.path / TIMELINE_NAME)
         if self.path is not None and self.plots and self.rows and self.stop_reason != "preempted":
             from mpi_trainer.launch.roles import write_report
 
             write_report(self.path)  # report.txt and the plots, as the command line's run ends
         return summary
+
+    def phases(self, epoch: int, reports: list[Any], own: list[tuple[str, float, float]]) -> None:
+        """log.timeline: the epoch's phases, each worker's as it reported them and rank 0's own; timeline.json
+        rewritten at most every ten seconds, and at the end."""
+        from mpi_trainer.persistence.run_files import TIMELINE_NAME
+
+        if self.timeline is None or self.path is None:
+            return
+        for name, start, end in own:
+            self.timeline.add(0, name, start, end, epoch)
+        for rank, report in enumerate(reports):
+            self.timeline.add_phases(report.worker or rank + 1, report.phases)
+        if time.monotonic() - self.timeline_written > TIMELINE_EVERY_SECONDS:
+            self.timeline.write(self.path / TIMELINE_NAME)
+            self.timeline_written = time.monotonic()
 
     def close_board(self) -> None:
         if self.board is not None:

@@ -67,6 +67,7 @@ class Report:
     steps: list[int] = field(default_factory=list)  # SSP: its count of each clock (the model's, each optimizer's)
     staleness: int = 0  # SSP: how far ahead of the slowest worker it started (set by rank 0)
     worker: int = 0  # SSP: the rank it came from (set by rank 0)
+    phases: list[Any] = field(default_factory=list)  # log.timeline: the worker's (phase, epoch, start, end)
     sent: int = 0  # the bytes the worker sent for this epoch: its state into the sum, and this report
     preempt: bool = False  # a preemption signal reached this worker
     scores: dict[str, float] = field(default_factory=dict)  # best-of: its state's Keras scores on the validation data
@@ -85,7 +86,8 @@ def merged_reports(rounds: list[list[Report]]) -> list[Report]:
         logs = {name: sum(r.logs.get(name, 0.0) * r.rows for r in worker if r.batches) / rows for name in names}
         merged.append(Report(logs, sum(r.batches for r in worker), sum(r.rows for r in worker),
                              sum(r.seconds for r in worker), worker[-1].integers, sum(r.sent for r in worker),
-                             any(r.preempt for r in worker), worker[-1].scores))
+                             any(r.preempt for r in worker), worker[-1].scores,
+                             phases=[phase for r in worker for phase in r.phases]))
     return merged
 
 
@@ -312,7 +314,10 @@ class WorkerRounds:
                                  callbacks=callbacks)
         logs = {name: float(values[-1]) for name, values in history.history.items() if values}
         rows = rows or self.rows or counter.batches * (self.share.get("batch_size") or 32)
-        return Report(logs, counter.batches, int(rows), time.perf_counter() - started, self.state.read_integers())
+        seconds = time.perf_counter() - started
+        now = time.time()
+        return Report(logs, counter.batches, int(rows), seconds, self.state.read_integers(),
+                      phases=[("train", epoch, now - seconds, now)])
 
     def increment_share(self, epoch: int) -> tuple[dict[str, Any] | None, int | None]:
         """``data.increment``: this epoch's share, the worker's fixed rows plus the epoch's seeded draw from the
@@ -430,11 +435,12 @@ class SchedulerRounds:
         self.workers_hold = True
 
     def epoch(self, epoch: int) -> dict[str, float]:
-        started = time.perf_counter()
+        started, wall = time.perf_counter(), time.time()
         self.callbacks.on_epoch_begin(epoch)
         times = {"comm_seconds": 0.0, "aggregate_seconds": 0.0}
         reports = self.train_epoch(epoch, times)
         self.reports = reports
+        trained_until = time.time()
         self.steps_done += sum(report.batches for report in reports)
         if self.max_steps and self.steps_done >= self.max_steps and self.stop_reason is None:
             self.stop_reason = "max_steps"
@@ -452,7 +458,15 @@ class SchedulerRounds:
         self.record.epoch(epoch, logs, reports, {"bytes": sent, "wall_seconds": time.perf_counter() - started,
                                                  **times, "eval_seconds": scored - combined, **trained})
         self.watch_divergence(epoch)
+        scored_at = time.time()
         self.record.checkpoint(epoch + 1, self.state, self.callbacks, outer=self.outer.state_arrays())
+        # log.timeline: rank 0 waits while the workers train, then combines (the seconds it spent), scores and
+        # checkpoints; each worker's training as it reported it
+        combining = times["aggregate_seconds"]
+        self.record.phases(epoch, reports, [("wait", wall, trained_until - combining),
+                                            ("aggregate", trained_until - combining, trained_until),
+                                            ("evaluate", trained_until, scored_at),
+                                            ("checkpoint", scored_at, time.time())])
         return logs
 
     def train_epoch(self, epoch: int, times: dict[str, float]) -> list[Report]:

@@ -66,6 +66,8 @@ HONOURED: dict[str, str] = {
                     "the validation data), the best weights restored at the end"),
     "log.tensorboard": "rank 0 writes each epoch's row of rounds.csv as TensorBoard scalars in RUN_DIR/tensorboard",
     "log.plots": "rank 0 writes report.txt and the plots in the run directory at the end, as the command line's",
+    "log.timeline": "rank 0 writes timeline.json: each worker's training and rank 0's waiting, combining, scoring "
+                    "and checkpoint an epoch, as a Chrome trace",
     "train.max_steps": "the workers' steps, summed, after which the fit stops: the last epoch's steps dealt out to "
                        "them (arrays or steps_per_epoch, whole epochs)",
     "train.nan_policy": "a round whose loss or combined state is not finite: 'stop' ends the fit with the state "
@@ -85,8 +87,6 @@ ENGINE = "a keras.Model trains each worker's share as Keras' fit takes it, with 
 DATA = "a keras.Model trains on the `x` and `y` the script passes; hold rows out with `validation_split` or " \
        "`validation_data`"
 COMPILED = "a keras.Model trains with the optimizer, loss and metrics it was compiled with"
-FILES = "rank 0 writes rounds.csv (each epoch's wall, communication and combining seconds), summary.json, " \
-        "train.log and the TensorBoard scalars; the workers' phases are not traced"
 # The engines' features: their keys kept the meaning they had before this classification.
 ENGINE_ONLY = ("data.rebalance",
                "data.augmentation.enabled", "data.placement")
@@ -107,7 +107,6 @@ NOT_APPLIED: dict[str, str] = {
                      "lbfgs.batch_size"), COMPILED),
     "train.shuffle": "pass `shuffle=False` to fit",
     "train.seed": "seed the script itself (keras.utils.set_random_seed) before it builds the model",
-    "log.timeline": FILES,
 
 }
 
@@ -116,7 +115,6 @@ AS_DONE: dict[str, Any] = {
     "aggregation.wire_dtype": "float32", "train.sync_warmup_epochs": 0,
     "train.overlap_eval": False, "data.augmentation.enabled": False,
     "data.rebalance": False, "data.placement": "shared", "data.test_size": 0.0, "data.validation_size": 0.0,
-    "log.timeline": False,
 }
 
 
@@ -178,7 +176,7 @@ def _run_dir_refusal(cfg: Config, given: Collection[str]) -> str | None:
     """Checkpoints, TensorBoard's events and the plots go to the run directory; a fit that has none would not
     write them."""
     defaults = Config()
-    for key in ("checkpoint.every", "checkpoint.every_seconds", "log.tensorboard", "log.plots"):
+    for key in ("checkpoint.every", "checkpoint.every_seconds", "log.tensorboard", "log.plots", "log.timeline"):
         value = value_of(cfg, key)
         if value and (value != value_of(defaults, key) or key in given):
             return (f"`{key}` writes into the run directory, and this fit has none. Received: "

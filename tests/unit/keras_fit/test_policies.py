@@ -4,6 +4,7 @@ of a LocalWorld, each rank with its own copy of the model. Every rank ends with 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import keras
@@ -207,9 +208,14 @@ def test_max_steps_stops_on_exactly_that_many_steps_dealt_out_to_the_workers(tmp
 
 
 def test_a_fit_with_a_run_directory_writes_the_command_lines_files(tmp_path):
-    fit_set(["train.epochs=2"], tmp_path / "run", epochs=2)
+    fit_set(["train.epochs=2", "log.timeline=true"], tmp_path / "run", epochs=2)
     written = {path.name for path in (tmp_path / "run").iterdir()}
-    assert {"config.toml", "rounds.csv", "summary.json", "train.log", "report.txt", "tensorboard"} <= written
+    assert {"config.toml", "rounds.csv", "summary.json", "train.log", "report.txt", "tensorboard",
+            "timeline.json"} <= written
+    trace = json.loads((tmp_path / "run" / "timeline.json").read_text())["traceEvents"]
+    phases = {(event["pid"], event["name"]) for event in trace if event["ph"] == "X"}
+    assert {(1, "train"), (2, "train"), (0, "wait"), (0, "aggregate"), (0, "evaluate")} <= phases
+    assert {event["args"]["round"] for event in trace if event["ph"] == "X"} == {0, 1}
     assert {"accuracy_loss.png", "round_time.png", "traffic.png"} <= written, written
     events = list((tmp_path / "run" / "tensorboard").iterdir())
     assert events and events[0].stat().st_size > 0

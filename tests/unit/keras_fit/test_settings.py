@@ -156,9 +156,9 @@ def test_best_of_election_is_taken_and_its_validation_split_is_not_blamed(tmp_pa
 
 
 def test_every_refusal_is_named_at_once():
-    message = refused({"model.learning_rate": 0.01, "data.source": "iris", "log.timeline": True})
+    message = refused({"model.learning_rate": 0.01, "data.source": "iris", "train.overlap_eval": True})
     assert message is not None
-    for key in ("model.learning_rate", "data.source", "log.timeline"):
+    for key in ("model.learning_rate", "data.source", "train.overlap_eval"):
         assert f"Received: {key}=" in message
     assert "data.validation_size" not in message  # filled in for the val_* monitor
 
