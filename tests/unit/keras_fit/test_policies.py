@@ -219,3 +219,21 @@ def test_a_fit_with_a_run_directory_writes_the_command_lines_files(tmp_path):
     assert {"accuracy_loss.png", "round_time.png", "traffic.png"} <= written, written
     events = list((tmp_path / "run" / "tensorboard").iterdir())
     assert events and events[0].stat().st_size > 0
+
+
+def test_max_steps_with_a_pipeline_is_refused_naming_what_it_needs():
+    import tensorflow as tf
+
+    dataset = tf.data.Dataset.from_tensor_slices((X, Y)).batch(16)
+    with pytest.raises(Exception, match=r"`train.max_steps` deals the steps left.*Received: train.max_steps=5 with x "
+                                        r"of kind 'tf.data.Dataset'"):
+        fit_set(["train.max_steps=5"], x=dataset, y=None, validation_split=None)
+
+
+def test_fewer_survivors_than_min_workers_checkpoint_and_end_the_job(tmp_path):
+    from mpi_trainer.errors import WorkerFailure
+
+    with pytest.raises(WorkerFailure, match=r"1 workers left, fewer than fault.min_workers=2; checkpointed before "
+                                            r"epoch 1"):
+        fit_set(["fault.survive=true", "fault.min_workers=2", *LOSE_RANK_2], tmp_path / "run")
+    assert (tmp_path / "run" / "state.h5").exists()  # the same fit, run again by launch, resumes from here
