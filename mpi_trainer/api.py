@@ -150,7 +150,9 @@ def fit(model: Any = None, x: Any = None, y: Any = None, batch_size: int | None 
     # within the job an uncaught error on one rank ends every rank; the script's code after it is its own
     with abort_on_error(transport), _refused_together(transport), fail_together(transport):
         finished = _run(transport, request, run_dir, resume)
-        return history_everywhere(transport, model, finished)
+        history = history_everywhere(transport, model, finished)
+        transport.release()  # every rank is here: the job's shared window goes with it
+        return history
 
 
 def _with_launch_overrides(overrides: Sequence[str] | dict[str, Any] | None) -> list[Any] | None:
@@ -191,8 +193,10 @@ def _fit_keras_model(model: Any, kwargs: dict[str, Any], config: Any, overrides:
         elif kwargs[name] is None:
             kwargs[name] = "config"
     with abort_on_error(transport), _refused_together(transport), fail_together(transport):
-        return fit_model(transport, model, kwargs, str(config) if isinstance(config, Path) else config,
-                         _pairs(overrides), run_dir, resume)
+        history = fit_model(transport, model, kwargs, str(config) if isinstance(config, Path) else config,
+                            _pairs(overrides), run_dir, resume)
+        transport.release()  # every rank is here: the job's shared window goes with it
+        return history
 
 
 def _job_transport() -> Any:

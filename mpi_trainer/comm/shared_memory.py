@@ -97,6 +97,14 @@ class NodeSlots:
             return None
         return cls(node, leaders, mpi, part)
 
+    def free(self) -> None:
+        """Give the window and the node's communicators back (collective over the node, and its leaders)."""
+        self.views = []
+        self.win.Free()
+        if self.leaders is not None:
+            self.leaders.Free()
+        self.comm.Free()
+
     def half(self, rank: int, index: int, dtype: np.dtype, count: int) -> np.ndarray:
         """The half of ``rank``'s slot that part ``index`` passes through, as ``count`` values of ``dtype``."""
         start = (index % 2) * self.part_bytes

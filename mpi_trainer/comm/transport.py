@@ -347,6 +347,13 @@ class Transport(AccountedRank):
             self._slots = NodeSlots.for_comm(self.comm, self._mpi)
         return self._slots if isinstance(self._slots, NodeSlots) else None
 
+    def release(self) -> None:
+        """Give back the node's shared window, if a collective made one: at the end of a job, on every rank
+        (collective). Later collectives go through MPI."""
+        if isinstance(self._slots, NodeSlots):
+            self._slots.free()
+        self._slots = None
+
     def _node_barrier(self, slots: NodeSlots, timeout: float | None, what: str) -> Callable[[], None]:
         """A wait for every rank of the node, polled (a waiting rank sleeps instead of spinning) and bounded,
         inside a block that is timed already."""

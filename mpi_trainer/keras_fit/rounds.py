@@ -97,11 +97,12 @@ def election_score(scores: dict[str, float]) -> tuple[float, float]:
     return scores.get("accuracy", math.nan), scores.get("loss", math.nan)
 
 
-def elected(scores: list[tuple[float, float]]) -> int:
-    """The index of the winning candidate among the workers' ``(accuracy, loss)``, the same on every rank."""
+def elected(scores: list[tuple[float, float] | None]) -> int:
+    """The index of the winning candidate among the workers' ``(accuracy, loss)`` (None: a worker that trained
+    nothing this round, never elected while another did), the same on every rank."""
     from mpi_trainer.algorithms.aggregation import elect
 
-    return elect(dict(enumerate(scores)))
+    return elect({index: (math.nan, math.inf) if score is None else score for index, score in enumerate(scores)})
 
 
 def non_finite_cause(reports: list[Report], combined: np.ndarray) -> str | None:
@@ -247,17 +248,7 @@ class WorkerRounds:
         size = self.state.size
         self.maybe_crash(order.epoch, "train")
         began = self.state.optimizer_steps()
-        budget = None if order.budgets is None else order.budgets[self.transport.rank - 1]
-        if budget == 0:  # train.max_steps: the steps left went to other workers
-            report = Report({}, 0, 0, 0.0, self.state.read_integers())
-        elif order.parts > 1:
-            report = self.train_part(order.epoch, order.part)
-        else:
-            share, rows = self.increment_share(order.epoch)
-            if budget is not None:
-                share = {**(share or self.share), "steps_per_epoch": budget}
-                rows = min(budget * (self.share.get("batch_size") or 32), int(rows or self.rows or 0)) or None
-            report = self.train(order.epoch, share, rows)
+        report = self.train_order(order)
         steps = [report.batches] + [now - then for now, then in zip(self.state.optimizer_steps(), began)]
         weight = float(report.rows if self.weighted else 1) if report.batches else 0.0
         if self.election is not None:
@@ -279,6 +270,20 @@ class WorkerRounds:
         report.sent += len(pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL)) * (self.transport.size - 1)
         self.transport.allgather(report)
 
+    def train_order(self, order: Order) -> Report:
+        """The training the order asks of this worker: k steps of its rows (``train.sync_every``), an epoch of
+        its share (with ``data.increment``'s draw), or the steps ``train.max_steps`` left it."""
+        budget = None if order.budgets is None else order.budgets[self.transport.rank - 1]
+        if budget == 0:  # the steps left went to other workers
+            return Report({}, 0, 0, 0.0, self.state.read_integers())
+        if order.parts > 1:
+            return self.train_part(order.epoch, order.part)
+        share, rows = self.increment_share(order.epoch)
+        if budget is not None:
+            share = {**(share or self.share), "steps_per_epoch": budget}
+            rows = min(budget * (self.share.get("batch_size") or 32), int(rows or self.rows or 0)) or None
+        return self.train(order.epoch, share, rows)
+
     def maybe_crash(self, epoch: int, phase: str) -> None:
         """Test hook (``debug.crash_rank``, ``crash_round``, ``crash_phase``): end this process as kill -9 would."""
         if self.crash_at == (epoch, phase):
@@ -291,8 +296,7 @@ class WorkerRounds:
             report.scores = {name: float(value) for name, value in
                              self.model.evaluate(**(self.election or {}), verbose=0, return_dict=True).items()}
         scores = self.transport.allgather(election_score(report.scores) if report.batches else None)[1:]
-        candidates = [(math.nan, math.inf) if score is None else score for score in scores]
-        return 1.0 if elected(candidates) == self.transport.rank - 1 else 0.0
+        return 1.0 if elected(scores) == self.transport.rank - 1 else 0.0
 
     def score(self) -> None:
         """This worker's share of the validation data, scored by Keras; the metrics' state summed on rank 0."""
@@ -578,8 +582,7 @@ class SchedulerRounds:
         self.send(Order(epoch, False, self.before_integers, part=part, parts=self.parts, budgets=budgets))
         self.before[:] = self.buffer[:self.state.size]
         if self.elects:  # every worker's score, so every rank knows the winner before the sum
-            scores = self.transport.allgather(None)[1:]
-            self.winner = elected([(math.nan, math.inf) if score is None else score for score in scores])
+            self.winner = elected(self.transport.allgather(None)[1:])
         self.buffer[:] = 0.0
         self.transport.reduce_sum(self.buffer)
         self.workers_hold = False  # their buffers now hold their own parts of the sum
