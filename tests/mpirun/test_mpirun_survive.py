@@ -12,12 +12,15 @@ QUICK = ["configs/quickstart.toml", "--set", f"train.epochs={EPOCHS}", "--set", 
 SURVIVE = ["--set", "fault.survive=true"]
 # worker rank 2 ends itself with SIGKILL in round 2, after its report, before its weights go into the sum
 KILL = ["--set", "debug.crash_rank=2", "--set", "debug.crash_round=2"]
+# fault-tolerant MPI runs over TCP: keep it on the loopback, away from the simulated hosts other tests create
+# and remove meanwhile (a connection made from a vanished bridge's address never completes)
+LOOPBACK = {"OMPI_MCA_btl_tcp_if_include": "lo"}
 
 
 def test_a_killed_worker_leaves_two_that_finish_every_round_without_a_restart(tmp_path):
     # the workers score their test shards until the loss, then the scheduler scores the whole split
     survived = run_mpi(4, ["train", *QUICK, *SURVIVE, *KILL, "--set", "evaluation.where=workers"],
-                       tmp_path / "survived", mpirun_args=FAULT_TOLERANT_OPTIONS)
+                       tmp_path / "survived", mpirun_args=FAULT_TOLERANT_OPTIONS, extra_env=LOOPBACK)
     assert survived.returncode == 0, survived.output[-4000:]
     rows = survived.rounds()
     assert [int(r["round"]) for r in rows] == list(range(EPOCHS))  # each once: round 2 is not logged twice
@@ -36,7 +39,7 @@ def test_a_killed_worker_leaves_two_that_finish_every_round_without_a_restart(tm
 
 def test_under_ssp_a_killed_worker_leaves_the_others_to_finish_every_round(tmp_path):
     survived = run_mpi(4, ["train", *QUICK, *SURVIVE, *KILL, "--set", "aggregation.ssp=1"], tmp_path / "ssp",
-                       mpirun_args=FAULT_TOLERANT_OPTIONS)
+                       mpirun_args=FAULT_TOLERANT_OPTIONS, extra_env=LOOPBACK)
     assert survived.returncode == 0, survived.output[-4000:]
     rows = survived.rounds()
     assert [int(r["round"]) for r in rows] == list(range(EPOCHS))
