@@ -149,8 +149,8 @@ def fit(model: Any = None, x: Any = None, y: Any = None, batch_size: int | None 
                          list(callbacks or []), config, overrides)
     # within the job an uncaught error on one rank ends every rank; the script's code after it is its own
     with abort_on_error(transport), _refused_together(transport), fail_together(transport):
-        finished = _run(transport, request, run_dir, resume)
-        history = history_everywhere(transport, model, finished)
+        trained, finished = _run(transport, request, run_dir, resume)
+        history = trained if trained is not None else history_everywhere(transport, model, finished)
         transport.release()  # every rank is here: the job's shared window goes with it
         return history
 
@@ -223,7 +223,10 @@ class FitRequest:
     overrides: Any
 
 
-def _run(transport: Transport, request: FitRequest, run_dir: Any, resume: bool) -> Any:
+def _run(transport: Transport, request: FitRequest, run_dir: Any, resume: bool) -> tuple[Any, Any]:
+    """(the History, None) when the config's model trains as a keras.Model (:mod:`mpi_trainer.keras_fit.config_fit`),
+    else (None, what the engines return)."""
+    from mpi_trainer.keras_fit.config_fit import engine_reason, fit_config
     from mpi_trainer.launch.job import JobInputs, agree, load_config_everywhere, run_job
 
     arrays = builder = class_weight = pipeline = None
@@ -244,10 +247,14 @@ def _run(transport: Transport, request: FitRequest, run_dir: Any, resume: bool) 
     cfg = load_config_everywhere(transport, str(config) if isinstance(config, Path) else config,
                                  pairs + data_overrides)
     agree(transport, _refusal(cfg, request, arrays is not None and arrays.sample_weight is not None))
+    if arrays is None and pipeline is None and engine_reason(cfg) is None:
+        return fit_config(transport, cfg, str(config) if isinstance(config, Path) else config, pairs + data_overrides,
+                          run_dir, resume, builder, request.callbacks,
+                          config if isinstance(config, (str, Path)) else None), None
     inputs = JobInputs(arrays, builder, request.callbacks if transport.rank == 0 else [],
                        config if isinstance(config, (str, Path)) else None, pipeline,
                        pipeline and request.data[3], class_weight, request.keras_args.initial_epoch)
-    return run_job(transport, cfg, inputs, None if run_dir is None else str(run_dir), resume)
+    return None, run_job(transport, cfg, inputs, None if run_dir is None else str(run_dir), resume)
 
 
 def _arguments(request: FitRequest, workers: int) -> tuple[Any, Any, list[tuple[str, Any]]]:

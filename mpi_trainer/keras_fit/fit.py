@@ -61,8 +61,11 @@ def plain_fit(model: Any, kwargs: dict[str, Any]) -> Any:
 
 
 def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: Any, overrides: list[Any],
-              run_dir: Any, resume: bool) -> Any:
-    """The data-parallel fit of ``model`` on this rank (see the module docstring); returns its History."""
+              run_dir: Any, resume: bool, applied: Collection[str] = (), describe: dict[str, Any] | None = None) -> Any:
+    """The data-parallel fit of ``model`` on this rank (see the module docstring); returns its History.
+
+    ``applied``: the config keys the caller applied before (:mod:`.config_fit`: the model and data it built);
+    ``describe``: what the caller adds to summary.json."""
     from mpi_trainer.launch.job import start_rank
 
     cfg = load_config_everywhere(transport, config, overrides)
@@ -73,7 +76,7 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
     workers = transport.size - 1
     prepared, error = None, None
     try:
-        check_config(cfg, run_dir, resume, given_keys(config, overrides))
+        check_config(cfg, run_dir, resume, given_keys(config, overrides), applied)
         check_backend()
         check_sync_every(cfg.train.sync_every, kwargs)
         check_increment(cfg, kwargs)
@@ -93,7 +96,8 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
     record, saved, error = None, None, None
     if transport.rank == 0:
         try:
-            record = make_record(model, kwargs, cfg, prepared, run_dir, placements)
+            record = make_record(model, kwargs, cfg, prepared, run_dir, placements,
+                                 {"model_bytes": state.nbytes, **(describe or {})})
             saved = record.open()
         except (InputError, OSError) as exc:
             error = str(exc)
@@ -131,7 +135,8 @@ def take_share(worker: WorkerRounds, prepared: Prepared, cfg: Config) -> None:
         worker.increment = (prepared.train_data, prepared.fixed_rows, cfg.data.increment)
 
 
-def check_config(cfg: Config, run_dir: Any, resume: bool, given: Collection[str] = ()) -> None:
+def check_config(cfg: Config, run_dir: Any, resume: bool, given: Collection[str] = (),
+                 applied: Collection[str] = ()) -> None:
     """Refuse every setting this fit would not apply (:mod:`.settings`), each named with its value.
 
     ``given``: the keys the script set (:func:`.settings.given_keys`), so that a key this fit does not
@@ -139,7 +144,7 @@ def check_config(cfg: Config, run_dir: Any, resume: bool, given: Collection[str]
     refused when its value differs from the default.
     """
     has_run_dir = run_dir is not None or bool(os.environ.get("MPI_TRAINER_RUN_DIR"))
-    problems = refusals(cfg, given, has_run_dir) + ssp_conflicts(cfg)
+    problems = refusals(cfg, given, has_run_dir, applied) + ssp_conflicts(cfg)
     if problems:
         raise ConfigError("\n".join(problems))
     if resume and not has_run_dir:
@@ -385,13 +390,13 @@ def wait_bounds(cfg: Config) -> Any:
 
 
 def make_record(model: Any, kwargs: dict[str, Any], cfg: Config, prepared: Prepared, run_dir: Any,
-                placements: list[Any]) -> FitRecord:
+                placements: list[Any], extra: dict[str, Any] | None = None) -> FitRecord:
     """Rank 0's record of this fit, in ``run_dir`` (or ``launch``'s), or kept in memory only."""
     path = run_dir if run_dir is not None else os.environ.get("MPI_TRAINER_RUN_DIR")
     workers = len(placements) - 1
     describe = {"aggregation": cfg.aggregation.method, "ssp": cfg.aggregation.ssp,
                 "outer_optimizer": outer_for(cfg, model, workers)[0],
-                "placement": [placement.as_dict() for placement in placements]}
+                "placement": [placement.as_dict() for placement in placements], **(extra or {})}
     return FitRecord(None if path is None else Path(path),
                      fingerprint(model, prepared.train_data, arguments_print(kwargs), cfg.to_dict()), describe,
                      cfg.checkpoint.every, cfg.checkpoint.every_seconds, cfg.to_toml(), cfg.log.tensorboard,

@@ -185,16 +185,19 @@ def _run_dir_refusal(cfg: Config, given: Collection[str]) -> str | None:
     return None
 
 
-def refusals(cfg: Config, given: Collection[str] = (), has_run_dir: bool = True) -> list[str]:
+def refusals(cfg: Config, given: Collection[str] = (), has_run_dir: bool = True,
+             applied: Collection[str] = ()) -> list[str]:
     """Every setting of ``cfg`` that a fit of a keras.Model would not apply, each as a message.
 
     ``given``: the keys the script set (:func:`given_keys`); without them, a key is refused only when its
     value differs from the default (a key set to its default cannot be told from one left out).
+    ``applied``: the keys the caller applied before the fit (the config's model and data, built by
+    :mod:`.config_fit`).
     """
     defaults = Config()
     found = []
     for key in all_keys():
-        if key in HONOURED or _derived(cfg, key, given):
+        if key in HONOURED or key in applied or _derived(cfg, key, given):
             continue
         value, default = value_of(cfg, key), value_of(defaults, key)
         if not _applied(key, value, default, key in given):
