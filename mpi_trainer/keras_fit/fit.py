@@ -98,7 +98,7 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
         try:
             record = make_record(model, kwargs, cfg, prepared, run_dir, placements,
                                  {"model_bytes": state.nbytes, **(describe or {})})
-            saved = record.open()
+            saved = extended(record.open(), kwargs.get("epochs") or 1, cfg.train.max_steps)
         except (InputError, OSError) as exc:
             error = str(exc)
     agree(transport, error)
@@ -124,6 +124,17 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
     finally:
         preemption.uninstall()
     return finish(transport, model, history)
+
+
+def extended(saved: dict[str, Any] | None, epochs: int, max_steps: int) -> dict[str, Any] | None:
+    """A complete run that ended on its epochs (or max_steps) goes on when more are asked for now."""
+    from mpi_trainer.persistence.run_state import more_to_train
+
+    if saved is None or not saved["complete"]:
+        return saved
+    steps = sum(int(float(row.get("steps") or 0)) for row in saved["rows"])
+    summary = {"stop_reason": saved["stop_reason"], "rounds_completed": saved["next_epoch"], "steps": steps}
+    return {**saved, "complete": False} if more_to_train(summary, epochs, max_steps) else saved
 
 
 def take_share(worker: WorkerRounds, prepared: Prepared, cfg: Config) -> None:

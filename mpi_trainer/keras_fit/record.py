@@ -3,7 +3,7 @@
 A directory is written only when the script names one (``run_dir=``, or ``launch``'s). It holds
 ``rounds.csv`` (one row per epoch, flushed each epoch), ``summary.json``, ``fit.json`` (what the
 run is: the model, its compile settings, the data and the arguments, as a fingerprint),
-``train.log`` and ``state.h5`` (the whole training state, checksummed, with a backup copy).
+``train.log`` and ``checkpoint.h5`` (the whole training state, checksummed, with a backup copy).
 
 A directory that holds a run of *another* fit (any fingerprint entry differs) is refused before
 training, naming what differs: its result is never returned for this one. The same fit finds
@@ -26,12 +26,14 @@ import numpy as np
 from mpi_trainer.algorithms.outer_optimizer import STATE_PREFIX as OUTER_PREFIX
 from mpi_trainer.errors import ConfigError
 from mpi_trainer.logs import add_log_file, get_logger
+from mpi_trainer.persistence.run_files import (
+    CHECKPOINT_NAME,
+    FIT_PRINT_NAME,
+    LOG_NAME,
+    ROUNDS_NAME,
+    SUMMARY_NAME,
+)
 
-FINGERPRINT_NAME = "fit.json"
-STATE_NAME = "state.h5"
-ROUNDS_NAME = "rounds.csv"
-SUMMARY_NAME = "summary.json"
-LOG_NAME = "train.log"
 TIMELINE_EVERY_SECONDS = 10.0  # timeline.json rewritten at most this often while the fit trains
 FIXED_COLUMNS = ["round", "wall_seconds", "train_seconds_max", "train_seconds_min", "comm_seconds",
                  "aggregate_seconds", "eval_seconds", "bytes", "test_loss", "test_accuracy", "max_staleness"]
@@ -86,10 +88,20 @@ def data_print(data: Any) -> str:
 
 
 def fingerprint(model: Any, data: Any, arguments: dict[str, Any], config: dict[str, Any]) -> dict[str, str]:
-    """What makes a fit this fit; a directory's run is resumed only when every entry is equal."""
+    """What makes a fit this fit; a directory's run is resumed only when every entry is equal.
+
+    Not the epochs (a complete run asked for more goes on) nor the settings a run may change when it
+    resumes (the workers, the logs, the checkpoints' cadence): of the config, the keys that
+    :data:`~mpi_trainer.persistence.resume.COMPATIBILITY_KEYS` names."""
+    from mpi_trainer.persistence.resume import COMPATIBILITY_KEYS, flatten_keys
+
+    flat = flatten_keys(config)
+    kept = {key: flat.get(key) for key in COMPATIBILITY_KEYS}
     return {"model": _digest(_model_text(model)), "compile": _digest(_compile_text(model)),
-            "data": _digest(data_print(data)), "arguments": json.dumps(arguments, sort_keys=True, default=repr),
-            "config": _digest(json.dumps(config, sort_keys=True, default=repr))}
+            "data": _digest(data_print(data)),
+            "arguments": json.dumps({k: v for k, v in arguments.items() if k != "epochs"}, sort_keys=True,
+                                    default=repr),
+            "config": _digest(json.dumps(kept, sort_keys=True, default=repr))}
 
 
 class FitRecord:
@@ -127,8 +139,14 @@ class FitRecord:
         from mpi_trainer.persistence.run_lock import RunLock, launcher_holder
 
         self.lock = RunLock(self.path).acquire(launcher_holder())
-        recorded = self.path / FINGERPRINT_NAME
+        recorded = self.path / FIT_PRINT_NAME
         if not recorded.exists():
+            if (self.path / CHECKPOINT_NAME).exists() or (self.path / SUMMARY_NAME).exists():
+                self.lock.release()
+                raise ConfigError(f"`run_dir` {str(self.path)!r} holds a run that the engines trained (it has "
+                                  f"{CHECKPOINT_NAME} or {SUMMARY_NAME} but no {FIT_PRINT_NAME}), which this fit cannot "
+                                  f"resume. Received: run_dir={str(self.path)!r}; expected a new directory (or none), "
+                                  f"or the config that run was started with")
             return None
         earlier = json.loads(recorded.read_text(encoding="utf-8"))
         differs = sorted(key for key in set(earlier) | set(self.print_) if earlier.get(key) != self.print_.get(key))
@@ -143,9 +161,9 @@ class FitRecord:
     def _saved(path: Path) -> dict[str, Any] | None:
         from mpi_trainer.persistence.checkpoint import load_checkpoint
 
-        if not (path / STATE_NAME).exists():
+        if not (path / CHECKPOINT_NAME).exists():
             return None
-        arrays, meta = load_checkpoint(path / STATE_NAME)
+        arrays, meta = load_checkpoint(path / CHECKPOINT_NAME)
         return {"state": arrays["state"], "integers": [arrays[f"integer_{i}"] for i in range(meta["integers"])],
                 "next_epoch": meta["next_epoch"], "complete": meta["complete"], "history": meta["history"],
                 "epochs": meta["epochs"], "rows": meta["rows"], "stop_reason": meta["stop_reason"],
@@ -157,7 +175,7 @@ class FitRecord:
         from mpi_trainer.persistence.run_files import CONFIG_NAME, write_atomic, write_json_atomic
 
         add_log_file(self.path / LOG_NAME)
-        write_json_atomic(self.path / FINGERPRINT_NAME, self.print_)
+        write_json_atomic(self.path / FIT_PRINT_NAME, self.print_)
         if self.config_text and not (saved is not None and saved["complete"]):  # a complete run's files stay
             write_atomic(self.path / CONFIG_NAME, self.config_text)
         if saved is not None:
@@ -166,8 +184,12 @@ class FitRecord:
             if self.complete:  # an unfinished run goes on, whatever stopped it (a preemption) before
                 self.stop_reason = saved["stop_reason"]
             self.traffic = sum(int(float(row.get("bytes") or 0)) for row in self.rows)  # each row: its epoch's
-            self.log.info("%s holds this fit's run: %s from epoch %d", self.path,
-                          "complete, nothing to train" if saved["complete"] else "resuming", saved["next_epoch"])
+            if self.complete:
+                self.log.info("the run in %s is complete (stop_reason %s after %d rounds); nothing to train. Ask "
+                              "for more epochs to go on, or choose another run directory", self.path,
+                              self.stop_reason, saved["next_epoch"])
+            else:
+                self.log.info("%s holds an unfinished run: resuming from epoch %d", self.path, saved["next_epoch"])
         self._rewrite_rows(self.path)
         if self.tensorboard and not self.complete:
             from mpi_trainer.reporting.tensorboard import TensorBoardRounds
@@ -273,7 +295,7 @@ class FitRecord:
         meta = {"next_epoch": next_epoch, "complete": complete, "integers": len(integers),
                 "history": {k: [float(x) for x in v] for k, v in history.history.items()},
                 "epochs": list(history.epoch), "rows": self.rows, "stop_reason": self.stop_reason}
-        save_checkpoint(self.path / STATE_NAME, arrays, json.loads(json.dumps(meta, default=float)))
+        save_checkpoint(self.path / CHECKPOINT_NAME, arrays, json.loads(json.dumps(meta, default=float)))
 
     def finish(self, workers: int) -> dict[str, Any]:
         """The run's summary, written to summary.json; a complete run found again hands back the one it wrote."""

@@ -24,7 +24,7 @@ from mpi_trainer.config.rules import needs_validation
 PLACEMENT = "each rank's device, threads and cores, placed before training (mpi_trainer.init() or fit)"
 WAITS = "how long a rank waits for its peers before it names them and ends the job"
 OUTER = "the outer step from each epoch's combined state (docs/outer-optimizer.md)"
-CHECKPOINT = "how often rank 0 saves state.h5 in the run directory (a run_dir, or launch's)"
+CHECKPOINT = "how often rank 0 saves checkpoint.h5 in the run directory (a run_dir, or launch's)"
 PREEMPTION = "a signal named here ends the job after the current epoch with a checkpoint, exit 75 on every rank"
 
 HONOURED: dict[str, str] = {

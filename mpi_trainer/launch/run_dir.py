@@ -32,6 +32,7 @@ from mpi_trainer.persistence.resume import (
 )
 from mpi_trainer.persistence.run_files import (
     FINAL_WEIGHTS_NAME,
+    FIT_PRINT_NAME,
     LOG_NAME,
     ROUNDS_NAME,
     read_rounds,
@@ -103,6 +104,11 @@ def open_run_dir(run_dir: str | None, config_path: str | Path | None, cfg: Confi
                           "expected --run-dir DIR of an earlier run")
     path = chosen_path(run_dir, config_path)
     lock = RunLock(path).acquire(launcher_holder())
+    if (path / FIT_PRINT_NAME).exists():
+        lock.release()
+        raise ConfigError(f"The run directory {str(path)!r} holds the run of a keras.Model fit (it has "
+                          f"{FIT_PRINT_NAME}), which the engines cannot resume. Received: --run-dir {str(path)!r}; "
+                          f"expected a new directory, or the config and script that run was started with")
     try:
         summary = read_summary(path)
         state = read_resume_state(path, cfg.to_dict())

@@ -33,6 +33,7 @@ CONFIG_NAME = "config.toml"
 LOG_NAME = "train.log"
 CHECKPOINT_NAME = "checkpoint.h5"
 FINAL_WEIGHTS_NAME = "final.weights.h5"
+FIT_PRINT_NAME = "fit.json"  # a keras.Model fit's fingerprint: what must be equal for it to resume
 BACKUP_SUFFIX = ".bak"
 REPORT_NAME = "report.txt"
 TIMELINE_NAME = "timeline.json"

@@ -30,7 +30,7 @@ def test_a_killed_fit_resumes_from_its_checkpoint_and_another_fit_is_refused(tmp
     run_dir = tmp_path / "run"
     code, results, output = run_job(run_dir, "interrupted")
     assert code != 0 and not results, output  # rank 0 ended hard after epoch 2
-    assert (run_dir / "state.h5").exists()
+    assert (run_dir / "checkpoint.h5").exists()
     code, results, output = run_job(run_dir, "again")
     assert code == 0 and sorted(results) == [0, 1, 2], output
     first = results[0]

@@ -236,4 +236,4 @@ def test_fewer_survivors_than_min_workers_checkpoint_and_end_the_job(tmp_path):
     with pytest.raises(WorkerFailure, match=r"1 workers left, fewer than fault.min_workers=2; checkpointed before "
                                             r"epoch 1"):
         fit_set(["fault.survive=true", "fault.min_workers=2", *LOSE_RANK_2], tmp_path / "run")
-    assert (tmp_path / "run" / "state.h5").exists()  # the same fit, run again by launch, resumes from here
+    assert (tmp_path / "run" / "checkpoint.h5").exists()  # the same fit, run again by launch, resumes from here

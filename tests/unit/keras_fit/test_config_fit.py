@@ -1,0 +1,85 @@
+"""The command line's job (a config naming the model and the data) trained as a keras.Model: every rank reads
+the data and builds the model, the Keras fit trains it, and the run directory holds what the command line
+writes. A scheduler and two workers as threads of a LocalWorld."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mpi_trainer.comm.local import LocalWorld
+from mpi_trainer.config import load_config
+from mpi_trainer.keras_fit.config_fit import engine_reason, fit_config
+from tests.unit.keras_fit.test_fit_again import placed_in_place
+
+DIGITS = {"data": {"source": "digits", "test_size": 0.2}, "model": {"name": "mlp", "learning_rate": 0.003},
+          "train": {"epochs": 2, "batch_size": 32, "seed": 0}, "checkpoint": {"every": 1},
+          "log": {"plots": False, "tensorboard": False}}
+
+
+@pytest.fixture(autouse=True)
+def start_in_place(monkeypatch):
+    monkeypatch.setattr("mpi_trainer.launch.job.start_rank", placed_in_place)
+
+
+def train_everywhere(run_dir: Path, overrides: list[str] = ()) -> dict[int, dict[str, Any]]:
+    """Every rank's History and weights after ``train`` of DIGITS with ``overrides``."""
+    world = LocalWorld(3)
+    transports = world.transports()
+
+    def rank(index: int) -> dict[str, Any]:
+        cfg = load_config(DIGITS, list(overrides))
+        history = fit_config(transports[index], cfg, DIGITS, list(overrides), str(run_dir), False)
+        return {"history": history.history, "epoch": list(history.epoch), "summary": history.summary,
+                "weights": history.model.get_weights()}
+
+    return world.run({index: lambda index=index: rank(index) for index in range(3)}, timeout=240)
+
+
+def test_the_configs_model_trains_on_its_data_with_the_same_result_and_files_on_every_rank(tmp_path):
+    result = train_everywhere(tmp_path / "run")
+    for rank in (1, 2):
+        assert result[rank]["history"] == result[0]["history"]
+        for mine, theirs in zip(result[rank]["weights"], result[0]["weights"], strict=True):
+            np.testing.assert_array_equal(mine, theirs)
+    assert result[0]["epoch"] == [0, 1]
+    assert min(result[0]["history"]["val_accuracy"][-1], result[0]["summary"]["final_test_accuracy"]) > 0.8
+    run = tmp_path / "run"
+    for name in ("config.toml", "rounds.csv", "summary.json", "train.log", "checkpoint.h5", "final.weights.h5"):
+        assert (run / name).exists(), name
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["dataset"].startswith("digits: 1438 train / 0 validation / 359 test samples")
+    assert summary["model"] == "mlp" and summary["rounds_completed"] == 2
+    assert summary["traffic_bytes"] > 2 * 2 * summary["model_bytes"]  # the state out and back, each worker, twice
+
+
+def test_a_complete_run_asked_for_more_epochs_goes_on_from_its_last(tmp_path):
+    first = train_everywhere(tmp_path / "run")
+    more = train_everywhere(tmp_path / "run", ["train.epochs=3"])
+    assert more[0]["epoch"] == [0, 1, 2]
+    assert more[0]["history"]["loss"][:2] == first[0]["history"]["loss"]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["rounds_completed"] == 3
+    again = train_everywhere(tmp_path / "run", ["train.epochs=3"])  # complete: nothing trains
+    assert again[0]["history"] == more[0]["history"]
+    np.testing.assert_array_equal(again[2]["weights"][0], more[0]["weights"][0])
+
+
+@pytest.mark.parametrize(("override", "named"), [
+    ("model.optimizer='lbfgs'", "lbfgs"),
+    ("data.rebalance=true", "data.rebalance"),
+    ("data.validation_size=0.1", "data.validation_size"),
+    ("aggregation.method='best'", "data.validation_size"),  # the election's rows, apart from the test split
+    ("aggregation.wire_dtype='float16'", "aggregation.wire_dtype"),
+])
+def test_what_the_keras_fit_does_not_apply_yet_names_why_the_engines_train_it(override, named):
+    assert named in engine_reason(load_config(DIGITS, [override]))
+
+
+def test_a_config_the_keras_fit_applies_whole_has_no_reason_for_the_engines():
+    for overrides in ([], ["aggregation.method='weighted'", "data.test_size=0.3"], ["aggregation.ssp=2"],
+                      ["train.sync_every=4", "fault.survive=true"]):
+        assert engine_reason(load_config(DIGITS, overrides)) is None, overrides
