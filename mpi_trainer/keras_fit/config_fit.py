@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 APPLIED = frozenset({
     "model.name", "model.optimizer", "model.learning_rate", "model.activation", "model.loss", "model.metrics",
     "data.source", "data.test_size", "data.label", "data.features", "data.datasets", "data.image_size",
-    "data.color_mode", "data.feature_shape", "data.feature_dtype", "data.stream",
+    "data.color_mode", "data.feature_shape", "data.feature_dtype", "data.stream", "data.validation_size",
     "train.shuffle", "train.seed",
 })
 
@@ -39,12 +39,10 @@ def engine_reason(cfg: Config) -> str | None:
     if cfg.data.stream is True:
         return "data.stream = true"
     if cfg.data.stream_auto and cfg.data.is_file:
-        from mpi_trainer.data.adapters.files import STREAM_SUFFIXES
+        from mpi_trainer.config.choices import STREAM_SUFFIXES
 
         if Path(cfg.data.source).suffix.lower() in STREAM_SUFFIXES:
             return "data.stream = 'auto' on a file that may stream"
-    if cfg.data.validation_size > 0:  # the engines score a validation split apart from the test split
-        return f"data.validation_size = {cfg.data.validation_size}"
     found = refusals(cfg, applied=APPLIED) + _ssp_conflicts(cfg)
     return found[0] if found else None
 
@@ -70,16 +68,14 @@ def fit_config(transport: Transport, cfg: Config, config: Any, overrides: list[A
         error = str(exc)
     agree(transport, error)
     dataset, model = agreed(dataset), agreed(model)
-    if resume and not (run_dir or _launch_run_dir()):
-        from mpi_trainer.errors import ConfigError
-
-        agree(transport, str(ConfigError("`--resume` needs the run directory to continue. Received: no "
-                                         "--run-dir; expected --run-dir DIR of an earlier run")))
+    agree(transport, "`--resume` needs the run directory to continue. Received: no --run-dir; expected --run-dir "
+                     "DIR of an earlier run" if resume and not (run_dir or _launch_run_dir()) else None)
     path = transport.bcast_object(str(chosen_path(run_dir, config_path)) if transport.rank == 0 else None)
-    validation = (dataset.x_test, dataset.y_test) if len(dataset.y_test) else None
+    validation, callbacks = _validation(dataset, cfg.train.batch_size, list(callbacks) if transport.rank == 0 else [],
+                                        transport.rank == 0)
     kwargs = {"x": dataset.x_train, "y": dataset.y_train, "batch_size": cfg.train.batch_size,
-              "epochs": cfg.train.epochs, "verbose": 2, "shuffle": cfg.train.shuffle,
-              "callbacks": list(callbacks) if transport.rank == 0 else [], "validation_data": validation}
+              "epochs": cfg.train.epochs, "verbose": 2, "shuffle": cfg.train.shuffle, "callbacks": callbacks,
+              "validation_data": validation}
     describe = {"dataset": dataset.describe(), "model": cfg.model.name}
     history = fit_model(transport, model, kwargs, config, overrides, path, resume, applied=APPLIED,
                         describe=describe)
@@ -89,6 +85,29 @@ def fit_config(transport: Transport, cfg: Config, config: Any, overrides: list[A
         save_weights_atomic(model, Path(path) / FINAL_WEIGHTS_NAME)
         print(f"run directory: {path}", flush=True)
     return history
+
+
+def _validation(dataset: Any, batch_size: int, callbacks: list[Any], scheduler: bool) -> tuple[Any, list[Any]]:
+    """The fit's validation data and rank 0's callbacks: the validation split, with the test split scored
+    after every epoch as ``test_*`` (first among the callbacks, so that every other one sees them); without a
+    validation split, the test split is the validation data (``val_*``, and rounds.csv's ``test_*``)."""
+    test = (dataset.x_test, dataset.y_test) if len(dataset.y_test) else None
+    if not len(dataset.y_val):
+        return test, callbacks
+    return (dataset.x_val, dataset.y_val), ([_test_scores(test, batch_size)] if test and scheduler else []) + callbacks
+
+
+def _test_scores(test: tuple[Any, Any], batch_size: int) -> Any:
+    """A Keras callback: rank 0 scores the test split after every epoch, adding ``test_<metric>`` to its logs."""
+    import keras
+
+    class TestScores(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            if logs is not None:
+                scores = self.model.evaluate(*test, batch_size=batch_size, verbose=0, return_dict=True)
+                logs.update({f"test_{name}": float(value) for name, value in scores.items()})
+
+    return TestScores()
 
 
 def _launch_run_dir() -> str | None:
@@ -106,7 +125,7 @@ def _data_and_model(cfg: Config, builder: Any) -> tuple[Any, Any]:
     from mpi_trainer.data.sources import load_dataset
     from mpi_trainer.models import build_model
 
-    dataset = load_dataset(cfg.data, cfg.train.seed, read_val=False)
+    dataset = load_dataset(cfg.data, cfg.train.seed)
     keras.utils.set_random_seed(cfg.train.seed)
     model, _ = build_model(cfg.model, dataset.input_shape, dataset.num_outputs, dataset.classes, builder)
     return dataset, model

@@ -144,9 +144,9 @@ class FitRecord:
             if (self.path / CHECKPOINT_NAME).exists() or (self.path / SUMMARY_NAME).exists():
                 self.lock.release()
                 raise ConfigError(f"`run_dir` {str(self.path)!r} holds a run that the engines trained (it has "
-                                  f"{CHECKPOINT_NAME} or {SUMMARY_NAME} but no {FIT_PRINT_NAME}), which this fit cannot "
-                                  f"resume. Received: run_dir={str(self.path)!r}; expected a new directory (or none), "
-                                  f"or the config that run was started with")
+                                  f"{CHECKPOINT_NAME} or {SUMMARY_NAME} but no {FIT_PRINT_NAME}), which this fit "
+                                  f"cannot resume. Received: run_dir={str(self.path)!r}; expected a new directory (or "
+                                  f"none), or the config that run was started with")
             return None
         earlier = json.loads(recorded.read_text(encoding="utf-8"))
         differs = sorted(key for key in set(earlier) | set(self.print_) if earlier.get(key) != self.print_.get(key))
@@ -226,8 +226,8 @@ class FitRecord:
         self.traffic += sent
         seconds = [report.seconds for report in reports]
         row = {"round": epoch, **times, "train_seconds_max": max(seconds), "train_seconds_min": min(seconds),
-               "bytes": sent, "test_loss": logs.get("val_loss", math.nan),
-               "test_accuracy": logs.get("val_accuracy", logs.get("val_acc", math.nan)),
+               "bytes": sent, "test_loss": logs.get("test_loss", logs.get("val_loss", math.nan)),
+               "test_accuracy": logs.get("test_accuracy", logs.get("val_accuracy", logs.get("val_acc", math.nan))),
                "max_staleness": staleness,
                "train_loss": logs.get("loss", math.nan), "train_accuracy": logs.get("accuracy", math.nan),
                **{key: float(value) for key, value in logs.items()}}

@@ -57,6 +57,15 @@ def test_the_configs_model_trains_on_its_data_with_the_same_result_and_files_on_
     assert summary["traffic_bytes"] > 2 * 2 * summary["model_bytes"]  # the state out and back, each worker, twice
 
 
+def test_with_a_validation_split_the_fit_validates_on_it_and_the_test_split_fills_the_test_columns(tmp_path):
+    result = train_everywhere(tmp_path / "run", ["data.validation_size=0.1", "train.epochs=1"])
+    history, summary = result[0]["history"], result[0]["summary"]
+    assert {"val_loss", "val_accuracy", "test_loss", "test_accuracy"} <= set(history)
+    assert result[2]["history"] == history
+    assert summary["final_test_accuracy"] == pytest.approx(history["test_accuracy"][-1])
+    assert summary["dataset"].startswith("digits: 1294 train / 144 validation / 359 test samples")
+
+
 def test_a_complete_run_asked_for_more_epochs_goes_on_from_its_last(tmp_path):
     first = train_everywhere(tmp_path / "run")
     more = train_everywhere(tmp_path / "run", ["train.epochs=3"])
@@ -71,8 +80,7 @@ def test_a_complete_run_asked_for_more_epochs_goes_on_from_its_last(tmp_path):
 @pytest.mark.parametrize(("override", "named"), [
     ("model.optimizer='lbfgs'", "lbfgs"),
     ("data.rebalance=true", "data.rebalance"),
-    ("data.validation_size=0.1", "data.validation_size"),
-    ("aggregation.method='best'", "data.validation_size"),  # the election's rows, apart from the test split
+    ("data.placement='scatter'", "data.placement"),
     ("aggregation.wire_dtype='float16'", "aggregation.wire_dtype"),
 ])
 def test_what_the_keras_fit_does_not_apply_yet_names_why_the_engines_train_it(override, named):
@@ -80,6 +88,7 @@ def test_what_the_keras_fit_does_not_apply_yet_names_why_the_engines_train_it(ov
 
 
 def test_a_config_the_keras_fit_applies_whole_has_no_reason_for_the_engines():
-    for overrides in ([], ["aggregation.method='weighted'", "data.test_size=0.3"], ["aggregation.ssp=2"],
+    for overrides in ([], ["aggregation.method='best'", "data.test_size=0.3"],
+                      ["early_stopping.patience=2", "data.validation_size=0.1"], ["aggregation.ssp=2"],
                       ["train.sync_every=4", "fault.survive=true"]):
         assert engine_reason(load_config(DIGITS, overrides)) is None, overrides

@@ -62,7 +62,8 @@ def start_in_place(monkeypatch):
 def test_a_complete_run_fitted_again_returns_its_history_and_weights_on_every_rank(tmp_path, start_in_place):
     run_dir = tmp_path / "run"
     first = fit_everywhere(run_dir)
-    files = {name: (run_dir / name).read_bytes() for name in ("rounds.csv", "summary.json", "fit.json", "checkpoint.h5")}
+    names = ("rounds.csv", "summary.json", "fit.json", "checkpoint.h5")
+    files = {name: (run_dir / name).read_bytes() for name in names}
     again = fit_everywhere(run_dir)
     assert set(first[0]["history"]) == {"loss", "accuracy", "val_loss", "val_accuracy"}
     for rank in range(3):
