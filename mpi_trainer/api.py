@@ -3,10 +3,13 @@
 Every rank of ``mpirun -n N python train.py`` calls :func:`fit` with the same
 arguments (workers may pass ``None`` for the arrays). Rank 0 becomes the
 scheduler, the other ranks train, and every rank gets the same
-``keras.callbacks.History`` (:mod:`mpi_trainer.launch.fit_history`). The command
-line's ``train`` calls this function with a TOML path and no model object: it takes the
-engines' path (a model by name or function), not the path of a ``keras.Model``
-(:mod:`mpi_trainer.keras_fit`).
+``keras.callbacks.History``. A ``keras.Model`` trains with Keras' own ``fit`` on every
+worker (:mod:`mpi_trainer.keras_fit`). The command line's ``train`` calls this function with a
+TOML path and no model object: every rank then builds the config's model and reads its data,
+and the job is that same fit (:mod:`mpi_trainer.keras_fit.config_fit`), unless the config asks
+for what only the round engines do yet (rebalancing, augmentation, scattered or streamed data,
+a 16-bit wire, L-BFGS...; :func:`~mpi_trainer.keras_fit.config_fit.engine_reason`), or
+``fit(build_fn, x, ...)`` is given arrays or a pipeline.
 
 :func:`init`, called at the top of the script before Keras is imported or
 builds anything, places each rank (its GPU, its threads) while that can still
@@ -247,13 +250,15 @@ def _run(transport: Transport, request: FitRequest, run_dir: Any, resume: bool) 
     cfg = load_config_everywhere(transport, str(config) if isinstance(config, Path) else config,
                                  pairs + data_overrides)
     agree(transport, _refusal(cfg, request, arrays is not None and arrays.sample_weight is not None))
-    if arrays is None and pipeline is None and engine_reason(cfg) is None:
+    why = "arrays or a pipeline given to fit(build_fn)" if arrays is not None or pipeline is not None \
+        else engine_reason(cfg)
+    if why is None:
         return fit_config(transport, cfg, str(config) if isinstance(config, Path) else config, pairs + data_overrides,
                           run_dir, resume, builder, request.callbacks,
                           config if isinstance(config, (str, Path)) else None), None
     inputs = JobInputs(arrays, builder, request.callbacks if transport.rank == 0 else [],
                        config if isinstance(config, (str, Path)) else None, pipeline,
-                       pipeline and request.data[3], class_weight, request.keras_args.initial_epoch)
+                       pipeline and request.data[3], class_weight, request.keras_args.initial_epoch, why)
     return None, run_job(transport, cfg, inputs, None if run_dir is None else str(run_dir), resume)
 
 

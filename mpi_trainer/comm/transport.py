@@ -551,23 +551,23 @@ class Transport(AccountedRank):
             self.comm.Recv([into[:size], self._mpi.BYTE], incoming.source, incoming.tag)
         return size
 
-    # -- set-up collectives -------------------------------------------------
+    # -- collectives of Python objects (set-up, and a round's orders and reports) -------------------------------------------------
     @surfacing_failures
     def allgather(self, obj: Any, timeout: float | None = None) -> list[Any]:
         """Every rank's ``obj``, in rank order; the ranks meet first, so a missing one is named."""
         timeout = self._limit(timeout)
-        self._rendezvous(0, timeout, "set-up agreement")
-        with self._bulk(timeout, "set-up agreement"):
+        self._rendezvous(0, timeout, "agreement of every rank")
+        with self._bulk(timeout, "agreement of every rank"):
             return self.comm.allgather(obj)
 
     @surfacing_failures
     def bcast_object(self, obj: Any = None, root: int = 0, timeout: float | None = None) -> Any:
-        """``obj`` from ``root`` on every rank (set-up: the job's plan)."""
+        """``obj`` from ``root`` on every rank (the job's plan, a round's order)."""
         timeout = self._limit(timeout)
         if self.rank == root:
             self._count(len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)) * (self.size - 1))
-        self._rendezvous(root, timeout, "set-up broadcast")
-        with self._bulk(timeout, "set-up broadcast"):
+        self._rendezvous(root, timeout, f"message broadcast by rank {root}")
+        with self._bulk(timeout, f"message broadcast by rank {root}"):
             return self.comm.bcast(obj, root=root)
 
     def learn_hosts(self) -> list[str]:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mpi_trainer import hooks
 from mpi_trainer.algorithms.divergence import DivergenceWatch
 from mpi_trainer.errors import EXIT_PREEMPTED, ConfigError, InputError, Preempted
 from mpi_trainer.keras_fit import shares
@@ -70,6 +71,7 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
 
     cfg = load_config_everywhere(transport, config, overrides)
     cfg, placements = start_rank(transport, cfg)
+    hooks.maybe_freeze(transport.rank, -1)  # debug.freeze_rank with freeze_round = -1: stops during set-up
     for name in ("epochs", "batch_size"):  # left to the config by the caller
         if kwargs.get(name) == "config":
             kwargs[name] = getattr(cfg.train, name)

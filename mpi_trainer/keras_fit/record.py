@@ -130,6 +130,7 @@ class FitRecord:
         self.header: list[str] = []  # rounds.csv's columns as written
         self.lost: list[dict[str, Any]] = []  # fault.survive: the workers lost, each {rank, host, where}
         self.divergence: dict[str, Any] | None = None  # train.divergence: the one confirmed {round, cause, action}
+        self.resumed_after: int | None = None  # the last epoch of the checkpoint this job resumed from
 
     # -- before training -----------------------------------------------------------
     def open(self) -> dict[str, Any] | None:
@@ -189,7 +190,9 @@ class FitRecord:
                               "for more epochs to go on, or choose another run directory", self.path,
                               self.stop_reason, saved["next_epoch"])
             else:
-                self.log.info("%s holds an unfinished run: resuming from epoch %d", self.path, saved["next_epoch"])
+                self.resumed_after = saved["next_epoch"] - 1
+                self.log.info("%s holds an unfinished run: resuming from its checkpoint of round %d", self.path,
+                              self.resumed_after)
         self._rewrite_rows(self.path)
         if self.tensorboard and not self.complete:
             from mpi_trainer.reporting.tensorboard import TensorBoardRounds
@@ -292,7 +295,7 @@ class FitRecord:
         from mpi_trainer.persistence.checkpoint import save_checkpoint
 
         arrays = {"state": state, **{f"integer_{i}": np.asarray(v) for i, v in enumerate(integers)}, **(outer or {})}
-        meta = {"next_epoch": next_epoch, "complete": complete, "integers": len(integers),
+        meta = {"next_epoch": next_epoch, "round": next_epoch - 1, "complete": complete, "integers": len(integers),
                 "history": {k: [float(x) for x in v] for k, v in history.history.items()},
                 "epochs": list(history.epoch), "rows": self.rows, "stop_reason": self.stop_reason}
         save_checkpoint(self.path / CHECKPOINT_NAME, arrays, json.loads(json.dumps(meta, default=float)))
@@ -303,10 +306,15 @@ class FitRecord:
         if kept is not None:
             return kept
         scored = [row["test_accuracy"] for row in self.rows if math.isfinite(row["test_accuracy"])]
-        summary = {"rounds_completed": len(self.rows), "final_test_accuracy": scored[-1] if scored else None,
+        last = self.rows[-1] if self.rows else {}
+        summary = {"rounds_completed": len(self.rows), "final_round": last.get("round"),
+                   "final_test_accuracy": scored[-1] if scored else None,
+                   "final_test_loss": _finite(last.get("test_loss")), "final_train_loss": _finite(last.get("loss")),
                    "best_test_accuracy": max(scored) if scored else None,
+                   "steps": sum(int(float(row.get("steps") or 0)) for row in self.rows),
                    "wall_seconds": time.time() - self.started, "traffic_bytes": self.traffic,
-                   "stop_reason": self.stop_reason, "workers": workers, "complete": True, **self.describe}
+                   "resumed_after_round": self.resumed_after, "stop_reason": self.stop_reason, "workers": workers,
+                   "completed": self.stop_reason != "preempted", **self.describe}
         if self.lost:
             summary["lost_workers"] = self.lost
         if self.divergence:
@@ -363,6 +371,10 @@ class FitRecord:
         self.close_board()
         if self.lock is not None:
             self.lock.release()
+
+
+def _finite(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 def _cell(value: Any) -> str:

@@ -191,6 +191,7 @@ class WorkerRounds:
         self.preemption = Preemption()  # the job's, when the fit installed its signal handlers
         self.sync_every = 0  # train.sync_every: rounds of this many steps (arrays)
         self.order, self.order_epoch = np.arange(0), -1  # the epoch's order of the share's rows
+        self.served: int | None = None  # the epoch of the last order taken
         self.rows = rows  # the rows of the share (arrays); None: counted from the batches
         self.weighted = weighted
         # the state, then this worker's weight, then its count of each clock (the model's steps, each
@@ -226,7 +227,9 @@ class WorkerRounds:
     def serve(self) -> bool:
         """One order: take the state, then train, score or stop; False once the order is to stop."""
         size = self.state.size
+        self.transport.phase = self.awaiting_order()
         order: Order = self.transport.bcast_object(None)
+        self.served = order.epoch
         if not order.score:
             self.clock.tick()
         if order.state_follows:
@@ -243,9 +246,15 @@ class WorkerRounds:
         self.train_round(order)
         return True
 
+    def awaiting_order(self) -> str:
+        """What this worker waits for, named when the wait runs out."""
+        after = "before the first round" if self.served is None else f"after round {self.served}"
+        return f"waiting for the scheduler's next order ({after})"
+
     def train_round(self, order: Order) -> None:
         """Train the round the order names, then add this worker's state to the sum and report."""
         size = self.state.size
+        hooks.maybe_freeze(self.transport.rank, order.epoch)  # debug.freeze_rank: this worker stops here
         self.maybe_crash(order.epoch, "train")
         began = self.state.optimizer_steps()
         report = self.train_order(order)
@@ -440,6 +449,7 @@ class SchedulerRounds:
 
     def epoch(self, epoch: int) -> dict[str, float]:
         started, wall = time.perf_counter(), time.time()
+        self.transport.phase = f"round {epoch}: waiting for the workers' states"
         self.callbacks.on_epoch_begin(epoch)
         times = {"comm_seconds": 0.0, "aggregate_seconds": 0.0}
         reports = self.train_epoch(epoch, times)
@@ -464,6 +474,7 @@ class SchedulerRounds:
         self.watch_divergence(epoch)
         scored_at = time.time()
         self.record.checkpoint(epoch + 1, self.state, self.callbacks, outer=self.outer.state_arrays())
+        hooks.maybe_freeze(0, epoch)  # debug.freeze_rank = 0: rank 0 stops after recording this epoch
         # log.timeline: rank 0 waits while the workers train, then combines (the seconds it spent), scores and
         # checkpoints; each worker's training as it reported it
         combining = times["aggregate_seconds"]

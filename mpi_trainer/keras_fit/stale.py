@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from mpi_trainer import hooks
 from mpi_trainer.algorithms.staleness import StalenessClock, merge_share
 from mpi_trainer.errors import Preempted
 from mpi_trainer.keras_fit.rounds import Order, Report, SchedulerRounds, WorkerRounds, non_finite_cause
@@ -97,6 +98,8 @@ class StaleScheduler(SchedulerRounds):
 
     def receive(self) -> tuple[Report, np.ndarray]:
         """The next update to arrive, from any worker: its report (``sent``: its bytes) and state."""
+        waited = self.transport.accounting.name_ranks(sorted(self.in_flight))
+        self.transport.phase = f"under SSP, waiting for the next update (in flight: {waited})"
         received = self.transport.recv_object(-1, TAG_REPORT)
         local = self.transport.recv_large_array(received.source, TAG_UPDATE)
         report: Report = received.payload
@@ -139,7 +142,9 @@ class StaleWorker(WorkerRounds):
     """A worker under SSP: takes an epoch's order and state from rank 0, trains, sends its report and state."""
 
     def serve(self) -> bool:
+        self.transport.phase = self.awaiting_order()
         order: Order = self.transport.recv_object(0, TAG_ORDER).payload
+        self.served = order.epoch
         start = self.transport.recv_large_array(0, TAG_STATE)
         self.clock.tick()
         self.state.write(start)
@@ -148,6 +153,7 @@ class StaleWorker(WorkerRounds):
             raise Preempted()
         if order.stop:
             return False
+        hooks.maybe_freeze(self.transport.rank, order.epoch)  # debug.freeze_rank: this worker stops here
         self.maybe_crash(order.epoch, "train")
         began = self.state.optimizer_steps()
         report = self.train(order.epoch, *self.increment_share(order.epoch))

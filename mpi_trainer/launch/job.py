@@ -73,6 +73,10 @@ def run_job(transport: Transport, cfg: Config, inputs: JobInputs, run_dir: str |
     watch = Preemption()  # this job's: its signal handlers note a signal here, the roles read it
     try:
         cfg, placements = start_rank(transport, cfg, process)
+        if transport.rank == 0 and inputs.why:
+            from mpi_trainer.logs import get_logger
+
+            get_logger().info("trained by the round engines, not as a keras.Model: %s", inputs.why)
         cfg = resolve_wire(transport, resolve_stream(transport, cfg))
         hooks.maybe_freeze(transport.rank, -1)
         watch.install(cfg.checkpoint.preempt_signals, cfg.checkpoint.grace_seconds,

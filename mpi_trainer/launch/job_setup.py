@@ -43,6 +43,7 @@ class JobInputs:
     validation: Any = None  # the pipeline's validation_data, read by the ranks that score
     class_weight: dict[int, float] | None = None  # fit's class_weight, for the workers' training loss
     initial_epoch: int = 0  # fit's initial_epoch: the callbacks' epoch of round 0
+    why: str | None = None  # why the round engines train this job rather than the Keras fit (logged)
 
 
 @dataclass

@@ -264,7 +264,7 @@ def test_a_message_that_comes_when_due_is_noticed_without_the_back_offs_delay():
 def test_a_set_up_collective_names_the_rank_that_never_arrives_and_its_host():
     root = Transport(FakeComm(0, 3, arrive=(1,)))
     root.bound, root.hosts = 0.05, ["node-a", "node-b", "node-c"]
-    with pytest.raises(TransportTimeout, match=r"rank 0 of 3 on \S+, set-up: no set-up agreement within 0.05 s "
+    with pytest.raises(TransportTimeout, match=r"rank 0 of 3 on \S+, set-up: no agreement of every rank within 0.05 s "
                                                r"\(waiting for rank 2 on host node-c\)"):
         root.allgather("no error")  # no timeout given: the transport's bound applies
     assert "Bcast" not in root.comm.calls  # nothing blocking was entered
