@@ -191,8 +191,8 @@ class FitRecord:
                               self.stop_reason, saved["next_epoch"])
             else:
                 self.resumed_after = saved["next_epoch"] - 1
-                self.log.info("%s holds an unfinished run: resuming from its checkpoint of round %d", self.path,
-                              self.resumed_after)
+                self.log.info("%s holds an unfinished run: resuming after round %d (its last checkpoint)",
+                              self.path, self.resumed_after)
         self._rewrite_rows(self.path)
         if self.tensorboard and not self.complete:
             from mpi_trainer.reporting.tensorboard import TensorBoardRounds
