@@ -228,7 +228,14 @@ class FitRecord:
         staleness = times.pop("max_staleness", 0)  # SSP: the most an epoch's update started ahead of the slowest
         self.traffic += sent
         seconds = [report.seconds for report in reports]
+        trained: dict[int, list[float]] = {}  # each worker's seconds and rows this epoch
+        for index, report in enumerate(reports):
+            spent = trained.setdefault(report.worker or index + 1, [0.0, 0])
+            spent[0] += report.seconds
+            spent[1] += report.rows
         row = {"round": epoch, **times, "train_seconds_max": max(seconds), "train_seconds_min": min(seconds),
+               "worker_train_seconds": ";".join(f"{trained[w][0]:.4g}" for w in sorted(trained)),
+               "block_sizes": ";".join(str(trained[w][1]) for w in sorted(trained)),
                "bytes": sent, "test_loss": logs.get("test_loss", logs.get("val_loss", math.nan)),
                "test_accuracy": logs.get("test_accuracy", logs.get("val_accuracy", logs.get("val_acc", math.nan))),
                "max_staleness": staleness,

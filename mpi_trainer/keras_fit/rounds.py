@@ -192,6 +192,7 @@ class WorkerRounds:
         self.sync_every = 0  # train.sync_every: rounds of this many steps (arrays)
         self.order, self.order_epoch = np.arange(0), -1  # the epoch's order of the share's rows
         self.served: int | None = None  # the epoch of the last order taken
+        self.waited: tuple[float, float] | None = None  # when this worker began and ended waiting for it
         self.rows = rows  # the rows of the share (arrays); None: counted from the batches
         self.weighted = weighted
         # the state, then this worker's weight, then its count of each clock (the model's steps, each
@@ -228,8 +229,9 @@ class WorkerRounds:
         """One order: take the state, then train, score or stop; False once the order is to stop."""
         size = self.state.size
         self.transport.phase = self.awaiting_order()
+        waiting = time.time()
         order: Order = self.transport.bcast_object(None)
-        self.served = order.epoch
+        self.served, self.waited = order.epoch, (waiting, time.time())
         if not order.score:
             self.clock.tick()
         if order.state_follows:
@@ -329,8 +331,9 @@ class WorkerRounds:
         rows = rows or self.rows or counter.batches * (self.share.get("batch_size") or 32)
         seconds = time.perf_counter() - started
         now = time.time()
+        waited = [("wait", epoch, *self.waited)] if self.waited else []  # for the order (log.timeline)
         return Report(logs, counter.batches, int(rows), seconds, self.state.read_integers(),
-                      phases=[("train", epoch, now - seconds, now)])
+                      phases=[*waited, ("train", epoch, now - seconds, now)])
 
     def increment_share(self, epoch: int) -> tuple[dict[str, Any] | None, int | None]:
         """``data.increment``: this epoch's share, the worker's fixed rows plus the epoch's seeded draw from the

@@ -143,9 +143,10 @@ class StaleWorker(WorkerRounds):
 
     def serve(self) -> bool:
         self.transport.phase = self.awaiting_order()
+        waiting = time.time()
         order: Order = self.transport.recv_object(0, TAG_ORDER).payload
-        self.served = order.epoch
         start = self.transport.recv_large_array(0, TAG_STATE)
+        self.served, self.waited = order.epoch, (waiting, time.time())
         self.clock.tick()
         self.state.write(start)
         self.state.write_integers(order.integers)
