@@ -299,7 +299,8 @@ class LocalTransport(AccountedRank):
             out[...] = np.stack([deposits[rank] for rank in range(self.size)])
 
     def bcast_object(self, obj: Any = None, root: int = 0, timeout: float | None = None) -> Any:
-        deposits = self._gather_at(pickle.dumps(obj) if self.rank == root else None, timeout, f"message broadcast by rank {root}")
+        deposits = self._gather_at(pickle.dumps(obj) if self.rank == root else None, timeout,
+                                   f"message broadcast by rank {root}")
         if self.rank == root:
             self.accounting.count(len(deposits[root]) * (self.size - 1))
         return pickle.loads(deposits[root])

@@ -551,7 +551,7 @@ class Transport(AccountedRank):
             self.comm.Recv([into[:size], self._mpi.BYTE], incoming.source, incoming.tag)
         return size
 
-    # -- collectives of Python objects (set-up, and a round's orders and reports) -------------------------------------------------
+    # -- collectives of Python objects (set-up, a round's orders and reports) ---
     @surfacing_failures
     def allgather(self, obj: Any, timeout: float | None = None) -> list[Any]:
         """Every rank's ``obj``, in rank order; the ranks meet first, so a missing one is named."""

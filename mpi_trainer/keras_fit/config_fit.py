@@ -36,6 +36,8 @@ def engine_reason(cfg: Config) -> str | None:
     yet), or None when the Keras fit takes it."""
     if cfg.model.uses_lbfgs:
         return "model.optimizer = 'lbfgs'"
+    if cfg.data.is_image_folder or cfg.data.is_tfrecord:
+        return f"data.source {cfg.data.source!r}, read as a pipeline (an image folder or TFRecord files)"
     if cfg.data.stream is True:
         return "data.stream = true"
     if cfg.data.stream_auto and cfg.data.is_file:

@@ -77,14 +77,16 @@ def test_a_complete_run_asked_for_more_epochs_goes_on_from_its_last(tmp_path):
     np.testing.assert_array_equal(again[2]["weights"][0], more[0]["weights"][0])
 
 
-@pytest.mark.parametrize(("override", "named"), [
-    ("model.optimizer='lbfgs'", "lbfgs"),
-    ("data.rebalance=true", "data.rebalance"),
-    ("data.placement='scatter'", "data.placement"),
-    ("aggregation.wire_dtype='float16'", "aggregation.wire_dtype"),
+@pytest.mark.parametrize(("overrides", "named"), [
+    (["model.optimizer='lbfgs'"], "lbfgs"),
+    (["data.rebalance=true"], "data.rebalance"),
+    (["aggregation.wire_dtype='float16'"], "aggregation.wire_dtype"),
+    (["data.placement='scatter'"], "data.placement"),
+    (["data.source='records/*.tfrecord'", "data.features=['image']", "data.label='label'",
+      "data.feature_shape=[8, 8, 1]"], "TFRecord"),
 ])
-def test_what_the_keras_fit_does_not_apply_yet_names_why_the_engines_train_it(override, named):
-    assert named in engine_reason(load_config(DIGITS, [override]))
+def test_what_the_keras_fit_does_not_apply_yet_names_why_the_engines_train_it(overrides, named):
+    assert named in engine_reason(load_config(DIGITS, overrides))
 
 
 def test_a_config_the_keras_fit_applies_whole_has_no_reason_for_the_engines():
