@@ -10,7 +10,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -62,18 +61,6 @@ def run_mpi(ranks: int, args: list[str], run_dir: Path | None = None, timeout: f
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"mpirun did not finish within {timeout} s:\n{exc.stdout}\n{exc.stderr}")
     return MpiResult(proc.returncode, proc.stdout + proc.stderr, run_dir or ROOT)
-
-
-def quickstart_job(run_dir: Path, workers: int = 2, **changes: Any) -> Any:
-    """The quick start's job (configs/quickstart.toml) with ``changes`` ("section.key": value), run in this
-    process on the local transport: the reference a real ``mpirun`` job of the same settings is compared
-    with, where the comparison is not about the processes."""
-    from local_job import run_local_job
-
-    from mpi_trainer.config import load_config
-
-    cfg = load_config(ROOT / "configs" / "quickstart.toml", [f"{key}={value}" for key, value in changes.items()])
-    return run_local_job(run_dir, workers, **cfg.to_dict())
 
 
 def wait_for_rounds(run_dir: Path, count: int, proc: subprocess.Popen) -> None:

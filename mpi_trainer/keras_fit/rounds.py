@@ -552,7 +552,7 @@ class SchedulerRounds:
             shrunk = self.transport.shrink()
             for rank, world_rank in zip(shrunk.lost, shrunk.lost_world):
                 host = hosts[rank] if rank < len(hosts) else "?"
-                self.record.lost_worker(world_rank, host, f"epoch {epoch}")
+                self.record.lost_worker(world_rank, host, f"round {epoch}")
             try:
                 self.transport.agree(1)
                 break
