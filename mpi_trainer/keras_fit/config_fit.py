@@ -82,9 +82,6 @@ def fit_config(transport: Transport, cfg: Config, config: Any, overrides: list[A
     history = fit_model(transport, model, kwargs, config, overrides, path, resume, applied=APPLIED,
                         describe=describe)
     if transport.rank == 0:
-        from mpi_trainer.persistence.run_files import FINAL_WEIGHTS_NAME, save_weights_atomic
-
-        save_weights_atomic(model, Path(path) / FINAL_WEIGHTS_NAME)
         print(f"run directory: {path}", flush=True)
     return history
 

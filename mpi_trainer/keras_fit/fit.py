@@ -483,6 +483,7 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
         history = _history(callbacks, record, trained=not complete)
         if not complete:
             record.save_state(state.read(state.empty()), state.read_integers(), len(history.epoch), history, True)
+            record.save_weights(model)
         history.summary = record.finish(transport.size - 1)  # the survivors, under fault.survive
         history.rounds = record.columns()
         history.run_dir = record.path

@@ -307,6 +307,13 @@ class FitRecord:
                 "epochs": list(history.epoch), "rows": self.rows, "stop_reason": self.stop_reason}
         save_checkpoint(self.path / CHECKPOINT_NAME, arrays, json.loads(json.dumps(meta, default=float)))
 
+    def save_weights(self, model: Any) -> None:
+        """The kept model's Keras weights as ``final.weights.h5`` (checksummed), as the round engines leave them."""
+        if self.path is not None:
+            from mpi_trainer.persistence.run_files import FINAL_WEIGHTS_NAME, save_weights_atomic
+
+            save_weights_atomic(model, self.path / FINAL_WEIGHTS_NAME)
+
     def finish(self, workers: int) -> dict[str, Any]:
         """The run's summary, written to summary.json; a complete run found again hands back the one it wrote."""
         kept = self._kept_summary()
