@@ -100,10 +100,14 @@ def _test_scores(test: tuple[Any, Any], batch_size: int) -> Any:
     """A Keras callback: rank 0 scores the test split after every epoch, adding ``test_<metric>`` to its logs."""
     import keras
 
+    from mpi_trainer.keras_fit.rounds import reusable_input
+
+    scoring = reusable_input({"x": test[0], "y": test[1], "batch_size": batch_size})
+
     class TestScores(keras.callbacks.Callback):
         def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
             if logs is not None:
-                scores = self.model.evaluate(*test, batch_size=batch_size, verbose=0, return_dict=True)
+                scores = self.model.evaluate(**scoring, verbose=0, return_dict=True)
                 logs.update({f"test_{name}": float(value) for name, value in scores.items()})
 
     return TestScores()
