@@ -133,3 +133,15 @@ def test_final_weights_are_replaced_whole_and_leftovers_are_removed(tmp_path):
     assert final.read_bytes() == b"new weights"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final.weights.h5", "final.weights.h5.sha256",
                                                           "notes.tmpl", "summary.json"]
+
+
+def test_the_command_lines_engines_refuse_the_run_directory_of_a_keras_model_fit(tmp_path):
+    from mpi_trainer.launch.run_dir import open_run_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "fit.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"holds the run of a keras.Model fit \(it has fit.json\), which the "
+                                          r"engines cannot resume"):
+        open_run_dir(str(run), None, Config(), False)
+    assert sorted(path.name for path in run.iterdir() if path.name != "run.lock") == ["fit.json"]
