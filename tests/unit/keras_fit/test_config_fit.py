@@ -94,3 +94,22 @@ def test_a_config_the_keras_fit_applies_whole_has_no_reason_for_the_engines():
                       ["early_stopping.patience=2", "data.validation_size=0.1"], ["aggregation.ssp=2"],
                       ["train.sync_every=4", "fault.survive=true"]):
         assert engine_reason(load_config(DIGITS, overrides)) is None, overrides
+
+
+def test_resume_without_a_run_directory_is_refused_on_every_rank(monkeypatch):
+    from mpi_trainer.errors import InputError
+
+    monkeypatch.delenv("MPI_TRAINER_RUN_DIR", raising=False)
+    world = LocalWorld(3)
+    transports = world.transports()
+
+    def rank(index: int) -> str:
+        try:
+            fit_config(transports[index], load_config(DIGITS), DIGITS, [], None, True)
+        except InputError as exc:
+            return str(exc)
+        return "trained"
+
+    said = world.run({index: lambda index=index: rank(index) for index in range(3)}, timeout=120)
+    for rank_index in range(3):
+        assert "`--resume` needs the run directory to continue. Received: no --run-dir" in said[rank_index]
