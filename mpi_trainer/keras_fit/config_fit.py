@@ -63,6 +63,8 @@ def fit_config(transport: Transport, cfg: Config, config: Any, overrides: list[A
     from mpi_trainer.launch.run_dir import chosen_path
 
     start_rank(transport, cfg)  # placed before Keras starts: the model is built below
+    agree(transport, "`--resume` needs the run directory to continue. Received: no --run-dir; expected --run-dir "
+                     "DIR of an earlier run" if resume and not (run_dir or _launch_run_dir()) else None)
     dataset = model = error = None
     try:
         dataset, model = _data_and_model(cfg, builder)
@@ -70,8 +72,6 @@ def fit_config(transport: Transport, cfg: Config, config: Any, overrides: list[A
         error = str(exc)
     agree(transport, error)
     dataset, model = agreed(dataset), agreed(model)
-    agree(transport, "`--resume` needs the run directory to continue. Received: no --run-dir; expected --run-dir "
-                     "DIR of an earlier run" if resume and not (run_dir or _launch_run_dir()) else None)
     path = transport.bcast_object(str(chosen_path(run_dir, config_path)) if transport.rank == 0 else None)
     validation, callbacks = _validation(dataset, cfg.train.batch_size, list(callbacks) if transport.rank == 0 else [],
                                         transport.rank == 0)
