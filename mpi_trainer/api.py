@@ -7,7 +7,7 @@ scheduler, the other ranks train, and every rank gets the same
 worker (:mod:`mpi_trainer.keras_fit`). The command line's ``train`` calls this function with a
 TOML path and no model object: every rank then builds the config's model and reads its data,
 and the job is that same fit (:mod:`mpi_trainer.keras_fit.config_fit`), unless the config asks
-for what only the round engines do yet (rebalancing, augmentation, scattered or streamed data,
+for what only the round engines do yet (rebalancing, scattered or streamed data,
 a 16-bit wire, L-BFGS...; :func:`~mpi_trainer.keras_fit.config_fit.engine_reason`), or
 ``fit(build_fn, x, ...)`` is given arrays or a pipeline.
 
@@ -105,7 +105,7 @@ def fit(model: Any = None, x: Any = None, y: Any = None, batch_size: int | None 
         verbose: Any = "auto", callbacks: Sequence[Any] | None = None, validation_split: float = 0.0,
         validation_data: Any = None, shuffle: Any = True, class_weight: dict[int, float] | None = None,
         sample_weight: Any = None, initial_epoch: int = 0, steps_per_epoch: int | None = None,
-        validation_steps: int | None = None, validation_batch_size: int | None = None, validation_freq: Any = 1,
+        validation_steps: int | None = None, validation_batch_size: int | None = None, validation_freq: Any = None,
         *, config: str | Path | dict[str, Any] | None = None, overrides: Sequence[str] | dict[str, Any] | None = None,
         run_dir: str | Path | None = None, resume: bool = False) -> Any:
     """``model.fit(x, y, ...)``, data-parallel over the ``mpirun`` job; every rank calls it and gets the History.
@@ -147,7 +147,8 @@ def fit(model: Any = None, x: Any = None, y: Any = None, batch_size: int | None 
             config, overrides, run_dir, resume)
     transport = _job_transport()
     keras_args = KerasFitArguments(batch_size, epochs, verbose, shuffle, initial_epoch, steps_per_epoch,
-                                   validation_steps, validation_batch_size, validation_freq, validation_split)
+                                   validation_steps, validation_batch_size,
+                                   1 if validation_freq is None else validation_freq, validation_split)
     request = FitRequest(model, (x, y, sample_weight, validation_data), keras_args, class_weight,
                          list(callbacks or []), config, overrides)
     # within the job an uncaught error on one rank ends every rank; the script's code after it is its own
@@ -195,6 +196,8 @@ def _fit_keras_model(model: Any, kwargs: dict[str, Any], config: Any, overrides:
             kwargs[name] = 1 if name == "epochs" else None
         elif kwargs[name] is None:
             kwargs[name] = "config"
+    if kwargs["validation_freq"] is None:  # Keras' default, unless the config sets evaluation.every
+        kwargs["validation_freq"] = "config" if user_sets("evaluation.every", config, overrides) else 1
     with abort_on_error(transport), _refused_together(transport), fail_together(transport):
         history = fit_model(transport, model, kwargs, str(config) if isinstance(config, Path) else config,
                             _pairs(overrides), run_dir, resume)

@@ -58,7 +58,7 @@ def _ssp_conflicts(cfg: Config) -> list[str]:
 def fit_config(transport: Transport, cfg: Config, config: Any, overrides: list[Any], run_dir: Any, resume: bool,
                builder: Any = None, callbacks: Sequence[Any] = (), config_path: str | Path | None = None) -> Any:
     """Every rank: the config's data and model, then the Keras fit; returns the History on every rank."""
-    from mpi_trainer.keras_fit.fit import fit_model
+    from mpi_trainer.keras_fit.fit import fit_model, scored_epochs
     from mpi_trainer.launch.job import start_rank
     from mpi_trainer.launch.run_dir import chosen_path
 
@@ -73,11 +73,12 @@ def fit_config(transport: Transport, cfg: Config, config: Any, overrides: list[A
     agree(transport, error)
     dataset, model = agreed(dataset), agreed(model)
     path = transport.bcast_object(str(chosen_path(run_dir, config_path)) if transport.rank == 0 else None)
+    frequency = scored_epochs(cfg.evaluation.every, cfg.train.epochs)
     validation, callbacks = _validation(dataset, cfg.train.batch_size, list(callbacks) if transport.rank == 0 else [],
                                         transport.rank == 0)
     kwargs = {"x": dataset.x_train, "y": dataset.y_train, "batch_size": cfg.train.batch_size,
               "epochs": cfg.train.epochs, "verbose": 2, "shuffle": cfg.train.shuffle, "callbacks": callbacks,
-              "validation_data": validation}
+              "validation_data": validation, "validation_freq": frequency}
     describe = {"dataset": dataset.describe(), "model": cfg.model.name}
     history = fit_model(transport, model, kwargs, config, overrides, path, resume, applied=APPLIED,
                         describe=describe)
@@ -88,16 +89,19 @@ def fit_config(transport: Transport, cfg: Config, config: Any, overrides: list[A
 
 def _validation(dataset: Any, batch_size: int, callbacks: list[Any], scheduler: bool) -> tuple[Any, list[Any]]:
     """The fit's validation data and rank 0's callbacks: the validation split, with the test split scored
-    after every epoch as ``test_*`` (first among the callbacks, so that every other one sees them); without a
-    validation split, the test split is the validation data (``val_*``, and rounds.csv's ``test_*``)."""
+    after each epoch the validation data is (``evaluation.every``) as ``test_*`` (first among the callbacks,
+    so that every other one sees them); without a validation split, the test split is the validation data
+    (``val_*``, and rounds.csv's ``test_*``)."""
     test = (dataset.x_test, dataset.y_test) if len(dataset.y_test) else None
     if not len(dataset.y_val):
         return test, callbacks
-    return (dataset.x_val, dataset.y_val), ([_test_scores(test, batch_size)] if test and scheduler else []) + callbacks
+    scores = [_test_scores(test, batch_size)] if test and scheduler else []
+    return (dataset.x_val, dataset.y_val), scores + callbacks
 
 
 def _test_scores(test: tuple[Any, Any], batch_size: int) -> Any:
-    """A Keras callback: rank 0 scores the test split after every epoch, adding ``test_<metric>`` to its logs."""
+    """A Keras callback: rank 0 scores the test split after each epoch whose validation data was scored (its
+    logs hold ``val_*``), adding ``test_<metric>`` to them."""
     import keras
 
     from mpi_trainer.keras_fit.rounds import reusable_input
@@ -106,7 +110,7 @@ def _test_scores(test: tuple[Any, Any], batch_size: int) -> Any:
 
     class TestScores(keras.callbacks.Callback):
         def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-            if logs is not None:
+            if logs is not None and any(name.startswith("val_") for name in logs):
                 scores = self.model.evaluate(**scoring, verbose=0, return_dict=True)
                 logs.update({f"test_{name}": float(value) for name, value in scores.items()})
 

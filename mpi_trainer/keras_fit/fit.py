@@ -23,6 +23,7 @@ import numpy as np
 
 from mpi_trainer import hooks
 from mpi_trainer.algorithms.divergence import DivergenceWatch
+from mpi_trainer.data.augmentation import build_augmenter
 from mpi_trainer.errors import EXIT_PREEMPTED, ConfigError, InputError, Preempted
 from mpi_trainer.keras_fit import shares
 from mpi_trainer.keras_fit.outer_choice import choose_outer
@@ -75,13 +76,18 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
     for name in ("epochs", "batch_size"):  # left to the config by the caller
         if kwargs.get(name) == "config":
             kwargs[name] = getattr(cfg.train, name)
+    if kwargs.get("validation_freq") == "config":
+        kwargs["validation_freq"] = scored_epochs(cfg.evaluation.every, kwargs.get("epochs") or 1)
     workers = transport.size - 1
     prepared, error = None, None
     try:
         check_config(cfg, run_dir, resume, given_keys(config, overrides), applied)
         check_backend()
         check_sync_every(cfg.train.sync_every, kwargs)
+        check_sync_every(cfg.train.sync_warmup_every if cfg.train.sync_warmup_epochs else 0, kwargs,
+                         "train.sync_warmup_every", "train.sync_warmup_epochs=0")
         check_increment(cfg, kwargs)
+        check_augmentation(cfg, kwargs)
         check_early_stopping(cfg, kwargs)
         check_max_steps(cfg, kwargs)
         prepared = prepare(model, kwargs, transport.rank, workers, cfg.evaluation.on_workers, cfg.aggregation.elects)
@@ -115,7 +121,8 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
             worker = (StaleWorker if cfg.aggregation.ssp else WorkerRounds)(
                 transport, model, state, prepared.share, prepared.rows,
                                   cfg.aggregation.weighs_by_samples, wait_bounds(cfg), prepared.validation)
-            worker.preemption, worker.sync_every = preemption, cfg.train.sync_every
+            worker.preemption = preemption
+            worker.augmenter = build_augmenter(cfg.data.augmentation, cfg.train.seed + transport.rank)
             take_share(worker, prepared, cfg)
             if cfg.fault.survive:  # after a loss: this worker's share for the survivors, by its new rank
                 worker.reshare = lambda rounds: take_share(rounds, prepare(
@@ -126,6 +133,13 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
     finally:
         preemption.uninstall()
     return finish(transport, model, history)
+
+
+def scored_epochs(every: int, epochs: int) -> int | list[int]:
+    """``evaluation.every = n`` as Keras' ``validation_freq``: every n-th epoch and the last (1: every epoch)."""
+    if every <= 1:
+        return 1
+    return sorted({*range(every, epochs + 1, every), epochs})
 
 
 def extended(saved: dict[str, Any] | None, epochs: int, max_steps: int) -> dict[str, Any] | None:
@@ -190,12 +204,14 @@ def input_refusal(key: str, value: Any, why: str, kwargs: dict[str, Any], expect
                        f"{also}; expected {expected}")
 
 
-def check_sync_every(sync_every: int, kwargs: dict[str, Any]) -> None:
-    """``train.sync_every`` cuts each worker's rows into rounds: arrays only, epochs of all their rows."""
+def check_sync_every(sync_every: int, kwargs: dict[str, Any], key: str = "train.sync_every",
+                     off: str = "train.sync_every=0") -> None:
+    """``train.sync_every`` (or its warm-up's steps) cuts each worker's rows into rounds: arrays only, epochs of
+    all their rows."""
     if sync_every and (shares.input_kind(kwargs.get("x")) != "arrays" or kwargs.get("steps_per_epoch") is not None):
-        raise input_refusal("train.sync_every", sync_every, "combines the workers every few steps of arrays given "
+        raise input_refusal(key, sync_every, "combines the workers every few steps of arrays given "
                             "as `x`; a pipeline (or `steps_per_epoch`) trains whole epochs", kwargs,
-                            "arrays without steps_per_epoch, or train.sync_every=0")
+                            f"arrays without steps_per_epoch, or {off}")
 
 
 def check_increment(cfg: Config, kwargs: dict[str, Any]) -> None:
@@ -208,13 +224,29 @@ def check_increment(cfg: Config, kwargs: dict[str, Any]) -> None:
                             f" and train.sync_every={cfg.train.sync_every}")
 
 
+def check_augmentation(cfg: Config, kwargs: dict[str, Any]) -> None:
+    """``data.augmentation`` transforms the rows of image arrays, (rows, height, width, channels)."""
+    from mpi_trainer.data.augmentation import check_image_input
+
+    if not cfg.data.augmentation.enabled:
+        return
+    if shares.input_kind(kwargs.get("x")) != "arrays" or not hasattr(kwargs.get("x"), "shape"):
+        raise input_refusal("data.augmentation.enabled", True, "transforms each round's images, given as one "
+                            "array `x`; a pipeline or a structure of inputs augments itself (Keras' preprocessing "
+                            "layers in it or in the model)", kwargs, "one array of images, or "
+                            "data.augmentation.enabled=false")
+    check_image_input(cfg.data.augmentation, tuple(kwargs["x"].shape[1:]))
+
+
 def check_max_steps(cfg: Config, kwargs: dict[str, Any]) -> None:
     """``train.max_steps`` deals the last steps out to the workers from the batches each has in an epoch."""
     known = shares.input_kind(kwargs.get("x")) == "arrays" or kwargs.get("steps_per_epoch") is not None
-    if cfg.train.max_steps and (not known or cfg.train.sync_every or cfg.data.increment.enabled):
+    if cfg.train.max_steps and (not known or cfg.train.sync_every or cfg.train.sync_warmup_epochs
+                                or cfg.data.increment.enabled):
         raise input_refusal("train.max_steps", cfg.train.max_steps, "deals the steps left to the workers from the "
                             "batches each trains in an epoch", kwargs, "arrays (or steps_per_epoch), whole epochs "
-                            "and no increment, or train.max_steps=0", f", train.sync_every={cfg.train.sync_every} "
+                            "and no increment, or train.max_steps=0", f", train.sync_every={cfg.train.sync_every}, "
+                            f"train.sync_warmup_epochs={cfg.train.sync_warmup_epochs} "
                             f"and data.increment.enabled={cfg.data.increment.enabled}")
 
 
@@ -442,11 +474,13 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
                                              steps=worker_steps(kwargs, prepared, workers), model=model)
     arguments = (transport, model, state, outer, callbacks, prepared.validation, kwargs.get("validation_freq", 1),
                  record, wait_bounds(cfg))
-    aggregation = cfg.aggregation
+    aggregation, train = cfg.aggregation, cfg.train
     rounds = SchedulerRounds(*arguments) if not aggregation.ssp else StaleScheduler(
         *arguments, ssp=aggregation.ssp, damping=aggregation.staleness_damping, weighted=aggregation.weighs_by_samples)
     rounds.workers_score, rounds.elects = prepared.workers_score, cfg.aggregation.elects
-    rounds.parts = rounds_an_epoch(cfg.train.sync_every, kwargs, prepared, workers)
+    rounds.sync_every = lambda epoch: (train.sync_warmup_every if epoch < train.sync_warmup_epochs
+                                       else train.sync_every)
+    rounds.plan_parts = lambda survivors, every: rounds_an_epoch(every, kwargs, prepared, survivors)
     rounds.preemption = preemption or rounds.preemption
     rounds.nan_policy = cfg.train.nan_policy
     if cfg.train.max_steps:
@@ -456,7 +490,6 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
         rounds.stops_on_divergence = cfg.train.stops_on_divergence
     if cfg.fault.survive:
         rounds.fault = cfg.fault
-        rounds.plan_parts = lambda survivors: rounds_an_epoch(cfg.train.sync_every, kwargs, prepared, survivors)
     try:
         record.begin(saved)
         if rounds.divergence is not None:

@@ -52,6 +52,7 @@ class Order:
     preempted: bool = False  # with ``stop``: the job checkpointed for a preemption signal; every rank exits 75
     part: int = 0  # with ``train.sync_every = k``: which round of the epoch, each k steps of every worker
     parts: int = 1
+    every: int = 0  # the steps of such a round (k, or train.sync_warmup_every in the warm-up); 0: the epoch
     budgets: list[int] | None = None  # train.max_steps: each worker's steps in this epoch (None: all its batches)
 
 
@@ -104,8 +105,8 @@ def merged_reports(rounds: list[list[Report]]) -> list[Report]:
         names = sorted({name for report in worker for name in report.logs})
         logs = {name: sum(r.logs.get(name, 0.0) * r.rows for r in worker if r.batches) / rows for name in names}
         merged.append(Report(logs, sum(r.batches for r in worker), sum(r.rows for r in worker),
-                             sum(r.seconds for r in worker), worker[-1].integers, sum(r.sent for r in worker),
-                             any(r.preempt for r in worker), worker[-1].scores,
+                             sum(r.seconds for r in worker), worker[-1].integers, sent=sum(r.sent for r in worker),
+                             preempt=any(r.preempt for r in worker), scores=worker[-1].scores,
                              phases=[phase for r in worker for phase in r.phases]))
     return merged
 
@@ -208,7 +209,7 @@ class WorkerRounds:
         # debug.nan_rank / nan_round: this worker's part of that epoch's sum is poisoned once
         self.nan_at = test_hooks.nan_round if test_hooks.nan_rank and test_hooks.nan_rank == transport.rank else None
         self.preemption = Preemption()  # the job's, when the fit installed its signal handlers
-        self.sync_every = 0  # train.sync_every: rounds of this many steps (arrays)
+        self.augmenter: Any = None  # data.augmentation: Keras' random image layers, applied to each round's rows
         self.order, self.order_epoch = np.arange(0), -1  # the epoch's order of the share's rows
         self.served: int | None = None  # the epoch of the last order taken
         self.waited: tuple[float, float] | None = None  # when this worker began and ended waiting for it
@@ -307,7 +308,7 @@ class WorkerRounds:
         if budget == 0:  # the steps left went to other workers
             return Report({}, 0, 0, 0.0, self.state.read_integers())
         if order.parts > 1:
-            return self.train_part(order.epoch, order.part)
+            return self.train_part(order.epoch, order.part, order.every)
         share, rows = self.increment_share(order.epoch)
         if budget is not None:
             share = {**(share or self.share), "steps_per_epoch": budget}
@@ -341,10 +342,15 @@ class WorkerRounds:
 
     def train(self, epoch: int, share: dict[str, Any] | None = None, rows: int | None = None) -> Report:
         """One ``model.fit`` epoch over ``share`` (default: the whole share of the input)."""
+        from mpi_trainer.data.augmentation import augment
+
         counter = _BatchCounter()
         started = time.perf_counter()
+        share = share or self.share
+        if self.augmenter is not None:  # a freshly transformed copy of the round's images; the input stays as it is
+            share = {**share, "x": augment(share["x"], self.augmenter)}
         callbacks = [counter.callback] + ([self.slowdown] if self.slowdown is not None else [])
-        history = self.model.fit(**(share or self.share), epochs=epoch + 1, initial_epoch=epoch, verbose=0,
+        history = self.model.fit(**share, epochs=epoch + 1, initial_epoch=epoch, verbose=0,
                                  callbacks=callbacks)
         logs = {name: float(values[-1]) for name, values in history.history.items() if values}
         rows = rows or self.rows or counter.batches * (self.share.get("batch_size") or 32)
@@ -367,7 +373,7 @@ class WorkerRounds:
         x, y, weights = (None if part is None else shares.take_rows(part, index) for part in data)
         return {**self.share, "x": x, "y": y, "sample_weight": weights}, len(index)
 
-    def train_part(self, epoch: int, part: int) -> Report:
+    def train_part(self, epoch: int, part: int, every: int) -> Report:
         """Round ``part`` of the epoch under ``train.sync_every = k``: the next k batches of this worker's rows,
         in the epoch's order (shuffled once an epoch when fit shuffles); an empty report past its last row."""
         if self.order_epoch != epoch:
@@ -376,7 +382,7 @@ class WorkerRounds:
             self.order = (np.random.default_rng((shares.SHARE_SEED, epoch, self.transport.rank)).permutation(rows)
                           if shuffled else np.arange(rows))
             self.order_epoch = epoch
-        size = self.sync_every * (self.share.get("batch_size") or 32)
+        size = every * (self.share.get("batch_size") or 32)
         index = self.order[part * size:(part + 1) * size]
         if not len(index):
             return Report({}, 0, 0, 0.0, self.state.read_integers())
@@ -404,7 +410,9 @@ class SchedulerRounds:
         self.preemption = Preemption()  # the job's, when the fit installed its signal handlers
         self.preempted = False  # the run stopped for a preemption signal, checkpointed
         self.reports: list[Report] = []  # the last epoch's
-        self.parts = 1  # rounds an epoch (train.sync_every; set by the fit)
+        self.parts = 1  # rounds in the epoch under way
+        # train.sync_every and its warm-up: the steps of the epoch's rounds (0: one round, the epoch)
+        self.sync_every: Callable[[int], int] = lambda epoch: 0
         self.before_integers: list[np.ndarray] = []
         self.optimizers_checked = False  # whether the first trained epoch's optimizer steps were looked at
         self.elects = False  # best-of: the workers score their states and the best one is kept (set by the fit)
@@ -417,7 +425,8 @@ class SchedulerRounds:
         self.max_steps = 0  # train.max_steps: the workers' steps, summed, after which the fit stops (0: no bound)
         self.full_steps: list[int] = []  # with max_steps: each worker's batches in a whole epoch
         self.steps_done = 0  # the workers' steps so far, summed (a resumed run's included)
-        self.plan_parts: Callable[[int], int] = lambda workers: self.parts  # rounds an epoch for so many workers
+        # rounds an epoch for so many workers at so many steps a round (set by the fit)
+        self.plan_parts: Callable[[int, int], int] = lambda workers, every: 1
         self.winner = 0  # best-of: the index among the workers of the last round's elected one
 
     def run(self, initial_epoch: int, epochs: int) -> dict[str, float]:
@@ -511,9 +520,11 @@ class SchedulerRounds:
         """The epoch's rounds, combined; each worker's report of them (their seconds added to ``times``)."""
         while True:
             rounds: list[list[Report]] = []
+            every = self.sync_every(epoch)
+            self.parts = self.plan_parts(self.transport.size - 1, every)  # the workers left, after a loss
             try:
                 for part in range(self.parts):
-                    rounds.append(self.round(epoch, part, times))
+                    rounds.append(self.round(epoch, part, every, times))
                     self.rollbacks = 0
                 return merged_reports(rounds)
             except RankLost as error:  # fault.survive: the epoch's rounds start over with the survivors
@@ -584,7 +595,6 @@ class SchedulerRounds:
             self.record.checkpoint(epoch, self.state, self.callbacks, force=True, outer=self.outer.state_arrays())
             raise WorkerFailure(f"{workers} workers left, fewer than fault.min_workers={self.fault.min_workers}; "
                                 f"checkpointed before epoch {epoch} and ending the job for `launch` to restart it")
-        self.parts = self.plan_parts(workers)
         self.record.log.warning("epoch %d: carrying on with %d workers, each on its share for the survivors; the "
                                 "epoch's rounds start again from the state reached", epoch, workers)
 
@@ -608,12 +618,13 @@ class SchedulerRounds:
         budgets = step_budgets(self.max_steps - self.steps_done, dict(enumerate(self.full_steps)))
         return None if budgets is None else [budgets[index] for index in range(len(self.full_steps))]
 
-    def round(self, epoch: int, part: int, times: dict[str, float]) -> list[Report]:
+    def round(self, epoch: int, part: int, every: int, times: dict[str, float]) -> list[Report]:
         """Hand out the state, let the workers train, combine: one round; its seconds added to ``times``."""
         started = time.perf_counter()
         self.before_integers = self.state.read_integers()
         budgets = self.budgets()
-        self.send(Order(epoch, False, self.before_integers, part=part, parts=self.parts, budgets=budgets))
+        self.send(Order(epoch, False, self.before_integers, part=part, parts=self.parts, every=every,
+                        budgets=budgets))
         self.before[:] = self.buffer[:self.state.size]
         if self.elects:  # every worker's score, so every rank knows the winner before the sum
             self.winner = elected(self.transport.allgather(None)[1:])
@@ -671,7 +682,8 @@ class SchedulerRounds:
         return {name: sum(r.logs.get(name, math.nan) * r.rows for r in reports) / rows for name in names}
 
     def validate(self, epoch: int) -> dict[str, float]:
-        if self.validation is None or not self.model._should_eval(epoch, self.validation_freq):
+        last = self.stop_reason == "max_steps"  # the fit's last epoch is scored, as the epochs' last is
+        if self.validation is None or not (last or self.model._should_eval(epoch, self.validation_freq)):
             return {}
         if self.elects:  # the combined state is the elected worker's: its scores are the epoch's
             scores = self.reports[self.winner].scores

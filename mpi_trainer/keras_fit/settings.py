@@ -52,6 +52,14 @@ HONOURED: dict[str, str] = {
                               "the script",
     "train.sync_every": "k > 0: the workers' states are combined every k steps of their rows (arrays), "
                         "each epoch in ceil(steps / k) rounds; 0: once an epoch",
+    **dict.fromkeys(("train.sync_warmup_epochs", "train.sync_warmup_every"),
+                    "a warm-up: the first n epochs combine the workers every `sync_warmup_every` steps of their rows "
+                    "(arrays), then train.sync_every applies"),
+    **dict.fromkeys(("data.augmentation.enabled", "data.augmentation.shift", "data.augmentation.rotation",
+                     "data.augmentation.zoom", "data.augmentation.flip"),
+                    "each round, each worker trains on a freshly transformed copy of its images (Keras' random "
+                    "translation, rotation, zoom and flip layers); x: one array of (height, width, channels) "
+                    "images; validation and scoring see them as they are"),
     "checkpoint.preempt_signals": PREEMPTION,
     "checkpoint.grace_seconds": PREEMPTION,
     **dict.fromkeys(("data.increment.enabled", "data.increment.load_factor", "data.increment.absolute_factor",
@@ -78,6 +86,8 @@ HONOURED: dict[str, str] = {
     "fault.survive": "a lost worker's epoch starts again with the survivors, each on its share for them "
                      "(needs fault-tolerant MPI: launch, or mpirun --with-ft ulfm)",
     "fault.min_workers": "with fault.survive: fewer workers than this checkpoint and end the job for launch",
+    "evaluation.every": "n > 1: fit's `validation_freq` when the call leaves it out: the validation data is scored "
+                        "every n-th epoch and after the last",
     "evaluation.where": "'workers': each worker scores its shard of the validation data with the combined state, "
                         "and their metric states are summed on rank 0 (docs/keras.md)",
 }
@@ -88,17 +98,12 @@ DATA = "a keras.Model trains on the `x` and `y` the script passes; hold rows out
        "`validation_data`"
 COMPILED = "a keras.Model trains with the optimizer, loss and metrics it was compiled with"
 # The engines' features: their keys kept the meaning they had before this classification.
-ENGINE_ONLY = ("data.rebalance",
-               "data.augmentation.enabled", "data.placement")
+ENGINE_ONLY = ("data.rebalance", "data.placement")
 
 NOT_APPLIED: dict[str, str] = {
     **dict.fromkeys(ENGINE_ONLY, ENGINE),
-    **dict.fromkeys(("train.sync_warmup_epochs", "train.sync_warmup_every",
-                     "train.overlap_eval", "data.augmentation.shift",
-                     "data.augmentation.rotation", "data.augmentation.zoom", "data.augmentation.flip",
-                     "data.rebalance_smoothing"), ENGINE),
+    **dict.fromkeys(("train.overlap_eval", "data.rebalance_smoothing"), ENGINE),
     "aggregation.wire_dtype": "a keras.Model's state travels as float32",
-    "evaluation.every": "rank 0 scores the validation data every fit's `validation_freq` epochs",
     **dict.fromkeys(("data.source", "data.test_size", "data.validation_size", "data.label", "data.features",
                      "data.datasets", "data.stream", "data.image_size", "data.color_mode", "data.feature_shape",
                      "data.feature_dtype"), DATA),
@@ -112,8 +117,8 @@ NOT_APPLIED: dict[str, str] = {
 
 # Values of keys in NOT_APPLIED that say what this path does anyway: accepted even when set.
 AS_DONE: dict[str, Any] = {
-    "aggregation.wire_dtype": "float32", "train.sync_warmup_epochs": 0,
-    "train.overlap_eval": False, "data.augmentation.enabled": False,
+    "aggregation.wire_dtype": "float32",
+    "train.overlap_eval": False,
     "data.rebalance": False, "data.placement": "shared", "data.test_size": 0.0, "data.validation_size": 0.0,
 }
 

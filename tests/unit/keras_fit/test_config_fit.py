@@ -66,6 +66,22 @@ def test_with_a_validation_split_the_fit_validates_on_it_and_the_test_split_fill
     assert summary["dataset"].startswith("digits: 1294 train / 144 validation / 359 test samples")
 
 
+def test_evaluation_every_scores_the_validation_and_test_splits_every_nth_epoch_and_the_last(tmp_path):
+    result = train_everywhere(tmp_path / "run", ["data.validation_size=0.1", "train.epochs=3", "evaluation.every=2"])
+    history = result[0]["history"]
+    assert len(history["loss"]) == 3 and len(history["val_loss"]) == len(history["test_loss"]) == 2
+    assert result[1]["history"] == history
+
+
+def test_augmentation_trains_each_worker_on_transformed_copies_of_its_images(tmp_path):
+    augmented = train_everywhere(tmp_path / "augmented", ["data.augmentation.enabled=true", "train.epochs=1"])
+    plain = train_everywhere(tmp_path / "plain", ["train.epochs=1"])
+    for rank in (1, 2):
+        np.testing.assert_array_equal(augmented[rank]["weights"][0], augmented[0]["weights"][0])
+    assert not np.array_equal(augmented[0]["weights"][0], plain[0]["weights"][0])
+    assert augmented[0]["history"]["val_accuracy"][-1] > 0.5  # shifted digits are still digits
+
+
 def test_a_complete_run_asked_for_more_epochs_goes_on_from_its_last(tmp_path):
     first = train_everywhere(tmp_path / "run")
     more = train_everywhere(tmp_path / "run", ["train.epochs=3"])

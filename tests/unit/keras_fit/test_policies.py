@@ -73,6 +73,26 @@ def test_weighted_and_sync_every_train_and_agree_everywhere():
         assert result[0]["history"]["loss"][-1] < result[0]["history"]["loss"][0], overrides
 
 
+def test_evaluation_every_scores_every_nth_epoch_and_the_last_when_the_call_leaves_validation_freq_out():
+    result = fit_set(["evaluation.every=2"], epochs=5, validation_freq="config")
+    same_everywhere(result)
+    assert len(result[0]["history"]["val_loss"]) == 3  # epochs 2, 4 and 5 of 5
+    scored = [not np.isnan(value) for value in result[0]["rounds"]["test_loss"]]
+    assert scored == [False, True, False, True, True]
+    assert len(fit_set(["evaluation.every=2"], epochs=5, validation_freq=1)[0]["history"]["val_loss"]) == 5
+
+
+def test_a_sync_warm_up_combines_every_few_steps_for_its_epochs_then_once_an_epoch(tmp_path):
+    warm = fit_set(["train.sync_warmup_epochs=1", "train.sync_warmup_every=2"], tmp_path / "warm", epochs=2)
+    same_everywhere(warm)
+    # 60 rows a worker, 4 batches of 16: two rounds in the warm-up epoch, one after it
+    assert warm[0]["rounds"]["bytes"][0] == 2 * warm[0]["rounds"]["bytes"][1]  # each round counted
+    first = fit_set(["train.sync_warmup_epochs=1", "train.sync_warmup_every=2"], epochs=1)
+    for warmed, every_two in zip(first[0]["weights"], fit_set(["train.sync_every=2"], epochs=1)[0]["weights"],
+                                 strict=True):
+        np.testing.assert_array_equal(warmed, every_two)  # the warm-up epoch is sync_every's
+
+
 def test_increment_grows_each_workers_rows_epoch_by_epoch(tmp_path):
     # 120 training rows, 60 a worker; a draw of 12 more (0.1 of 120) each epoch, up to 0.8 of the rows (96)
     result = fit_set(["data.increment.enabled=true", "data.increment.load_factor=0.1"], tmp_path / "run", epochs=4)
@@ -219,6 +239,12 @@ def test_a_fit_with_a_run_directory_writes_the_command_lines_files(tmp_path):
     assert {"accuracy_loss.png", "round_time.png", "traffic.png"} <= written, written
     events = list((tmp_path / "run" / "tensorboard").iterdir())
     assert events and events[0].stat().st_size > 0
+
+
+def test_augmentation_of_rows_that_are_not_images_is_refused_naming_their_shape():
+    with pytest.raises(Exception, match=r"needs image data of shape \(height, width, channels\)\. Received: "
+                                        r"data.augmentation.enabled=True with input shape \(6,\)"):
+        fit_set(["data.augmentation.enabled=true"])
 
 
 def test_max_steps_with_a_pipeline_is_refused_naming_what_it_needs():

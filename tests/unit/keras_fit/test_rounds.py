@@ -242,7 +242,8 @@ def test_averaging_every_step_is_synchronous_sgd_on_both_workers_batches_togethe
         callbacks = keras.callbacks.CallbackList([], add_history=True, model=models[0], epochs=2, verbose=0)
         rounds = SchedulerRounds(transports[0], models[0], ModelState(models[0]), OuterOptimizer(OuterSettings()),
                                  callbacks, None, 1, FitRecord(None, {}, {}))
-        rounds.parts = 4  # 120 rows a worker in batches of 30
+        rounds.sync_every = lambda epoch: 1
+        rounds.plan_parts = lambda workers, every: 4  # 120 rows a worker in batches of 30
         rounds.run(0, 2)
         return models[0].get_weights()
 
@@ -250,7 +251,6 @@ def test_averaging_every_step_is_synchronous_sgd_on_both_workers_batches_togethe
         share_x, share_y, _ = array_share((x, y, None), 2, rank - 1, False)
         share = {"x": share_x, "y": share_y, "batch_size": 30, "shuffle": False}
         rounds = WorkerRounds(transports[rank], models[rank], ModelState(models[rank]), share, len(share_x), False)
-        rounds.sync_every = 1
         rounds.run()
 
     combined = world.run({0: scheduler, 1: lambda: worker(1), 2: lambda: worker(2)}, timeout=180)[0]
