@@ -7,7 +7,7 @@ scheduler, the other ranks train, and every rank gets the same
 worker (:mod:`mpi_trainer.keras_fit`). The command line's ``train`` calls this function with a
 TOML path and no model object: every rank then builds the config's model and reads its data,
 and the job is that same fit (:mod:`mpi_trainer.keras_fit.config_fit`), unless the config asks
-for what only the round engines do yet (rebalancing, scattered or streamed data,
+for what only the round engines do yet (scattered or streamed data,
 a 16-bit wire, L-BFGS...; :func:`~mpi_trainer.keras_fit.config_fit.engine_reason`), or
 ``fit(build_fn, x, ...)`` is given arrays or a pipeline.
 

@@ -88,6 +88,7 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
                          "train.sync_warmup_every", "train.sync_warmup_epochs=0")
         check_increment(cfg, kwargs)
         check_augmentation(cfg, kwargs)
+        check_rebalance(cfg, kwargs)
         check_early_stopping(cfg, kwargs)
         check_max_steps(cfg, kwargs)
         prepared = prepare(model, kwargs, transport.rank, workers, cfg.evaluation.on_workers, cfg.aggregation.elects)
@@ -160,6 +161,10 @@ def take_share(worker: WorkerRounds, prepared: Prepared, cfg: Config) -> None:
     worker.validation, worker.election = prepared.validation, prepared.election
     if cfg.data.increment.enabled:
         worker.increment = (prepared.train_data, prepared.fixed_rows, cfg.data.increment)
+    if cfg.data.rebalance:
+        rows = shares.row_count(prepared.train_data)
+        worker.dealt = (prepared.train_data, shares.dealing_order(rows, prepared.share.get("shuffle", True)))
+        worker.block = None
 
 
 def check_config(cfg: Config, run_dir: Any, resume: bool, given: Collection[str] = (),
@@ -189,6 +194,7 @@ def ssp_conflicts(cfg: Config) -> list[str]:
                                "an election needs every worker's state of one epoch at once"),
         "train.sync_every": (cfg.train.sync_every > 0, "0", "an SSP update is a worker's whole epoch"),
         "fault.survive": (cfg.fault.survive, "false", "the synchronous epochs are what restart with the survivors"),
+        "data.rebalance": (cfg.data.rebalance, "false", "the blocks are re-cut between synchronous epochs"),
         "evaluation.where": (cfg.evaluation.on_workers, "'scheduler'", "the workers are busy with their next epochs"),
     }
     return [f"`aggregation.ssp` = {ssp} cannot be combined with {key}={value_of(cfg, key)!r} when `model` is a "
@@ -236,6 +242,17 @@ def check_augmentation(cfg: Config, kwargs: dict[str, Any]) -> None:
                             "layers in it or in the model)", kwargs, "one array of images, or "
                             "data.augmentation.enabled=false")
     check_image_input(cfg.data.augmentation, tuple(kwargs["x"].shape[1:]))
+
+
+def check_rebalance(cfg: Config, kwargs: dict[str, Any]) -> None:
+    """``data.rebalance`` re-cuts the training arrays into blocks sized by each worker's speed, whole epochs."""
+    arrays = shares.input_kind(kwargs.get("x")) == "arrays" and kwargs.get("steps_per_epoch") is None
+    if cfg.data.rebalance and (not arrays or cfg.data.increment.enabled or cfg.train.max_steps):
+        raise input_refusal("data.rebalance", True, "sizes each worker's block of the training arrays by its "
+                            "speed, an epoch at a time", kwargs, "arrays, no steps_per_epoch, no data.increment and "
+                            "no train.max_steps, or data.rebalance=false",
+                            f", data.increment.enabled={cfg.data.increment.enabled} and "
+                            f"train.max_steps={cfg.train.max_steps}")
 
 
 def check_max_steps(cfg: Config, kwargs: dict[str, Any]) -> None:
@@ -483,6 +500,11 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
     rounds.plan_parts = lambda survivors, every: rounds_an_epoch(every, kwargs, prepared, survivors)
     rounds.preemption = preemption or rounds.preemption
     rounds.nan_policy = cfg.train.nan_policy
+    if cfg.data.rebalance:
+        from mpi_trainer.algorithms.rebalance import Rebalancer
+
+        rounds.rebalancer = Rebalancer(shares.even_bounds(shares.row_count(prepared.train_data), workers),
+                                       cfg.data.rebalance_smoothing)
     if cfg.train.max_steps:
         rounds.max_steps, rounds.full_steps = cfg.train.max_steps, full_steps(kwargs, prepared, workers)
     if cfg.train.watches_divergence:

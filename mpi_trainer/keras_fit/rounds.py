@@ -54,6 +54,8 @@ class Order:
     parts: int = 1
     every: int = 0  # the steps of such a round (k, or train.sync_warmup_every in the warm-up); 0: the epoch
     budgets: list[int] | None = None  # train.max_steps: each worker's steps in this epoch (None: all its batches)
+    # data.rebalance: each worker's part of the dealing order, (start, end), sized by its speed (None: as dealt)
+    blocks: list[tuple[int, int]] | None = None
 
 
 @dataclass
@@ -210,6 +212,9 @@ class WorkerRounds:
         self.nan_at = test_hooks.nan_round if test_hooks.nan_rank and test_hooks.nan_rank == transport.rank else None
         self.preemption = Preemption()  # the job's, when the fit installed its signal handlers
         self.augmenter: Any = None  # data.augmentation: Keras' random image layers, applied to each round's rows
+        # data.rebalance: (every training row, the order they are dealt in), and the part of it this worker holds
+        self.dealt: tuple[Any, np.ndarray] | None = None
+        self.block: tuple[int, int] | None = None
         self.order, self.order_epoch = np.arange(0), -1  # the epoch's order of the share's rows
         self.served: int | None = None  # the epoch of the last order taken
         self.waited: tuple[float, float] | None = None  # when this worker began and ended waiting for it
@@ -304,6 +309,8 @@ class WorkerRounds:
     def train_order(self, order: Order) -> Report:
         """The training the order asks of this worker: k steps of its rows (``train.sync_every``), an epoch of
         its share (with ``data.increment``'s draw), or the steps ``train.max_steps`` left it."""
+        if order.blocks is not None:
+            self.take_block(order.blocks[self.transport.rank - 1])
         budget = None if order.budgets is None else order.budgets[self.transport.rank - 1]
         if budget == 0:  # the steps left went to other workers
             return Report({}, 0, 0, 0.0, self.state.read_integers())
@@ -314,6 +321,16 @@ class WorkerRounds:
             share = {**(share or self.share), "steps_per_epoch": budget}
             rows = min(budget * (self.share.get("batch_size") or 32), int(rows or self.rows or 0)) or None
         return self.train(order.epoch, share, rows)
+
+    def take_block(self, block: tuple[int, int]) -> None:
+        """``data.rebalance``: this worker's share becomes the rows of ``block`` in the dealing order."""
+        if block == self.block or self.dealt is None:
+            return
+        data, dealing = self.dealt
+        index = np.sort(dealing[block[0]:block[1]])
+        x, y, weights = (None if part is None else shares.take_rows(part, index) for part in data)
+        self.share = {**self.share, "x": x, "y": y, "sample_weight": weights}
+        self.rows, self.block = len(index), block
 
     def maybe_crash(self, epoch: int, phase: str) -> None:
         """Test hook (``debug.crash_rank``, ``crash_round``, ``crash_phase``): end this process as kill -9 would."""
@@ -428,6 +445,7 @@ class SchedulerRounds:
         # rounds an epoch for so many workers at so many steps a round (set by the fit)
         self.plan_parts: Callable[[int, int], int] = lambda workers, every: 1
         self.winner = 0  # best-of: the index among the workers of the last round's elected one
+        self.rebalancer: Any = None  # data.rebalance: the workers' blocks, re-cut by their speed (None: fixed)
 
     def run(self, initial_epoch: int, epochs: int) -> dict[str, float]:
         """Every epoch from ``initial_epoch`` to ``epochs``; the last epoch's logs."""
@@ -486,6 +504,7 @@ class SchedulerRounds:
         times = {"comm_seconds": 0.0, "aggregate_seconds": 0.0}
         reports = self.train_epoch(epoch, times)
         self.reports = reports
+        self.rebalance(epoch, reports)
         trained_until = time.time()
         self.steps_done += sum(report.batches for report in reports)
         if self.max_steps and self.steps_done >= self.max_steps and self.stop_reason is None:
@@ -572,6 +591,18 @@ class SchedulerRounds:
     def epoch_ended(self) -> None:
         """After the epoch's callbacks: nothing here (the model holds the state the next round hands out)."""
 
+    def rebalance(self, epoch: int, reports: list[Report]) -> None:
+        """``data.rebalance``: the blocks re-cut in proportion to each worker's rows a second (smoothed,
+        :class:`~mpi_trainer.algorithms.rebalance.Rebalancer`); the next epoch's orders carry them."""
+        from mpi_trainer.algorithms.rebalance import Measurement
+
+        if self.rebalancer is None:
+            return
+        if self.rebalancer.update({index: Measurement(report.rows, report.seconds)
+                                   for index, report in enumerate(reports)}):
+            self.record.log.info("after epoch %d the workers' blocks were re-cut by their speed %s", epoch,
+                                 self.rebalancer.describe(range(1, len(reports) + 1)))
+
     def carry_on(self, error: RankLost, epoch: int) -> None:
         """``fault.survive``: shrink to the surviving ranks, name the lost, and redo the epoch's rounds from the
         state the rounds so far reached (the epoch's start when a round is an epoch), each survivor on its
@@ -595,6 +626,10 @@ class SchedulerRounds:
             self.record.checkpoint(epoch, self.state, self.callbacks, force=True, outer=self.outer.state_arrays())
             raise WorkerFailure(f"{workers} workers left, fewer than fault.min_workers={self.fault.min_workers}; "
                                 f"checkpointed before epoch {epoch} and ending the job for `launch` to restart it")
+        if self.rebalancer is not None:  # the survivors start from even blocks, measured anew
+            from mpi_trainer.algorithms.rebalance import Rebalancer
+
+            self.rebalancer = Rebalancer(shares.even_bounds(self.rebalancer.total, workers), self.rebalancer.smoothing)
         self.record.log.warning("epoch %d: carrying on with %d workers, each on its share for the survivors; the "
                                 "epoch's rounds start again from the state reached", epoch, workers)
 
@@ -623,8 +658,9 @@ class SchedulerRounds:
         started = time.perf_counter()
         self.before_integers = self.state.read_integers()
         budgets = self.budgets()
+        blocks = None if self.rebalancer is None else list(self.rebalancer.bounds)
         self.send(Order(epoch, False, self.before_integers, part=part, parts=self.parts, every=every,
-                        budgets=budgets))
+                        budgets=budgets, blocks=blocks))
         self.before[:] = self.buffer[:self.state.size]
         if self.elects:  # every worker's score, so every rank knows the winner before the sum
             self.winner = elected(self.transport.allgather(None)[1:])

@@ -60,6 +60,10 @@ HONOURED: dict[str, str] = {
                     "each round, each worker trains on a freshly transformed copy of its images (Keras' random "
                     "translation, rotation, zoom and flip layers); x: one array of (height, width, channels) "
                     "images; validation and scoring see them as they are"),
+    **dict.fromkeys(("data.rebalance", "data.rebalance_smoothing"),
+                    "after each epoch the workers' blocks of the training arrays are re-cut in proportion to their "
+                    "rows a second (the median of the last 3 epochs, smoothed by rebalance_smoothing); a fast "
+                    "worker trains more rows (arrays, whole epochs)"),
     "checkpoint.preempt_signals": PREEMPTION,
     "checkpoint.grace_seconds": PREEMPTION,
     **dict.fromkeys(("data.increment.enabled", "data.increment.load_factor", "data.increment.absolute_factor",
@@ -98,11 +102,11 @@ DATA = "a keras.Model trains on the `x` and `y` the script passes; hold rows out
        "`validation_data`"
 COMPILED = "a keras.Model trains with the optimizer, loss and metrics it was compiled with"
 # The engines' features: their keys kept the meaning they had before this classification.
-ENGINE_ONLY = ("data.rebalance", "data.placement")
+ENGINE_ONLY = ("data.placement",)
 
 NOT_APPLIED: dict[str, str] = {
     **dict.fromkeys(ENGINE_ONLY, ENGINE),
-    **dict.fromkeys(("train.overlap_eval", "data.rebalance_smoothing"), ENGINE),
+    "train.overlap_eval": ENGINE,
     "aggregation.wire_dtype": "a keras.Model's state travels as float32",
     **dict.fromkeys(("data.source", "data.test_size", "data.validation_size", "data.label", "data.features",
                      "data.datasets", "data.stream", "data.image_size", "data.color_mode", "data.feature_shape",
@@ -119,7 +123,7 @@ NOT_APPLIED: dict[str, str] = {
 AS_DONE: dict[str, Any] = {
     "aggregation.wire_dtype": "float32",
     "train.overlap_eval": False,
-    "data.rebalance": False, "data.placement": "shared", "data.test_size": 0.0, "data.validation_size": 0.0,
+    "data.placement": "shared", "data.test_size": 0.0, "data.validation_size": 0.0,
 }
 
 

@@ -65,10 +65,21 @@ def row_count(arrays: Any) -> int:
     return 0
 
 
+def dealing_order(rows: int, shuffle: Any) -> np.ndarray:
+    """The order rows are dealt to workers in, each taking a contiguous part: seeded, or the rows' own."""
+    return np.random.default_rng(SHARE_SEED).permutation(rows) if shuffle else np.arange(rows)
+
+
 def share_rows(rows: int, workers: int, index: int, shuffle: Any) -> np.ndarray:
     """The rows of worker ``index`` (0-based) of ``workers``: a fixed, disjoint part of ``range(rows)``."""
-    order = np.random.default_rng(SHARE_SEED).permutation(rows) if shuffle else np.arange(rows)
-    return np.sort(np.array_split(order, workers)[index])
+    return np.sort(np.array_split(dealing_order(rows, shuffle), workers)[index])
+
+
+def even_bounds(rows: int, workers: int) -> list[tuple[int, int]]:
+    """Where each worker's part of the dealing order starts and ends, as :func:`share_rows` deals them."""
+    from mpi_trainer.algorithms.rebalance import bounds_from_sizes
+
+    return bounds_from_sizes([len(part) for part in np.array_split(np.arange(rows), workers)])
 
 
 def take_rows(arrays: Any, rows: np.ndarray | list[int]) -> Any:

@@ -95,7 +95,7 @@ def test_a_complete_run_asked_for_more_epochs_goes_on_from_its_last(tmp_path):
 
 @pytest.mark.parametrize(("overrides", "named"), [
     (["model.optimizer='lbfgs'"], "lbfgs"),
-    (["data.rebalance=true"], "data.rebalance"),
+    (["data.rebalance=true", "aggregation.ssp=1"], "data.rebalance"),
     (["aggregation.wire_dtype='float16'"], "aggregation.wire_dtype"),
     (["data.placement='scatter'"], "data.placement"),
     (["data.source='records/*.tfrecord'", "data.features=['image']", "data.label='label'",
@@ -108,7 +108,8 @@ def test_what_the_keras_fit_does_not_apply_yet_names_why_the_engines_train_it(ov
 def test_a_config_the_keras_fit_applies_whole_has_no_reason_for_the_engines():
     for overrides in ([], ["aggregation.method='best'", "data.test_size=0.3"],
                       ["early_stopping.patience=2", "data.validation_size=0.1"], ["aggregation.ssp=2"],
-                      ["train.sync_every=4", "fault.survive=true"]):
+                      ["train.sync_every=4", "fault.survive=true"], ["data.rebalance=true"],
+                      ["data.augmentation.enabled=true"], ["train.sync_warmup_epochs=1"], ["evaluation.every=2"]):
         assert engine_reason(load_config(DIGITS, overrides)) is None, overrides
 
 

@@ -5,6 +5,7 @@ of a LocalWorld, each rank with its own copy of the model. Every rank ends with 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import keras
@@ -14,6 +15,7 @@ import pytest
 from mpi_trainer.comm.local import LocalWorld
 from mpi_trainer.config import read_toml
 from mpi_trainer.keras_fit.fit import fit_model
+from mpi_trainer.reporting.rundata import read_complete_rows
 from tests.unit.keras_fit.test_fit_again import placed_in_place
 
 rng = np.random.default_rng(1)
@@ -143,6 +145,33 @@ def test_ssp_lets_a_fast_worker_run_ahead_within_the_bound_and_every_rank_ends_a
     history = result[0]["history"]
     assert len(history["val_loss"]) == 6 and history["loss"][-1] < history["loss"][0]
     assert result[0]["summary"]["ssp"] == 2
+
+
+def test_rebalance_gives_a_slow_worker_fewer_rows_and_every_rank_ends_alike(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="mpi_trainer")
+    # worker rank 1 takes four times as long a batch; after its first epoch each worker is timed
+    result = fit_set(["data.rebalance=true", "data.rebalance_smoothing=1", "debug.batch_delay=0.01",
+                      "debug.slow_ranks=[1]", "debug.slow_factor=4"], tmp_path / "run", epochs=4)
+    same_everywhere(result)
+    rows = read_complete_rows(tmp_path / "run" / "rounds.csv")
+    blocks = [[int(size) for size in row["block_sizes"].split(";")] for row in rows]
+    assert blocks[0] == blocks[1] == [60, 60], blocks  # even, until both were timed past their first epoch
+    assert all(sum(sizes) == 120 for sizes in blocks) and blocks[-1][0] < 50, blocks
+    assert "the workers' blocks were re-cut by their speed" in caplog.text
+
+
+def test_rebalance_of_a_pipeline_or_with_a_step_budget_is_refused_naming_what_it_needs():
+    import tensorflow as tf
+
+    from mpi_trainer.config import load_config
+    from mpi_trainer.errors import ConfigError
+    from mpi_trainer.keras_fit.fit import check_rebalance
+
+    check_rebalance(load_config({}, ["data.rebalance=true"]), {"x": X})
+    with pytest.raises(ConfigError, match=r"Received: data.rebalance=True with x of kind 'tf.data.Dataset'"):
+        check_rebalance(load_config({}, ["data.rebalance=true"]), {"x": tf.data.Dataset.from_tensor_slices(X)})
+    with pytest.raises(ConfigError, match=r"train.max_steps=5; expected arrays, no steps_per_epoch"):
+        check_rebalance(load_config({}, ["data.rebalance=true", "train.max_steps=5"]), {"x": X})
 
 
 def test_ssp_with_best_of_is_refused_naming_both():

@@ -135,7 +135,7 @@ def test_max_steps_and_tensorboard_are_taken_and_tensorboard_without_a_run_direc
 
 
 def test_engine_only_keys_keep_their_meaning_in_the_message():
-    message = refused({"data.rebalance": True})
+    message = refused({"data.placement": "scatter"})
     assert message is not None and "applies to models given by name or as a function" in message
     assert "a keras.Model trains each worker's share as Keras' fit takes it" in message
 
