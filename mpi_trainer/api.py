@@ -7,7 +7,7 @@ scheduler, the other ranks train, and every rank gets the same
 worker (:mod:`mpi_trainer.keras_fit`). The command line's ``train`` calls this function with a
 TOML path and no model object: every rank then builds the config's model and reads its data,
 and the job is that same fit (:mod:`mpi_trainer.keras_fit.config_fit`), unless the config asks
-for what only the round engines do yet (scattered or streamed data,
+for what only the round engines do yet (scattered data,
 a 16-bit wire, L-BFGS...; :func:`~mpi_trainer.keras_fit.config_fit.engine_reason`), or
 ``fit(build_fn, x, ...)`` is given arrays or a pipeline.
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -147,8 +147,7 @@ def fit(model: Any = None, x: Any = None, y: Any = None, batch_size: int | None 
             config, overrides, run_dir, resume)
     transport = _job_transport()
     keras_args = KerasFitArguments(batch_size, epochs, verbose, shuffle, initial_epoch, steps_per_epoch,
-                                   validation_steps, validation_batch_size,
-                                   1 if validation_freq is None else validation_freq, validation_split)
+                                   validation_steps, validation_batch_size, validation_freq, validation_split)
     request = FitRequest(model, (x, y, sample_weight, validation_data), keras_args, class_weight,
                          list(callbacks or []), config, overrides)
     # within the job an uncaught error on one rank ends every rank; the script's code after it is its own
@@ -157,6 +156,17 @@ def fit(model: Any = None, x: Any = None, y: Any = None, batch_size: int | None 
         history = trained if trained is not None else history_everywhere(transport, model, finished)
         transport.release()  # every rank is here: the job's shared window goes with it
         return history
+
+
+def _left_to_config(kwargs: dict[str, Any], config: Any, overrides: Any) -> None:
+    """``fit``'s arguments left out: Keras' defaults, unless the config sets them ("config": the fit reads them
+    from it)."""
+    from mpi_trainer.launch.keras_args import user_sets
+
+    for name, key, default in (("epochs", "train.epochs", 1), ("batch_size", "train.batch_size", None),
+                               ("validation_freq", "evaluation.every", 1)):
+        if kwargs[name] is None:
+            kwargs[name] = "config" if user_sets(key, config, overrides) else default
 
 
 def _with_launch_overrides(overrides: Sequence[str] | dict[str, Any] | None) -> list[Any] | None:
@@ -181,7 +191,6 @@ def _fit_keras_model(model: Any, kwargs: dict[str, Any], config: Any, overrides:
     from mpi_trainer.comm.transport import abort_on_error
     from mpi_trainer.keras_fit import fit_model, plain_fit
     from mpi_trainer.launch.fail_together import fail_together
-    from mpi_trainer.launch.keras_args import user_sets
 
     transport = _job_transport()
     if transport.size == 1:
@@ -191,13 +200,7 @@ def _fit_keras_model(model: Any, kwargs: dict[str, Any], config: Any, overrides:
             warnings.warn("mpi_trainer.fit in one process (no mpirun) is plain model.fit: `config`, `overrides` "
                           "and `run_dir` apply to data-parallel jobs only and are ignored here", stacklevel=3)
         return plain_fit(model, {key: value for key, value in kwargs.items() if value is not None})
-    for name in ("epochs", "batch_size"):  # Keras' defaults, unless the config sets them
-        if kwargs[name] is None and not user_sets(f"train.{name}", config, overrides):
-            kwargs[name] = 1 if name == "epochs" else None
-        elif kwargs[name] is None:
-            kwargs[name] = "config"
-    if kwargs["validation_freq"] is None:  # Keras' default, unless the config sets evaluation.every
-        kwargs["validation_freq"] = "config" if user_sets("evaluation.every", config, overrides) else 1
+    _left_to_config(kwargs, config, overrides)
     with abort_on_error(transport), _refused_together(transport), fail_together(transport):
         history = fit_model(transport, model, kwargs, str(config) if isinstance(config, Path) else config,
                             _pairs(overrides), run_dir, resume)
@@ -235,6 +238,12 @@ def _run(transport: Transport, request: FitRequest, run_dir: Any, resume: bool) 
     from mpi_trainer.keras_fit.config_fit import engine_reason, fit_config
     from mpi_trainer.launch.job import JobInputs, agree, load_config_everywhere, run_job
 
+    kinds = transport.allgather(_input_kind(request.data[0], request.data[1]))
+    built_why = None
+    if "arrays" in kinds and "pipeline" not in kinds:
+        history, built_why = _fit_built(transport, request, run_dir, resume)
+        if built_why is None:
+            return history, None
     arrays = builder = class_weight = pipeline = None
     pairs: list[tuple[str, Any]] = []
     error = None
@@ -253,8 +262,7 @@ def _run(transport: Transport, request: FitRequest, run_dir: Any, resume: bool) 
     cfg = load_config_everywhere(transport, str(config) if isinstance(config, Path) else config,
                                  pairs + data_overrides)
     agree(transport, _refusal(cfg, request, arrays is not None and arrays.sample_weight is not None))
-    why = "arrays or a pipeline given to fit(build_fn)" if arrays is not None or pipeline is not None \
-        else engine_reason(cfg)
+    why = built_why or ("a pipeline given to fit(build_fn)" if pipeline is not None else engine_reason(cfg))
     if why is None:
         return fit_config(transport, cfg, str(config) if isinstance(config, Path) else config, pairs + data_overrides,
                           run_dir, resume, builder, request.callbacks,
@@ -263,6 +271,48 @@ def _run(transport: Transport, request: FitRequest, run_dir: Any, resume: bool) 
                        config if isinstance(config, (str, Path)) else None, pipeline,
                        pipeline and request.data[3], class_weight, request.keras_args.initial_epoch, why)
     return None, run_job(transport, cfg, inputs, None if run_dir is None else str(run_dir), resume)
+
+
+def _input_kind(x: Any, y: Any) -> str | None:
+    """What this rank passed to ``fit(build_fn, ...)``: "arrays", "pipeline" or None (nothing)."""
+    from mpi_trainer.data.adapters import is_pipeline
+
+    if is_pipeline(x):
+        return "pipeline"
+    return None if x is None and y is None else "arrays"
+
+
+def _fit_built(transport: Transport, request: FitRequest, run_dir: Any, resume: bool) -> tuple[Any, str | None]:
+    """``fit(build_fn | zoo name, x, y, ...)`` as the Keras fit of the model every rank builds
+    (:func:`~mpi_trainer.keras_fit.config_fit.fit_built`): (the History, None), or (None, why the engines
+    train it)."""
+    from mpi_trainer.keras_fit.config_fit import built_reason, fit_built
+    from mpi_trainer.launch.job import agree, load_config_everywhere
+
+    x, y = request.data[:2]
+    builder, pairs, error = None, _pairs(request.overrides), None
+    try:
+        builder, model_pairs = _model_source(request.model)
+        pairs += model_pairs
+        _check_callbacks(request.callbacks)
+    except InputError as exc:
+        error = str(exc)
+    agree(transport, error)
+    structured = any(transport.allgather(isinstance(x, Mapping) or isinstance(y, (list, tuple, Mapping))))
+    config = str(request.config) if isinstance(request.config, Path) else request.config
+    cfg = load_config_everywhere(transport, config, pairs)
+    why = built_reason(cfg, structured)
+    if why is not None:
+        return None, why
+    args = request.keras_args
+    arguments = {"batch_size": args.batch_size, "epochs": args.epochs, "verbose": args.verbose,
+                 "shuffle": args.shuffle, "initial_epoch": args.initial_epoch, "steps_per_epoch": args.steps_per_epoch,
+                 "validation_steps": args.validation_steps, "validation_batch_size": args.validation_batch_size,
+                 "validation_freq": args.validation_freq, "validation_split": args.validation_split,
+                 "class_weight": request.class_weight, "callbacks": request.callbacks}
+    _left_to_config(arguments, request.config, request.overrides)
+    return fit_built(transport, cfg, config, pairs, run_dir, resume, builder, request.data, arguments,
+                     request.config if isinstance(request.config, (str, Path)) else None), None
 
 
 def _arguments(request: FitRequest, workers: int) -> tuple[Any, Any, list[tuple[str, Any]]]:
@@ -275,6 +325,8 @@ def _arguments(request: FitRequest, workers: int) -> tuple[Any, Any, list[tuple[
     from mpi_trainer.launch.keras_args import fit_overrides, rank_data, user_sets
 
     args = request.keras_args
+    if args.validation_freq is None:
+        args = replace(args, validation_freq=1)  # Keras' default
     x, y, sample_weight, validation_data = request.data
     if args.epochs is None and x is not None and not user_sets("train.epochs", request.config, request.overrides):
         args = replace(args, epochs=1)  # Keras' default

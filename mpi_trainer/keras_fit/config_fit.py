@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from mpi_trainer.errors import InputError
 from mpi_trainer.keras_fit.settings import refusals
 from mpi_trainer.launch.agreement import agree, agreed
@@ -36,15 +38,12 @@ def engine_reason(cfg: Config) -> str | None:
     yet), or None when the Keras fit takes it."""
     if cfg.model.uses_lbfgs:
         return "model.optimizer = 'lbfgs'"
-    if cfg.data.is_image_folder or cfg.data.is_tfrecord:
-        return f"data.source {cfg.data.source!r}, read as a pipeline (an image folder or TFRecord files)"
-    if cfg.data.stream is True:
-        return "data.stream = true"
-    if cfg.data.stream_auto and cfg.data.is_file:
-        from mpi_trainer.config.choices import STREAM_SUFFIXES
-
-        if Path(cfg.data.source).suffix.lower() in STREAM_SUFFIXES:
-            return "data.stream = 'auto' on a file that may stream"
+    read_as_pipeline = cfg.data.is_image_folder or cfg.data.is_tfrecord or cfg.data.stream is True
+    on_arrays = {"data.rebalance": cfg.data.rebalance, "data.augmentation.enabled": cfg.data.augmentation.enabled,
+                 "train.max_steps": cfg.train.max_steps}
+    for key, value in on_arrays.items():
+        if read_as_pipeline and value:
+            return f"{key} = {value!r} with data.source {cfg.data.source!r} read as a pipeline"
     found = refusals(cfg, applied=APPLIED) + _ssp_conflicts(cfg)
     return found[0] if found else None
 
@@ -60,14 +59,16 @@ def fit_config(transport: Transport, cfg: Config, config: Any, overrides: list[A
     """Every rank: the config's data and model, then the Keras fit; returns the History on every rank."""
     from mpi_trainer.keras_fit.fit import fit_model, scored_epochs
     from mpi_trainer.launch.job import start_rank
+    from mpi_trainer.launch.job_setup import resolve_stream
     from mpi_trainer.launch.run_dir import chosen_path
 
     start_rank(transport, cfg)  # placed before Keras starts: the model is built below
+    cfg = resolve_stream(transport, cfg)  # data.stream = "auto": whether a worker's rows fit its memory
     agree(transport, "`--resume` needs the run directory to continue. Received: no --run-dir; expected --run-dir "
                      "DIR of an earlier run" if resume and not (run_dir or _launch_run_dir()) else None)
     dataset = model = error = None
     try:
-        dataset, model = _data_and_model(cfg, builder)
+        dataset, model = _data_and_model(cfg, builder, transport.size - 1)
     except (InputError, ValueError, OSError) as exc:
         error = str(exc)
     agree(transport, error)
@@ -76,8 +77,9 @@ def fit_config(transport: Transport, cfg: Config, config: Any, overrides: list[A
     frequency = scored_epochs(cfg.evaluation.every, cfg.train.epochs)
     validation, callbacks = _validation(dataset, cfg.train.batch_size, list(callbacks) if transport.rank == 0 else [],
                                         transport.rank == 0)
-    kwargs = {"x": dataset.x_train, "y": dataset.y_train, "batch_size": cfg.train.batch_size,
-              "epochs": cfg.train.epochs, "verbose": 2, "shuffle": cfg.train.shuffle, "callbacks": callbacks,
+    x, y, shuffle = _training_input(dataset, cfg)
+    kwargs = {"x": x, "y": y, "batch_size": None if y is None else cfg.train.batch_size,
+              "epochs": cfg.train.epochs, "verbose": 2, "shuffle": shuffle, "callbacks": callbacks,
               "validation_data": validation, "validation_freq": frequency}
     describe = {"dataset": dataset.describe(), "model": cfg.model.name}
     history = fit_model(transport, model, kwargs, config, overrides, path, resume, applied=APPLIED,
@@ -92,21 +94,61 @@ def _validation(dataset: Any, batch_size: int, callbacks: list[Any], scheduler: 
     after each epoch the validation data is (``evaluation.every``) as ``test_*`` (first among the callbacks,
     so that every other one sees them); without a validation split, the test split is the validation data
     (``val_*``, and rounds.csv's ``test_*``)."""
-    test = (dataset.x_test, dataset.y_test) if len(dataset.y_test) else None
+    test = _evaluable(dataset.x_test, dataset.y_test, batch_size) if len(dataset.y_test) else None
     if not len(dataset.y_val):
         return test, callbacks
     scores = [_test_scores(test, batch_size)] if test and scheduler else []
-    return (dataset.x_val, dataset.y_val), scores + callbacks
+    return _evaluable(dataset.x_val, dataset.y_val, batch_size), scores + callbacks
 
 
-def _test_scores(test: tuple[Any, Any], batch_size: int) -> Any:
+def _evaluable(x: Any, y: Any, batch_size: int) -> Any:
+    """An evaluation split as Keras scores it: arrays as they are; rows a file is read in batches from
+    (``data.stream``) as a ``keras.utils.PyDataset`` of their batches, read as it scores them."""
+    if isinstance(x, np.ndarray):
+        return x, y
+    from mpi_trainer.data.adapters.arrays import SplitBatches
+
+    return SplitBatches(x, y, batch_size)
+
+
+def _training_input(dataset: Any, cfg: Config) -> tuple[Any, Any, bool]:
+    """``(x, y, shuffle)`` for the fit: the training arrays; or, for a source read as a pipeline, what each
+    worker's share is cut from (:mod:`.shares`): an image folder's batches (Keras' own ``tf.data`` pipeline,
+    every ``W``-th batch a worker's), TFRecord files (worker ``w`` reads files ``w, w + W, ...``) or a file
+    read in batches (a contiguous range of its training rows a worker, read one shuffled chunk at a time)."""
+    from mpi_trainer.data.adapters.arrays import ArrayAdapter, StreamedShare
+    from mpi_trainer.data.adapters.tf_dataset import input_context
+    from mpi_trainer.data.partition import block_bounds
+    from mpi_trainer.data.streamed import streamed_train
+    from mpi_trainer.keras_fit.shares import DealtInput
+
+    streamed = streamed_train(dataset)
+    if streamed is None:
+        return dataset.x_train, dataset.y_train, cfg.train.shuffle
+    adapter: Any = streamed.adapter  # a file's rows (ArrayAdapter), else an image folder's or TFRecords' tf.data
+    units = streamed.units
+    if isinstance(adapter, ArrayAdapter):
+        def rows(workers: int, index: int) -> Any:
+            start, end = block_bounds(units, workers)[index]
+            seed = (cfg.train.seed, index) if cfg.train.shuffle else None
+            return StreamedShare(adapter, start, end, cfg.train.batch_size, seed)
+
+        return DealtInput(adapter.kind, rows), None, False
+    if adapter.dataset_fn is not None:
+        return DealtInput(adapter.kind, lambda workers, index: adapter.dataset_fn(input_context(index, workers))), \
+            None, False
+    return adapter.dataset.take(units), None, False  # the batches before the validation split, if one is held out
+
+
+def _test_scores(test: Any, batch_size: int) -> Any:
     """A Keras callback: rank 0 scores the test split after each epoch whose validation data was scored (its
     logs hold ``val_*``), adding ``test_<metric>`` to them."""
     import keras
 
     from mpi_trainer.keras_fit.rounds import reusable_input
 
-    scoring = reusable_input({"x": test[0], "y": test[1], "batch_size": batch_size})
+    pair = isinstance(test, tuple)
+    scoring = reusable_input({"x": test[0], "y": test[1], "batch_size": batch_size} if pair else {"x": test})
 
     class TestScores(keras.callbacks.Callback):
         def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -125,14 +167,97 @@ def _launch_run_dir() -> str | None:
     return os.environ.get(RUN_DIR_ENV)
 
 
-def _data_and_model(cfg: Config, builder: Any) -> tuple[Any, Any]:
-    """This rank's copy of the config's data (the training and test splits) and its compiled model."""
+def _data_and_model(cfg: Config, builder: Any, workers: int) -> tuple[Any, Any]:
+    """This rank's copy of the config's data (the training and test splits; a pipeline's training part
+    stays in its pipeline) and its compiled model."""
     import keras
 
     from mpi_trainer.data.sources import load_dataset
+    from mpi_trainer.launch.job_setup import streamed_dataset
     from mpi_trainer.models import build_model
 
-    dataset = load_dataset(cfg.data, cfg.train.seed)
+    dataset = streamed_dataset(0, cfg, workers, None) or load_dataset(cfg.data, cfg.train.seed)
     keras.utils.set_random_seed(cfg.train.seed)
     model, _ = build_model(cfg.model, dataset.input_shape, dataset.num_outputs, dataset.classes, builder)
     return dataset, model
+
+
+# The keys ``fit(build_fn, x, y)`` applies itself, before the fit: the model it builds and compiles.
+BUILT_APPLIED = frozenset({"model.name", "model.optimizer", "model.learning_rate", "model.activation", "model.loss",
+                           "model.metrics", "train.seed"})
+
+
+def built_reason(cfg: Config, structured: bool) -> str | None:
+    """Why the engines train ``fit(build_fn, x, y)`` rather than the Keras fit, or None."""
+    if cfg.model.uses_lbfgs:
+        return "model.optimizer = 'lbfgs'"
+    if structured:
+        return "inputs or targets given per name (a dict of inputs, or targets per output)"
+    found = refusals(cfg, applied=BUILT_APPLIED) + _ssp_conflicts(cfg)
+    return found[0] if found else None
+
+
+def fit_built(transport: Transport, cfg: Config, config: Any, overrides: list[Any], run_dir: Any, resume: bool,
+              builder: Any, data: tuple[Any, Any, Any, Any], arguments: dict[str, Any],
+              config_path: str | Path | None = None) -> Any:
+    """``fit(build_fn | zoo name, x, y, ...)``: every rank builds and compiles the model for the arrays'
+    shapes (seeded by ``train.seed``; rank 0's initial state reaches the others with the first epoch's
+    order), then the fit a script's ``keras.Model`` gets, with the call's arguments as Keras reads them.
+    Arrays given on rank 0 only (``None`` on the workers, or other arrays) are sent to every worker."""
+    from mpi_trainer.keras_fit.fit import fit_model
+    from mpi_trainer.launch.job import start_rank
+    from mpi_trainer.launch.run_dir import chosen_path
+
+    start_rank(transport, cfg)  # placed before Keras starts: the model is built below
+    x, y, weights, validation = data
+    agree(transport, f"`x` and `y` go together. Received: x={type(x).__name__}, y=None"
+          if x is not None and y is None else None)
+    x, y, weights, validation = _same_data(transport, (x, y, weights, validation))
+    model = error = None
+    try:
+        model = _built_model(cfg, builder, x, y)
+    except (InputError, ValueError, TypeError) as exc:
+        error = str(exc)
+    agree(transport, error)
+    path = transport.bcast_object(str(chosen_path(run_dir, config_path)) if transport.rank == 0 else None)
+    kwargs = {**arguments, "x": x, "y": y, "sample_weight": weights, "validation_data": validation}
+    history = fit_model(transport, agreed(model), kwargs, config, overrides, path, resume, applied=BUILT_APPLIED,
+                        describe={"model": cfg.model.name})
+    if transport.rank == 0:
+        print(f"run directory: {path}", flush=True)
+    return history
+
+
+def _same_data(transport: Transport, data: tuple[Any, Any, Any, Any]) -> tuple[Any, Any, Any, Any]:
+    """Every rank's data: its own when every rank passed the same arrays, else rank 0's, sent to each."""
+    from mpi_trainer.keras_fit.record import data_print
+
+    prints = transport.allgather(None if data[0] is None else data_print(data))
+    agree(transport, "`x` and `y` are the training data, and rank 0 passed none. Received: x=None on rank 0; "
+                     "expected the arrays on rank 0 (the workers may pass None)" if prints[0] is None else None)
+    if all(print_ == prints[0] for print_ in prints):
+        return data
+    if transport.rank == 0:
+        from mpi_trainer.logs import get_logger
+
+        get_logger().info("the workers passed no arrays or others: rank 0's were sent to every worker")
+    sent: tuple[Any, Any, Any, Any] = transport.bcast_object(data if transport.rank == 0 else None)
+    return sent
+
+
+def _built_model(cfg: Config, builder: Any, x: Any, y: Any) -> Any:
+    """The model ``builder`` (or the zoo's ``model.name``) makes for these arrays, compiled by the config."""
+    import keras
+
+    from mpi_trainer.data.sources import is_class_labels
+    from mpi_trainer.models import build_model
+    from mpi_trainer.models.dry_run import SAMPLES, dry_run
+
+    labels = np.asarray(y)
+    classes = is_class_labels(labels)
+    outputs = max(int(labels.max()) + 1, 2) if classes and len(labels) else \
+        (int(labels.shape[-1]) if labels.ndim > 1 else 1)
+    keras.utils.set_random_seed(cfg.train.seed)
+    model, _ = build_model(cfg.model, tuple(np.shape(x)[1:]), outputs, classes, builder)
+    dry_run(model, x[:SAMPLES], labels[:SAMPLES], train=False)  # the output, the labels and the loss meet
+    return model

@@ -351,6 +351,8 @@ def prepare(model: Any, kwargs: dict[str, Any], rank: int, workers: int, workers
         (x, y, weights), validation = array_slicing.train_validation_split(
             (x, y, weights), validation_split=kwargs["validation_split"])
     prepared = Prepared(train_data=(x, y, weights))
+    if shares.input_kind(x) == "arrays":  # as Keras' adapter checks them, on every rank before any is cut
+        data_adapter_utils.check_data_cardinality((x, y, weights))
     if validation is not None:
         val_x, val_y, val_weights = data_adapter_utils.unpack_x_y_sample_weight(validation)
         prepared.validation = {"x": val_x, "y": val_y, "sample_weight": val_weights,

@@ -10,7 +10,9 @@ they cannot take); this module only cuts the input into shares, without changing
   (``array_slicing``) cuts them, as it cuts ``validation_split``;
 * **a tf.data.Dataset**: ``dataset.shard(W, w)``, every ``W``-th element;
 * **a PyDataset**: every ``W``-th batch (``PyDatasetShare``);
-* **a generator**: every ``W``-th item it yields.
+* **a generator**: every ``W``-th item it yields;
+* **an input that deals itself** (:class:`DealtInput`: the command line's TFRecord files, a file
+  read in batches): the share it builds for each worker (its files, its contiguous rows).
 
 Every rank runs the same script and so holds the same input; the shares partition it.
 """
@@ -45,7 +47,17 @@ def is_generator(x: Any) -> bool:
     return inspect.isgenerator(x) or isinstance(x, Iterator)
 
 
+class DealtInput:
+    """An input that cuts itself into workers' shares: ``share(workers, index)`` builds worker ``index``'s
+    (0-based) as an input Keras' ``fit`` takes; ``kind`` names it in messages."""
+
+    def __init__(self, kind: str, share: Any) -> None:
+        self.kind, self.share = kind, share
+
+
 def input_kind(x: Any) -> str:
+    if isinstance(x, DealtInput):
+        return x.kind
     if is_dataset(x):
         return "tf.data.Dataset"
     if is_py_dataset(x):
@@ -103,7 +115,9 @@ def array_share(data: tuple[Any, Any, Any], workers: int, index: int, shuffle: A
 
 
 def pipeline_share(x: Any, workers: int, index: int) -> Any:
-    """A dataset, PyDataset or generator's share for worker ``index``."""
+    """A dataset, PyDataset, generator or dealt input's share for worker ``index``."""
+    if isinstance(x, DealtInput):
+        return x.share(workers, index)
     if is_dataset(x):
         return x.shard(workers, index)
     if is_py_dataset(x):

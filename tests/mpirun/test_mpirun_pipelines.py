@@ -52,5 +52,7 @@ def test_tf_data_py_dataset_and_generators_train_and_a_refusal_reaches_every_ran
     message = ("`data.increment.enabled` draws random rows from the whole training set every round, which a "
                "generator does not allow. Received: data.increment.enabled=True with the data as a generator")
     assert output.count(message) == 3, output
-    streamed = (tmp_path / "hdf5" / "train.log").read_text()
-    assert "worker rank 2: block start 750 end 1500 size 750" in streamed  # x_train rows, a range per worker
+    # the config's sources train as a keras.Model, each worker on its share of the pipeline
+    assert "fit: a file read in batches (data.stream), in 2 shares" in (tmp_path / "hdf5" / "train.log").read_text()
+    assert "fit: a TFRecord source, in 2 shares" in (tmp_path / "tfrecord" / "train.log").read_text()
+    assert "fit: a tf.data.Dataset, in 2 shares" in (tmp_path / "images" / "train.log").read_text()

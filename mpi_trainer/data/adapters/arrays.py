@@ -84,14 +84,20 @@ class ChunkedBlock(keras.utils.PyDataset, BlockFeed):
         return min(size, self.end - self.start - chunk * size)
 
     def fit_input(self, batch_size: int, rng: np.random.Generator, max_steps: int | None) -> dict[str, Any]:
-        self.batch_size, self.limit, self.rng = batch_size, max_steps, rng
-        self.chunks = rng.permutation(math.ceil((self.end - self.start) / (CHUNK_BATCHES * batch_size)))
-        steps = [math.ceil(self.chunk_rows(int(c)) / batch_size) for c in self.chunks]
-        self.positions = np.concatenate([[0], np.cumsum(steps)])
-        self.cached = None
+        self.shuffle_chunks(batch_size, rng, max_steps)
         if keras.backend.backend() == "tensorflow":
             return {"x": self.tf_dataset(max_steps), "shuffle": False}
         return {"x": self, "shuffle": False}
+
+    def shuffle_chunks(self, batch_size: int, rng: np.random.Generator | None, max_steps: int | None) -> None:
+        """The round's order of chunks (and, as each is read, of the rows inside it); without ``rng``, the
+        rows' own order."""
+        self.batch_size, self.limit, self.rng = batch_size, max_steps, rng
+        chunks = math.ceil((self.end - self.start) / (CHUNK_BATCHES * batch_size))
+        self.chunks = rng.permutation(chunks) if rng is not None else np.arange(chunks)
+        steps = [math.ceil(self.chunk_rows(int(c)) / batch_size) for c in self.chunks]
+        self.positions = np.concatenate([[0], np.cumsum(steps)])
+        self.cached = None
 
     def chunk_stream(self) -> Any:
         """The round's chunks in their shuffled order, each shuffled inside and augmented."""
@@ -128,12 +134,41 @@ class ChunkedBlock(keras.utils.PyDataset, BlockFeed):
             chunk = int(self.chunks[slot])
             begin = self.start + chunk * CHUNK_BATCHES * self.batch_size
             x, y = self.adapter.read_split(begin, begin + self.chunk_rows(chunk))
-            order = self.rng.permutation(len(y))
+            order = self.rng.permutation(len(y)) if self.rng is not None else np.arange(len(y))
             self.cached = (slot, x[order], y[order])
         return self.cached[1], self.cached[2]
 
     def steps(self, batch_size: int) -> int:
         return math.ceil(self.units / batch_size)
+
+
+class StreamedShare(ChunkedBlock):
+    """A worker's rows ``[start, end)`` of a file read in batches, as the ``keras.utils.PyDataset`` its
+    ``model.fit`` trains on: one shuffled chunk in memory at a time, the chunks in a new order each epoch
+    (``seed`` None: in the rows' order)."""
+
+    def __init__(self, adapter: ArrayAdapter, start: int, end: int, batch_size: int, seed: Any) -> None:
+        super().__init__(adapter, start, end)
+        self.shuffle_chunks(batch_size, None if seed is None else np.random.default_rng(seed), None)
+
+    def on_epoch_end(self) -> None:
+        self.shuffle_chunks(self.batch_size, self.rng, None)
+
+
+class SplitBatches(keras.utils.PyDataset):
+    """An evaluation split read from disk (``LazyRows`` of features and labels), batch by batch, as
+    ``model.evaluate`` takes it."""
+
+    def __init__(self, x: Any, y: Any, batch_size: int) -> None:
+        super().__init__(workers=1, use_multiprocessing=False)
+        self.x, self.y, self.batch_size = x, y, batch_size
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.y) / self.batch_size)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        rows = slice(index * self.batch_size, (index + 1) * self.batch_size)
+        return np.asarray(self.x[rows]), np.asarray(self.y[rows])
 
 
 class ArrayAdapter(InputAdapter):

@@ -82,6 +82,27 @@ def test_augmentation_trains_each_worker_on_transformed_copies_of_its_images(tmp
     assert augmented[0]["history"]["val_accuracy"][-1] > 0.5  # shifted digits are still digits
 
 
+@pytest.mark.parametrize("source", ["h5", "images", "tfrecord"])
+def test_a_source_read_as_a_pipeline_trains_each_worker_on_its_share_with_the_same_result_everywhere(tmp_path,
+                                                                                                   source):
+    from tests.unit.data.test_streaming_files import digits_h5
+    from tests.unit.data.test_tfrecords import image_folder, tfrecord_files
+
+    data = {"h5": lambda: [f"data.source='{digits_h5(tmp_path / 'digits.h5') or tmp_path / 'digits.h5'}'",
+                           "data.stream=true"],
+            "images": lambda: [f"data.source='{image_folder(tmp_path / 'images', classes=3)}'",
+                               "data.image_size=[8, 8]", "data.color_mode='grayscale'"],
+            "tfrecord": lambda: [f"data.source='{tfrecord_files(tmp_path / 'records')}/digits-*.tfrecord'",
+                                 "data.features=['image']", "data.label='label'", "data.feature_shape=[8, 8, 1]"]}
+    overrides = [*data[source](), "model.name='lenet'", "train.epochs=3", "train.batch_size=16"]
+    assert engine_reason(load_config(DIGITS, overrides)) is None
+    result = train_everywhere(tmp_path / "run", overrides)
+    for rank in (1, 2):
+        assert result[rank]["history"] == result[0]["history"]
+        np.testing.assert_array_equal(result[rank]["weights"][0], result[0]["weights"][0])
+    assert result[0]["history"]["val_accuracy"][-1] > 0.5, result[0]["history"]
+
+
 def test_a_complete_run_asked_for_more_epochs_goes_on_from_its_last(tmp_path):
     first = train_everywhere(tmp_path / "run")
     more = train_everywhere(tmp_path / "run", ["train.epochs=3"])
@@ -98,8 +119,6 @@ def test_a_complete_run_asked_for_more_epochs_goes_on_from_its_last(tmp_path):
     (["data.rebalance=true", "aggregation.ssp=1"], "data.rebalance"),
     (["aggregation.wire_dtype='float16'"], "aggregation.wire_dtype"),
     (["data.placement='scatter'"], "data.placement"),
-    (["data.source='records/*.tfrecord'", "data.features=['image']", "data.label='label'",
-      "data.feature_shape=[8, 8, 1]"], "TFRecord"),
 ])
 def test_what_the_keras_fit_does_not_apply_yet_names_why_the_engines_train_it(overrides, named):
     assert named in engine_reason(load_config(DIGITS, overrides))
