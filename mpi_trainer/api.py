@@ -8,8 +8,9 @@ worker (:mod:`mpi_trainer.keras_fit`). The command line's ``train`` calls this f
 TOML path and no model object: every rank then builds the config's model and reads its data,
 and the job is that same fit (:mod:`mpi_trainer.keras_fit.config_fit`), unless the config asks
 for what only the round engines do yet (scattered data,
-a 16-bit wire, L-BFGS...; :func:`~mpi_trainer.keras_fit.config_fit.engine_reason`), or
-``fit(build_fn, x, ...)`` is given arrays or a pipeline.
+a 16-bit wire, L-BFGS...; :func:`~mpi_trainer.keras_fit.config_fit.engine_reason`). ``fit(build_fn, x, y)``
+with arrays is that fit too (:func:`~mpi_trainer.keras_fit.config_fit.fit_built`); given a pipeline, or
+inputs and targets by name, the engines train it.
 
 :func:`init`, called at the top of the script before Keras is imported or
 builds anything, places each rank (its GPU, its threads) while that can still
@@ -116,9 +117,10 @@ def fit(model: Any = None, x: Any = None, y: Any = None, batch_size: int | None 
     nothing is held out). ``model``: a ``keras.Model``, which every rank trains itself with Keras' own
     ``fit`` on its share of ``x`` (anything ``model.fit`` takes; :mod:`mpi_trainer.keras_fit`, docs/keras.md;
     run_dir: written only when given), or a function ``(input_shape, num_outputs) -> keras.Model``, a zoo name
-    or ``"package.module:function"``, built on rank 0 for the engines. With those, ``x``, ``y``: arrays (dicts
-    per input / output, or ``y`` a list per output), the same on every rank or None on workers, or a pipeline
-    every rank builds (:mod:`mpi_trainer.data.adapters`); without ``x`` the config's ``data.source``.
+    or ``"package.module:function"``, which every rank builds and then trains the same way. With those, ``x``,
+    ``y``: arrays, the same on every rank or None on workers (rank 0's are sent to them); dicts per input /
+    output, or a pipeline every rank builds (:mod:`mpi_trainer.data.adapters`), go to the round engines; without
+    ``x`` the config's ``data.source``.
     ``config``: a TOML path or dict; ``overrides``: dotted ``key=value`` pairs; ``run_dir``: where rank 0
     writes (default: ``launch``'s, else new); a run there resumes, a complete one trains nothing (a
     preemption signal raises ``Preempted``, exit 75).
@@ -238,9 +240,9 @@ def _run(transport: Transport, request: FitRequest, run_dir: Any, resume: bool) 
     from mpi_trainer.keras_fit.config_fit import engine_reason, fit_config
     from mpi_trainer.launch.job import JobInputs, agree, load_config_everywhere, run_job
 
-    kinds = transport.allgather(_input_kind(request.data[0], request.data[1]))
+    kinds = set(transport.allgather(_input_kind(request.data[0], request.data[1])))
     built_why = None
-    if "arrays" in kinds and "pipeline" not in kinds:
+    if kinds - {None} and len(kinds - {None}) == 1:  # arrays (the workers' may be None), or every rank's pipeline
         history, built_why = _fit_built(transport, request, run_dir, resume)
         if built_why is None:
             return history, None
@@ -262,7 +264,7 @@ def _run(transport: Transport, request: FitRequest, run_dir: Any, resume: bool) 
     cfg = load_config_everywhere(transport, str(config) if isinstance(config, Path) else config,
                                  pairs + data_overrides)
     agree(transport, _refusal(cfg, request, arrays is not None and arrays.sample_weight is not None))
-    why = built_why or ("a pipeline given to fit(build_fn)" if pipeline is not None else engine_reason(cfg))
+    why = built_why or engine_reason(cfg)
     if why is None:
         return fit_config(transport, cfg, str(config) if isinstance(config, Path) else config, pairs + data_overrides,
                           run_dir, resume, builder, request.callbacks,

@@ -200,22 +200,29 @@ def built_reason(cfg: Config, structured: bool) -> str | None:
 def fit_built(transport: Transport, cfg: Config, config: Any, overrides: list[Any], run_dir: Any, resume: bool,
               builder: Any, data: tuple[Any, Any, Any, Any], arguments: dict[str, Any],
               config_path: str | Path | None = None) -> Any:
-    """``fit(build_fn | zoo name, x, y, ...)``: every rank builds and compiles the model for the arrays'
-    shapes (seeded by ``train.seed``; rank 0's initial state reaches the others with the first epoch's
-    order), then the fit a script's ``keras.Model`` gets, with the call's arguments as Keras reads them.
-    Arrays given on rank 0 only (``None`` on the workers, or other arrays) are sent to every worker."""
+    """``fit(build_fn | zoo name, x, y, ...)``: every rank builds and compiles the model for the shapes of
+    the arrays (or of its pipeline's first batch), seeded by ``train.seed`` (rank 0's initial state reaches
+    the others with the first epoch's order), then the fit a script's ``keras.Model`` gets, with the call's
+    arguments as Keras reads them. Arrays given on rank 0 only (``None`` on the workers, or other arrays)
+    are sent to every worker."""
+    from mpi_trainer.data.adapters import is_pipeline
     from mpi_trainer.keras_fit.fit import fit_model
     from mpi_trainer.launch.job import start_rank
     from mpi_trainer.launch.run_dir import chosen_path
 
     start_rank(transport, cfg)  # placed before Keras starts: the model is built below
     x, y, weights, validation = data
+    pipeline = is_pipeline(x)
     agree(transport, f"`x` and `y` go together. Received: x={type(x).__name__}, y=None"
-          if x is not None and y is None else None)
-    x, y, weights, validation = _same_data(transport, (x, y, weights, validation))
+          if x is not None and y is None and not pipeline else None)
+    if not pipeline:
+        x, y, weights, validation = _same_data(transport, (x, y, weights, validation))
     model = error = None
     try:
-        model = _built_model(cfg, builder, x, y)
+        first = (x, y)
+        if pipeline:  # each rank builds its own pipeline: the model's shapes come from its first batch
+            first, x = _first_batch(x, y, arguments.get("steps_per_epoch"))
+        model = _built_model(cfg, builder, *first, validation)
     except (InputError, ValueError, TypeError) as exc:
         error = str(exc)
     agree(transport, error)
@@ -245,8 +252,23 @@ def _same_data(transport: Transport, data: tuple[Any, Any, Any, Any]) -> tuple[A
     return sent
 
 
-def _built_model(cfg: Config, builder: Any, x: Any, y: Any) -> Any:
-    """The model ``builder`` (or the zoo's ``model.name``) makes for these arrays, compiled by the config."""
+def _first_batch(x: Any, y: Any, steps: Any) -> tuple[tuple[Any, Any], Any]:
+    """A pipeline's first ``(x, y)`` batch, and the input to train on: the pipeline itself (a generator's
+    first batch put back), or for a ``dataset_fn(context)`` the datasets it builds for each worker."""
+    from mpi_trainer.data.adapters import get_input_adapter, is_dataset_fn
+    from mpi_trainer.data.adapters.tf_dataset import input_context
+    from mpi_trainer.keras_fit.shares import DealtInput
+
+    adapter: Any = get_input_adapter(x, y, steps)  # what Keras refuses with a pipeline, refused as Keras words it
+    first = adapter.first_batch()
+    if is_dataset_fn(x):
+        return first, DealtInput("dataset_fn", lambda workers, index: x(input_context(index, workers)))
+    return first, getattr(adapter, "iterator", x)  # a generator's batches, the peeked one first
+
+
+def _built_model(cfg: Config, builder: Any, x: Any, y: Any, validation: Any = None) -> Any:
+    """The model ``builder`` (or the zoo's ``model.name``) makes for these arrays (a pipeline's first batch),
+    compiled by the config; the labels of ``validation`` arrays count among the classes."""
     import keras
 
     from mpi_trainer.data.sources import is_class_labels
@@ -255,7 +277,8 @@ def _built_model(cfg: Config, builder: Any, x: Any, y: Any) -> Any:
 
     labels = np.asarray(y)
     classes = is_class_labels(labels)
-    outputs = max(int(labels.max()) + 1, 2) if classes and len(labels) else \
+    seen = [labels] + ([np.asarray(validation[1])] if isinstance(validation, (tuple, list)) else [])
+    outputs = max(max(int(part.max()) for part in seen if len(part)) + 1, 2) if classes and len(labels) else \
         (int(labels.shape[-1]) if labels.ndim > 1 else 1)
     keras.utils.set_random_seed(cfg.train.seed)
     model, _ = build_model(cfg.model, tuple(np.shape(x)[1:]), outputs, classes, builder)

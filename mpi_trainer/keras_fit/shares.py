@@ -122,7 +122,7 @@ def pipeline_share(x: Any, workers: int, index: int) -> Any:
         return x.shard(workers, index)
     if is_py_dataset(x):
         return PyDatasetShare(x, workers, index)
-    return itertools.islice(x, index, None, workers)
+    return (item for item in itertools.islice(x, index, None, workers))  # a generator, as Keras takes one
 
 
 def _py_dataset_class() -> Any:

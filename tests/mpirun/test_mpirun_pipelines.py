@@ -45,12 +45,14 @@ def test_tf_data_py_dataset_and_generators_train_and_a_refusal_reaches_every_ran
     assert len(trained["tf.data"]["history"]["val_accuracy"]) == 3
     log = (tmp_path / "tfdata" / "train.log").read_text()
     assert "fit: a tf.data.Dataset, in 2 shares of 10 batches an epoch" in log  # steps_per_epoch=20, two workers
-    # 57 batches of 32 digits, all trained on (as model.fit, nothing is held out beside validation_data)
-    assert "worker rank 2: block start 29 end 57 size 28 batches" in (tmp_path / "pydataset" / "train.log").read_text()
+    # 57 batches of 32 digits, every other one a worker's (as model.fit, nothing is held out beside validation_data)
+    assert "fit: a PyDataset, in 2 shares" in (tmp_path / "pydataset" / "train.log").read_text()
+    assert trained["PyDataset"]["history"]["steps"] == [57.0, 57.0]
     refused = [job["rank"] for job in jobs if job["job"] == "refused"]
     assert sorted(refused) == [0, 1, 2], output
-    message = ("`data.increment.enabled` draws random rows from the whole training set every round, which a "
-               "generator does not allow. Received: data.increment.enabled=True with the data as a generator")
+    message = ("`data.increment.enabled` adds a draw of the other workers' rows to each worker's share every "
+               "epoch: arrays given as `x`, trained in whole epochs. Received: data.increment.enabled=True with x "
+               "of kind 'generator'")
     assert output.count(message) == 3, output
     # the config's sources train as a keras.Model, each worker on its share of the pipeline
     assert "fit: a file read in batches (data.stream), in 2 shares" in (tmp_path / "hdf5" / "train.log").read_text()
