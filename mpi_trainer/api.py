@@ -9,7 +9,7 @@ TOML path and no model object: every rank then builds the config's model and rea
 and the job is that same fit (:mod:`mpi_trainer.keras_fit.config_fit`), unless the config asks
 for what only the round engines do yet (scattered data,
 a 16-bit wire, L-BFGS...; :func:`~mpi_trainer.keras_fit.config_fit.engine_reason`). ``fit(build_fn, x, y)``
-with arrays is that fit too (:func:`~mpi_trainer.keras_fit.config_fit.fit_built`); given a pipeline, or
+with arrays or a pipeline is that fit too (:func:`~mpi_trainer.keras_fit.config_fit.fit_built`); given
 inputs and targets by name, the engines train it.
 
 :func:`init`, called at the top of the script before Keras is imported or
@@ -118,9 +118,8 @@ def fit(model: Any = None, x: Any = None, y: Any = None, batch_size: int | None 
     ``fit`` on its share of ``x`` (anything ``model.fit`` takes; :mod:`mpi_trainer.keras_fit`, docs/keras.md;
     run_dir: written only when given), or a function ``(input_shape, num_outputs) -> keras.Model``, a zoo name
     or ``"package.module:function"``, which every rank builds and then trains the same way. With those, ``x``,
-    ``y``: arrays, the same on every rank or None on workers (rank 0's are sent to them); dicts per input /
-    output, or a pipeline every rank builds (:mod:`mpi_trainer.data.adapters`), go to the round engines; without
-    ``x`` the config's ``data.source``.
+    ``y``: arrays, the same on every rank or None on workers (rank 0's are sent to them), or a pipeline every
+    rank builds; dicts per input / output go to the round engines; without ``x`` the config's ``data.source``.
     ``config``: a TOML path or dict; ``overrides``: dotted ``key=value`` pairs; ``run_dir``: where rank 0
     writes (default: ``launch``'s, else new); a run there resumes, a complete one trains nothing (a
     preemption signal raises ``Preempted``, exit 75).
