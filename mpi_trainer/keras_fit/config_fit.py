@@ -172,11 +172,14 @@ def _data_and_model(cfg: Config, builder: Any, workers: int) -> tuple[Any, Any]:
     stays in its pipeline) and its compiled model."""
     import keras
 
-    from mpi_trainer.data.sources import load_dataset
+    from mpi_trainer.data.sources import check_finite, load_dataset
     from mpi_trainer.launch.job_setup import streamed_dataset
     from mpi_trainer.models import build_model
 
-    dataset = streamed_dataset(0, cfg, workers, None) or load_dataset(cfg.data, cfg.train.seed)
+    dataset = streamed_dataset(0, cfg, workers, None)
+    if dataset is None:  # rows read whole: a NaN among them fails every rank here, not the training
+        dataset = load_dataset(cfg.data, cfg.train.seed)
+        check_finite(np.asarray(dataset.x_train), dataset.name, "train")
     keras.utils.set_random_seed(cfg.train.seed)
     model, _ = build_model(cfg.model, dataset.input_shape, dataset.num_outputs, dataset.classes, builder)
     return dataset, model

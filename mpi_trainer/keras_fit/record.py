@@ -176,9 +176,11 @@ class FitRecord:
         from mpi_trainer.persistence.run_files import CONFIG_NAME, write_atomic, write_json_atomic
 
         add_log_file(self.path / LOG_NAME)
-        write_json_atomic(self.path / FIT_PRINT_NAME, self.print_)
-        if self.config_text and not (saved is not None and saved["complete"]):  # a complete run's files stay
-            write_atomic(self.path / CONFIG_NAME, self.config_text)
+        complete = saved is not None and saved["complete"]
+        if not complete:  # a complete run's files stay as they are, untouched
+            write_json_atomic(self.path / FIT_PRINT_NAME, self.print_)
+            if self.config_text:
+                write_atomic(self.path / CONFIG_NAME, self.config_text)
         if saved is not None:
             self.rows, self.history, self.epochs = saved["rows"], saved["history"], saved["epochs"]
             self.complete = saved["complete"]
@@ -193,7 +195,8 @@ class FitRecord:
                 self.resumed_after = saved["next_epoch"] - 1
                 self.log.info("%s holds an unfinished run: resuming after round %d (its last checkpoint)",
                               self.path, self.resumed_after)
-        self._rewrite_rows(self.path)
+        if not complete:
+            self._rewrite_rows(self.path)
         if self.tensorboard and not self.complete:
             from mpi_trainer.reporting.tensorboard import TensorBoardRounds
 
