@@ -122,6 +122,7 @@ class FitRecord:
         self.stop_reason = "epochs"
         self.complete = False  # the directory held this fit's complete run: nothing trains, its files stay
         self.started = time.time()
+        self.elapsed_before = 0.0  # a resumed run: the wall seconds of its epochs before this job
         self.log = get_logger()
         self.traffic = 0
         self.lock: Any = None
@@ -183,6 +184,7 @@ class FitRecord:
                 write_atomic(self.path / CONFIG_NAME, self.config_text)
         if saved is not None:
             self.rows, self.history, self.epochs = saved["rows"], saved["history"], saved["epochs"]
+            self.elapsed_before = float(self.rows[-1].get("elapsed_seconds") or 0) if self.rows else 0.0
             self.complete = saved["complete"]
             if self.complete:  # an unfinished run goes on, whatever stopped it (a preemption) before
                 self.stop_reason = saved["stop_reason"]
@@ -241,7 +243,7 @@ class FitRecord:
                "block_sizes": ";".join(str(trained[w][1]) for w in sorted(trained)),
                "bytes": sent, "test_loss": logs.get("test_loss", logs.get("val_loss", math.nan)),
                "test_accuracy": logs.get("test_accuracy", logs.get("val_accuracy", logs.get("val_acc", math.nan))),
-               "max_staleness": staleness,
+               "max_staleness": staleness, "elapsed_seconds": self.elapsed_before + time.time() - self.started,
                "train_loss": logs.get("loss", math.nan), "train_accuracy": logs.get("accuracy", math.nan),
                **{key: float(value) for key, value in logs.items()}}
         self.rows.append(row)

@@ -268,6 +268,8 @@ def test_a_fit_with_a_run_directory_writes_the_command_lines_files(tmp_path):
     assert {"accuracy_loss.png", "round_time.png", "traffic.png"} <= written, written
     events = list((tmp_path / "run" / "tensorboard").iterdir())
     assert events and events[0].stat().st_size > 0
+    elapsed = [float(row["elapsed_seconds"]) for row in read_complete_rows(tmp_path / "run" / "rounds.csv")]
+    assert 0 < elapsed[0] < elapsed[1]  # the run's seconds at the end of each epoch, as the command line's
 
 
 def test_augmentation_of_rows_that_are_not_images_is_refused_naming_their_shape():
