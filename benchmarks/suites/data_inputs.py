@@ -324,4 +324,5 @@ def fit_time(command: str, rounds: int) -> Comparison:
                  "command_seconds": "whole command s"},
         notes=f"Target: the pipeline reaches {TARGET:.0%} in at most 1.05x the arrays' seconds. Seconds count "
               f"from the job's start (elapsed_seconds in rounds.csv); n/a: not reached in {rounds} rounds. The "
-              f"pipeline sets no options; each worker trains on every other batch of it (`dataset.shard`), the arrays' rows are dealt by a seeded permutation.")
+              f"pipeline sets no options; each worker trains on every other batch of it (`dataset.shard`), the "
+              f"arrays' rows are dealt by a seeded permutation.")

@@ -44,14 +44,16 @@ def engine_reason(cfg: Config) -> str | None:
     for key, value in on_arrays.items():
         if read_as_pipeline and value:
             return f"{key} = {value!r} with data.source {cfg.data.source!r} read as a pipeline"
-    found = refusals(cfg, applied=APPLIED) + _ssp_conflicts(cfg)
-    return found[0] if found else None
+    return _first_refusal(cfg, APPLIED)
 
 
-def _ssp_conflicts(cfg: Config) -> list[str]:
+def _first_refusal(cfg: Config, applied: frozenset[str]) -> str | None:
+    """The first setting the Keras fit would refuse, the ``applied`` keys aside (:mod:`.settings`, and what it
+    does not combine with SSP), or None."""
     from mpi_trainer.keras_fit.fit import ssp_conflicts
 
-    return ssp_conflicts(cfg)
+    found = refusals(cfg, applied=applied) + ssp_conflicts(cfg)
+    return found[0] if found else None
 
 
 def fit_config(transport: Transport, cfg: Config, config: Any, overrides: list[Any], run_dir: Any, resume: bool,
@@ -196,8 +198,7 @@ def built_reason(cfg: Config, structured: bool) -> str | None:
         return "model.optimizer = 'lbfgs'"
     if structured:
         return "inputs or targets given per name (a dict of inputs, or targets per output)"
-    found = refusals(cfg, applied=BUILT_APPLIED) + _ssp_conflicts(cfg)
-    return found[0] if found else None
+    return _first_refusal(cfg, BUILT_APPLIED)
 
 
 def fit_built(transport: Transport, cfg: Config, config: Any, overrides: list[Any], run_dir: Any, resume: bool,
