@@ -149,3 +149,36 @@ def test_resume_without_a_run_directory_is_refused_on_every_rank(monkeypatch):
     said = world.run({index: lambda index=index: rank(index) for index in range(3)}, timeout=120)
     for rank_index in range(3):
         assert "`--resume` needs the run directory to continue. Received: no --run-dir" in said[rank_index]
+
+
+def test_arrays_that_rank_0_did_not_pass_are_refused_on_every_rank():
+    from mpi_trainer.errors import InputError
+    from mpi_trainer.keras_fit.config_fit import _same_data
+
+    world = LocalWorld(3)
+    transports = world.transports()
+    x, y = np.zeros((6, 2)), np.zeros(6)
+
+    def rank(index: int) -> str:
+        try:
+            _same_data(transports[index], (None, None, None, None) if index == 0 else (x, y, None, None))
+        except InputError as exc:
+            return str(exc)
+        return "trained"
+
+    said = world.run({index: lambda index=index: rank(index) for index in range(3)}, timeout=60)
+    assert all(text.startswith("`x` and `y` are the training data, and rank 0 passed none") for text in said.values())
+    assert "(reported by rank 0)" in said[1] and "(reported by rank 0)" not in said[0]
+
+
+def test_arrays_given_on_rank_0_alone_are_sent_to_every_worker():
+    from mpi_trainer.keras_fit.config_fit import _same_data
+
+    world = LocalWorld(3)
+    transports = world.transports()
+    x, y = np.arange(12.0).reshape(6, 2), np.arange(6)
+    given = {0: (x, y, None, None), 1: (None, None, None, None), 2: (x[::-1], y, None, None)}
+    held = world.run({index: lambda index=index: _same_data(transports[index], given[index]) for index in range(3)},
+                     timeout=60)
+    for index in (1, 2):
+        np.testing.assert_array_equal(held[index][0], x)

@@ -113,6 +113,15 @@ def test_an_epoch_in_which_a_worker_trained_nothing_fails_naming_it():
         rounds.combine(4, [trained, empty])
 
 
+def test_a_sync_warm_up_of_a_pipeline_is_refused_naming_the_warm_up():
+    from mpi_trainer.keras_fit.fit import check_sync_every
+
+    dataset = {"x": tf.data.Dataset.from_tensor_slices(np.zeros((8, 2)))}
+    with pytest.raises(ConfigError, match=r"Received: train.sync_warmup_every=2 with x of kind 'tf.data.Dataset'.*"
+                                          r"or train.sync_warmup_epochs=0"):
+        check_sync_every(2, dataset, "train.sync_warmup_every", "train.sync_warmup_epochs=0")
+
+
 def test_sync_every_takes_arrays_and_names_what_it_cannot_cut_into_rounds():
     from mpi_trainer.keras_fit.fit import check_sync_every
 
