@@ -241,7 +241,7 @@ def _run(transport: Transport, request: FitRequest, run_dir: Any, resume: bool) 
 
     kinds = set(transport.allgather(_input_kind(request.data[0], request.data[1])))
     built_why = None
-    if kinds - {None} and len(kinds - {None}) == 1:  # arrays (the workers' may be None), or every rank's pipeline
+    if len(kinds - {None}) == 1:  # arrays (the workers' may be None), or every rank's pipeline
         history, built_why = _fit_built(transport, request, run_dir, resume)
         if built_why is None:
             return history, None
