@@ -287,7 +287,7 @@ def _fit_built(transport: Transport, request: FitRequest, run_dir: Any, resume: 
     """``fit(build_fn | zoo name, x, y, ...)`` as the Keras fit of the model every rank builds
     (:func:`~mpi_trainer.keras_fit.config_fit.fit_built`): (the History, None), or (None, why the engines
     train it)."""
-    from mpi_trainer.keras_fit.config_fit import built_reason, fit_built
+    from mpi_trainer.keras_fit.config_fit import engine_reason, fit_built
     from mpi_trainer.launch.job import agree, load_config_everywhere
 
     x, y = request.data[:2]
@@ -299,10 +299,14 @@ def _fit_built(transport: Transport, request: FitRequest, run_dir: Any, resume: 
     except InputError as exc:
         error = str(exc)
     agree(transport, error)
-    structured = any(transport.allgather(isinstance(x, Mapping) or isinstance(y, (list, tuple, Mapping))))
+    structured = [type(value).__name__ for value in (x, y) if isinstance(value, (Mapping, list, tuple))]
+    agree(transport, None if not any(transport.allgather(structured)) else
+          f"`fit(build_fn, x, y)` builds a model for one input array and one target array. Received: "
+          f"{' and '.join(structured) or 'structured inputs on another rank'}; expected arrays, or a keras.Model "
+          f"built by the script and passed as `model` (its fit takes inputs and targets by name)")
     config = str(request.config) if isinstance(request.config, Path) else request.config
     cfg = load_config_everywhere(transport, config, pairs)
-    why = built_reason(cfg, structured)
+    why = engine_reason(cfg)
     if why is not None:
         return None, why
     args = request.keras_args

@@ -5,7 +5,7 @@ Every rank reads the config's data source and builds and compiles the config's m
 initial state reaches the others with the first epoch's order); then the fit is the one a script's
 ``keras.Model`` gets (:func:`~.fit.fit_model`), with the config's test split as the validation data
 (``val_*`` in the History, ``test_*`` in rounds.csv) and the run directory the command line always keeps.
-A config asking for what that fit does not do yet (:func:`engine_reason`) is trained by the engines.
+Full-batch L-BFGS (:func:`engine_reason`) is trained by its own engine.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mpi_trainer.errors import InputError
-from mpi_trainer.keras_fit.settings import refusals
 from mpi_trainer.launch.agreement import agree, agreed
 
 if TYPE_CHECKING:
@@ -29,31 +28,13 @@ APPLIED = frozenset({
     "model.name", "model.optimizer", "model.learning_rate", "model.activation", "model.loss", "model.metrics",
     "data.source", "data.test_size", "data.label", "data.features", "data.datasets", "data.image_size",
     "data.color_mode", "data.feature_shape", "data.feature_dtype", "data.stream", "data.validation_size",
-    "train.shuffle", "train.seed",
+    "data.placement", "train.shuffle", "train.seed",
 })
 
 
 def engine_reason(cfg: Config) -> str | None:
-    """Why the engines train ``cfg`` rather than the Keras fit (the first setting that fit does not apply
-    yet), or None when the Keras fit takes it."""
-    if cfg.model.uses_lbfgs:
-        return "model.optimizer = 'lbfgs'"
-    read_as_pipeline = cfg.data.is_image_folder or cfg.data.is_tfrecord or cfg.data.stream is True
-    on_arrays = {"data.rebalance": cfg.data.rebalance, "data.augmentation.enabled": cfg.data.augmentation.enabled,
-                 "train.max_steps": cfg.train.max_steps}
-    for key, value in on_arrays.items():
-        if read_as_pipeline and value:
-            return f"{key} = {value!r} with data.source {cfg.data.source!r} read as a pipeline"
-    return _first_refusal(cfg, APPLIED)
-
-
-def _first_refusal(cfg: Config, applied: frozenset[str]) -> str | None:
-    """The first setting the Keras fit would refuse, the ``applied`` keys aside (:mod:`.settings`, and what it
-    does not combine with SSP), or None."""
-    from mpi_trainer.keras_fit.fit import ssp_conflicts
-
-    found = refusals(cfg, applied=applied) + ssp_conflicts(cfg)
-    return found[0] if found else None
+    """Why the L-BFGS engine trains ``cfg`` rather than the Keras fit, or None when the Keras fit takes it."""
+    return "model.optimizer = 'lbfgs'" if cfg.model.uses_lbfgs else None
 
 
 def fit_config(transport: Transport, cfg: Config, config: Any, overrides: list[Any], run_dir: Any, resume: bool,
@@ -70,7 +51,15 @@ def fit_config(transport: Transport, cfg: Config, config: Any, overrides: list[A
                      "DIR of an earlier run" if resume and not (run_dir or _launch_run_dir()) else None)
     dataset = model = error = None
     try:
-        dataset, model = _data_and_model(cfg, builder, transport.size - 1)
+        if transport.rank == 0 or not cfg.data.scatters:
+            dataset = _dataset(cfg, transport.size - 1)
+    except (InputError, ValueError, OSError) as exc:
+        error = str(exc)
+    agree(transport, error)
+    if cfg.data.scatters:
+        dataset = _scattered(transport, dataset)
+    try:
+        model = _model(cfg, agreed(dataset), builder)
     except (InputError, ValueError, OSError) as exc:
         error = str(exc)
     agree(transport, error)
@@ -169,36 +158,43 @@ def _launch_run_dir() -> str | None:
     return os.environ.get(RUN_DIR_ENV)
 
 
-def _data_and_model(cfg: Config, builder: Any, workers: int) -> tuple[Any, Any]:
-    """This rank's copy of the config's data (the training and test splits; a pipeline's training part
-    stays in its pipeline) and its compiled model."""
-    import keras
-
+def _dataset(cfg: Config, workers: int) -> Any:
+    """This rank's copy of the config's data: the training and test splits (a pipeline's training part stays
+    in its pipeline)."""
     from mpi_trainer.data.sources import check_finite, load_dataset
     from mpi_trainer.launch.job_setup import streamed_dataset
-    from mpi_trainer.models import build_model
 
     dataset = streamed_dataset(0, cfg, workers, None)
     if dataset is None:  # rows read whole: a NaN among them fails every rank here, not the training
         dataset = load_dataset(cfg.data, cfg.train.seed)
         check_finite(np.asarray(dataset.x_train), dataset.name, "train")
+    return dataset
+
+
+def _scattered(transport: Transport, dataset: Any) -> Any:
+    """``data.placement = "scatter"``: rank 0's copy of the data, sent to every worker (which reads no file).
+    Each worker holds every row, so that its share can be cut again (``data.rebalance``, ``fault.survive``)."""
+    if transport.rank == 0:
+        from mpi_trainer.logs import get_logger
+
+        get_logger().info("data.placement = scatter: rank 0 read %s and sends it to every worker", dataset.name)
+    return transport.bcast_object(dataset if transport.rank == 0 else None)
+
+
+def _model(cfg: Config, dataset: Any, builder: Any) -> Any:
+    """The config's model for ``dataset``, compiled by the config, seeded by ``train.seed``."""
+    import keras
+
+    from mpi_trainer.models import build_model
+
     keras.utils.set_random_seed(cfg.train.seed)
     model, _ = build_model(cfg.model, dataset.input_shape, dataset.num_outputs, dataset.classes, builder)
-    return dataset, model
+    return model
 
 
 # The keys ``fit(build_fn, x, y)`` applies itself, before the fit: the model it builds and compiles.
 BUILT_APPLIED = frozenset({"model.name", "model.optimizer", "model.learning_rate", "model.activation", "model.loss",
                            "model.metrics", "train.seed"})
-
-
-def built_reason(cfg: Config, structured: bool) -> str | None:
-    """Why the engines train ``fit(build_fn, x, y)`` rather than the Keras fit, or None."""
-    if cfg.model.uses_lbfgs:
-        return "model.optimizer = 'lbfgs'"
-    if structured:
-        return "inputs or targets given per name (a dict of inputs, or targets per output)"
-    return _first_refusal(cfg, BUILT_APPLIED)
 
 
 def fit_built(transport: Transport, cfg: Config, config: Any, overrides: list[Any], run_dir: Any, resume: bool,

@@ -28,7 +28,7 @@ from mpi_trainer.errors import EXIT_PREEMPTED, ConfigError, InputError, Preempte
 from mpi_trainer.keras_fit import shares
 from mpi_trainer.keras_fit.outer_choice import choose_outer
 from mpi_trainer.keras_fit.record import FitRecord, fingerprint
-from mpi_trainer.keras_fit.rounds import SchedulerRounds, WorkerRounds
+from mpi_trainer.keras_fit.rounds import SchedulerRounds, StateWire, WorkerRounds
 from mpi_trainer.keras_fit.saving import save_whole_files
 from mpi_trainer.keras_fit.settings import given_keys, refusals, value_of
 from mpi_trainer.keras_fit.stale import StaleScheduler, StaleWorker
@@ -72,6 +72,7 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
 
     cfg = load_config_everywhere(transport, config, overrides)
     cfg, placements = start_rank(transport, cfg)
+    cfg = wire_for(transport, cfg)
     hooks.maybe_freeze(transport.rank, -1)  # debug.freeze_rank with freeze_round = -1: stops during set-up
     for name in ("epochs", "batch_size"):  # left to the config by the caller
         if kwargs.get(name) == "config":
@@ -123,6 +124,7 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
                 transport, model, state, prepared.share, prepared.rows,
                                   cfg.aggregation.weighs_by_samples, wait_bounds(cfg), prepared.validation)
             worker.preemption = preemption
+            worker.wire = StateWire(cfg.aggregation.wire_dtype, state.model_size)
             worker.augmenter = build_augmenter(cfg.data.augmentation, cfg.train.seed + transport.rank)
             take_share(worker, prepared, cfg)
             if cfg.fault.survive:  # after a loss: this worker's share for the survivors, by its new rank
@@ -134,6 +136,16 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
     finally:
         preemption.uninstall()
     return finish(transport, model, history)
+
+
+def wire_for(transport: Transport, cfg: Config) -> Config:
+    """``aggregation.wire_dtype = "auto"`` resolved: timed on the job's own links (under SSP, whose states
+    travel point to point in float32, float32)."""
+    from mpi_trainer.launch.wire_choice import resolve_wire
+
+    if cfg.aggregation.ssp and cfg.aggregation.wire_dtype_auto:
+        return dataclasses.replace(cfg, aggregation=dataclasses.replace(cfg.aggregation, wire_dtype="float32"))
+    return resolve_wire(transport, cfg)
 
 
 def scored_epochs(every: int, epochs: int) -> int | list[int]:
@@ -196,9 +208,11 @@ def ssp_conflicts(cfg: Config) -> list[str]:
         "fault.survive": (cfg.fault.survive, "false", "the synchronous epochs are what restart with the survivors"),
         "data.rebalance": (cfg.data.rebalance, "false", "the blocks are re-cut between synchronous epochs"),
         "evaluation.where": (cfg.evaluation.on_workers, "'scheduler'", "the workers are busy with their next epochs"),
+        "aggregation.wire_dtype": (cfg.aggregation.wire_dtype in ("float16", "bfloat16"), "'float32' or 'auto'",
+                                   "each worker's state travels to and from rank 0 on its own, in float32"),
     }
-    return [f"`aggregation.ssp` = {ssp} cannot be combined with {key}={value_of(cfg, key)!r} when `model` is a "
-            f"keras.Model: {why}. Expected {key} = {expected}, or aggregation.ssp = 0"
+    return [f"`aggregation.ssp` = {ssp} cannot be combined with {key}={value_of(cfg, key)!r}: {why}. "
+            f"Expected {key} = {expected}, or aggregation.ssp = 0"
             for key, (conflicts_with, expected, why) in conflicts.items() if conflicts_with]
 
 
@@ -497,6 +511,7 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
     rounds = SchedulerRounds(*arguments) if not aggregation.ssp else StaleScheduler(
         *arguments, ssp=aggregation.ssp, damping=aggregation.staleness_damping, weighted=aggregation.weighs_by_samples)
     rounds.workers_score, rounds.elects = prepared.workers_score, cfg.aggregation.elects
+    rounds.wire = StateWire(cfg.aggregation.wire_dtype, state.model_size)
     rounds.sync_every = lambda epoch: (train.sync_warmup_every if epoch < train.sync_warmup_epochs
                                        else train.sync_every)
     rounds.plan_parts = lambda survivors, every: rounds_an_epoch(every, kwargs, prepared, survivors)

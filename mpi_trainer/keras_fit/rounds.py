@@ -57,6 +57,12 @@ class Order:
     # data.rebalance: each worker's part of the dealing order, (start, end), sized by its speed (None: as dealt)
     blocks: list[tuple[int, int]] | None = None
 
+    @property
+    def exact(self) -> bool:
+        """Whether the state that follows travels exactly (float32) whatever the wire: the state scored, and
+        the final one, are rank 0's on every rank."""
+        return self.score or self.stop
+
 
 @dataclass
 class Report:
@@ -171,6 +177,36 @@ class RoundClock:
         self.last = now
 
 
+class StateWire:
+    """How the state crosses the wire (``aggregation.wire_dtype``): the model's variables in the wire dtype, its
+    optimizers' variables, the weights and the step counts in float32 (an Adam's second moments are squared
+    gradients, below float16's range). Sums are float32 at rank 0 whatever the wire
+    (:class:`~mpi_trainer.comm.wire_dtype.WireFormat`); a state broadcast for scoring goes in float32, so that
+    every scorer holds rank 0's state exactly."""
+
+    def __init__(self, name: str, model_size: int) -> None:
+        from mpi_trainer.comm.wire_dtype import WireFormat
+
+        self.format, self.split = WireFormat(name), model_size
+
+    def broadcast(self, transport: Transport, values: np.ndarray, exact: bool = False) -> None:
+        """Rank 0's ``values`` into every worker's."""
+        if exact or self.format.summed_by_mpi:
+            transport.broadcast(values)
+            return
+        self.format.broadcast_from_root(transport, values[:self.split])
+        if values.size > self.split:
+            transport.broadcast(values[self.split:])
+
+    def sum(self, transport: Transport, values: np.ndarray) -> None:
+        """Every rank's ``values`` summed into rank 0's."""
+        if self.format.summed_by_mpi:
+            transport.reduce_sum(values)
+            return
+        self.format.sum_to_root(transport, values[:self.split])
+        transport.reduce_sum(values[self.split:])
+
+
 class _BatchCounter:
     """Counts the batches of one ``fit`` call (a dataset's length is not known in advance)."""
 
@@ -223,6 +259,7 @@ class WorkerRounds:
         # the state, then this worker's weight, then its count of each clock (the model's steps, each
         # optimizer's): summed over the workers in one reduction
         self.buffer = np.zeros(state.size + 1 + state.clocks, dtype=np.float32)
+        self.wire = StateWire("float32", state.model_size)  # aggregation.wire_dtype, set by the fit
 
     def run(self) -> None:
         """Carry out the scheduler's orders until it says stop."""
@@ -260,7 +297,7 @@ class WorkerRounds:
         if not order.score:
             self.clock.tick()
         if order.state_follows:
-            self.transport.broadcast(self.buffer[:size])
+            self.wire.broadcast(self.transport, self.buffer[:size], exact=order.exact)
             self.state.write(self.buffer[:size])
         self.state.write_integers(order.integers)
         if order.stop and order.preempted:
@@ -300,7 +337,7 @@ class WorkerRounds:
             self.buffer[:size] = np.nan
             self.nan_at = None
         self.maybe_crash(order.epoch, "contribute")
-        self.transport.reduce_sum(self.buffer)
+        self.wire.sum(self.transport, self.buffer)
         report.preempt = self.preemption.requested
         report.sent = self.transport.take_bytes()
         report.sent += len(pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL)) * (self.transport.size - 1)
@@ -421,8 +458,10 @@ class SchedulerRounds:
         self.scoring: dict[str, Any] | None = None  # the validation data as rank 0 scores it (reusable_input)
         self.record = record
         self.buffer = np.zeros(state.size + 1 + state.clocks, dtype=np.float32)  # as the workers' (WorkerRounds)
+        self.wire = StateWire("float32", state.model_size)  # aggregation.wire_dtype, set by the fit
         self.before = state.empty()  # the global state an epoch started from
         self.workers_hold = False  # whether the workers hold the state last broadcast (it is in the buffer)
+        self.held_exact = True  # whether that broadcast was exact (float32), not through a 16-bit wire
         self.workers_score = False  # whether the workers score the validation data (set by the fit)
         self.preemption = Preemption()  # the job's, when the fit installed its signal handlers
         self.preempted = False  # the run stopped for a preemption signal, checkpointed
@@ -490,11 +529,13 @@ class SchedulerRounds:
             self.clock.tick()
         if self.workers_hold:  # the last broadcast is still in the buffer: compare, and skip it when equal
             self.state.read(self.before)
-            order.state_follows = not np.array_equal(self.before, self.buffer[:size])
+            order.state_follows = not np.array_equal(self.before, self.buffer[:size]) or (
+                order.exact and not self.held_exact)  # scorers take the state exactly, not as a 16-bit wire has it
         self.transport.bcast_object(order)
         if order.state_follows:
             self.state.read(self.buffer[:size])
-            self.transport.broadcast(self.buffer[:size])
+            self.wire.broadcast(self.transport, self.buffer[:size], exact=order.exact)
+            self.held_exact = order.exact or self.wire.format.summed_by_mpi
         self.workers_hold = True
 
     def epoch(self, epoch: int) -> dict[str, float]:
@@ -665,7 +706,7 @@ class SchedulerRounds:
         if self.elects:  # every worker's score, so every rank knows the winner before the sum
             self.winner = elected(self.transport.allgather(None)[1:])
         self.buffer[:] = 0.0
-        self.transport.reduce_sum(self.buffer)
+        self.wire.sum(self.transport, self.buffer)
         self.workers_hold = False  # their buffers now hold their own parts of the sum
         reports: list[Report] = self.transport.allgather(None)[1:]
         collected = time.perf_counter()

@@ -36,6 +36,10 @@ HONOURED: dict[str, str] = {
     "train.bind_cores": PLACEMENT,
     "aggregation.method": "how the workers' states are combined: 'average', 'weighted' by rows, or 'best' (each "
                           "worker scores its state on the validation data, the best is kept)",
+    "aggregation.wire_dtype": "the dtype the model's variables travel in each round: float32, or float16 / bfloat16 "
+                              "(half the bytes; sums stay float32 on rank 0, the optimizers' variables travel as "
+                              "float32, and scoring on the workers takes the state exactly); 'auto' times the job's "
+                              "links at its start",
     "aggregation.outer_optimizer": OUTER,
     "aggregation.outer_learning_rate": OUTER,
     "aggregation.outer_momentum": OUTER,
@@ -97,31 +101,30 @@ HONOURED: dict[str, str] = {
 }
 
 # What a Keras script does instead of each key a keras.Model does not apply.
-ENGINE = "a keras.Model trains each worker's share as Keras' fit takes it, with Keras' own callbacks"
 DATA = "a keras.Model trains on the `x` and `y` the script passes; hold rows out with `validation_split` or " \
        "`validation_data`"
 COMPILED = "a keras.Model trains with the optimizer, loss and metrics it was compiled with"
-# The engines' features: their keys kept the meaning they had before this classification.
-ENGINE_ONLY = ("data.placement",)
+
+# Keys no fit applies, whatever the model's entry: why, and what to set instead.
+UNSUPPORTED: dict[str, str] = {
+    "train.overlap_eval": "rank 0 scores each epoch's combined state before it sends the next epoch's order; "
+                          "`evaluation.where = \"workers\"` shares the scoring out to the workers instead",
+}
 
 NOT_APPLIED: dict[str, str] = {
-    **dict.fromkeys(ENGINE_ONLY, ENGINE),
-    "train.overlap_eval": ENGINE,
-    "aggregation.wire_dtype": "a keras.Model's state travels as float32",
+    **UNSUPPORTED,
     **dict.fromkeys(("data.source", "data.test_size", "data.validation_size", "data.label", "data.features",
                      "data.datasets", "data.stream", "data.image_size", "data.color_mode", "data.feature_shape",
-                     "data.feature_dtype"), DATA),
+                     "data.feature_dtype", "data.placement"), DATA),
     **dict.fromkeys(("model.name", "model.optimizer", "model.learning_rate", "model.activation", "model.loss",
                      "model.metrics", "lbfgs.history_size", "lbfgs.gtol", "lbfgs.ftol", "lbfgs.max_evaluations",
                      "lbfgs.batch_size"), COMPILED),
     "train.shuffle": "pass `shuffle=False` to fit",
     "train.seed": "seed the script itself (keras.utils.set_random_seed) before it builds the model",
-
 }
 
 # Values of keys in NOT_APPLIED that say what this path does anyway: accepted even when set.
 AS_DONE: dict[str, Any] = {
-    "aggregation.wire_dtype": "float32",
     "train.overlap_eval": False,
     "data.placement": "shared", "data.test_size": 0.0, "data.validation_size": 0.0,
 }
@@ -174,11 +177,13 @@ def _expected(key: str, value: Any, default: Any) -> str:
 
 
 def refusal(key: str, value: Any, default: Any) -> str:
-    """Why ``key`` cannot be set when ``model`` is a keras.Model, the Keras way."""
+    """Why ``key`` cannot be set: no fit applies it, or not when ``model`` is a keras.Model (the Keras way)."""
+    received = f"Received: {key}={value!r}; expected {_expected(key, value, default)}"
+    if key in UNSUPPORTED:
+        return f"`{key}` is not supported: {UNSUPPORTED[key]}. {received}"
     instead = NOT_APPLIED.get(key, "nothing on this path reads it")
     return (f"`{key}` is not applied when `model` is a keras.Model: it applies to models given by name or as a "
-            f"function (the command line's `train`, or `mpi_trainer.fit(build_fn, ...)`); {instead}. "
-            f"Received: {key}={value!r}; expected {_expected(key, value, default)}")
+            f"function (the command line's `train`, or `mpi_trainer.fit(build_fn, ...)`); {instead}. {received}")
 
 
 def _run_dir_refusal(cfg: Config, given: Collection[str]) -> str | None:

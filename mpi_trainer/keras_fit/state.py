@@ -170,6 +170,7 @@ class ModelState:
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
         self.size = int(self.offsets[-1])
         self.trainable_size = int(sum(self.sizes[:len(trainable)]))
+        self.model_size = int(sum(self.sizes[:len(trainable) + len(other)]))  # the model's, before its optimizers'
         self.nbytes = self.size * 4  # the floating-point state as it travels (float32)
         self._rate_spans = [(int(self.offsets[i]), int(self.offsets[i + 1])) for i, v in enumerate(self.floats)
                             if id(v) in self.rates]

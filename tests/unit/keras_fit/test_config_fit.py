@@ -114,22 +114,55 @@ def test_a_complete_run_asked_for_more_epochs_goes_on_from_its_last(tmp_path):
     np.testing.assert_array_equal(again[2]["weights"][0], more[0]["weights"][0])
 
 
-@pytest.mark.parametrize(("overrides", "named"), [
-    (["model.optimizer='lbfgs'"], "lbfgs"),
-    (["data.rebalance=true", "aggregation.ssp=1"], "data.rebalance"),
-    (["aggregation.wire_dtype='float16'"], "aggregation.wire_dtype"),
-    (["data.placement='scatter'"], "data.placement"),
-])
-def test_what_the_keras_fit_does_not_apply_yet_names_why_the_engines_train_it(overrides, named):
-    assert named in engine_reason(load_config(DIGITS, overrides))
-
-
-def test_a_config_the_keras_fit_applies_whole_has_no_reason_for_the_engines():
+def test_only_lbfgs_leaves_the_keras_fit():
+    assert "lbfgs" in engine_reason(load_config(DIGITS, ["model.optimizer='lbfgs'"]))
     for overrides in ([], ["aggregation.method='best'", "data.test_size=0.3"],
                       ["early_stopping.patience=2", "data.validation_size=0.1"], ["aggregation.ssp=2"],
                       ["train.sync_every=4", "fault.survive=true"], ["data.rebalance=true"],
-                      ["data.augmentation.enabled=true"], ["train.sync_warmup_epochs=1"], ["evaluation.every=2"]):
+                      ["data.augmentation.enabled=true"], ["train.sync_warmup_epochs=1"], ["evaluation.every=2"],
+                      ["data.placement='scatter'"], ["aggregation.wire_dtype='float16'"], ["train.overlap_eval=true"]):
         assert engine_reason(load_config(DIGITS, overrides)) is None, overrides
+
+
+def test_scattered_data_reaches_the_workers_from_rank_0_and_trains_as_the_shared_copy_does(tmp_path, monkeypatch):
+    from mpi_trainer.data import sources
+
+    shared = train_everywhere(tmp_path / "shared", ["train.epochs=1"])
+    reads: list[str] = []
+    real = sources.load_dataset
+    monkeypatch.setattr(sources, "load_dataset", lambda *args, **kwargs: reads.append("read") or real(*args, **kwargs))
+    scattered = train_everywhere(tmp_path / "scattered", ["train.epochs=1", "data.placement='scatter'"])
+    assert reads == ["read"]  # rank 0 alone read the source
+    assert scattered[2]["history"] == scattered[0]["history"] == shared[0]["history"]
+    np.testing.assert_array_equal(scattered[1]["weights"][0], shared[0]["weights"][0])
+
+
+@pytest.mark.parametrize("wire", ["float16", "bfloat16"])
+def test_a_16_bit_wire_halves_the_models_bytes_and_every_rank_ends_with_rank_0s_state(tmp_path, wire):
+    exact = train_everywhere(tmp_path / "float32", ["train.epochs=1", "checkpoint.every=0"])
+    narrow = train_everywhere(tmp_path / wire, ["train.epochs=1", "checkpoint.every=0",
+                                                f"aggregation.wire_dtype='{wire}'"])
+    for rank in (1, 2):  # the final state reaches the workers exactly, as the scorers' does
+        for mine, theirs in zip(narrow[rank]["weights"], narrow[0]["weights"], strict=True):
+            np.testing.assert_array_equal(mine, theirs)
+    sent = [run[0]["summary"]["traffic_bytes"] for run in (exact, narrow)]
+    weights = sum(array.nbytes for array in exact[0]["weights"])  # the model's variables; Adam's stay float32
+    # one round: the model to each of two workers and back, each copy in half the bytes
+    assert sent[0] - sent[1] == pytest.approx(2 * 2 * weights / 2, rel=0.01)
+    assert not np.array_equal(narrow[0]["weights"][0], exact[0]["weights"][0])
+    assert narrow[0]["history"]["val_accuracy"][-1] > 0.6  # one epoch of an MLP on the digits: well above chance
+
+
+@pytest.mark.parametrize(("overrides", "named"), [
+    (["train.overlap_eval=true"], "`train.overlap_eval` is not supported"),
+    (["aggregation.ssp=1", "aggregation.wire_dtype='float16'"], "cannot be combined with aggregation.wire_dtype"),
+])
+def test_what_no_fit_applies_is_refused_on_every_rank_before_training(tmp_path, overrides, named):
+    from mpi_trainer.errors import InputError
+
+    with pytest.raises(InputError, match=named) as raised:
+        train_everywhere(tmp_path / "run", overrides)
+    assert "Received:" in str(raised.value)
 
 
 def test_resume_without_a_run_directory_is_refused_on_every_rank(monkeypatch):
