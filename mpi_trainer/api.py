@@ -20,17 +20,13 @@ take effect, and says which rank this process is.
 from __future__ import annotations
 
 import sys
-import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from mpi_trainer.errors import ConfigError, InputError
-from mpi_trainer.launch.fit_history import history_everywhere
 
 if TYPE_CHECKING:
     from mpi_trainer.comm.transport import Transport
@@ -153,8 +149,7 @@ def fit(model: Any = None, x: Any = None, y: Any = None, batch_size: int | None 
                          list(callbacks or []), config, overrides)
     # within the job an uncaught error on one rank ends every rank; the script's code after it is its own
     with abort_on_error(transport), _refused_together(transport), fail_together(transport):
-        trained, finished = _run(transport, request, run_dir, resume)
-        history = trained if trained is not None else history_everywhere(transport, model, finished)
+        history = _run(transport, request, run_dir, resume)
         transport.release()  # every rank is here: the job's shared window goes with it
         return history
 
@@ -233,45 +228,58 @@ class FitRequest:
     overrides: Any
 
 
-def _run(transport: Transport, request: FitRequest, run_dir: Any, resume: bool) -> tuple[Any, Any]:
-    """(the History, None) when the config's model trains as a keras.Model (:mod:`mpi_trainer.keras_fit.config_fit`),
-    else (None, what the engines return)."""
-    from mpi_trainer.keras_fit.config_fit import engine_reason, fit_config
-    from mpi_trainer.launch.job import JobInputs, agree, load_config_everywhere, run_job
+def _run(transport: Transport, request: FitRequest, run_dir: Any, resume: bool) -> Any:
+    """The History of the fit ``request`` asks for: ``fit(build_fn | zoo name, x, y)`` when ranks passed data
+    (:func:`~mpi_trainer.keras_fit.config_fit.fit_built`), else the config's model on its ``data.source``
+    (:func:`~mpi_trainer.keras_fit.config_fit.fit_config`, the command line's ``train``)."""
+    from mpi_trainer.keras_fit.config_fit import fit_config
+    from mpi_trainer.launch.job import agree
+    from mpi_trainer.launch.keras_args import fit_overrides
 
-    kinds = set(transport.allgather(_input_kind(request.data[0], request.data[1])))
-    built_why = None
-    if len(kinds - {None}) == 1:  # arrays (the workers' may be None), or every rank's pipeline
-        history, built_why = _fit_built(transport, request, run_dir, resume)
-        if built_why is None:
-            return history, None
-    arrays = builder = class_weight = pipeline = None
-    pairs: list[tuple[str, Any]] = []
-    error = None
-    try:  # a bad argument on one rank must fail every rank, not leave them waiting for it
-        pipeline, arrays, pairs = _arguments(request, transport.size - 1)
-        builder, model_overrides = _model_source(request.model, arrays)
-        pairs += model_overrides
-        class_weight = _class_weight(request.class_weight, request.model, request.data)
+    kinds = transport.allgather(_input_kind(request.data[0], request.data[1]))
+    agree(transport, None if len(set(kinds) - {None}) <= 1 else
+          f"Every rank passes the same kind of training data (arrays, or a pipeline each rank builds), or None on "
+          f"the workers. Received: {', '.join(f'rank {rank}: {kind}' for rank, kind in enumerate(kinds))}")
+    if set(kinds) - {None}:
+        return _fit_built(transport, request, run_dir, resume)
+    args, pairs, error = request.keras_args, [], None
+    x, y, sample_weight, validation_data = request.data
+    given = {"sample_weight": sample_weight, "validation_data": validation_data,
+             "steps_per_epoch": args.steps_per_epoch, "validation_steps": args.validation_steps,
+             "validation_batch_size": args.validation_batch_size}
+    try:
+        for name, value in given.items():
+            if value is not None:
+                raise ConfigError(f"`{name}` goes with `x`: without `x` the data is the config's `data.source`, "
+                                  f"which every rank reads. Received: {name} with x=None; expected x and y, or "
+                                  f"{name} left out")
+        pairs = fit_overrides(replace(args, validation_freq=args.validation_freq or 1))
+        if args.validation_split:
+            pairs.append(("data.validation_size", float(args.validation_split)))  # a data.source split at random
+    except InputError as exc:
+        error = str(exc)
+    agree(transport, error)
+    builder, config, cfg, model_pairs = _model_and_config(transport, request, pairs)
+    return fit_config(transport, cfg, config, model_pairs, run_dir, resume, builder, request.callbacks,
+                      request.config if isinstance(request.config, (str, Path)) else None, request.class_weight)
+
+
+def _model_and_config(transport: Transport, request: FitRequest,
+                      pairs: list[tuple[str, Any]]) -> tuple[Any, Any, Config, list[Any]]:
+    """(the builder, the config as passed, the config loaded on every rank, the overrides it was loaded with:
+    the script's, then ``pairs``, then the model's name)."""
+    from mpi_trainer.launch.job import agree, load_config_everywhere
+
+    builder, overrides, error = None, _pairs(request.overrides) + pairs, None
+    try:
+        builder, model_pairs = _model_source(request.model)
+        overrides += model_pairs
         _check_callbacks(request.callbacks)
     except InputError as exc:
         error = str(exc)
     agree(transport, error)
-    arrays, data_overrides = _agree_on_arrays(transport, arrays) if not _agree_on_pipeline(transport, pipeline) \
-        else (None, [("data.source", "pipeline")])
-    config = request.config
-    cfg = load_config_everywhere(transport, str(config) if isinstance(config, Path) else config,
-                                 pairs + data_overrides)
-    agree(transport, _refusal(cfg, request, arrays is not None and arrays.sample_weight is not None))
-    why = built_why or engine_reason(cfg)
-    if why is None:
-        return fit_config(transport, cfg, str(config) if isinstance(config, Path) else config, pairs + data_overrides,
-                          run_dir, resume, builder, request.callbacks,
-                          config if isinstance(config, (str, Path)) else None), None
-    inputs = JobInputs(arrays, builder, request.callbacks if transport.rank == 0 else [],
-                       config if isinstance(config, (str, Path)) else None, pipeline,
-                       pipeline and request.data[3], class_weight, request.keras_args.initial_epoch, why)
-    return None, run_job(transport, cfg, inputs, None if run_dir is None else str(run_dir), resume)
+    config = str(request.config) if isinstance(request.config, Path) else request.config
+    return builder, config, load_config_everywhere(transport, config, overrides), overrides
 
 
 def _input_kind(x: Any, y: Any) -> str | None:
@@ -283,32 +291,19 @@ def _input_kind(x: Any, y: Any) -> str | None:
     return None if x is None and y is None else "arrays"
 
 
-def _fit_built(transport: Transport, request: FitRequest, run_dir: Any, resume: bool) -> tuple[Any, str | None]:
-    """``fit(build_fn | zoo name, x, y, ...)`` as the Keras fit of the model every rank builds
-    (:func:`~mpi_trainer.keras_fit.config_fit.fit_built`): (the History, None), or (None, why the engines
-    train it)."""
-    from mpi_trainer.keras_fit.config_fit import engine_reason, fit_built
-    from mpi_trainer.launch.job import agree, load_config_everywhere
+def _fit_built(transport: Transport, request: FitRequest, run_dir: Any, resume: bool) -> Any:
+    """``fit(build_fn | zoo name, x, y, ...)``: the Keras fit of the model every rank builds
+    (:func:`~mpi_trainer.keras_fit.config_fit.fit_built`)."""
+    from mpi_trainer.keras_fit.config_fit import fit_built
+    from mpi_trainer.launch.job import agree
 
     x, y = request.data[:2]
-    builder, pairs, error = None, _pairs(request.overrides), None
-    try:
-        builder, model_pairs = _model_source(request.model)
-        pairs += model_pairs
-        _check_callbacks(request.callbacks)
-    except InputError as exc:
-        error = str(exc)
-    agree(transport, error)
     structured = [type(value).__name__ for value in (x, y) if isinstance(value, (Mapping, list, tuple))]
     agree(transport, None if not any(transport.allgather(structured)) else
           f"`fit(build_fn, x, y)` builds a model for one input array and one target array. Received: "
           f"{' and '.join(structured) or 'structured inputs on another rank'}; expected arrays, or a keras.Model "
           f"built by the script and passed as `model` (its fit takes inputs and targets by name)")
-    config = str(request.config) if isinstance(request.config, Path) else request.config
-    cfg = load_config_everywhere(transport, config, pairs)
-    why = engine_reason(cfg)
-    if why is not None:
-        return None, why
+    builder, config, cfg, pairs = _model_and_config(transport, request, [])
     args = request.keras_args
     arguments = {"batch_size": args.batch_size, "epochs": args.epochs, "verbose": args.verbose,
                  "shuffle": args.shuffle, "initial_epoch": args.initial_epoch, "steps_per_epoch": args.steps_per_epoch,
@@ -317,97 +312,22 @@ def _fit_built(transport: Transport, request: FitRequest, run_dir: Any, resume: 
                  "class_weight": request.class_weight, "callbacks": request.callbacks}
     _left_to_config(arguments, request.config, request.overrides)
     return fit_built(transport, cfg, config, pairs, run_dir, resume, builder, request.data, arguments,
-                     request.config if isinstance(request.config, (str, Path)) else None), None
-
-
-def _arguments(request: FitRequest, workers: int) -> tuple[Any, Any, list[tuple[str, Any]]]:
-    """This rank's pipeline or arrays, and the config overrides of every argument (the user's first).
-
-    ``steps_per_epoch`` is the batches of one round over all workers, as Keras counts an epoch's steps:
-    a pipeline's adapter reads that many; with arrays each worker takes its share (``train.sync_every``).
-    """
-    from mpi_trainer.data.adapters import fit_input, is_pipeline
-    from mpi_trainer.launch.keras_args import fit_overrides, rank_data, user_sets
-
-    args = request.keras_args
-    if args.validation_freq is None:
-        args = replace(args, validation_freq=1)  # Keras' default
-    x, y, sample_weight, validation_data = request.data
-    if args.epochs is None and x is not None and not user_sets("train.epochs", request.config, request.overrides):
-        args = replace(args, epochs=1)  # Keras' default
-    pairs = _pairs(request.overrides)
-    if is_pipeline(x):
-        _refuse_with_pipeline(request)
-        pipeline = fit_input(x, y, validation_data, args.steps_per_epoch)
-        pairs += fit_overrides(replace(args, steps_per_epoch=None))
-        if not user_sets("data.test_size", request.config, request.overrides):
-            pairs.append(("data.test_size", 0.0))  # as model.fit: nothing held out unless asked for
-        return pipeline, None, pairs
-    cap = None
-    if args.validation_steps is not None:
-        cap = args.validation_steps * (args.validation_batch_size or args.batch_size or 32)
-    arrays = rank_data(x, y, sample_weight, args.validation_split, validation_data, cap, request.model)
-    if args.steps_per_epoch is not None and workers > 0:
-        args = replace(args, steps_per_epoch=max(1, -(-int(args.steps_per_epoch) // workers)))
-    pairs += fit_overrides(args)
-    if arrays is None and args.validation_split:
-        pairs.append(("data.validation_size", float(args.validation_split)))  # a data.source split at random
-    if arrays is not None and not user_sets("data.test_size", request.config, request.overrides):
-        pairs.append(("data.test_size", 0.0))  # as model.fit: nothing held out unless asked for
-    return None, arrays, pairs
-
-
-def _refuse_with_pipeline(request: FitRequest) -> None:
-    """What a pipeline input cannot take (Keras refuses validation_split and sample_weight with datasets too)."""
-    given = {"validation_split": request.keras_args.validation_split, "sample_weight": request.data[2]}
-    for name, value in given.items():
-        if value:
-            raise ConfigError(f"`{name}` applies to array inputs; a pipeline carries its own labels and weights. "
-                              f"Received: {name} with x of type {type(request.data[0]).__name__}")
-
-
-def _class_weight(class_weight: Any, model: Any, data: tuple[Any, ...]) -> Any:
-    """``class_weight`` checked as Keras checks it with these inputs (its own adapters refuse what they refuse)."""
-    from mpi_trainer.data.weights import check_class_weight, keras_refusal
-
-    checked = check_class_weight(class_weight, model)
-    x, y, sample_weight = data[:3]
-    refusal = keras_refusal(x, y, sample_weight, checked)
-    if refusal is not None:
-        raise ConfigError(refusal)
-    return checked
+                     request.config if isinstance(request.config, (str, Path)) else None)
 
 
 def _check_callbacks(callbacks: list[Any]) -> None:
-    from mpi_trainer.scheduler.callbacks import check_callbacks
+    """Refuse, before training, what cannot be a callback on rank 0 (it runs there once an epoch)."""
+    import keras
 
-    check_callbacks(callbacks)
-
-
-def _refusal(cfg: Config, request: FitRequest, has_sample_weight: bool) -> str | None:
-    """What the loaded config cannot do with these arguments (the same on every rank), or None."""
-    lbfgs = cfg.model.uses_lbfgs
-    if lbfgs and request.callbacks:
-        return ("`callbacks` are not available with model.optimizer='lbfgs' (its iterations are not rounds). "
-                "Received: callbacks with model.optimizer='lbfgs'")
-    if lbfgs and (request.class_weight is not None or has_sample_weight):
-        return ("`class_weight` and `sample_weight` are not available with model.optimizer='lbfgs' (its "
-                "gradient is the unweighted loss). Received: weights with model.optimizer='lbfgs'")
-    moving = {"data.placement": cfg.data.scatters, "data.increment.enabled": cfg.data.increment.enabled,
-              "data.rebalance": cfg.data.rebalance}
-    for key, conflicts in moving.items():
-        if has_sample_weight and conflicts:
-            return (f"`sample_weight` needs every worker to hold the same arrays and keep its block: it cannot be "
-                    f"combined with {key}. Received: sample_weight with {key}={getattr_path(cfg, key)!r}; pass the "
-                    f"same x, y and sample_weight on every rank, or use class_weight")
-    return None
-
-
-def getattr_path(cfg: Config, key: str) -> Any:
-    value = cfg
-    for part in key.split("."):
-        value = getattr(value, part)
-    return value
+    if not all(isinstance(callback, keras.callbacks.Callback) for callback in callbacks):
+        kinds = sorted({type(c).__name__ for c in callbacks if not isinstance(c, keras.callbacks.Callback)})
+        raise ConfigError(f"`callbacks` must be keras.callbacks.Callback instances. Received: {kinds}")
+    for callback in callbacks:
+        if isinstance(callback, keras.callbacks.BackupAndRestore):
+            raise ConfigError("`callbacks`: BackupAndRestore cannot restore a data-parallel run (the state and "
+                              "the epoch to restart from live on every rank, not in rank 0's model). Received: "
+                              "BackupAndRestore; expected checkpoint.every = n in `overrides` and, after an "
+                              "interruption, the same fit call again with its run_dir (or `mpi_trainer launch`)")
 
 
 def _pairs(overrides: Sequence[str] | dict[str, Any] | None) -> list[Any]:
@@ -418,14 +338,8 @@ def _pairs(overrides: Sequence[str] | dict[str, Any] | None) -> list[Any]:
     return list(overrides.items()) if isinstance(overrides, dict) else list(overrides)
 
 
-def _model_source(model: Any, arrays: Any = None) -> tuple[Any, list[tuple[str, Any]]]:
+def _model_source(model: Any) -> tuple[Any, list[tuple[str, Any]]]:
     """(the builder to call, config overrides naming the model)."""
-    if arrays is not None and arrays.target_layout is not None:  # y per output
-        from mpi_trainer.models.packed_targets import targets_source
-        return targets_source(model, arrays.input_layout, arrays.target_layout)
-    if arrays is not None and arrays.input_layout is not None:  # x as a dict of inputs
-        from mpi_trainer.models.packed import packed_source
-        return packed_source(model, arrays.input_layout)
     if model is None:
         return None, []
     if isinstance(model, str):
@@ -435,37 +349,3 @@ def _model_source(model: Any, arrays: Any = None) -> tuple[Any, list[tuple[str, 
                           f"a zoo name or 'package.module:function'. Received: {type(model).__name__}")
     name = getattr(model, "__qualname__", None) or getattr(model, "name", None) or type(model).__name__
     return model, [("model.name", str(name))]
-
-
-def _agree_on_arrays(transport: Transport, arrays: Any) -> tuple[Any, list[tuple[str, Any]]]:
-    """The arrays this rank loads, and the data.* overrides every rank applies.
-
-    Rank 0's arrays are the data. A worker that passed the same ones reads its block from them;
-    if any worker passed none (or others), every worker gets its rows sent (``data.placement = scatter``).
-    """
-    prints = transport.allgather(_fingerprint(arrays))
-    if prints[0] is None:
-        return None, []
-    shared = all(p == prints[0] for p in prints[1:])
-    return (arrays if shared or transport.rank == 0 else None), [
-        ("data.source", "arrays"), ("data.placement", "shared" if shared else "scatter")]
-
-
-def _agree_on_pipeline(transport: Transport, pipeline: Any) -> bool:
-    """Whether the data is a pipeline; every rank builds one, of the same kind, or all fail."""
-    from mpi_trainer.launch.job import agree
-
-    kinds = transport.allgather(None if pipeline is None else pipeline.kind)
-    differ = any(kind != kinds[0] for kind in kinds) and any(kinds)
-    agree(transport, f"Every rank must build the same kind of input (each builds its own pipeline). Received: "
-                     f"{', '.join(f'rank {r}: {k}' for r, k in enumerate(kinds))}" if differ else None)
-    return kinds[0] is not None
-
-
-def _fingerprint(arrays: Any) -> tuple | None:
-    """Shapes, dtypes and a checksum of the labels: equal on ranks that were handed the same data."""
-    if arrays is None:
-        return None
-    parts = [arrays.x, arrays.y, arrays.x_test, arrays.y_test, arrays.x_val, arrays.y_val, arrays.sample_weight]
-    shapes = tuple(None if a is None else (a.shape, str(a.dtype)) for a in parts)
-    return shapes, zlib.crc32(np.ascontiguousarray(arrays.y).tobytes())

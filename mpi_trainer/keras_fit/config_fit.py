@@ -5,7 +5,6 @@ Every rank reads the config's data source and builds and compiles the config's m
 initial state reaches the others with the first epoch's order); then the fit is the one a script's
 ``keras.Model`` gets (:func:`~.fit.fit_model`), with the config's test split as the validation data
 (``val_*`` in the History, ``test_*`` in rounds.csv) and the run directory the command line always keeps.
-Full-batch L-BFGS (:func:`engine_reason`) is trained by its own engine.
 """
 
 from __future__ import annotations
@@ -23,22 +22,21 @@ if TYPE_CHECKING:
     from mpi_trainer.comm.transport import Transport
     from mpi_trainer.config import Config
 
+# full-batch L-BFGS's settings (model.optimizer = "lbfgs"), which the fit applies to a model the config compiles
+LBFGS_KEYS = ("lbfgs.history_size", "lbfgs.gtol", "lbfgs.ftol", "lbfgs.max_evaluations", "lbfgs.batch_size")
+
 # The keys this entry applies itself, before the fit: the model it builds and compiles, the data it reads.
 APPLIED = frozenset({
     "model.name", "model.optimizer", "model.learning_rate", "model.activation", "model.loss", "model.metrics",
     "data.source", "data.test_size", "data.label", "data.features", "data.datasets", "data.image_size",
     "data.color_mode", "data.feature_shape", "data.feature_dtype", "data.stream", "data.validation_size",
-    "data.placement", "train.shuffle", "train.seed",
+    "data.placement", "train.shuffle", "train.seed", *LBFGS_KEYS,
 })
 
 
-def engine_reason(cfg: Config) -> str | None:
-    """Why the L-BFGS engine trains ``cfg`` rather than the Keras fit, or None when the Keras fit takes it."""
-    return "model.optimizer = 'lbfgs'" if cfg.model.uses_lbfgs else None
-
-
 def fit_config(transport: Transport, cfg: Config, config: Any, overrides: list[Any], run_dir: Any, resume: bool,
-               builder: Any = None, callbacks: Sequence[Any] = (), config_path: str | Path | None = None) -> Any:
+               builder: Any = None, callbacks: Sequence[Any] = (), config_path: str | Path | None = None,
+               class_weight: Any = None) -> Any:
     """Every rank: the config's data and model, then the Keras fit; returns the History on every rank."""
     from mpi_trainer.keras_fit.fit import fit_model, scored_epochs
     from mpi_trainer.launch.job import start_rank
@@ -71,7 +69,7 @@ def fit_config(transport: Transport, cfg: Config, config: Any, overrides: list[A
     x, y, shuffle = _training_input(dataset, cfg)
     kwargs = {"x": x, "y": y, "batch_size": None if y is None else cfg.train.batch_size,
               "epochs": cfg.train.epochs, "verbose": 2, "shuffle": shuffle, "callbacks": callbacks,
-              "validation_data": validation, "validation_freq": frequency}
+              "class_weight": class_weight, "validation_data": validation, "validation_freq": frequency}
     describe = {"dataset": dataset.describe(), "model": cfg.model.name}
     history = fit_model(transport, model, kwargs, config, overrides, path, resume, applied=APPLIED,
                         describe=describe)
@@ -194,7 +192,7 @@ def _model(cfg: Config, dataset: Any, builder: Any) -> Any:
 
 # The keys ``fit(build_fn, x, y)`` applies itself, before the fit: the model it builds and compiles.
 BUILT_APPLIED = frozenset({"model.name", "model.optimizer", "model.learning_rate", "model.activation", "model.loss",
-                           "model.metrics", "train.seed"})
+                           "model.metrics", "train.seed", *LBFGS_KEYS})
 
 
 def fit_built(transport: Transport, cfg: Config, config: Any, overrides: list[Any], run_dir: Any, resume: bool,

@@ -93,6 +93,12 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
         check_early_stopping(cfg, kwargs)
         check_max_steps(cfg, kwargs)
         prepared = prepare(model, kwargs, transport.rank, workers, cfg.evaluation.on_workers, cfg.aggregation.elects)
+        if cfg.model.uses_lbfgs:
+            from mpi_trainer.keras_fit.lbfgs import lbfgs_refusal
+
+            refused = lbfgs_refusal(prepared.train_data, kwargs)
+            if refused:
+                raise ConfigError(refused)
     except (InputError, ValueError, TypeError) as exc:  # Keras' refusals are ValueError / TypeError
         error = str(exc)
     agree(transport, error)
@@ -116,7 +122,11 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
     preemption.install(cfg.checkpoint.preempt_signals, cfg.checkpoint.grace_seconds,
                        lambda: transport.abort(EXIT_PREEMPTED))
     try:
-        if transport.rank == 0:
+        if cfg.model.uses_lbfgs:  # full-batch L-BFGS: its own iterations, the same record and callbacks
+            from mpi_trainer.keras_fit.lbfgs import fit_lbfgs
+
+            history = fit_lbfgs(transport, model, state, kwargs, cfg, prepared, record, saved, preemption)
+        elif transport.rank == 0:
             history = schedule(transport, model, state, kwargs, cfg, prepared, agreed(record), saved, placements,
                                preemption)
         else:
@@ -490,7 +500,6 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
              prepared: Prepared, record: FitRecord, saved: dict[str, Any] | None, placements: list[Any],
              preemption: Preemption | None = None) -> Any:
     """Rank 0's whole fit: the epochs and the callbacks, recorded; returns the History."""
-    import keras
 
     from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
     from mpi_trainer.launch.process_placement import log_placements
@@ -499,12 +508,8 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
 
     outer_name, outer_why = outer_for(cfg, model, workers)
     outer = OuterOptimizer(dataclasses.replace(OuterSettings.from_config(cfg, workers), name=outer_name))
-    verbose = kwargs.get("verbose", "auto")
     epochs = kwargs.get("epochs", 1)
-    callbacks = keras.callbacks.CallbackList(list(kwargs.get("callbacks") or []) + early_stopping(cfg),
-                                             add_history=True,
-                                             add_progbar=verbose != 0, verbose=verbose, epochs=epochs,
-                                             steps=worker_steps(kwargs, prepared, workers), model=model)
+    callbacks = callback_list(kwargs, cfg, model, worker_steps(kwargs, prepared, workers))
     arguments = (transport, model, state, outer, callbacks, prepared.validation, kwargs.get("validation_freq", 1),
                  record, wait_bounds(cfg))
     aggregation, train = cfg.aggregation, cfg.train
@@ -549,19 +554,37 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
             rounds.send_stop()
         else:
             rounds.run(start, epochs)
-        if rounds.preempted:  # checkpointed after its last epoch, and the workers are leaving
-            record.finish(transport.size - 1)
-            raise Preempted()
-        history = _history(callbacks, record, trained=not complete)
-        if not complete:
-            record.save_state(state.read(state.empty()), state.read_integers(), len(history.epoch), history, True)
-            record.save_weights(model)
-        history.summary = record.finish(transport.size - 1)  # the survivors, under fault.survive
-        history.rounds = record.columns()
-        history.run_dir = record.path
-        return history
+        return closed_history(transport, model, state, callbacks, record, complete, rounds.preempted)
     finally:
         record.release()
+
+
+def callback_list(kwargs: dict[str, Any], cfg: Config, model: Any, steps: int | None) -> Any:
+    """Rank 0's callbacks as Keras' fit runs them: the script's, then the config's early stopping, with the
+    History and (unless ``verbose=0``) the progress bar."""
+    import keras
+
+    verbose = kwargs.get("verbose", "auto")
+    return keras.callbacks.CallbackList(list(kwargs.get("callbacks") or []) + early_stopping(cfg), add_history=True,
+                                        add_progbar=verbose != 0, verbose=verbose, epochs=kwargs.get("epochs", 1),
+                                        steps=steps, model=model)
+
+
+def closed_history(transport: Transport, model: Any, state: ModelState, callbacks: Any, record: FitRecord,
+                   complete: bool, preempted: bool = False) -> Any:
+    """The end of rank 0's fit: the final state saved and summary.json written; the History returned (a
+    preempted fit, checkpointed after its last epoch, raises :class:`Preempted` as its workers leave)."""
+    if preempted:
+        record.finish(transport.size - 1)
+        raise Preempted()
+    history = _history(callbacks, record, trained=not complete)
+    if not complete:
+        record.save_state(state.read(state.empty()), state.read_integers(), len(history.epoch), history, True)
+        record.save_weights(model)
+    history.summary = record.finish(transport.size - 1)  # the survivors, under fault.survive
+    history.rounds = record.columns()
+    history.run_dir = record.path
+    return history
 
 
 def output_classes(model: Any) -> int | None:

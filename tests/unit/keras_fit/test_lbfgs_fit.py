@@ -1,0 +1,114 @@
+"""Full-batch L-BFGS (``model.optimizer = "lbfgs"``) on the Keras fit: the iterates are SciPy's on the whole
+training split however the rows are shared, each is an epoch of the History and a row of rounds.csv, and the
+run directory resumes and finishes as every fit's does. A scheduler and two workers as threads."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+from lbfgs_reference import scipy_losses, softmax_regression_objective
+
+from mpi_trainer.comm.local import LocalWorld
+from mpi_trainer.config import load_config
+from mpi_trainer.data.sources import load_dataset
+from mpi_trainer.keras_fit import config_fit
+from mpi_trainer.keras_fit.config_fit import fit_config
+from mpi_trainer.models import build_model
+from mpi_trainer.models.gradients import TrainableVector
+from mpi_trainer.persistence.run_files import read_rounds
+from tests.unit.keras_fit.test_fit_again import placed_in_place
+
+LBFGS = {"data": {"source": "digits", "test_size": 0.2},
+         "model": {"name": "softmax_regression", "optimizer": "lbfgs"},
+         "train": {"epochs": 4, "seed": 0}, "checkpoint": {"every": 2}, "log": {"plots": False}}
+
+
+@pytest.fixture(autouse=True)
+def start_in_place(monkeypatch):
+    monkeypatch.setattr("mpi_trainer.launch.job.start_rank", placed_in_place)
+    # the ranks are threads: each seeds Keras and builds its model without another drawing in between, as
+    # the processes of a job do
+    lock, build = threading.Lock(), config_fit._model
+
+    def seeded_alone(*args: Any) -> Any:
+        with lock:
+            return build(*args)
+
+    monkeypatch.setattr(config_fit, "_model", seeded_alone)
+
+
+def fit_everywhere(run_dir: Path, overrides: list[str] = ()) -> dict[int, dict[str, Any]]:
+    world = LocalWorld(3)
+    transports = world.transports()
+
+    def rank(index: int) -> dict[str, Any]:
+        cfg = load_config(LBFGS, list(overrides))
+        history = fit_config(transports[index], cfg, LBFGS, list(overrides), str(run_dir), False)
+        return {"history": history.history, "epoch": list(history.epoch), "summary": history.summary,
+                "weights": history.model.get_weights()}
+
+    return world.run({index: lambda index=index: rank(index) for index in range(3)}, timeout=240)
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[float]:
+    cfg = load_config(LBFGS)
+    dataset = load_dataset(cfg.data, cfg.train.seed)
+    keras.utils.set_random_seed(cfg.train.seed)
+    model, _ = build_model(cfg.model, dataset.input_shape, dataset.num_outputs)
+    objective = softmax_regression_objective(dataset.x_train, dataset.y_train, dataset.num_outputs)
+    return scipy_losses(objective, TrainableVector(model).read(), 6)
+
+
+def test_the_iterates_are_scipys_on_the_whole_split_and_every_rank_ends_with_them(tmp_path, reference):
+    result = fit_everywhere(tmp_path / "run")
+    history = result[0]["history"]
+    assert result[0]["epoch"] == [0, 1, 2, 3]
+    np.testing.assert_allclose(history["loss"], reference[:4], rtol=1e-5)
+    for rank in (1, 2):
+        assert result[rank]["history"] == history
+        for mine, theirs in zip(result[rank]["weights"], result[0]["weights"], strict=True):
+            np.testing.assert_array_equal(mine, theirs)
+    rows = read_rounds(tmp_path / "run" / "rounds.csv")
+    evaluations = [int(float(row["function_evaluations"])) for row in rows]
+    assert evaluations == sorted(evaluations) and evaluations[-1] >= 5  # the first point, then one or more each
+    assert all(float(row["bytes"]) > 0 and float(row["gradient_norm"]) > 0 for row in rows)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stop_reason"] == "epochs" and summary["function_evaluations"] == evaluations[-1]
+    assert summary["final_test_accuracy"] > 0.75  # 4 iterations from a random start
+    # each evaluation: the parameters (float64) to both workers, and both workers' sums back
+    parameters = TrainableVector(build_model(load_config(LBFGS).model, (8, 8, 1), 10)[0]).size
+    assert int(float(rows[0]["bytes"])) >= evaluations[0] * 2 * 2 * 8 * parameters
+
+
+def test_a_run_asked_for_more_iterations_goes_on_and_a_complete_one_trains_nothing(tmp_path, reference):
+    first = fit_everywhere(tmp_path / "run", ["train.epochs=2"])
+    more = fit_everywhere(tmp_path / "run", ["train.epochs=4"])
+    assert more[0]["epoch"] == [0, 1, 2, 3]
+    assert more[0]["history"]["loss"][:2] == first[0]["history"]["loss"]
+    assert more[0]["history"]["loss"][3] < more[0]["history"]["loss"][1]  # a fresh curvature history still descends
+    evaluations = [int(float(row["function_evaluations"])) for row in read_rounds(tmp_path / "run" / "rounds.csv")]
+    assert evaluations == sorted(evaluations)  # counted on from the first job's
+    again = fit_everywhere(tmp_path / "run", ["train.epochs=4"])
+    assert again[2]["history"] == more[0]["history"]
+    np.testing.assert_array_equal(again[1]["weights"][0], more[0]["weights"][0])
+
+
+def test_weights_the_objective_cannot_take_are_refused_on_every_rank(tmp_path):
+    from mpi_trainer.errors import InputError
+
+    world = LocalWorld(3)
+    transports = world.transports()
+
+    def rank(index: int) -> None:
+        cfg = load_config(LBFGS)
+        fit_config(transports[index], cfg, LBFGS, [], str(tmp_path / "run"), False, class_weight={0: 2.0})
+
+    with pytest.raises(InputError, match=r"minimises the mean loss over every training row, unweighted"):
+        world.run({index: lambda index=index: rank(index) for index in range(3)}, timeout=120)
