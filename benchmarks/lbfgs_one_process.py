@@ -38,7 +38,7 @@ def main() -> None:
     cfg = load_config("configs/mnist_softmax_lbfgs.toml", [f"data.source={args.data}"])
     data = load_dataset(cfg.data, seed=0)
     keras.utils.set_random_seed(0)
-    model, _ = build_model(cfg.model, data.input_shape, data.num_outputs, data.classes)
+    model = build_model(cfg.model, data.input_shape, data.num_outputs, data.classes)
     gradient = BlockGradient(model, batch_size=args.batch)
     x, y, n = data.x_train, data.y_train, data.num_train
     spent: list[float] = []

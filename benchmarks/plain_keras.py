@@ -59,7 +59,7 @@ def setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     cfg = load_config(args.config, [*args.set, f"train.seed={args.seed}"])
     data = load_dataset(cfg.data, args.seed)
     keras.utils.set_random_seed(args.seed)
-    model, _ = build_model(cfg.model, data.input_shape, data.num_outputs, data.classes)
+    model = build_model(cfg.model, data.input_shape, data.num_outputs, data.classes)
     return cfg, data, model
 
 

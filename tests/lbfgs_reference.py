@@ -49,6 +49,6 @@ def digits_softmax_problem(seed: int = 0, validation_size: float = 0.0) -> tuple
     """The training split of the digits, and softmax regression built as rank 0 builds it (same seed)."""
     dataset = load_dataset(DataConfig(source="digits", validation_size=validation_size), seed)
     keras.utils.set_random_seed(seed)
-    model, _ = build_model(ModelConfig(name="softmax_regression", optimizer="lbfgs"), dataset.input_shape,
+    model = build_model(ModelConfig(name="softmax_regression", optimizer="lbfgs"), dataset.input_shape,
                            dataset.num_outputs)
     return dataset.x_train, dataset.y_train, dataset.num_outputs, model

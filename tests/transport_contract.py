@@ -2,7 +2,6 @@
 
 :func:`exchange` runs on every rank of a world of any size >= 2 and returns what that rank saw;
 :func:`expected` is what every transport must produce, worked out from the rank and the size alone.
-The links' orders (one of every kind) travel through it too, as the scheduler sends them.
 ``tests/unit/comm/test_transport_contract.py`` runs it on the in-process transport and
 ``tests/mpirun/contract_job.py`` under ``mpirun -n 3`` on the MPI one.
 """
@@ -14,16 +13,6 @@ from typing import Any
 import numpy as np
 
 from mpi_trainer.comm.interface import REDUCE_PART_BYTES
-from mpi_trainer.comm.protocol import (
-    EvaluateOrder,
-    RoundOrder,
-    SchedulerLink,
-    SendOptimizerOrder,
-    SendWeightsOrder,
-    StopOrder,
-    UpdateOrder,
-    WorkerLink,
-)
 
 N = 50_000  # float32 elements: 200 kB, above the size from which the MPI transport announces a payload
 TIMEOUT = 60.0
@@ -65,14 +54,12 @@ def exchange(transport: Any) -> dict[str, Any]:
         seen["reduce"] = bool(np.array_equal(summed, pattern * (size * (size + 1) // 2)))
         seen["gather"] = rows[:, 0].tolist()
         seen["reports"] = sorted(_collect_reports(transport, size))
-        _send_orders(SchedulerLink(transport))
     else:
         transport.send_object({"from": rank}, 0, tag=7, timeout=TIMEOUT)
         transport.send_array(pattern * rank, 0, tag=8, timeout=TIMEOUT)
         # one array sent part by part (a worker's optimizer state): it arrives whole
         parts = (part for part in np.array_split(pattern - rank, 3))
         transport.send_array_parts(parts, (N // 2, 2), np.float32, 0, tag=9, timeout=TIMEOUT)
-        seen["orders"] = _receive_orders(WorkerLink(transport))
     transport.take_bytes()
     transport.barrier(timeout=TIMEOUT)
     return seen
@@ -99,28 +86,6 @@ def _receive_in_parts(transport: Any, source: int) -> np.ndarray:
     return np.concatenate(parts).reshape(incoming.shape)
 
 
-# One order of every kind, as the scheduler's link sends them (frozen dataclasses, pickled).
-ORDERS = [RoundOrder(3, blocks=[(0, 5), (5, 9)], moved_rows=2, learning_rate=0.5, held_weights=True),
-          UpdateOrder(4, learning_rate=0.25), SendWeightsOrder(), SendOptimizerOrder(),
-          EvaluateOrder(3, score_validation=True), StopOrder(preempted=True)]
-
-
-def _send_orders(link: SchedulerLink) -> None:
-    for worker in link.workers:
-        for order in ORDERS:
-            link.send_order(worker, order)
-
-
-def _receive_orders(link: WorkerLink) -> list[list[Any]]:
-    """What a worker finds in each order: its type, what a timeout would call it, and its fields but ``bound``."""
-    found = []
-    for _ in ORDERS:
-        order = link.recv_order()
-        fields = {name: value for name, value in vars(order).items() if name != "bound"}
-        found.append([type(order).__name__, order.describe(), repr(fields)])
-    return found
-
-
 def expected(rank: int, size: int) -> dict[str, Any]:
     """What ``rank`` of a ``size``-rank world must see, whatever carries the bytes."""
     weights_bytes = N * 4
@@ -136,8 +101,4 @@ def expected(rank: int, size: int) -> dict[str, Any]:
     if rank == 0:
         seen.update(reduce=True, reduce_parts=True, parts_in_order=True, gather=[float(r) for r in range(size)],
                     reports=[(r, r, True, True) for r in range(1, size)])
-    else:
-        seen["orders"] = [[type(order).__name__, order.describe(),
-                           repr({name: value for name, value in vars(order).items() if name != "bound"})]
-                          for order in ORDERS]
     return seen

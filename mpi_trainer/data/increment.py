@@ -14,16 +14,9 @@ scheduler can predict what a worker will need and tests can check it by hand.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from mpi_trainer.config import IncrementConfig
-
-if TYPE_CHECKING:
-    from mpi_trainer.comm.messages import Report
 
 
 def step_size(total: int, cfg: IncrementConfig) -> int:
@@ -69,14 +62,3 @@ def positions_needed(total: int, fixed_positions: np.ndarray, rounds: int, rank:
     return np.unique(np.concatenate(parts))
 
 
-def share_line(round_index: int, rank: int, fixed: int, extra: int, total: int) -> str:
-    return (f"round {round_index} worker rank {rank}: fixed block {fixed} + random draw {extra} = "
-            f"{fixed + extra} samples ({(fixed + extra) / total:.1%} of the training set)")
-
-
-def log_data_shares(log: logging.Logger, cfg: IncrementConfig, round_index: int, reports: Sequence[Report],
-                    total: int) -> None:
-    """Scheduler side: each worker's share of the training set this round, from its report."""
-    if cfg.enabled:
-        shares = ", ".join(f"rank {r.rank} {r.samples} ({r.samples / total:.1%})" for r in reports)
-        log.info("round %d random data increment: samples per worker %s", round_index, shares)

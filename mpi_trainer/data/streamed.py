@@ -197,7 +197,7 @@ def refusals(cfg: Config, adapter: InputAdapter) -> list[str]:
     """What the config asks that this input cannot give, one message each."""
     kind, out = adapter.kind, []
     if cfg.data.scatters:
-        out.append(_refusal("data.placement", "scatter", "sends each worker its rows from the scheduler", kind,
+        out.append(_refusal("data.placement", "scatter", "has rank 0 read the data and send it to every worker", kind,
                             "'shared': every rank reads the input itself"))
     if cfg.data.increment.enabled:
         out.append(_refusal("data.increment.enabled", True, "draws random rows from the whole training set "

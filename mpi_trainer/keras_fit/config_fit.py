@@ -40,8 +40,8 @@ def fit_config(transport: Transport, cfg: Config, config: Any, overrides: list[A
     """Every rank: the config's data and model, then the Keras fit; returns the History on every rank."""
     from mpi_trainer.keras_fit.fit import fit_model, scored_epochs
     from mpi_trainer.launch.job import start_rank
-    from mpi_trainer.launch.job_setup import resolve_stream
     from mpi_trainer.launch.run_dir import chosen_path
+    from mpi_trainer.launch.stream_choice import resolve_stream
 
     start_rank(transport, cfg)  # placed before Keras starts: the model is built below
     cfg = resolve_stream(transport, cfg)  # data.stream = "auto": whether a worker's rows fit its memory
@@ -160,13 +160,34 @@ def _dataset(cfg: Config, workers: int) -> Any:
     """This rank's copy of the config's data: the training and test splits (a pipeline's training part stays
     in its pipeline)."""
     from mpi_trainer.data.sources import check_finite, load_dataset
-    from mpi_trainer.launch.job_setup import streamed_dataset
 
-    dataset = streamed_dataset(0, cfg, workers, None)
+    dataset = pipeline_source(cfg, workers)
     if dataset is None:  # rows read whole: a NaN among them fails every rank here, not the training
         dataset = load_dataset(cfg.data, cfg.train.seed)
         check_finite(np.asarray(dataset.x_train), dataset.name, "train")
     return dataset
+
+
+def pipeline_source(cfg: Config, workers: int) -> Any:
+    """The dataset of a source read as a pipeline (an image folder, TFRecords, a file read in batches), what
+    the config asks of it checked first; None for a source read whole."""
+    from mpi_trainer.data.streamed import check_allows, pipeline_dataset, streamed_train
+
+    if cfg.data.stream is True:  # "auto" is resolved before (resolve_stream); unresolved, the file is read whole
+        from mpi_trainer.data.adapters.files import stream_dataset
+
+        dataset = stream_dataset(cfg.data)
+        streamed = streamed_train(dataset)
+        if streamed is not None:  # always: a file read in batches
+            check_allows(cfg, streamed.adapter)
+        return dataset
+    if not (cfg.data.is_image_folder or cfg.data.is_tfrecord):
+        return None
+    from mpi_trainer.data.adapters.records import image_folder, tfrecords
+
+    adapter, validation = (image_folder if cfg.data.is_image_folder else tfrecords)(cfg)
+    check_allows(cfg, adapter)
+    return pipeline_dataset(Path(cfg.data.source).name, adapter, validation, cfg, workers)
 
 
 def _scattered(transport: Transport, dataset: Any) -> Any:
@@ -186,7 +207,7 @@ def _model(cfg: Config, dataset: Any, builder: Any) -> Any:
     from mpi_trainer.models import build_model
 
     keras.utils.set_random_seed(cfg.train.seed)
-    model, _ = build_model(cfg.model, dataset.input_shape, dataset.num_outputs, dataset.classes, builder)
+    model = build_model(cfg.model, dataset.input_shape, dataset.num_outputs, dataset.classes, builder)
     return model
 
 
@@ -279,6 +300,6 @@ def _built_model(cfg: Config, builder: Any, x: Any, y: Any, validation: Any = No
     outputs = max(max(int(part.max()) for part in seen if len(part)) + 1, 2) if classes and len(labels) else \
         (int(labels.shape[-1]) if labels.ndim > 1 else 1)
     keras.utils.set_random_seed(cfg.train.seed)
-    model, _ = build_model(cfg.model, tuple(np.shape(x)[1:]), outputs, classes, builder)
+    model = build_model(cfg.model, tuple(np.shape(x)[1:]), outputs, classes, builder)
     dry_run(model, x[:SAMPLES], labels[:SAMPLES], train=False)  # the output, the labels and the loss meet
     return model

@@ -536,6 +536,7 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
         rounds.fault = cfg.fault
     try:
         record.begin(saved)
+        record.count_bytes(transport.take_bytes())  # the set-up's (scattered data): the run's, not an epoch's
         if rounds.divergence is not None:
             rounds.divergence.start_from(record.rows)  # a resumed run's epochs so far
         rounds.steps_done = sum(int(float(row.get("steps") or 0)) for row in record.rows)

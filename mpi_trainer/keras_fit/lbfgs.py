@@ -71,6 +71,7 @@ def fit_lbfgs(transport: Transport, model: Any, state: ModelState, kwargs: dict[
     callbacks = callback_list(kwargs, cfg, model, 1)
     try:
         record.begin(saved)
+        record.count_bytes(transport.take_bytes())  # the set-up's (scattered data): the run's, not an iteration's
         if saved is not None:
             state.write(saved["state"])
             state.write_integers(saved["integers"])

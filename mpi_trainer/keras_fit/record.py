@@ -348,7 +348,7 @@ class FitRecord:
 
             self.timeline.write(self.path / TIMELINE_NAME)
         if self.path is not None and self.plots and self.rows and self.stop_reason != "preempted":
-            from mpi_trainer.launch.roles import write_report
+            from mpi_trainer.reporting.report import write_report
 
             write_report(self.path)  # report.txt and the plots, as the command line's run ends
         return summary

@@ -29,9 +29,9 @@ import numpy as np
 from mpi_trainer import hooks
 from mpi_trainer.errors import Preempted, RankLost, WorkerFailure
 from mpi_trainer.keras_fit import shares
+from mpi_trainer.keras_fit.slowdown import make_slowdown
 from mpi_trainer.keras_fit.state import ModelState
 from mpi_trainer.persistence.preemption import Preemption
-from mpi_trainer.worker.slowdown import make_slowdown
 
 if TYPE_CHECKING:
     from mpi_trainer.comm.transport import Transport

@@ -26,13 +26,15 @@ def check(cfg: Config, workers: int | None = None) -> str:
     """``mpi_trainer check``: validate without MPI (load the data, build the model); a one-line description."""
     import numpy as np
 
+    from mpi_trainer.algorithms.early_stopping import watched_metric
     from mpi_trainer.algorithms.outer_optimizer import OuterSettings
     from mpi_trainer.data.augmentation import check_image_input
     from mpi_trainer.data.partition import block_bounds
     from mpi_trainer.data.sources import load_dataset
+    from mpi_trainer.keras_fit.config_fit import pipeline_source
     from mpi_trainer.launch.devices import check_training_backend, configured_backend
-    from mpi_trainer.launch.job_setup import check_monitor, streamed_dataset, with_stream
     from mpi_trainer.launch.process_placement import backend_installed
+    from mpi_trainer.launch.stream_choice import with_stream
     from mpi_trainer.models import build_model
     from mpi_trainer.models.dry_run import SAMPLES, dry_run
 
@@ -43,14 +45,15 @@ def check(cfg: Config, workers: int | None = None) -> str:
 
         decision = decide(cfg.data.source, workers or 1, 1 + (workers or 1))
         cfg, stream_note = with_stream(cfg, decision.stream), f"; {decision.describe()}" if cfg.data.is_file else ""
-    dataset = streamed_dataset(0, cfg, 1, None) or load_dataset(cfg.data, cfg.train.seed)
+    dataset = pipeline_source(cfg, 1) or load_dataset(cfg.data, cfg.train.seed)
     check_image_input(cfg.data.augmentation, dataset.input_shape)
-    model, _ = build_model(cfg.model, dataset.input_shape, dataset.num_outputs, dataset.classes)
+    model = build_model(cfg.model, dataset.input_shape, dataset.num_outputs, dataset.classes)
     if cfg.model.uses_lbfgs:
         from mpi_trainer.models.gradients import BlockGradient
 
         BlockGradient(model)
-    check_monitor(cfg, dry_run(model, *dataset.train.read(np.arange(min(SAMPLES, dataset.num_train)))))
+    names = dry_run(model, *dataset.train.read(np.arange(min(SAMPLES, dataset.num_train))))
+    watched_metric(cfg.early_stopping.monitor, cfg.early_stopping.patience, names, True)
     if workers is not None:
         try:
             block_bounds(dataset.num_train, workers)

@@ -75,14 +75,15 @@ def sum_over_ranks(transport: Transport, timeout: float) -> str:
 def check_data(rank: int, config_path: str, overrides: list[str]) -> tuple[bool, str]:
     """Read the config and the training rows this rank would read; (ok, what was found)."""
     from mpi_trainer.config import load_config
+    from mpi_trainer.data.sources import load_dataset
     from mpi_trainer.errors import InputError
-    from mpi_trainer.launch.job_setup import load_dataset_for_rank
+    from mpi_trainer.keras_fit.config_fit import pipeline_source
 
     try:
         cfg = load_config(config_path, overrides)
-        dataset = load_dataset_for_rank(rank, cfg)
-        if dataset is None:
+        if rank != 0 and cfg.data.scatters:
             return True, f"{cfg.data.source}: not read here (scatter: rank 0 sends the rows)"
+        dataset = pipeline_source(cfg, 1) or load_dataset(cfg.data, cfg.train.seed)
         dataset.train.read(np.array([0, dataset.num_train - 1]))
     except (InputError, ValueError, OSError, IndexError) as exc:
         return False, f"cannot read: {exc}"

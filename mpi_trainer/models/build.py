@@ -1,7 +1,6 @@
-"""Building the model: a zoo name, ``package.module:function`` or the caller's own, checked against the data.
-
-The scheduler builds the model once and describes it as a :class:`~.spec.ModelSpec`; workers
-rebuild it from the spec, so every rank trains the same graph.
+"""Building the model: a zoo name, ``package.module:function`` or the caller's own, checked against the data
+and compiled by the config (unless the function compiled it). Every rank builds its own; rank 0's state
+reaches the others before training.
 """
 
 from __future__ import annotations
@@ -15,12 +14,11 @@ from typing import Any
 
 from mpi_trainer.config import ModelConfig
 from mpi_trainer.errors import ConfigError, InputError
-from mpi_trainer.models.compile_settings import compile_model, compile_settings
-from mpi_trainer.models.spec import ModelSpec
+from mpi_trainer.models.compile_settings import compile_settings
 
 
-def _resolve_builder(cfg: ModelConfig, builder: Any = None) -> tuple[Any, str | None]:
-    """The function that builds the model, and the module workers import for its custom objects.
+def _resolve_builder(cfg: ModelConfig, builder: Any = None) -> Any:
+    """The function that builds the model.
 
     ``builder`` (from :func:`mpi_trainer.fit`) is a callable or a built model; else ``model.name``.
     """
@@ -30,7 +28,7 @@ def _resolve_builder(cfg: ModelConfig, builder: Any = None) -> tuple[Any, str | 
         return _given_builder(builder)
     name = cfg.name
     if name in ZOO:
-        return functools.partial(ZOO[name], activation=cfg.activation), None
+        return functools.partial(ZOO[name], activation=cfg.activation)
     module_name, sep, function_name = name.partition(":")
     if not sep or not module_name or not function_name:
         raise ConfigError(f"`model.name` must be one of {sorted(ZOO)} or `package.module:function`. "
@@ -44,18 +42,18 @@ def _resolve_builder(cfg: ModelConfig, builder: Any = None) -> tuple[Any, str | 
     if not callable(builder):
         raise ConfigError(f"`model.name`: module {module_name!r} has no function {function_name!r}. "
                           f"Received: model.name={name!r}")
-    return builder, module_name
+    return builder
 
 
-def _given_builder(builder: Any) -> tuple[Any, str | None]:
+def _given_builder(builder: Any) -> Any:
     import keras
 
     if isinstance(builder, keras.Model):
-        return (lambda input_shape, num_outputs: _built(builder, input_shape)), _module_of(builder)
+        return lambda input_shape, num_outputs: _built(builder, input_shape)
     if not callable(builder):
         raise ConfigError(f"`model` must be a Keras model, a function (input_shape, num_outputs) -> model, "
                           f"a zoo name or 'package.module:function'. Received: {type(builder).__name__}")
-    return builder, _module_of(builder)
+    return builder
 
 
 def _built(model: Any, input_shape: tuple[int, ...]) -> Any:
@@ -65,23 +63,20 @@ def _built(model: Any, input_shape: tuple[int, ...]) -> Any:
     return model
 
 
-def _module_of(thing: Any) -> str | None:
-    """The module a worker imports so that the user's custom layers are registered (not ``__main__``:
-    workers run the same script, which registers them itself)."""
-    module = getattr(thing, "__module__", None) or type(thing).__module__
-    return None if module in ("__main__", "builtins") or module.startswith("keras") else module
-
-
 def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_outputs: int, classes: bool = True,
-                builder: Any = None) -> tuple[Any, ModelSpec]:
-    """Build and compile the configured model on the scheduler; return it and its spec.
+                builder: Any = None) -> Any:
+    """Build the configured model for the data, checked against it, and compile it.
 
     The model function is called as ``function(input_shape, num_outputs)``:
-    ``num_outputs`` is the number of classes for integer labels, the target width otherwise.
+    ``num_outputs`` is the number of classes for integer labels, the target width otherwise. A model the
+    function compiled keeps its own optimizer, loss and metrics (not under L-BFGS, which has no Keras
+    optimizer).
     """
     import keras
 
-    builder, user_module = _resolve_builder(cfg, builder)
+    from mpi_trainer.models import losses
+
+    builder = _resolve_builder(cfg, builder)
     what = f"{num_outputs} classes" if classes else f"targets of width {num_outputs}"
     try:
         model = builder(tuple(input_shape), int(num_outputs))
@@ -97,19 +92,18 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_outputs: int
     if classes:
         check_output(model, cfg.name, num_outputs)
     optimizer, loss, metrics, user_compiled = compile_settings(model, cfg, classes)
-    if cfg.uses_lbfgs:
-        optimizer = None  # L-BFGS moves the weights itself; a user model's own optimizer is not used
-    compile_config = _multi_output_compile(model, cfg, user_compiled)
-    try:
-        spec = ModelSpec(model.to_json(), None if optimizer is None else keras.optimizers.serialize(optimizer),
-                         None if compile_config else loss, user_module, metrics, user_compiled, compile_config)
-        compile_model(model, spec)
+    _check_outputs(model, cfg, user_compiled)
+    if user_compiled and not cfg.uses_lbfgs:
+        return model
+    try:  # L-BFGS moves the weights itself: compiled for its loss and scoring only
+        model.compile(optimizer=None if cfg.uses_lbfgs else optimizer,
+                      loss=keras.losses.deserialize(loss) if isinstance(loss, dict) else losses.loss_by_name(loss),
+                      metrics=metrics)
     except Exception as exc:
         if not _is_bad_input(exc, keras_values=True):
-            raise  # an unserialisable custom layer, say: a bug, shown with its traceback
-        raise ConfigError(f"`model` {cfg.name!r} cannot be described to the workers or compiled: "
-                          f"{type(exc).__name__}: {exc}") from None
-    return model, spec
+            raise
+        raise ConfigError(f"`model` {cfg.name!r} cannot be compiled: {type(exc).__name__}: {exc}") from None
+    return model
 
 
 # Words of Keras' complaints about a model that does not fit the data it is built for.
@@ -136,18 +130,16 @@ def _raised_in_keras(exc: BaseException) -> bool:
     return bool(frames) and f"{os.sep}keras{os.sep}" in frames[-1].filename
 
 
-def _multi_output_compile(model: Any, cfg: ModelConfig, user_compiled: bool) -> dict[str, Any] | None:
-    """A multi-output model's own compile config (its losses and metrics per output); None for one output."""
+def _check_outputs(model: Any, cfg: ModelConfig, user_compiled: bool) -> None:
+    """A model of several outputs is compiled by its function (a loss for its outputs), and not for L-BFGS."""
     if len(model.outputs) < 2:
-        return None
+        return
     if cfg.uses_lbfgs:
         raise ConfigError(f"`model.optimizer` = 'lbfgs' trains single-output models (its gradient is one loss). "
                           f"Received: a model with {len(model.outputs)} outputs; expected a Keras optimizer")
     if not user_compiled:
         raise ConfigError(f"A multi-output model must be compiled (with a loss for its outputs) before `fit`. "
                           f"Received: model {cfg.name!r}, not compiled, with {len(model.outputs)} outputs")
-    compile_config: dict[str, Any] = model.get_compile_config()
-    return compile_config
 
 
 def check_input(model: Any, name: str, input_shape: tuple[int, ...]) -> None:
@@ -172,18 +164,3 @@ def check_output(model: Any, name: str, num_classes: int) -> None:
         raise ConfigError(f"`model.name` {name!r} outputs {units} units but the data has {num_classes} classes "
                           f"(integer labels are class indices); expected {num_classes} output units (targets "
                           f"that are not class indices are given as floats, e.g. one-hot or regression values)")
-
-
-def rebuild_model(spec: ModelSpec) -> Any:
-    """Recreate and compile the scheduler's model from its spec (on a worker)."""
-    import keras
-
-    import mpi_trainer.models.nested  # noqa: F401 - registers NestedModel, the wrapper of a dict-input model
-    import mpi_trainer.models.packed  # noqa: F401 - registers InputColumns, which a dict-input model uses
-    import mpi_trainer.models.packed_targets  # noqa: F401 - registers PackedTargets (multi-output models)
-
-    if spec.user_module:
-        importlib.import_module(spec.user_module)  # registers the user's custom objects
-    model = keras.models.model_from_json(spec.architecture)
-    compile_model(model, spec)
-    return model

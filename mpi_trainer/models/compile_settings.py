@@ -10,7 +10,6 @@ from typing import Any
 
 from mpi_trainer.config import ModelConfig
 from mpi_trainer.errors import ConfigError
-from mpi_trainer.models.spec import ModelSpec
 
 
 def make_optimizer(cfg: ModelConfig) -> Any:
@@ -100,18 +99,3 @@ def compile_settings(model: Any, cfg: ModelConfig, classes: bool) -> tuple[Any, 
     check_compile_names(cfg)
     loss = implied_loss(model, cfg, classes)
     return make_optimizer(cfg), loss, configured_metrics(cfg, classes, loss), False
-
-
-def compile_model(model: Any, spec: ModelSpec) -> None:
-    import keras
-
-    from mpi_trainer.models import losses
-
-    if spec.compile_config is not None:  # a multi-output model: Keras' own structures, as the user compiled them
-        model.compile_from_config(spec.compile_config)
-        return
-    # No optimizer (L-BFGS): the model is compiled only for its loss and evaluation.
-    optimizer = None if spec.optimizer is None else keras.optimizers.deserialize(spec.optimizer)
-    loss = keras.losses.deserialize(spec.loss) if isinstance(spec.loss, dict) else losses.loss_by_name(spec.loss)
-    metrics = [keras.metrics.deserialize(m) if isinstance(m, dict) else m for m in spec.metrics]
-    model.compile(optimizer=optimizer, loss=loss, metrics=metrics)

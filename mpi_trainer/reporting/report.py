@@ -45,3 +45,17 @@ def make_report(run_dir: str | Path, plots: bool = True) -> RunReport:
     write_atomic(data.run_dir / REPORT_NAME, text)
     drawn = write_plots(data, data.run_dir) if plots and data.rounds else {}
     return RunReport(text, drawn, data.run_dir)
+
+
+def write_report(run_dir: Path) -> None:
+    """The end-of-run plots and report.txt; a plotting failure is logged, the run stays a success."""
+    from mpi_trainer.logs import get_logger
+
+    log = get_logger()
+    try:
+        result = make_report(run_dir)
+    except Exception as exc:  # the run's files are complete; only the pictures are missing
+        log.warning("the report could not be written (%s: %s); run `mpi_trainer report %s` to retry",
+                    type(exc).__name__, exc, run_dir, exc_info=True)
+        return
+    log.info("report: %s and %d plots in %s", result.run_dir / REPORT_NAME, len(result.plots), run_dir)

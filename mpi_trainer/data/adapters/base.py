@@ -12,12 +12,11 @@ the worker's ``model.fit`` reads each round (a :class:`BlockFeed`). Units are ba
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
-from mpi_trainer.data.targets import describe, is_structure
 from mpi_trainer.errors import DataError
 
 
@@ -88,10 +87,10 @@ def as_pair(element: Any, kind: str) -> tuple[np.ndarray, np.ndarray]:
         got = f"a tuple of {len(element)}" if isinstance(element, (tuple, list)) else type(element).__name__
         raise DataError(f"A {kind} must yield batches `(x, y)` of features and labels. Received: {got}; "
                         f"sample weights and unlabelled batches are not supported")
-    if is_structure(element[1]):  # rows of one label array are what a block, a split and a feed move
+    if _is_structure(element[1]):  # rows of one label array are what a block, a split and a feed move
         raise DataError(f"A {kind} must yield labels `y` as one array: targets per output (a dict or list) are "
                         f"supported with array inputs, `fit(model, x, {{output name: y}})`. Received: batches "
-                        f"with y={describe(element[1])}; expected (x, y) with y one array, or x and y as arrays")
+                        f"with y={_describe(element[1])}; expected (x, y) with y one array, or x and y as arrays")
     x, y = (np.asarray(part) for part in element)
     if len(x) != len(y):
         raise DataError(f"A {kind} yielded a batch whose features and labels differ in length. "
@@ -115,3 +114,17 @@ def check_steps(steps_per_epoch: int | None) -> int | None:
         raise DataError(f"`steps_per_epoch` must be a positive integer (the batches of one round over all "
                         f"workers). Received: steps_per_epoch={steps_per_epoch!r}")
     return int(steps_per_epoch)
+
+
+def _is_structure(value: Any) -> bool:
+    """A dict of arrays, or a list/tuple of arrays: one entry per output (a list of numbers is one array)."""
+    if isinstance(value, Mapping):
+        return True
+    return isinstance(value, (list, tuple)) and bool(value) and all(hasattr(v, "shape") for v in value)
+
+
+def _describe(value: Any) -> str:
+    """A structure as a message shows it: its kind and its keys or length."""
+    if isinstance(value, Mapping):
+        return f"{type(value).__name__} with keys {sorted(str(k) for k in value)}"
+    return f"{type(value).__name__} of {len(value)} arrays"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -10,7 +9,6 @@ import pytest
 from mpi_trainer.algorithms.divergence import DivergenceWatch
 from mpi_trainer.config import config_from_dict
 from mpi_trainer.errors import ConfigError
-from tests.local_job import run_local_job
 
 
 def _rows(losses, accuracies=None):
@@ -73,16 +71,3 @@ def test_bad_divergence_settings_are_refused_naming_them():
         config_from_dict({"train": {"divergence_rounds": 0}})
 
 
-@pytest.mark.parametrize("policy", ["warn", "stop"])
-def test_a_diverging_run_is_logged_and_in_the_summary_and_may_stop(tmp_path, policy, caplog):
-    job = run_local_job(tmp_path, workers=2, model={"optimizer": "adam", "learning_rate": 1e6},
-                        train={"epochs": 6, "batch_size": 64, "divergence": policy, "divergence_rounds": 2},
-                        data={"source": "digits", "validation_size": 0.1})
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["divergence"]["action"] == ("stopped" if policy == "stop" else "warned")
-    assert "the run is diverging" in caplog.text
-    if policy == "stop":
-        assert summary["stop_reason"] == "diverged" and summary["rounds_completed"] < 6
-    else:
-        assert summary["stop_reason"] == "epochs" and summary["rounds_completed"] == 6
-    assert job.summary["divergence"] == summary["divergence"]

@@ -16,12 +16,11 @@ from mpi_trainer.algorithms.rebalance import (
     proportional_sizes,
 )
 from mpi_trainer.config import load_config
-from mpi_trainer.data.partition import block_bounds, shuffled_order
-from mpi_trainer.data.placement import HeldBlock, HeldRows, ScatterLedger, fixed_positions, rows_needed
+from mpi_trainer.data.partition import block_bounds
 from mpi_trainer.data.sources import load_dataset
 from mpi_trainer.errors import ConfigError
 from mpi_trainer.hooks import TestHooks
-from mpi_trainer.worker.slowdown import make_slowdown
+from mpi_trainer.keras_fit.slowdown import make_slowdown
 
 
 def covers_once(bounds: list[tuple[int, int]], total: int) -> bool:
@@ -135,20 +134,6 @@ def test_bad_straggler_keys_name_key_value_and_expectation(override, message):
     assert str(info.value) == message
 
 
-@pytest.mark.parametrize("engine", [["aggregation.ssp=2"], ["debug.async_engine=true"]])
-@pytest.mark.parametrize("placement", ["shared", "scatter"])
-def test_rebalancing_runs_on_the_ssp_engine_but_not_with_fixed_step_rounds(engine, placement):
-    from mpi_trainer.launch.roles import pick_roles
-    from mpi_trainer.scheduler import StaleSynchronousEngine
-
-    keys = ["data.rebalance=true", f"data.placement='{placement}'", *engine]
-    cfg = load_config(None, keys)
-    assert pick_roles(cfg).engine is StaleSynchronousEngine and cfg.data.rebalance
-    assert cfg.data.scatters == (placement == "scatter")
-    with pytest.raises(ConfigError, match="`data.rebalance` cannot be combined with `train.sync_every` > 0"):
-        load_config(None, [*keys, "train.sync_every=4"])
-
-
 def test_slow_ranks_must_exist_in_the_job():
     TestHooks(slow_ranks=[1, 2], slow_factor=2.0).check_slow_ranks(world_size=3)
     with pytest.raises(ConfigError, match=r"must name worker ranks 1..2 of this 3-rank job. "
@@ -190,23 +175,6 @@ def test_rebalancing_with_scatter_placement_is_accepted():
     assert cfg.data.rebalance and cfg.data.placement == "scatter"
 
 
-def test_a_worker_rereads_its_rows_when_its_block_is_recut():
-    cfg = load_config(None, ["data.source=digits", "data.rebalance=true"])
-    dataset = load_dataset(cfg.data, 0)
-    total = dataset.num_train
-    plan = SimpleNamespace(num_train=total, shuffle_seed=0, class_weight=None, block_bounds=block_bounds(total, 2))
-    data = HeldBlock(dataset.train, plan, 2, cfg)
-    assert len(data.fixed_x) == total // 2
-    assert not data.set_blocks(plan.block_bounds)  # unchanged: nothing re-read
-    recut = [(0, total // 3), (total // 3, total)]
-    assert data.set_blocks(recut)
-    expected = np.sort(shuffled_order(total, 0)[total // 3:])
-    x, y = dataset.train.read(expected)
-    np.testing.assert_array_equal(data.fixed_x, x)
-    np.testing.assert_array_equal(data.fixed_y, y)
-    assert data.round_total(0) == total and data.block_sizes == [total // 3, total - total // 3]
-
-
 @pytest.mark.parametrize("override, message", [
     ("train.max_steps=100", "Received: train.max_steps=100 with aggregation.ssp=1"),
     ("train.nan_policy='rollback'", "Received: train.nan_policy='rollback' with aggregation.ssp=1"),
@@ -240,65 +208,3 @@ def _scatter_setup(*overrides: str):
     return cfg, dataset, plan, recut
 
 
-def test_a_recut_under_scatter_moves_only_the_rows_that_changed_owner():
-    cfg, dataset, plan, recut = _scatter_setup()
-    total, order = dataset.num_train, shuffled_order(dataset.num_train, 0)
-    ledger = ScatterLedger(cfg, plan, [1, 2])
-    np.testing.assert_array_equal(ledger.held[1], np.sort(order[:total // 2]))
-    moved = ledger.recut(recut, 1)
-    np.testing.assert_array_equal(moved[1], np.sort(order[total // 2:2 * total // 3]))  # rank 2's old rows
-    assert len(moved[2]) == 0  # rank 2's new block lies inside its old one
-    np.testing.assert_array_equal(ledger.held[2], np.sort(order[2 * total // 3:]))  # it drops the rest
-    assert all(len(rows) == 0 for rows in ledger.recut(recut, 2).values())  # same blocks: nothing moves
-
-
-def test_a_worker_under_scatter_trains_on_the_same_rows_after_a_recut_with_increment():
-    cfg, dataset, plan, recut = _scatter_setup("data.increment.enabled=true")
-    ledger = ScatterLedger(cfg, plan, [1, 2])
-    before = {rank: set(ledger.held[rank]) for rank in (1, 2)}
-    moved = ledger.recut(recut, 2)
-    for rank in (1, 2):
-        held = rows_needed(plan, rank, cfg, 0)
-        scattered = HeldBlock(HeldRows(held, *dataset.train.read(held)), plan, rank, cfg)
-        scattered.take_rows(HeldRows(moved[rank], *dataset.train.read(moved[rank])), recut.block_bounds, 2)
-        scattered.set_blocks(recut.block_bounds)
-        shared = HeldBlock(dataset.train, recut, rank, cfg)
-        for round_index in (2, 3):  # the new block's draws too, which scatter did not predict at set-up
-            ours, theirs = scattered.for_round(round_index), shared.for_round(round_index)
-            for a, b in ((ours.x, theirs.x), (ours.y, theirs.y)):
-                np.testing.assert_array_equal(a, b)
-        assert not before[rank] & set(moved[rank])  # nothing a worker holds travels again
-        np.testing.assert_array_equal(scattered.source.positions, ledger.held[rank])  # both sides agree
-    assert 0 < len(moved[1]) < len(ledger.held[1])
-    np.testing.assert_array_equal(rows_needed(recut, 1, cfg, 4), fixed_positions(recut, 1))  # no round left
-
-
-def test_held_rows_merge_keeps_exactly_the_rows_asked_for():
-    def rows(positions):
-        positions = np.asarray(positions, dtype=np.int64)
-        return HeldRows(positions, positions[:, None] * np.ones((1, 2), np.float32), positions.astype(np.int32))
-
-    merged = rows([1, 4, 6, 9]).merged(rows([2, 7]), keep=np.array([2, 4, 7, 9]))
-    np.testing.assert_array_equal(merged.positions, [2, 4, 7, 9])
-    np.testing.assert_array_equal(merged.x[:, 1], [2, 4, 7, 9])
-    np.testing.assert_array_equal(merged.y, [2, 4, 7, 9])
-    with pytest.raises(RuntimeError, match="did not send it"):
-        rows([1, 4]).merged(rows([2]), keep=np.array([2, 3]))
-
-
-def test_a_recut_whose_rows_may_not_have_arrived_counts_only_the_rows_held_either_way():
-    """fault.survive: a round lost after a re-cut leaves each worker with its old rows or its new ones."""
-    cfg, dataset, plan, recut = _scatter_setup()
-    ledger = ScatterLedger(cfg, plan, [1, 2])
-    before = {rank: ledger.held[rank].copy() for rank in (1, 2)}
-    ledger.recut(recut, 1)
-    after = {rank: ledger.held[rank].copy() for rank in (1, 2)}
-    ledger.doubt()
-    for rank in (1, 2):
-        np.testing.assert_array_equal(ledger.held[rank], np.intersect1d(before[rank], after[rank]))
-    # the next re-cut sends rank 1 every row of its new block it may lack, whichever it holds
-    moved = ledger.recut(recut, 1)
-    np.testing.assert_array_equal(np.union1d(moved[1], ledger.held[1]), after[1])
-    assert len(np.intersect1d(moved[1], before[1])) == 0
-    ledger.confirm()
-    assert ledger.unconfirmed is None

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 
 from mpi_trainer.config import ConfigError, load_config
 from mpi_trainer.data.augmentation import augment, build_augmenter, check_image_input
-from mpi_trainer.data.partition import block_bounds
-from mpi_trainer.data.placement import HeldBlock
-from mpi_trainer.data.sources import load_dataset
 from mpi_trainer.errors import DataError
 
 
@@ -37,21 +32,6 @@ def test_disabled_or_empty_pipeline_is_identity():
     assert build_augmenter(_cfg("data.augmentation.shift=0.0").data.augmentation, 0) is None
     x = np.ones((2, 4, 4, 1), np.float32)
     assert augment(x, None) is x
-
-
-def test_worker_trains_on_augmented_rows_while_evaluation_data_is_untouched():
-    cfg = _cfg("data.source=digits", "data.augmentation.shift=0.25", "data.augmentation.rotation=0.05")
-    dataset = load_dataset(cfg.data, 0)
-    x_val, x_test = dataset.x_val.copy(), dataset.x_test.copy()
-    plan = SimpleNamespace(num_train=dataset.num_train, shuffle_seed=0, class_weight=None,
-                           block_bounds=block_bounds(dataset.num_train, 2))
-    data = HeldBlock(dataset.train, plan, 1, cfg)
-    block = data.fixed_x.copy()
-    round0, round1 = data.for_round(0).x, data.for_round(1).x
-    assert not np.allclose(round0, block) and not np.allclose(round0, round1)
-    np.testing.assert_array_equal(data.fixed_x, block)
-    np.testing.assert_array_equal(dataset.x_val, x_val)
-    np.testing.assert_array_equal(dataset.x_test, x_test)
 
 
 def test_augmentation_on_tabular_data_and_bad_settings_are_errors():

@@ -199,48 +199,26 @@ def test_keras_builtins_offline_say_which_file_to_put_where(tmp_path, monkeypatc
         _load(f"data.source={name}")
 
 
-def test_scatter_rows_give_a_worker_the_same_arrays_as_the_shared_file(tmp_path):
-    from types import SimpleNamespace
-
-    from mpi_trainer.data.increment import positions_needed
-    from mpi_trainer.data.placement import HeldBlock, HeldRows, fixed_positions
-
-    x, y = _images(200)
-    path = _h5(tmp_path / "d.h5", x=x, y=y)
-    cfg = load_config(None, [f"data.source={path}", "data.increment.enabled=true", "train.epochs=3"])
-    data = load_dataset(cfg.data, 0)
-    plan = SimpleNamespace(num_train=data.num_train, shuffle_seed=0, class_weight=None,
-                           block_bounds=block_bounds(data.num_train, 3))
-    needed = positions_needed(data.num_train, fixed_positions(plan, 2), 3, 2, 0, cfg.data.increment)
-    shared = HeldBlock(data.train, plan, 2, cfg)
-    scattered = HeldBlock(HeldRows(needed, *data.train.read(needed)), plan, 2, cfg)
-    for round_index in range(3):
-        ours, theirs = shared.for_round(round_index), scattered.for_round(round_index)
-        for a, b in ((ours.x, theirs.x), (ours.y, theirs.y)):
-            np.testing.assert_array_equal(a, b)
-
-
 def test_under_scatter_only_rank_0_needs_the_file(tmp_path):
-    from mpi_trainer.launch.job_setup import load_dataset_for_rank
+    from mpi_trainer.keras_fit.config_fit import _dataset
 
     missing = tmp_path / "on_rank_0_only.h5"
     with pytest.raises(ConfigError, match="names a data file that does not exist"):
         load_config(None, [f"data.source={missing}"])
-    cfg = load_config(None, [f"data.source={missing}", "data.placement=scatter"])
-    assert load_dataset_for_rank(1, cfg) is None  # a worker's node may not see the file
+    cfg = load_config(None, [f"data.source={missing}", "data.placement=scatter"])  # a worker's node may not see it
     with pytest.raises(DataError, match=rf"does not exist. Received: data.source='{missing}'"):
-        load_dataset_for_rank(0, cfg)
+        _dataset(cfg, 2)  # rank 0 reads it
 
 
 def test_scatter_checks_every_training_row_on_rank_0_before_sending(tmp_path):
-    from mpi_trainer.launch.job_setup import load_dataset_for_rank
+    from mpi_trainer.keras_fit.config_fit import _dataset
 
     x, y = _images()
     x = x.astype(np.float32)
     clean_h5 = _h5(tmp_path / "clean.h5", x=x, y=y)
     clean = load_config(None, [f"data.source={clean_h5}", "data.placement=scatter"])
-    x[int(load_dataset_for_rank(0, clean).train.rows[-1])] = np.inf  # the last training row
+    x[int(_dataset(clean, 2).train.rows[-1])] = np.inf  # the last training row
     dirty_h5 = _h5(tmp_path / "dirty.h5", x=x, y=y)
     dirty = load_config(None, [f"data.source={dirty_h5}", "data.placement=scatter"])
     with pytest.raises(DataError, match="dirty.h5: x_train contains NaN or inf"):
-        load_dataset_for_rank(0, dirty)
+        _dataset(dirty, 2)

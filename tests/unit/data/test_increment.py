@@ -1,16 +1,12 @@
-"""Random data increment and the worker's round arrays: plain numbers, no MPI."""
+"""Random data increment: the draws and their sizes, plain numbers, no MPI."""
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from mpi_trainer.config import ConfigError, IncrementConfig, load_config
 from mpi_trainer.data.increment import draw_extra, extra_count, positions_needed, step_size
-from mpi_trainer.data.partition import block_bounds
-from mpi_trainer.data.placement import HeldBlock, HeldRows, fixed_positions, rows_needed
 
 
 def _cfg(**kwargs) -> IncrementConfig:
@@ -64,47 +60,3 @@ def test_bad_increment_settings_name_the_key(key, value, expected):
     assert str(info.value) == f"`data.increment.{key}` {expected}. Received: data.increment.{key}={value!r}"
 
 
-def _plan(total: int, workers: int) -> SimpleNamespace:
-    return SimpleNamespace(num_train=total, shuffle_seed=3, class_weight=None,
-                           block_bounds=block_bounds(total, workers))
-
-
-def test_worker_data_serves_block_plus_draw_and_weighted_totals():
-    total, workers = 200, 4
-    x = np.arange(total, dtype=np.float32)[:, None] * np.ones((1, 3), np.float32)
-    held = HeldRows(np.arange(total), x, np.arange(total) % 3)
-    cfg = load_config(None, ["data.increment.enabled=true", "data.increment.load_factor=0.1",
-                             "data.increment.absolute_factor=0.5"])
-    data = HeldBlock(held, _plan(total, workers), 2, cfg)
-    block = fixed_positions(_plan(total, workers), 2)
-    np.testing.assert_array_equal(data.fixed_x[:, 0], block)
-    feed = data.for_round(1)
-    xs, ys = feed.x, feed.y
-    assert len(xs) == 50 + 40 and len(ys) == len(xs)
-    assert not np.intersect1d(xs[50:, 0], block).size
-    assert data.round_total(1) == workers * (50 + 40)
-    assert data.round_total(5) == workers * 100  # each share capped at half the data
-
-
-def test_held_rows_refuse_positions_that_were_not_sent():
-    held = HeldRows(np.array([1, 4, 9]), np.zeros((3, 2)), np.zeros(3))
-    np.testing.assert_array_equal(held.read(np.array([4, 9]))[0], np.zeros((2, 2)))
-    with pytest.raises(RuntimeError, match="did not send"):
-        held.read(np.array([5]))
-
-
-def test_scatter_under_ssp_sends_the_draws_of_a_worker_running_s_updates_ahead():
-    total, workers = 200, 2
-    x = np.arange(total, dtype=np.float32)[:, None] * np.ones((1, 3), np.float32)
-    rows = HeldRows(np.arange(total), x, np.arange(total) % 3)
-    cfg = load_config(None, ["data.increment.enabled=true", "data.increment.load_factor=0.05",
-                             "train.epochs=4", "aggregation.ssp=2"])
-    plan = SimpleNamespace(**vars(_plan(total, workers)), start_round=0)
-    sent = rows_needed(plan, 1, cfg, 0)
-    held = HeldRows(sent, *rows.read(sent))
-    data = HeldBlock(held, plan, 1, cfg)
-    last_clock = cfg.train.epochs - 1 + cfg.aggregation.ssp  # the slowest worker at epochs - 1, this one s ahead
-    xs = data.for_round(last_clock).x
-    assert len(xs) == total // workers + extra_count(total, total // workers, last_clock, cfg.data.increment)
-    no_ssp = load_config(None, ["data.increment.enabled=true", "data.increment.load_factor=0.05", "train.epochs=4"])
-    assert len(rows_needed(plan, 1, no_ssp, 0)) < len(sent)  # synchronous rounds need no more than epochs

@@ -1,4 +1,4 @@
-"""Pipelines as input (tf.data, dataset_fn, PyDataset, generator): blocks, training, and what each refuses."""
+"""Pipelines as input (tf.data, dataset_fn, PyDataset, generator): blocks, splits, and what each refuses."""
 
 from __future__ import annotations
 
@@ -13,19 +13,12 @@ from sklearn.datasets import load_digits
 from mpi_trainer.config import config_from_dict
 from mpi_trainer.data.adapters import fit_input, get_input_adapter
 from mpi_trainer.data.streamed import check_allows, pipeline_dataset
-from mpi_trainer.errors import DataError, InputError
-from mpi_trainer.launch.job_setup import JobInputs
-from tests.local_job import run_local_job
+from mpi_trainer.errors import DataError
 
 
 def digits() -> tuple[np.ndarray, np.ndarray]:
     x, y = load_digits(return_X_y=True)
     return (x / 16.0).astype(np.float32), y.astype(np.int64)
-
-
-def classifier(input_shape, num_outputs):
-    return keras.Sequential([keras.Input(input_shape), keras.layers.Dense(32, activation="relu"),
-                             keras.layers.Dense(num_outputs, activation="softmax")])
 
 
 class DigitBatches(keras.utils.PyDataset):
@@ -144,7 +137,7 @@ def test_refused_settings_name_the_input_type():
     adapter = get_input_adapter(tf.data.Dataset.from_tensor_slices((x, y)).batch(32))
     cases = {"data": {"placement": "scatter"}, "data.increment": {"enabled": True},
              "data.augmentation": {"enabled": True, "flip": "horizontal"}}
-    expected = {"data": r"`data.placement` sends each worker its rows from the scheduler, which a tf.data.Dataset",
+    expected = {"data": r"`data.placement` has rank 0 read the data and send it to every worker, which a tf.data.Dataset",
                 "data.increment": r"`data.increment.enabled` draws random rows .* Received: "
                                   r"data.increment.enabled=True with the data as a tf.data.Dataset",
                 "data.augmentation": r"`data.augmentation.enabled` .* tf.data.Dataset"}
@@ -166,37 +159,6 @@ def test_y_with_a_dataset_and_unknown_kinds_are_refused():
     with pytest.raises(DataError, match=r"pass the generator it returns"):
         fit_input(endless, None, None)
     assert fit_input(x, y, None) is None  # arrays take the row-reader path
-
-
-def test_element_spec_not_matching_a_built_model_fails_before_training(tmp_path):
-    x, y = digits()
-    model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(10, activation="softmax")])
-    model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
-    inputs = JobInputs(pipeline=get_input_adapter(tf.data.Dataset.from_tensor_slices((x, y)).batch(64)))
-    with pytest.raises(InputError, match=r"expects inputs of shape \(32,\) but the data's samples have shape \(64,\)"):
-        run_local_job(tmp_path, 2, model, inputs=inputs)
-
-
-@pytest.mark.parametrize("kind", ["tf.data", "PyDataset", "generator"])
-def test_each_pipeline_kind_trains_in_process(tmp_path, kind):
-    x, y = digits()
-    if kind == "tf.data":
-        source, steps = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(2000, seed=1).batch(32), None
-    elif kind == "PyDataset":
-        source, steps = DigitBatches(x, y, 32), None
-    else:
-        source, steps = endless(x, y, 32, 0), 40
-    validation = None if kind != "generator" else (x[-300:], y[-300:])
-    inputs = JobInputs(pipeline=fit_input(source, None, validation, steps), validation=validation)
-    workers = 1 if kind == "generator" else 2  # in one process the workers' threads would share one generator
-    job = run_local_job(tmp_path, workers, classifier, inputs=inputs, train={"epochs": 3, "batch_size": 32},
-                        model={"learning_rate": 0.01})
-    rounds = job.rounds()
-    assert len(rounds) == 3
-    # fit's validation_data is scored as val_* (as model.fit names it); else the input's tail is the test split
-    assert float(rounds[-1]["val_accuracy" if validation else "test_accuracy"]) > 0.75
-    reports = [report for report, _ in job.trained(0)]
-    assert sum(report.samples for report in reports) == job.engine.plan.num_train
 
 
 @pytest.mark.parametrize("table, kind, fragment", [

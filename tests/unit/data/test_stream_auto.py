@@ -10,7 +10,7 @@ from mpi_trainer.comm.local import LocalWorld
 from mpi_trainer.config import load_config
 from mpi_trainer.data import memory
 from mpi_trainer.errors import AgreedInputError, ConfigError
-from mpi_trainer.launch.job_setup import resolve_stream
+from mpi_trainer.launch.stream_choice import resolve_stream
 
 
 @pytest.fixture

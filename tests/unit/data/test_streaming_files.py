@@ -12,8 +12,7 @@ from mpi_trainer.data.adapters import ArrayAdapter, LazyRows
 from mpi_trainer.data.adapters.arrays import CHUNK_BATCHES
 from mpi_trainer.data.adapters.files import label_facts, stream_dataset
 from mpi_trainer.errors import ConfigError, DataError
-from mpi_trainer.launch.job_setup import load_dataset_for_rank
-from tests.local_job import run_local_job
+from mpi_trainer.keras_fit.config_fit import pipeline_source
 
 
 def digits_h5(path, layout: str = "split"):
@@ -96,28 +95,7 @@ def test_a_streamed_file_refuses_scatter_naming_the_input(tmp_path):
     cfg = config_from_dict({"data": {"source": str(digits_h5(tmp_path / "d.h5")), "stream": True,
                                      "placement": "scatter"}})
     with pytest.raises(DataError, match=r"which a file read in batches \(data.stream\) does not allow"):
-        load_dataset_for_rank(1, cfg, None, 2)
-
-
-def test_a_streamed_hdf5_file_trains_in_process(tmp_path):
-    source = str(digits_h5(tmp_path / "d.h5"))
-    job = run_local_job(tmp_path / "run", 2, data={"source": source, "stream": True},
-                        train={"epochs": 3, "batch_size": 32}, model={"learning_rate": 0.01})
-    rounds = job.rounds()
-    assert len(rounds) == 3 and float(rounds[-1]["test_accuracy"]) > 0.8
-    assert [report.samples for report, _ in job.trained(0)] == [750, 750]
-
-
-def test_a_streamed_file_allows_rebalancing_augmentation_and_scoring_on_workers(tmp_path):
-    source = str(digits_h5(tmp_path / "d.h5"))
-    job = run_local_job(tmp_path / "run", 2, data={"source": source, "stream": True, "rebalance": True,
-                                                   "augmentation": {"enabled": True, "shift": 0.1}},
-                        evaluation={"where": "workers"}, train={"epochs": 2, "batch_size": 32},
-                        model={"learning_rate": 0.01})
-    rounds = job.rounds()
-    assert len(rounds) == 2 and float(rounds[-1]["test_accuracy"]) > 0.5
-    for round_index in (0, 1):
-        assert sum(report.samples for report, _ in job.trained(round_index)) == 1500  # re-cut blocks cover x_train
+        pipeline_source(cfg, 2)
 
 
 def test_a_test_label_the_training_rows_never_have_is_refused(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 
 from mpi_trainer.comm.local import LocalWorld
 from mpi_trainer.config import load_config
-from mpi_trainer.keras_fit.config_fit import engine_reason, fit_config
+from mpi_trainer.keras_fit.config_fit import fit_config
 from tests.unit.keras_fit.test_fit_again import placed_in_place
 
 DIGITS = {"data": {"source": "digits", "test_size": 0.2}, "model": {"name": "mlp", "learning_rate": 0.003},
@@ -95,7 +95,6 @@ def test_a_source_read_as_a_pipeline_trains_each_worker_on_its_share_with_the_sa
             "tfrecord": lambda: [f"data.source='{tfrecord_files(tmp_path / 'records')}/digits-*.tfrecord'",
                                  "data.features=['image']", "data.label='label'", "data.feature_shape=[8, 8, 1]"]}
     overrides = [*data[source](), "model.name='lenet'", "train.epochs=3", "train.batch_size=16"]
-    assert engine_reason(load_config(DIGITS, overrides)) is None
     result = train_everywhere(tmp_path / "run", overrides)
     for rank in (1, 2):
         assert result[rank]["history"] == result[0]["history"]
@@ -112,16 +111,6 @@ def test_a_complete_run_asked_for_more_epochs_goes_on_from_its_last(tmp_path):
     again = train_everywhere(tmp_path / "run", ["train.epochs=3"])  # complete: nothing trains
     assert again[0]["history"] == more[0]["history"]
     np.testing.assert_array_equal(again[2]["weights"][0], more[0]["weights"][0])
-
-
-def test_only_lbfgs_leaves_the_keras_fit():
-    assert "lbfgs" in engine_reason(load_config(DIGITS, ["model.optimizer='lbfgs'"]))
-    for overrides in ([], ["aggregation.method='best'", "data.test_size=0.3"],
-                      ["early_stopping.patience=2", "data.validation_size=0.1"], ["aggregation.ssp=2"],
-                      ["train.sync_every=4", "fault.survive=true"], ["data.rebalance=true"],
-                      ["data.augmentation.enabled=true"], ["train.sync_warmup_epochs=1"], ["evaluation.every=2"],
-                      ["data.placement='scatter'"], ["aggregation.wire_dtype='float16'"], ["train.overlap_eval=true"]):
-        assert engine_reason(load_config(DIGITS, overrides)) is None, overrides
 
 
 def test_scattered_data_reaches_the_workers_from_rank_0_and_trains_as_the_shared_copy_does(tmp_path, monkeypatch):

@@ -61,7 +61,7 @@ def reference() -> list[float]:
     cfg = load_config(LBFGS)
     dataset = load_dataset(cfg.data, cfg.train.seed)
     keras.utils.set_random_seed(cfg.train.seed)
-    model, _ = build_model(cfg.model, dataset.input_shape, dataset.num_outputs)
+    model = build_model(cfg.model, dataset.input_shape, dataset.num_outputs)
     objective = softmax_regression_objective(dataset.x_train, dataset.y_train, dataset.num_outputs)
     return scipy_losses(objective, TrainableVector(model).read(), 6)
 
@@ -83,7 +83,7 @@ def test_the_iterates_are_scipys_on_the_whole_split_and_every_rank_ends_with_the
     assert summary["stop_reason"] == "epochs" and summary["function_evaluations"] == evaluations[-1]
     assert summary["final_test_accuracy"] > 0.75  # 4 iterations from a random start
     # each evaluation: the parameters (float64) to both workers, and both workers' sums back
-    parameters = TrainableVector(build_model(load_config(LBFGS).model, (8, 8, 1), 10)[0]).size
+    parameters = TrainableVector(build_model(load_config(LBFGS).model, (8, 8, 1), 10)).size
     assert int(float(rows[0]["bytes"])) >= evaluations[0] * 2 * 2 * 8 * parameters
 
 

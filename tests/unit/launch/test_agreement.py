@@ -7,11 +7,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-import pytest
-
 from mpi_trainer.comm.local import LocalWorld
 from mpi_trainer.errors import AgreedInputError, ConfigError, DataError
-from mpi_trainer.launch import roles
 from mpi_trainer.launch.agreement import agree_on_failure, check_fault_tolerance, check_world, load_config_everywhere
 
 
@@ -108,18 +105,6 @@ def test_bad_input_is_one_line_on_every_rank_including_its_own():
 
 def test_nothing_failed_nobody_raises():
     assert on_every_rank(3, failing_on_rank(-1, broken_user_layer)) == {0: None, 1: None, 2: None}
-
-
-@pytest.mark.parametrize("exc_type", [TypeError, ValueError])
-def test_a_worker_whose_model_breaks_while_it_is_built_shows_the_traceback(monkeypatch, exc_type):
-    def build_worker(*args: Any) -> None:
-        raise exc_type("the user's train_step broke")
-
-    monkeypatch.setattr(roles, "pick_roles", lambda cfg: roles.Roles(object, object, build_worker))
-    outcome = on_every_rank(3, lambda t: roles.make_worker(t, None, None, None, None))
-    assert type(outcome[1]) is exc_type and type(outcome[2]) is exc_type
-    assert "build_worker" in [frame.name for frame in traceback.extract_tb(outcome[1].__traceback__)]
-    assert isinstance(outcome[0], AgreedInputError) and "the user's train_step broke" in str(outcome[0])
 
 
 def test_asking_for_a_gpu_on_a_node_without_one_fails_on_every_rank_before_training(monkeypatch):

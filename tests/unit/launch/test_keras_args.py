@@ -1,13 +1,11 @@
-"""keras.Model.fit's arguments turned into config keys and this rank's arrays, as Keras reads them."""
+"""keras.Model.fit's scalar arguments turned into config keys, refused as Keras refuses them."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from mpi_trainer.errors import ConfigError
-from mpi_trainer.launch.keras_args import KerasFitArguments, fit_overrides, rank_data, user_sets
-from mpi_trainer.scheduler.callbacks import keras_logs
+from mpi_trainer.launch.keras_args import KerasFitArguments, fit_overrides, user_sets
 
 
 def test_scalar_arguments_become_config_keys():
@@ -32,35 +30,6 @@ def test_values_fit_cannot_honour_are_refused_naming_them(args, fragment):
     assert fragment in str(info.value)
 
 
-def test_validation_split_takes_the_last_rows_as_keras_does():
-    x, y, w = np.arange(20).reshape(10, 2), np.arange(10), np.arange(10, dtype=float)
-    arrays = rank_data(x, y, w, 0.25, None)
-    assert arrays.y.tolist() == list(range(7)) and arrays.y_val.tolist() == [7, 8, 9]  # floor(10 * 0.75) = 7
-    assert arrays.sample_weight.tolist() == list(range(7)) and arrays.x_val.tolist()[0] == [14, 15]
-
-
-def test_validation_data_wins_over_validation_split_and_validation_steps_caps_its_rows():
-    x, y = np.zeros((10, 2)), np.zeros(10, dtype=int)
-    arrays = rank_data(x, y, None, 0.5, (np.ones((6, 2)), np.ones(6, dtype=int), None), rows_cap=4)
-    assert len(arrays.y) == 10 and len(arrays.y_val) == 4
-
-
-@pytest.mark.parametrize("call, fragment", [
-    (lambda: rank_data(np.zeros((3, 1)), {"a": np.zeros(3)}, None, 0.0, None), "Received: y=dict with keys ['a']"),
-    (lambda: rank_data({"a": np.zeros((3, 1))}, np.zeros(3), None, 0.0, (np.zeros((1, 1)), np.zeros(1))),
-     "`validation_data[0]` must hold the same inputs"),
-    (lambda: rank_data(np.zeros((3, 1)), np.zeros(3), np.ones(2), 0.0, None), "one per row of `x`"),
-    (lambda: rank_data(np.zeros((3, 1)), np.zeros(3), None, 0.0, (np.zeros((1, 1)),)), "`validation_data` must"),
-    (lambda: rank_data(np.zeros((3, 1)), np.zeros(3), None, 0.0, (np.zeros((1, 1)), np.zeros(1), np.ones(1))),
-     "with sample weights is not supported"),
-    (lambda: rank_data(np.zeros((3, 1)), None, None, 0.0, None), "`x` and `y` go together"),
-])
-def test_bad_data_arguments_are_refused_naming_them(call, fragment):
-    with pytest.raises(ConfigError) as info:
-        call()
-    assert fragment in str(info.value)
-
-
 def test_user_sets_reads_overrides_and_config_sections(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text("[data]\ntest_size = 0.1\n")
@@ -69,8 +38,3 @@ def test_user_sets_reads_overrides_and_config_sections(tmp_path):
     assert user_sets("train.epochs", {"train": {"epochs": 3}}, None)
     assert not user_sets("data.test_size", {"train": {}}, {"train.epochs": 2})
 
-
-def test_round_rows_become_keras_logs():
-    row = {"train_loss": 0.5, "train_accuracy": 0.8, "val_loss": 0.6, "val_accuracy": float("nan"),
-           "test_loss": float("nan"), "wall_seconds": 1.0, "winner": ""}
-    assert keras_logs(row, ["loss", "accuracy"]) == {"loss": 0.5, "accuracy": 0.8, "val_loss": 0.6}

@@ -1,17 +1,15 @@
-"""Preemption in one process: the signal handler, its grace timer, and a run that stops after a round."""
+"""Preemption in one process: the signal handler and its grace timer (a preempted fit: tests/unit/keras_fit/
+test_fit_again.py)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
 import time
 
 import pytest
-from local_job import run_local_job
 
-from mpi_trainer.persistence.checkpoint import load_checkpoint
 from mpi_trainer.persistence.preemption import Preemption
 
 
@@ -36,18 +34,3 @@ def test_the_signal_is_noted_and_the_grace_timer_ends_the_job(watch):
     watch.uninstall()
     assert signal.getsignal(signal.SIGUSR1) == before and not watch.requested
 
-
-def test_a_preempted_run_checkpoints_the_round_under_way_and_is_not_complete(tmp_path, watch):
-    import keras
-
-    # the signal arrives while round 1 closes
-    signal_cb = keras.callbacks.LambdaCallback(
-        on_epoch_end=lambda epoch, logs=None: epoch == 1 and watch.request("SIGTERM"))
-    job = run_local_job(tmp_path, workers=2, callbacks=[signal_cb], preemption=watch,
-                        train={"epochs": 5, "batch_size": 64}, checkpoint={"every_seconds": 0})
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["stop_reason"] == "preempted" and summary["completed"] is False
-    assert [int(r["round"]) for r in job.rounds()] == [0, 1]
-    _, meta = load_checkpoint(tmp_path / "checkpoint.h5")
-    assert meta["round"] == 1  # the round under way when the signal came
-    assert not (tmp_path / "final.weights.h5").exists()

@@ -72,7 +72,7 @@ def test_a_deep_smooth_model_matches_a_finite_difference(digits):
 def test_dropout_is_off_so_the_objective_is_deterministic_and_equals_evaluate(digits):
     x, y, classes, _ = digits
     keras.utils.set_random_seed(0)
-    model, _ = build_model(ModelConfig(name="lenet", optimizer="lbfgs"), x.shape[1:], classes)
+    model = build_model(ModelConfig(name="lenet", optimizer="lbfgs"), x.shape[1:], classes)
     gradient = BlockGradient(model, batch_size=128)
     params = gradient.vector.read()
     first, second = gradient(params, x[:200], y[:200]), gradient(params, x[:200], y[:200])
@@ -86,7 +86,7 @@ def test_the_configured_loss_is_the_one_differentiated(digits, loss, activation)
     x, y, classes, _ = digits
     keras.utils.set_random_seed(0)
     cfg = ModelConfig(name="softmax_regression", optimizer="lbfgs", loss=loss, activation=activation)
-    model, _ = build_model(cfg, x.shape[1:], classes)
+    model = build_model(cfg, x.shape[1:], classes)
     gradient = BlockGradient(model)
     loss_sum, _ = gradient(gradient.vector.read(), x, y)
     assert loss_sum / len(x) == pytest.approx(evaluate_model(model, x, y, 256)["loss"], rel=1e-5)

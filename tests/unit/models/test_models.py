@@ -9,38 +9,40 @@ import pytest
 
 from mpi_trainer.config import ModelConfig
 from mpi_trainer.errors import ConfigError
-from mpi_trainer.models import build_model, evaluate_model, rebuild_model
+from mpi_trainer.models import build_model, evaluate_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for user_models
 
 
 def test_lenet_has_the_originating_parameter_count():
-    model, _ = build_model(ModelConfig(name="lenet"), (28, 28, 1), 10)
+    model = build_model(ModelConfig(name="lenet"), (28, 28, 1), 10)
     assert model.count_params() == 484_714
     assert sum(w.size for w in model.get_weights()) * 4 == 1_938_856  # 1.85 MiB of float32
 
 
-def test_uncompiled_user_model_is_compiled_from_config_and_rebuilt_identically():
+def test_uncompiled_user_model_is_compiled_from_config():
     cfg = ModelConfig(name="user_models:small_cnn", optimizer="sgd", learning_rate=0.05)
-    model, spec = build_model(cfg, (8, 8, 1), 10)
-    assert spec.user_module == "user_models"
-    assert spec.loss == "sparse_categorical_crossentropy"
-    assert spec.optimizer["class_name"].lower() == "sgd"
-    assert spec.optimizer["config"]["learning_rate"] == pytest.approx(0.05)
-    clone = rebuild_model(spec)
-    assert [w.shape for w in clone.get_weights()] == [w.shape for w in model.get_weights()]
+    model = build_model(cfg, (8, 8, 1), 10)
+    assert model.loss == "sparse_categorical_crossentropy"
+    assert type(model.optimizer).__name__.lower() == "sgd"
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.05)
 
 
 def test_compiled_user_model_keeps_its_optimizer():
-    _, spec = build_model(ModelConfig(name="user_models:compiled_sgd"), (4,), 3)
-    assert spec.optimizer["class_name"].lower() == "sgd"
-    assert spec.optimizer["config"]["learning_rate"] == pytest.approx(0.123)
+    model = build_model(ModelConfig(name="user_models:compiled_sgd"), (4,), 3)
+    assert type(model.optimizer).__name__.lower() == "sgd"  # not the config's default optimizer
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.123)
 
 
-def test_custom_layers_travel_through_the_spec():
-    _, spec = build_model(ModelConfig(name="user_models:fails_on_rank"), (4,), 3)
-    assert "FailOnRank" in spec.architecture
-    rebuild_model(spec)
+def test_a_compiled_model_given_keeps_its_own_optimizer_object():
+    import keras
+
+    given = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    optimizer = keras.optimizers.SGD(learning_rate=0.123)
+    given.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+    model = build_model(ModelConfig(name="given", optimizer="adam", learning_rate=0.5), (4,), 3, builder=given)
+    assert model is given and model.optimizer is optimizer
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.123)
 
 
 @pytest.mark.parametrize(
@@ -63,7 +65,7 @@ def test_bad_model_names_are_config_errors(name, fragment):
 def test_evaluate_model_gives_what_keras_evaluate_gives(name):
     import numpy as np
 
-    model, _ = build_model(ModelConfig(name=name), (8, 8, 1), 10)
+    model = build_model(ModelConfig(name=name), (8, 8, 1), 10)
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(359, 8, 8, 1)).astype("float32"), rng.integers(0, 10, 359)
     model.fit(x, y, batch_size=32, epochs=1, verbose=0)  # weights that give a non-trivial score

@@ -10,8 +10,7 @@ import pytest
 
 from mpi_trainer.comm.local import LocalWorld
 from mpi_trainer.config import load_config
-from mpi_trainer.errors import AgreedInputError, ConfigError
-from mpi_trainer.launch.job_setup import JobInputs, claim_run_dir, setup
+from mpi_trainer.errors import ConfigError
 from mpi_trainer.models import build_model
 
 
@@ -52,23 +51,26 @@ def test_keras_refusing_a_model_built_for_other_data_is_one_line():
         build_model(load_config(None, []).model, (64,), 10, builder=image_model)
 
 
-def test_set_up_fails_every_rank_and_the_scheduler_shows_the_user_s_traceback(tmp_path):
-    """The job's own set-up on three in-process ranks: none waits, rank 0 raises the NameError itself."""
-    cfg = load_config(None, ["data.source='digits'", "log.plots=false"])
+def test_a_bug_in_the_model_function_fails_every_rank_with_its_traceback_and_none_waits(tmp_path, monkeypatch):
+    """The command line's job on three in-process ranks: each builds its own model, so each raises the
+    user's NameError itself, with the function's frame, before any rank waits on another."""
+    from mpi_trainer.keras_fit.config_fit import fit_config
+    from tests.unit.keras_fit.test_fit_again import placed_in_place
+
+    monkeypatch.setattr("mpi_trainer.launch.job.start_rank", placed_in_place)
+    config = {"data": {"source": "digits"}, "train": {"epochs": 1}, "log": {"plots": False, "tensorboard": False}}
     world = LocalWorld(3)
     transports = world.transports()
 
     def rank(index: int) -> Any:
-        inputs = JobInputs()
-        inputs.builder = model_with_a_typo
         try:
-            return setup(transports[index], cfg, inputs, claim_run_dir(transports[index], cfg, inputs,
-                                                                         str(tmp_path / "run"), False))
+            return fit_config(transports[index], load_config(config), config, [], str(tmp_path / "run"), False,
+                              builder=model_with_a_typo)
         except Exception as exc:  # noqa: BLE001 - each rank's outcome is what the test checks
             return exc
 
     outcome = world.run({index: lambda index=index: rank(index) for index in range(3)}, timeout=120)
-    assert type(outcome[0]) is NameError and "model_with_a_typo" in frames(outcome[0])
-    for worker in (1, 2):
-        assert isinstance(outcome[worker], AgreedInputError), outcome
-        assert "NameError" in str(outcome[worker]) and "(reported by rank 0)" in str(outcome[worker])
+    for index in range(3):
+        assert type(outcome[index]) is NameError, outcome
+        assert "model_with_a_typo" in frames(outcome[index])
+    assert not (tmp_path / "run").exists()  # nothing trained, no run directory claimed

@@ -1,4 +1,5 @@
-"""The Chrome-trace timeline: events per rank and phase, atomic writes, resumed runs, rank 0's spans."""
+"""The Chrome-trace timeline: events per rank and phase, atomic writes, resumed runs (a fit's timeline.json:
+tests/unit/keras_fit/test_policies.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ import time
 
 import pytest
 
-from mpi_trainer.config import config_from_dict
-from mpi_trainer.reporting.observers import RunObservers
 from mpi_trainer.reporting.timeline import PhaseLog, Timeline
 
 
@@ -55,27 +54,6 @@ def test_a_phase_log_hands_its_phases_over_once_and_keeps_nothing_when_disabled(
     off = PhaseLog(enabled=False)
     off.add("train", 0, 1.0, 2.0)
     assert off.take() == []
-
-
-class _Report:
-    def __init__(self, rank: int, phases: list) -> None:
-        self.rank, self.phases = rank, phases
-
-
-def test_rank_0_spans_follow_each_other_on_the_wall_clock(tmp_path):
-    cfg = config_from_dict({"log": {"timeline": True, "tensorboard": False}, "train": {"epochs": 2}})
-    observers = RunObservers(cfg, tmp_path, 0, ["a", "b"])
-    began = time.perf_counter()
-    observers.span("send", 0, began)
-    time.sleep(0.02)
-    observers.span("wait", 0)  # from the end of the send
-    observers.worker_phases([_Report(1, [("train", 0, time.time() - 0.01, time.time())])])
-    observers.close()
-    events = [e for e in json.loads((tmp_path / "timeline.json").read_text())["traceEvents"] if e["ph"] == "X"]
-    send, wait = (next(e for e in events if e["name"] == name and e["pid"] == 0) for name in ("send", "wait"))
-    assert wait["ts"] == pytest.approx(send["ts"] + send["dur"], abs=1.0)
-    assert wait["dur"] >= 19_000 and abs(send["ts"] / 1e6 - time.time()) < 5
-    assert {e["pid"] for e in events} == {0, 1}
 
 
 def test_the_log_switches_are_booleans_checked_before_training():
