@@ -29,14 +29,6 @@ class ConsoleState:
     bar_active: bool = False
 
 
-def console_state() -> ConsoleState:
-    """The state of the console that :func:`setup_logging` set up (before it, a state nothing reads)."""
-    for handler in get_logger().handlers:
-        if isinstance(handler, _StdoutHandler):
-            return handler.state
-    return ConsoleState()
-
-
 class _ConsoleFilter(logging.Filter):
     def __init__(self, state: ConsoleState) -> None:
         super().__init__()

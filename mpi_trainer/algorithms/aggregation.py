@@ -63,32 +63,3 @@ def elect(scores: Mapping[int, tuple[float, float]]) -> int:
     return min(scores, key=lambda rank: election_key(*scores[rank], rank))
 
 
-class BestWindow:
-    """Best-of under SSP: the best update of each election window (one SSP round) wins.
-
-    Candidates are ranked by :func:`election_key`, as in a synchronous round.
-    Only the leader's weights are kept. The winner becomes the global model
-    when the window closes; workers dispatched in the meantime start from the
-    previous winner.
-    """
-
-    def __init__(self) -> None:
-        self.leader: tuple[float, float, int, int] | None = None
-        self.best_weights: np.ndarray | None = None
-        self.arrivals = 0
-
-    def offer(self, worker: int, val_accuracy: float, val_loss: float, weights: np.ndarray) -> bool:
-        """Consider one update; True when it now leads the window."""
-        key = election_key(val_accuracy, val_loss, worker, self.arrivals)
-        self.arrivals += 1
-        if self.leader is None or key < self.leader:
-            self.leader, self.best_weights = key, weights.copy()
-            return True
-        return False
-
-    def close(self) -> tuple[int, np.ndarray | None]:
-        """The window's winner and its weights; the window starts empty again."""
-        winner = -1 if self.leader is None else self.leader[2]
-        weights = self.best_weights
-        self.leader, self.best_weights, self.arrivals = None, None, 0
-        return winner, weights

@@ -22,9 +22,6 @@ adds what its author learnt instead of pulling the model back to an old state.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-
-import numpy as np
 
 from mpi_trainer.algorithms import aggregation
 
@@ -73,38 +70,6 @@ def merge_share(method: str, samples: int, total_samples: int, workers: int, sta
         raise ValueError(f"staleness must be >= 0. Received: staleness={staleness}")
     share = aggregation.contribution_scale(method, samples, total_samples, workers)
     return share / (1 + staleness) if damping else share
-
-
-def merge_delta(global_weights: np.ndarray, local: np.ndarray, base: np.ndarray, share: float) -> None:
-    """``global += share * (local - base)``, in place."""
-    global_weights += np.float32(share) * (local - base)
-
-
-@dataclass
-class UpdateRecord:
-    """One merged update, as logged in ``updates.csv``."""
-
-    worker: int
-    clock: int
-    base_version: int
-    version: int
-    staleness: int
-    versions_behind: int
-    share: float
-    samples: int
-    train_seconds: float
-    round: int
-
-
-def busy_seconds(intervals: Sequence[tuple[float, float]], start: float, end: float) -> float:
-    """Length of the union of ``intervals`` clipped to ``[start, end]``."""
-    clipped = sorted((max(a, start), min(b, end)) for a, b in intervals if min(b, end) > max(a, start))
-    total, reach = 0.0, start
-    for a, b in clipped:
-        if b > reach:
-            total += b - max(a, reach)
-            reach = b
-    return total
 
 
 def idle_fraction(wall_seconds: float, busy: Mapping[int, float]) -> float:

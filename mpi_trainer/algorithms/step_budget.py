@@ -7,12 +7,7 @@ so the run stops on exactly ``max_steps``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-
-
-def steps_per_round(samples: int, batch_size: int) -> int:
-    return math.ceil(samples / batch_size)
 
 
 def step_budgets(remaining: int, full: Mapping[int, int]) -> dict[int, int] | None:

@@ -53,12 +53,3 @@ def draw_extra(total: int, fixed_positions: np.ndarray, round_index: int, rank: 
     return np.sort(rng.choice(rest, size=count, replace=False))
 
 
-def positions_needed(total: int, fixed_positions: np.ndarray, rounds: int, rank: int, seed: int,
-                     cfg: IncrementConfig, start_round: int = 0) -> np.ndarray:
-    """Every training position a worker touches in rounds ``start_round`` to ``rounds - 1`` (what scatter sends)."""
-    parts = [np.asarray(fixed_positions, dtype=np.int64)]
-    if cfg.enabled:
-        parts += [draw_extra(total, fixed_positions, r, rank, seed, cfg) for r in range(start_round, rounds)]
-    return np.unique(np.concatenate(parts))
-
-

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 
 def block_bounds(num_samples: int, workers: int) -> list[tuple[int, int]]:
     """Contiguous ``[start, end)`` blocks covering ``num_samples``; sizes differ by at most one."""
@@ -26,6 +24,3 @@ def shard(rows: int, index: int, count: int) -> slice:
     return slice(rows * index // count, rows * (index + 1) // count)
 
 
-def shuffled_order(num_samples: int, seed: int) -> np.ndarray:
-    """The one shuffle of the training set; every rank derives the same one from the seed."""
-    return np.random.default_rng(seed).permutation(num_samples)

@@ -385,15 +385,3 @@ def load_dataset(cfg: DataConfig, seed: int, read_val: bool = True, read_test: b
                    test_part=read_test if isinstance(read_test, tuple) else None)
 
 
-def validation_only(name: str, x_val: np.ndarray, y_val: np.ndarray, input_shape: tuple[int, ...],
-                    num_outputs: int, classes: bool = True) -> Dataset:
-    """A worker's dataset under ``scatter``: no file access, only the validation rows it scores on.
-
-    ``y_val`` (empty when no validation rows travel) also tells the labels' shape and dtype.
-    """
-    empty_x = np.empty((0, *input_shape), dtype=np.float32)
-    no_rows = np.empty(0, dtype=np.int64)
-    no_labels = y_val[:0]
-    train = TrainRows(name, empty_x, no_labels, no_rows)
-    return Dataset(name, train, x_val, y_val, empty_x, no_labels, num_outputs, tuple(input_shape),
-                   classes=classes)

@@ -222,7 +222,8 @@ def ssp_conflicts(cfg: Config) -> list[str]:
                                    "each worker's state travels to and from rank 0 on its own, in float32"),
     }
     return [f"`aggregation.ssp` = {ssp} cannot be combined with {key}={value_of(cfg, key)!r}: {why}. "
-            f"Expected {key} = {expected}, or aggregation.ssp = 0"
+            f"Received: aggregation.ssp={ssp}, {key}={value_of(cfg, key)!r}; expected {key} = {expected}, or "
+            f"aggregation.ssp = 0"
             for key, (conflicts_with, expected, why) in conflicts.items() if conflicts_with]
 
 

@@ -87,15 +87,29 @@ def data_print(data: Any) -> str:
     return ";".join(parts)
 
 
+# The config keys whose change makes a saved state or the data split meaningless.
+COMPATIBILITY_KEYS = ("data.source", "data.test_size", "data.validation_size", "model.name", "model.optimizer",
+                      "model.loss", "train.seed", "aggregation.ssp")
+
+
+def _flatten_keys(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            flat.update(_flatten_keys(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def fingerprint(model: Any, data: Any, arguments: dict[str, Any], config: dict[str, Any]) -> dict[str, str]:
     """What makes a fit this fit; a directory's run is resumed only when every entry is equal.
 
     Not the epochs (a complete run asked for more goes on) nor the settings a run may change when it
     resumes (the workers, the logs, the checkpoints' cadence): of the config, the keys that
-    :data:`~mpi_trainer.persistence.resume.COMPATIBILITY_KEYS` names."""
-    from mpi_trainer.persistence.resume import COMPATIBILITY_KEYS, flatten_keys
-
-    flat = flatten_keys(config)
+    :data:`COMPATIBILITY_KEYS` names."""
+    flat = _flatten_keys(config)
     kept = {key: flat.get(key) for key in COMPATIBILITY_KEYS}
     return {"model": _digest(_model_text(model)), "compile": _digest(_compile_text(model)),
             "data": _digest(data_print(data)),

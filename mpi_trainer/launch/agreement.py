@@ -3,9 +3,8 @@
 A set-up error (bad config, bad data, an unbuildable model, an unusable run directory) is caught on
 the rank where it happens and agreed on with one ``allgather``: then every rank raises
 :class:`~mpi_trainer.errors.AgreedInputError` with the message, and none waits for a peer that has
-already gone. A set-up step that fails with any other exception (a bug in the user's model or in a
-library) is agreed on too, but the rank where it happened raises it again, traceback and all
-(:func:`agree_on_failure`).
+already gone. Any other exception (a bug in the user's model or in a library) is not caught: it
+reaches the user with its traceback, and the job's failure notices end the other ranks.
 """
 
 from __future__ import annotations
@@ -39,23 +38,6 @@ def agreed(value: Agreed | None) -> Agreed:
     if value is None:
         raise RuntimeError("a set-up step that every rank agreed had passed produced nothing")
     return value
-
-
-def agree_on_failure(transport: Transport, exc: Exception | None) -> None:
-    """Every rank learns whether a set-up step failed on any rank; all fail together if so.
-
-    Bad input (:class:`~mpi_trainer.errors.InputError`) becomes the one-line
-    :class:`~mpi_trainer.errors.AgreedInputError` on every rank. Anything else is a bug whose traceback
-    matters: the other ranks raise the agreed one-line error naming it, and the rank where it happened
-    raises the original exception with its traceback.
-    """
-    if exc is None or isinstance(exc, InputError):
-        agree(transport, None if exc is None else str(exc))
-        return
-    try:
-        agree(transport, f"{type(exc).__name__}: {exc}")
-    except AgreedInputError:
-        raise exc from None  # the agreement told the others; this rank shows where it broke
 
 
 def load_config_everywhere(transport: Transport, config: str | dict | None, overrides: list[Any]) -> Config:

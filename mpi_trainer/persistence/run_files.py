@@ -20,7 +20,6 @@ from __future__ import annotations
 import csv
 import errno
 import hashlib
-import io
 import json
 import os
 from pathlib import Path
@@ -47,12 +46,6 @@ ROUND_FIELDS = [
     "workers", "learning_rate",
 ]
 BUILT_IN_METRICS = ("loss", "accuracy")  # their columns are always there (empty when not compiled)
-
-
-def round_fields(metric_names: list[str]) -> list[str]:
-    """rounds.csv's columns: the fixed ones, then ``test_/train_/val_<name>`` of every other metric."""
-    extra = [name for name in metric_names if name not in BUILT_IN_METRICS]
-    return ROUND_FIELDS + [f"{split}_{name}" for name in extra for split in ("test", "train", "val")]
 
 
 UPDATE_FIELDS = ["update", "round", "worker", "clock", "base_version", "version", "staleness",
@@ -137,13 +130,6 @@ def digest_path(path: Path) -> Path:
     return path.with_name(path.name + DIGEST_SUFFIX)
 
 
-def write_digest(path: Path) -> str:
-    """Record ``path``'s SHA-256 in ``<path>.sha256`` (``sha256sum -c`` reads it); returns the digest."""
-    digest = file_sha256(path)
-    write_atomic(digest_path(path), f"{digest}  {Path(path).name}\n")
-    return digest
-
-
 def verify_digest(path: Path) -> None:
     """Raise ValueError when ``path`` does not match the digest recorded beside it (none recorded: pass)."""
     recorded_file = digest_path(path)
@@ -192,62 +178,6 @@ def save_weights_atomic(model: Any, path: Path) -> None:
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     write_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
-
-
-class RoundLog:
-    """``rounds.csv``: header fixed at the first row, one row per round, flushed and synced."""
-
-    def __init__(self, path: Path, fieldnames: list[str]) -> None:
-        self.path = path
-        self.fieldnames = fieldnames
-        is_new = not path.exists() or path.stat().st_size == 0
-        if not is_new:
-            self._adopt_columns()
-        self._handle = os.fdopen(open_append(path), "a", newline="", encoding="utf-8")
-        self._writer = csv.DictWriter(self._handle, fieldnames=self.fieldnames, extrasaction="raise")
-        if is_new:
-            self._writer.writeheader()
-            self._sync()
-
-    def _adopt_columns(self) -> None:
-        """A resumed run's file written with other columns: rewrite it (atomically) to match.
-
-        Columns that are new get empty cells in the earlier rows; columns only
-        the file has are kept, after ours, empty in new rows. Appending rows of
-        another width would leave a file that no CSV reader can take.
-        """
-        with self.path.open(newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            existing = list(reader.fieldnames or [])
-            if existing == self.fieldnames:
-                return
-            rows = list(reader)
-        self.fieldnames = self.fieldnames + [c for c in existing if c not in self.fieldnames]
-        buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=self.fieldnames, restval="")
-        writer.writeheader()
-        writer.writerows(rows)
-        write_atomic(self.path, buffer.getvalue())
-
-    def _sync(self) -> None:
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
-
-    def write(self, row: dict[str, Any]) -> None:
-        unknown = set(row) - set(self.fieldnames)
-        if unknown:
-            raise ValueError(f"rounds.csv has no columns {sorted(unknown)}; columns: {self.fieldnames}")
-        self._writer.writerow({k: _fmt(row.get(k, "")) for k in self.fieldnames})
-        self._sync()
-
-    def close(self) -> None:
-        self._handle.close()
-
-
-def _fmt(value: Any) -> Any:
-    if isinstance(value, float):
-        return f"{value:.10g}"
-    return value
 
 
 def read_rounds(path: Path) -> list[dict[str, str]]:

@@ -19,9 +19,6 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
 
-from mpi_trainer.logs import get_logger
-from mpi_trainer.persistence.run_files import SUMMARY_NAME
-
 if TYPE_CHECKING:
     from mpi_trainer.data.sources import Dataset
 
@@ -75,28 +72,6 @@ FINGERPRINT_MEANING = {
 }
 
 
-def fingerprint_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """``"<what>: <now> (checkpoint: <then>)"`` for each key recorded in both that differs."""
-    return [f"{FINGERPRINT_MEANING.get(key, key)}: {current[key]!r} (checkpoint: {saved[key]!r})"
-            for key in sorted(FINGERPRINT_MEANING) if key in saved and key in current
-            and _comparable(saved[key]) != _comparable(current[key])]
-
-
-def _comparable(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
-
-
-def read_summary(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        summary: dict[str, Any] = json.loads((Path(run_dir) / SUMMARY_NAME).read_text(encoding="utf-8"))
-        return summary
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        get_logger().warning("%s is unreadable (%s); treating the run as unfinished", SUMMARY_NAME, exc)
-        return None
-
-
 def is_complete(summary: Mapping[str, Any] | None) -> TypeGuard[Mapping[str, Any]]:
     return bool(summary and summary.get("completed"))
 
@@ -110,14 +85,3 @@ def more_to_train(summary: Mapping[str, Any], epochs: int, max_steps: int) -> bo
     return more_rounds and (not max_steps or max_steps > int(summary.get("steps") or 0))
 
 
-def remove_leftovers(run_dir: Path) -> list[Path]:
-    """Delete files that an interrupted atomic write left behind (``*.tmp``, ``*.tmp.weights.h5``)."""
-    removed = []
-    for path in sorted(Path(run_dir).iterdir()):
-        if path.is_file() and path.name.endswith(TMP_SUFFIXES):
-            path.unlink()
-            removed.append(path)
-    if removed:
-        get_logger().info("removed %d unfinished file(s) of an interrupted write: %s", len(removed),
-                          ", ".join(p.name for p in removed))
-    return removed

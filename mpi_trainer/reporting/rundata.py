@@ -18,7 +18,6 @@ from typing import Any
 
 from mpi_trainer.errors import InputError
 from mpi_trainer.persistence.run_files import ROUNDS_NAME, SUMMARY_NAME, UPDATES_NAME
-from mpi_trainer.reporting.progress import split_per_worker
 
 PER_WORKER_COLUMNS = ("block_sizes", "worker_train_seconds")
 
@@ -87,3 +86,9 @@ def load_run(run_dir: str | Path) -> RunData:
     updates_path = run_dir / UPDATES_NAME
     updates = read_complete_rows(updates_path) if updates_path.is_file() else []
     return RunData(run_dir, columns, summary, updates)
+
+
+def split_per_worker(cell: Any) -> list[float]:
+    """A "v1;v2;..." cell of rounds.csv (one value per worker rank, from rank 1) as numbers."""
+    text = str(cell if cell is not None else "").strip()
+    return [float(value) for value in text.split(";")] if text else []

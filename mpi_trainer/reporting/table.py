@@ -2,37 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 
 def _num(row: Mapping[str, Any], key: str) -> float:
     return float(row[key])
-
-
-def format_round_line(row: Mapping[str, Any], epochs: int) -> str:
-    """The one concise line rank 0 prints per round."""
-    return (f"round {int(row['round']) + 1}/{epochs}  {_scores(row)}  {_num(row, 'wall_seconds'):.2f} s  "
-            f"{_num(row, 'bytes') / 1e6:.2f} MB")
-
-
-def _score(row: Mapping[str, Any], key: str) -> float:
-    """A score, NaN where the round has none (not scored, or no such split)."""
-    try:
-        return float(row.get(key, math.nan))
-    except (TypeError, ValueError):  # "" in a row read back from rounds.csv
-        return math.nan
-
-
-def _scores(row: Mapping[str, Any]) -> str:
-    """Test accuracy and loss (only the loss for a model without accuracy); without a test split, the
-    validation split's, marked ``val``; nothing for a round that ``evaluation.every`` left unscored."""
-    for split, label in (("test", ""), ("val", "val ")):
-        accuracy, loss = (_score(row, f"{split}_{name}") for name in ("accuracy", "loss"))
-        if not math.isnan(loss):
-            return ("" if math.isnan(accuracy) else f"{label}acc {accuracy:.4f}  ") + f"{label}loss {loss:.4f}"
-    return "not scored"
 
 
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:

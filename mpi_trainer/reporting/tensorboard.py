@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mpi_trainer.persistence.run_files import TENSORBOARD_DIR
-from mpi_trainer.reporting.progress import split_per_worker
+from mpi_trainer.reporting.rundata import split_per_worker
 
 FLUSH_EVERY_SECONDS = 1.0
 

@@ -6,14 +6,12 @@ checkpoint) with its round. Gaps in a rank's row are time it spent idle.
 Times are wall-clock (``time.time()``) microseconds, so ranks on one host line
 up exactly; across hosts they are as close as the hosts' clocks.
 
-Workers record their phases in a :class:`PhaseLog` and send them with their
-next report; rank 0 adds them, and its own, to a :class:`Timeline`.
+Workers send their phases with their reports; rank 0 adds them, and its own, to a :class:`Timeline`.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,23 +22,6 @@ PHASES = ("train", "send", "wait", "aggregate", "evaluate", "checkpoint")
 
 # (phase, round, start, end); start and end in time.time() seconds.
 Phase = tuple[str, int, float, float]
-
-
-class PhaseLog:
-    """A rank's phases not yet handed on; a disabled log keeps nothing (log.timeline = false)."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.pending: list[Phase] = []
-
-    def add(self, phase: str, round_index: int, start: float, end: float | None = None) -> None:
-        """A phase from ``start`` to ``end`` (default: now), both ``time.time()`` seconds."""
-        if self.enabled:
-            self.pending.append((phase, int(round_index), start, time.time() if end is None else end))
-
-    def take(self) -> list[Phase]:
-        taken, self.pending = self.pending, []
-        return taken
 
 
 class Timeline:

@@ -55,7 +55,6 @@ def test_scatter_sends_rank_0s_rows_to_every_worker_and_counts_the_bytes(tmp_pat
     result = run_mpi(3, ["train", "configs/csv_example.toml", "--set", "data.placement=scatter",
                          "--set", "train.epochs=3"], tmp_path / "run")
     assert result.returncode == 0, result.output
-    log = (tmp_path / "run" / "train.log").read_text()
     assert "data.placement = scatter: rank 0 read" in result.output
     summary = result.summary()
     num_train = int(re.search(r": (\d+) train / \d+ validation", summary["dataset"]).group(1))

@@ -8,7 +8,7 @@ import pytest
 from mpi_trainer.algorithms.aggregation import combine, contribution_scale, elect
 from mpi_trainer.algorithms.early_stopping import EarlyStopping
 from mpi_trainer.comm.flat_weights import WeightCodec
-from mpi_trainer.data.partition import block_bounds, shuffled_order
+from mpi_trainer.data.partition import block_bounds
 from mpi_trainer.launch.runtime import threads_for_rank
 
 
@@ -63,12 +63,6 @@ def test_blocks_are_contiguous_cover_everything_and_differ_by_at_most_one(n, wor
 def test_fewer_samples_than_workers_is_an_error():
     with pytest.raises(ValueError, match="2 samples for 3 workers"):
         block_bounds(2, 3)
-
-
-def test_shuffle_is_a_seeded_permutation():
-    a, b = shuffled_order(100, 7), shuffled_order(100, 7)
-    np.testing.assert_array_equal(a, b)
-    assert sorted(a) == list(range(100)) and not np.array_equal(a, np.arange(100))
 
 
 def test_early_stopping_counts_patience_and_says_which_round_became_the_best():

@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import heapq
 
-import numpy as np
 import pytest
 
-from mpi_trainer.algorithms import aggregation
-from mpi_trainer.algorithms.aggregation import BestWindow
 from mpi_trainer.algorithms.staleness import (
     StalenessClock,
-    busy_seconds,
     idle_fraction,
-    merge_delta,
     merge_share,
 )
 
@@ -83,49 +78,6 @@ def test_shares_follow_the_synchronous_rule_and_damping_divides_by_one_plus_stal
     assert merge_share("weighted", 30, 100, 2, 2, damping=True) == pytest.approx(0.1)
     with pytest.raises(ValueError, match="staleness must be >= 0"):
         merge_share("average", 1, 2, 2, -1, damping=False)
-
-
-@pytest.mark.parametrize("method", ["average", "weighted"])
-def test_delta_merges_at_s0_equal_the_synchronous_aggregate(method):
-    rng = np.random.default_rng(3)
-    base = rng.normal(size=50).astype(np.float32)
-    locals_ = [base + rng.normal(size=50).astype(np.float32) for _ in range(3)]
-    samples = [100, 250, 150]
-    merged = base.copy()
-    for local, count in zip(locals_, samples):
-        merge_delta(merged, local, base, merge_share(method, count, sum(samples), 3, 0, damping=False))
-    np.testing.assert_allclose(merged, aggregation.combine(locals_, samples, method), atol=1e-5)
-
-
-def test_a_stale_update_adds_what_it_learnt_instead_of_dragging_the_model_back():
-    old_base = np.array([0.0, 0.0], dtype=np.float32)
-    global_weights = np.array([10.0, 10.0], dtype=np.float32)  # others moved on meanwhile
-    stale_local = np.array([1.0, -1.0], dtype=np.float32)  # learnt +1 / -1 from the old base
-    merge_delta(global_weights, stale_local, old_base, 0.5)
-    np.testing.assert_allclose(global_weights, [10.5, 9.5])
-
-
-def test_best_window_keeps_the_highest_accuracy_then_lowest_loss_then_earliest():
-    window = BestWindow()
-    assert window.offer(1, 0.80, 0.5, np.array([1.0]))
-    assert window.offer(2, 0.90, 0.7, np.array([2.0]))
-    assert window.offer(1, 0.90, 0.6, np.array([3.0]))
-    assert not window.offer(2, 0.90, 0.6, np.array([4.0]))  # a tie goes to the earlier update
-    winner, weights = window.close()
-    assert winner == 1 and weights.tolist() == [3.0]
-    assert window.close() == (-1, None)
-
-
-def test_best_window_and_synchronous_election_share_one_rule():
-    window = BestWindow()
-    window.offer(3, 0.9, 0.25, np.array([3.0]))  # arrives first
-    window.offer(2, 0.9, 0.25, np.array([2.0]))  # an exact tie from a lower rank
-    assert window.close()[0] == 2 == aggregation.elect({3: (0.9, 0.25), 2: (0.9, 0.25)})
-
-
-def test_busy_seconds_is_the_union_of_spans_clipped_to_the_window():
-    assert busy_seconds([(0, 4), (2, 6), (8, 20)], 1, 10) == pytest.approx(5 + 2)
-    assert busy_seconds([(-5, -1)], 0, 10) == 0.0
 
 
 def test_idle_fraction_matches_the_issue_formula():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mpi_trainer.config import ConfigError, IncrementConfig, load_config
-from mpi_trainer.data.increment import draw_extra, extra_count, positions_needed, step_size
+from mpi_trainer.data.increment import draw_extra, extra_count, step_size
 
 
 def _cfg(**kwargs) -> IncrementConfig:
@@ -38,15 +38,6 @@ def test_draws_are_disjoint_from_the_fixed_block_and_reproducible():
         np.testing.assert_array_equal(draw, draw_extra(1000, fixed, round_index, 2, 7, cfg))
     assert not np.array_equal(draws[1][:50], draws[2][:50])  # a fresh draw each round
     assert not np.array_equal(draw_extra(1000, fixed, 1, 3, 7, cfg), draws[1])  # and per rank
-
-
-def test_positions_needed_is_the_union_of_the_block_and_every_draw():
-    cfg = _cfg(load_factor=0.05, absolute_factor=0.5)
-    fixed = np.arange(100)
-    needed = positions_needed(400, fixed, 3, 1, 0, cfg)
-    expected = np.unique(np.concatenate([fixed] + [draw_extra(400, fixed, r, 1, 0, cfg) for r in range(3)]))
-    np.testing.assert_array_equal(needed, expected)
-    np.testing.assert_array_equal(positions_needed(400, fixed, 3, 1, 0, IncrementConfig()), fixed)
 
 
 @pytest.mark.parametrize("key, value, expected", [

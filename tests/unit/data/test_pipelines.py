@@ -137,7 +137,8 @@ def test_refused_settings_name_the_input_type():
     adapter = get_input_adapter(tf.data.Dataset.from_tensor_slices((x, y)).batch(32))
     cases = {"data": {"placement": "scatter"}, "data.increment": {"enabled": True},
              "data.augmentation": {"enabled": True, "flip": "horizontal"}}
-    expected = {"data": r"`data.placement` has rank 0 read the data and send it to every worker, which a tf.data.Dataset",
+    expected = {"data": r"`data.placement` has rank 0 read the data and send it to every worker, which a "
+                        r"tf.data.Dataset",
                 "data.increment": r"`data.increment.enabled` draws random rows .* Received: "
                                   r"data.increment.enabled=True with the data as a tf.data.Dataset",
                 "data.augmentation": r"`data.augmentation.enabled` .* tf.data.Dataset"}

@@ -5,6 +5,7 @@ writes. A scheduler and two workers as threads of a LocalWorld."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 
 from mpi_trainer.comm.local import LocalWorld
 from mpi_trainer.config import load_config
+from mpi_trainer.keras_fit import config_fit
 from mpi_trainer.keras_fit.config_fit import fit_config
 from tests.unit.keras_fit.test_fit_again import placed_in_place
 
@@ -24,6 +26,15 @@ DIGITS = {"data": {"source": "digits", "test_size": 0.2}, "model": {"name": "mlp
 @pytest.fixture(autouse=True)
 def start_in_place(monkeypatch):
     monkeypatch.setattr("mpi_trainer.launch.job.start_rank", placed_in_place)
+    # the ranks are threads: each seeds Keras and builds its model without another drawing in between, as
+    # the processes of a job do
+    lock, build = threading.Lock(), config_fit._model
+
+    def seeded_alone(*args: Any) -> Any:
+        with lock:
+            return build(*args)
+
+    monkeypatch.setattr(config_fit, "_model", seeded_alone)
 
 
 def train_everywhere(run_dir: Path, overrides: list[str] = ()) -> dict[int, dict[str, Any]]:

@@ -3,13 +3,12 @@ bad input is one line everywhere and a bug keeps its traceback where it happened
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 from mpi_trainer.comm.local import LocalWorld
-from mpi_trainer.errors import AgreedInputError, ConfigError, DataError
-from mpi_trainer.launch.agreement import agree_on_failure, check_fault_tolerance, check_world, load_config_everywhere
+from mpi_trainer.errors import AgreedInputError, ConfigError
+from mpi_trainer.launch.agreement import check_fault_tolerance, check_world, load_config_everywhere
 
 
 def on_every_rank(size: int, step: Callable[[Any], Any]) -> dict[int, BaseException | Any]:
@@ -67,44 +66,6 @@ def test_fault_survive_is_refused_on_every_rank_without_fault_tolerant_mpi(monke
 
 def broken_user_layer() -> None:
     raise ValueError("a bug in the user's layer")
-
-
-def failing_on_rank(rank: int, error: Callable[[], None]) -> Callable[[Any], None]:
-    def step(transport: Any) -> None:
-        failure = None
-        try:
-            if transport.rank == rank:
-                error()
-        except Exception as exc:  # noqa: BLE001 - as a set-up step catches it
-            failure = exc
-        agree_on_failure(transport, failure)
-
-    return step
-
-
-def test_a_bug_on_one_rank_keeps_its_traceback_there_and_fails_the_others_in_one_line():
-    outcome = on_every_rank(3, failing_on_rank(1, broken_user_layer))
-    bug = outcome[1]
-    assert type(bug) is ValueError and str(bug) == "a bug in the user's layer"
-    frames = [frame.name for frame in traceback.extract_tb(bug.__traceback__)]
-    assert "broken_user_layer" in frames  # where the user's code broke, not only where it was agreed on
-    for rank in (0, 2):
-        assert isinstance(outcome[rank], AgreedInputError)
-        assert str(outcome[rank]) == "ValueError: a bug in the user's layer (reported by rank 1)"
-
-
-def test_bad_input_is_one_line_on_every_rank_including_its_own():
-    def bad_data() -> None:
-        raise DataError("x_train contains NaN or inf values")
-
-    outcome = on_every_rank(3, failing_on_rank(2, bad_data))
-    assert all(isinstance(exc, AgreedInputError) for exc in outcome.values())
-    assert str(outcome[2]) == "x_train contains NaN or inf values"
-    assert str(outcome[0]) == "x_train contains NaN or inf values (reported by rank 2)"
-
-
-def test_nothing_failed_nobody_raises():
-    assert on_every_rank(3, failing_on_rank(-1, broken_user_layer)) == {0: None, 1: None, 2: None}
 
 
 def test_asking_for_a_gpu_on_a_node_without_one_fails_on_every_rank_before_training(monkeypatch):

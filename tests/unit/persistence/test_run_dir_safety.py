@@ -12,18 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpi_trainer.config import Config, load_config
+from mpi_trainer.config import Config
 from mpi_trainer.errors import ConfigError
 from mpi_trainer.launch.run_dir import default_run_dir
-from mpi_trainer.persistence.checkpoint import save_checkpoint
-from mpi_trainer.persistence.resume import check_fingerprint, read_resume_state
-from mpi_trainer.persistence.run_files import save_weights_atomic, write_atomic
 from mpi_trainer.persistence.run_lock import RunDirBusy, RunLock, holder_id
 from mpi_trainer.persistence.run_state import (
-    data_fingerprint,
-    fingerprint_differences,
     more_to_train,
-    remove_leftovers,
 )
 
 
@@ -66,34 +60,6 @@ class _Data:
         self.y_val, self.y_test = labels[-4:-2], labels[-2:]
 
 
-def test_the_data_fingerprint_names_a_changed_file_and_changed_labels(tmp_path):
-    path = tmp_path / "d.npz"
-    path.write_bytes(b"x" * 100)
-    labels = np.arange(20) % 3
-    saved = data_fingerprint(str(path), _Data(labels))
-    assert fingerprint_differences(saved, data_fingerprint(str(path), _Data(labels))) == []
-    path.write_bytes(b"x" * 120)  # replaced in place by a file of other labels
-    other = labels.copy()
-    other[0] = 2
-    differences = fingerprint_differences(saved, data_fingerprint(str(path), _Data(other)))
-    assert differences == ["the data file's size in bytes: 120 (checkpoint: 100)",
-                           f"the labels' checksum: {data_fingerprint(str(path), _Data(other))['data_labels_crc32']!r} "
-                           f"(checkpoint: {saved['data_labels_crc32']!r})"]
-
-
-def test_a_refused_resume_leaves_every_file_as_it_was(tmp_path):
-    rows = "round,test_accuracy\n0,0.5\n1,0.6\n2,0.7\n"
-    (tmp_path / "rounds.csv").write_text(rows)
-    meta = {"round": 0, "config": Config().to_dict(), "fingerprint": {"layers": "Dense", "parameters": 4}}
-    save_checkpoint(tmp_path / "checkpoint.h5", {"weights": np.zeros(4, np.float32)}, meta)
-    with pytest.raises(ConfigError, match="model.name='cnn'"):
-        read_resume_state(tmp_path, load_config(None, ["model.name=cnn"]).to_dict())
-    state = read_resume_state(tmp_path, Config().to_dict())
-    with pytest.raises(ConfigError, match=r"the model's layers: 'Dense,Dense' \(checkpoint: 'Dense'\)"):
-        check_fingerprint(state, {"layers": "Dense,Dense", "parameters": 4})
-    assert (tmp_path / "rounds.csv").read_text() == rows  # not trimmed before the checks passed
-
-
 @pytest.mark.parametrize(("summary", "epochs", "max_steps", "more"), [
     ({"stop_reason": "epochs", "rounds_completed": 4, "steps": 40}, 4, 0, False),
     ({"stop_reason": "epochs", "rounds_completed": 4, "steps": 40}, 6, 0, True),
@@ -116,23 +82,6 @@ class _Model:
     def save_weights(self, path: Path) -> None:
         assert str(path).endswith(".weights.h5")  # Keras' own rule
         Path(path).write_bytes(b"new weights")
-
-
-def test_final_weights_are_replaced_whole_and_leftovers_are_removed(tmp_path):
-    final = tmp_path / "final.weights.h5"
-    final.write_bytes(b"old weights")
-    with pytest.raises(OSError):
-        save_weights_atomic(_FailingModel(), final)
-    assert final.read_bytes() == b"old weights"
-    write_atomic(tmp_path / "summary.json", "{}\n")
-    (tmp_path / "checkpoint.h5.tmp").write_bytes(b"torn")
-    (tmp_path / "notes.tmpl").write_text("a user's file stays")
-    removed = remove_leftovers(tmp_path)
-    assert sorted(p.name for p in removed) == ["checkpoint.h5.tmp", "final.tmp.weights.h5"]
-    save_weights_atomic(_Model(), final)
-    assert final.read_bytes() == b"new weights"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["final.weights.h5", "final.weights.h5.sha256",
-                                                          "notes.tmpl", "summary.json"]
 
 
 def test_the_command_lines_engines_refuse_the_run_directory_of_a_keras_model_fit(tmp_path):

@@ -4,11 +4,10 @@ tests/unit/keras_fit/test_policies.py)."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
-from mpi_trainer.reporting.timeline import PhaseLog, Timeline
+from mpi_trainer.reporting.timeline import Timeline
 
 
 def test_events_are_complete_events_in_microseconds_with_one_row_per_rank(tmp_path):
@@ -42,18 +41,6 @@ def test_a_resumed_run_keeps_the_earlier_attempts_events(tmp_path):
     assert [e["args"]["round"] for e in again.to_json()["traceEvents"] if e["ph"] == "X"] == [0, 1]
     (tmp_path / "timeline.json").write_text("{torn")
     assert Timeline.load(tmp_path / "timeline.json").events == []
-
-
-def test_a_phase_log_hands_its_phases_over_once_and_keeps_nothing_when_disabled():
-    log = PhaseLog(enabled=True)
-    log.add("wait", 3, 10.0, 11.0)
-    log.add("train", 3, 11.0)
-    taken = log.take()
-    assert taken[0] == ("wait", 3, 10.0, 11.0) and taken[1][:3] == ("train", 3, 11.0)
-    assert taken[1][3] >= time.time() - 5 and log.take() == []
-    off = PhaseLog(enabled=False)
-    off.add("train", 0, 1.0, 2.0)
-    assert off.take() == []
 
 
 def test_the_log_switches_are_booleans_checked_before_training():
