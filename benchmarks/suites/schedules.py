@@ -92,8 +92,8 @@ def plain_loop(steps: int, batch: int) -> Figures:
     return {"ms": 1e3 * result["step_seconds"]}
 
 
-# At k = 1 a round is one step: score only at the end, record while the next round trains, poll at 1 ms.
-TUNED = ["evaluation.every=1000000", "train.overlap_eval=true", "comm.poll_interval=0.001"]
+# At k = 1 a round is one step: score only at the end, poll at 1 ms.
+TUNED = ["evaluation.every=1000000", "comm.poll_interval=0.001"]
 
 
 def to_target_table(setup: dict, syncs: tuple[str, ...], specs: tuple[str, ...], flag: str) -> Comparison:
@@ -128,7 +128,7 @@ def comparisons(quick: bool) -> list[Comparison]:
               f"on MNIST, batch {batch}, one worker, {steps} timed steps",
         command=f"python -m benchmarks run schedules{flag}",
         variants={"plain Keras `train_on_batch` loop": lambda: plain_loop(steps, batch),
-                  "tuned: scored at the end, `train.overlap_eval`, 1 ms polls":
+                  "tuned: scored at the end, 1 ms polls":
                       lambda: per_step(TUNED, steps, batch),
                   "defaults: scored once per local epoch": lambda: per_step([], steps, batch),
                   "scored every round (`evaluation.every = 1`)":
