@@ -21,7 +21,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from mpi_trainer.comm.flat_weights import WeightCodec
 from mpi_trainer.errors import ConfigError
 
 SUPPORTED_BACKENDS = ("tensorflow", "jax", "torch")
@@ -71,19 +70,26 @@ class TrainableVector:
         self.variables = list(model.trainable_variables)
         if not self.variables:
             raise ConfigError(f"model.optimizer='lbfgs' needs trainable weights; model {model.name!r} has none")
-        self.codec = WeightCodec([tuple(v.shape) for v in self.variables])
-
-    @property
-    def size(self) -> int:
-        return self.codec.size
+        self.shapes = [tuple(int(d) for d in v.shape) for v in self.variables]
+        self.offsets = np.concatenate([[0], np.cumsum([int(np.prod(shape)) for shape in self.shapes])])
+        self.size = int(self.offsets[-1])
 
     def read(self) -> np.ndarray:
-        out = np.empty(self.codec.size, dtype=np.float64)
-        return self.codec.flatten([np.asarray(v.numpy()) for v in self.variables], out=out)
+        out = np.empty(self.size, dtype=np.float64)
+        for variable, start, stop in zip(self.variables, self.offsets[:-1], self.offsets[1:]):
+            out[start:stop] = np.asarray(variable.numpy()).reshape(-1)
+        return out
+
+    def parts(self, flat: np.ndarray) -> list[np.ndarray]:
+        """Views into ``flat``, one per variable, in its shape."""
+        if flat.size != self.size:
+            raise ValueError(f"expected a vector of {self.size} values, received {flat.size}")
+        return [flat[start:stop].reshape(shape)
+                for shape, start, stop in zip(self.shapes, self.offsets[:-1], self.offsets[1:])]
 
     def arrays(self, flat: np.ndarray) -> list[np.ndarray]:
         """The variables' values in their own shapes and dtypes."""
-        return [array.astype(v.dtype) for array, v in zip(self.codec.unflatten(flat), self.variables)]
+        return [array.astype(v.dtype) for array, v in zip(self.parts(flat), self.variables)]
 
     def assign(self, flat: np.ndarray) -> None:
         for variable, array in zip(self.variables, self.arrays(flat)):
@@ -192,7 +198,7 @@ class BlockGradient:
         """Loss sum and gradient sum over ``(x, y)`` at ``params``; the gradient goes into ``out`` if given."""
         out = np.zeros(self.size, dtype=np.float64) if out is None else out
         out[:] = 0.0
-        parts = self.vector.codec.unflatten(out)
+        parts = self.vector.parts(out)
         self.step.load(params)
         total = 0.0
         for start in range(0, len(x), self.batch_size):

@@ -7,7 +7,6 @@ import pytest
 
 from mpi_trainer.algorithms.aggregation import combine, contribution_scale, elect
 from mpi_trainer.algorithms.early_stopping import EarlyStopping
-from mpi_trainer.comm.flat_weights import WeightCodec
 from mpi_trainer.data.partition import block_bounds
 from mpi_trainer.launch.runtime import threads_for_rank
 
@@ -79,20 +78,6 @@ def test_early_stopping_minimises_losses_and_zero_patience_never_stops():
     for round_index, loss in enumerate([1.0, 0.5, 0.9, 0.9, 0.9]):
         assert not stopper.update(round_index, loss)
     assert stopper.best_round == 1
-
-
-def test_codec_round_trip_is_exact_and_views_share_memory():
-    weights = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array([7.5], np.float32)]
-    codec = WeightCodec.from_weights(weights)
-    flat = codec.flatten(weights)
-    assert flat.dtype == np.float32 and flat.shape == (7,) and codec.nbytes == 28
-    restored = codec.unflatten(flat)
-    for original, back in zip(weights, restored):
-        np.testing.assert_array_equal(original, back)
-    flat[0] = 42
-    assert restored[0][0, 0] == 42
-    with pytest.raises(ValueError, match="shape mismatch"):
-        codec.flatten([np.zeros((3, 2), np.float32), np.zeros(1, np.float32)])
 
 
 @pytest.mark.parametrize(
