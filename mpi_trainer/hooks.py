@@ -15,8 +15,6 @@ What each hook does:
   per-batch work, so that a benchmark on a small, busy machine measures scheduling rather than CPU
   contention); each rank in ``slow_ranks`` then takes ``slow_factor`` times as long per batch
   (batch plus delay) and plays a straggler (:mod:`mpi_trainer.keras_fit.slowdown`).
-* ``async_engine``: the bounded-staleness engine runs even at ``aggregation.ssp = 0``, to check it
-  against the synchronous one.
 * ``nan_rank`` (0 = off): that worker's weights are poisoned with NaN in round ``nan_round``, to
   exercise the NaN guard.
 * ``crash_rank`` (0 = off): that worker (its starting rank) ends as ``kill -9`` would in round
@@ -57,7 +55,6 @@ class TestHooks:
     slow_ranks: list[int] = field(default_factory=list)
     slow_factor: float = 1.0
     batch_delay: float = 0.0
-    async_engine: bool = False
     nan_rank: int = 0
     nan_round: int = 0
     crash_rank: int = 0
@@ -157,38 +154,12 @@ def active() -> TestHooks:
 
 # -- what a config cannot be combined with ------------------------------------------------------------
 def check_with(cfg: Any, hooks: TestHooks) -> None:
-    """Refuse hooks that the config cannot honour (the bounded-staleness engine where only synchronous
-    rounds make sense, NaN injection into L-BFGS, which trains no weights); ``cfg`` is a loaded config."""
-    if not hooks.async_engine and hooks.nan_rank == 0:
-        return
-    if cfg.model.uses_lbfgs:
-        conflicts = {"async_engine": (hooks.async_engine, "evaluations are synchronous"),
-                     "nan_rank": (hooks.nan_rank > 0, "it poisons trained weights, which L-BFGS has none of")}
-        for name, (conflicts_with, why) in conflicts.items():
-            if conflicts_with:
-                value = getattr(hooks, name)
-                raise ConfigError(f"`{PREFIX}.{name}` is not available with model.optimizer='lbfgs' (full-batch "
-                                  f"L-BFGS): {why}. Received: {PREFIX}.{name}={value!r} with model.optimizer='lbfgs'")
-    if hooks.async_engine:
-        _check_stale_engine(cfg)
-
-
-def _check_stale_engine(cfg: Any) -> None:
-    """What only the synchronous engine runs: a sync warm-up, evaluation on the workers, an outer step."""
-    key, received = f"{PREFIX}.async_engine", f"{PREFIX}.async_engine=True"
-    warmup = cfg.train.sync_warmup_epochs
-    if warmup > 0:
-        raise ConfigError(f"`{key}` cannot be combined with `train.sync_warmup_epochs` > 0: the schedule counts "
-                          f"synchronous rounds, which the SSP engine does not run. Received: {received} with "
-                          f"train.sync_warmup_epochs={warmup}")
-    if cfg.evaluation.on_workers:
-        raise ConfigError(f"`evaluation.where` = 'workers' cannot be combined with {received}: the SSP engine's "
-                          f"workers never wait for the scheduler. Expected {key} = False, or "
-                          f"evaluation.where = 'scheduler'")
-    if cfg.aggregation.steps_outer:
-        raise ConfigError(f"`aggregation.outer_optimizer` = {cfg.aggregation.outer_optimizer!r} cannot be combined "
-                          f"with {received}: the SSP engine merges each update as it arrives. Expected {key} = "
-                          f"False, or aggregation.outer_optimizer = 'none'")
+    """Refuse hooks that the config cannot honour (NaN injection into L-BFGS, which trains no weights of
+    its own on the workers); ``cfg`` is a loaded config."""
+    if hooks.nan_rank > 0 and cfg.model.uses_lbfgs:
+        raise ConfigError(f"`{PREFIX}.nan_rank` is not available with model.optimizer='lbfgs' (full-batch "
+                          f"L-BFGS): it poisons trained weights, which L-BFGS has none of. Received: "
+                          f"{PREFIX}.nan_rank={hooks.nan_rank!r} with model.optimizer='lbfgs'")
 
 
 # -- injecting -------------------------------------------------------------------------------------

@@ -49,11 +49,11 @@ class OuterSettings:
     epsilon: float = 1e-7
 
     @classmethod
-    def from_config(cls, cfg: Config, workers: int, merges_each_update: bool = False) -> OuterSettings:
-        """The outer optimizer in effect with ``workers`` workers (``"auto"`` resolved; none for an engine
-        that ``merges_each_update``), and ``aggregation.outer_*``."""
+    def from_config(cls, cfg: Config, workers: int) -> OuterSettings:
+        """The outer optimizer in effect with ``workers`` workers (``"auto"`` resolved), and
+        ``aggregation.outer_*``."""
         section = cfg.aggregation
-        return cls(cfg.outer_optimizer_for(workers, merges_each_update), section.outer_learning_rate,
+        return cls(cfg.outer_optimizer_for(workers), section.outer_learning_rate,
                    section.outer_momentum, section.outer_beta_1, section.outer_beta_2, section.outer_epsilon)
 
     def describe(self) -> str:
@@ -257,10 +257,6 @@ class OuterOptimizer:
     def expected_names(self) -> tuple[str, ...]:
         return {"none": (), "momentum": ("velocity",), "nesterov": ("velocity",),
                 "adam": ("iterations", "m", "v")}[self.settings.name]
-
-    def reset(self) -> None:
-        self.state = {}
-
 
 class OuterStep:
     """One round's outer step, taken over the flat vector in parts as the round's aggregate arrives.

@@ -163,23 +163,6 @@ class WireFormat:
         self._sum_at_root(transport, values.size, root, timeout, lambda start, stop: values[start:stop])
         return values
 
-    def sum_parts_at_root(self, transport: RankTransport, size: int, take: Callable[[int, np.ndarray], None],
-                          root: int = 0, timeout: float | None = None) -> None:
-        """The root's side of the other ranks' :meth:`sum_to_root` of ``size`` values, without a float32
-        buffer of that size: each part of the sum (the root adds nothing) goes to ``take(start, values)``
-        as it is complete, in a scratch part that the next one overwrites."""
-        if self.summed_by_mpi:
-            transport.reduce_sum_parts(size, np.float32, take, root=root, timeout=timeout)
-            return
-        part = np.empty(min(SEGMENT, size) or 1, np.float32)
-
-        def zeroed(start: int, stop: int) -> np.ndarray:
-            values = part[:stop - start]
-            values[...] = 0
-            return values
-
-        self._sum_at_root(transport, size, root, timeout, zeroed, take)
-
     def _sum_at_root(self, transport: RankTransport, size: int, root: int, timeout: float | None,
                      target: Callable[[int, int], np.ndarray],
                      take: Callable[[int, np.ndarray], None] | None = None) -> None:

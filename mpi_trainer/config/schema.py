@@ -159,15 +159,14 @@ class Config:
     lbfgs: LbfgsConfig = field(default_factory=LbfgsConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
-    def outer_optimizer_for(self, workers: int, merges_each_update: bool = False) -> str:
+    def outer_optimizer_for(self, workers: int) -> str:
         """The outer optimizer in effect with ``workers`` workers: ``aggregation.outer_optimizer``, where
         ``"auto"`` is Nesterov for synchronous rounds that average two or more workers, and none where no
-        average is stepped from (one worker, SSP, best-of election, L-BFGS, or an engine that
-        ``merges_each_update`` as it arrives)."""
+        average is stepped from (one worker, SSP, best-of election, L-BFGS)."""
         if not self.aggregation.outer_optimizer_auto:
             return self.aggregation.outer_optimizer
-        averaged = workers > 1 and not (self.aggregation.ssp > 0 or merges_each_update
-                                        or self.aggregation.elects or self.model.uses_lbfgs)
+        averaged = workers > 1 and not (self.aggregation.ssp > 0 or self.aggregation.elects
+                                        or self.model.uses_lbfgs)
         return AUTO_OUTER_OPTIMIZER if averaged else "none"
 
     def to_dict(self) -> dict[str, Any]:

@@ -170,12 +170,6 @@ class TrainRows:
         check_finite(x, self.name, "train")
         return x, self.labels[source_rows]
 
-    def check_all(self, chunk: int = 8192) -> None:
-        """Read every training row once, a chunk at a time, to find NaN or inf before anything is sent."""
-        for start in range(0, len(self), chunk):
-            self.read(np.arange(start, min(start + chunk, len(self))))
-
-
 @dataclass
 class Dataset:
     """Features and labels split three ways; training features are read on demand.

@@ -54,6 +54,10 @@ def fit_config(transport: Transport, cfg: Config, config: Any, overrides: list[A
     except (InputError, ValueError, OSError) as exc:
         error = str(exc)
     agree(transport, error)
+    if transport.rank == 0 and dataset is not None and dataset.class_names:
+        from mpi_trainer.logs import get_logger
+
+        get_logger().info("%s: string labels mapped to classes: %s", dataset.name, dataset.label_mapping())
     if cfg.data.scatters:
         dataset = _scattered(transport, dataset)
     try:  # a bug in the user's model function is not caught: it reaches the user with its traceback

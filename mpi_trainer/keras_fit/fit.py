@@ -83,6 +83,7 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
     prepared, error = None, None
     try:
         check_config(cfg, run_dir, resume, given_keys(config, overrides), applied)
+        hooks.active().check_slow_ranks(transport.size)  # debug.slow_ranks: worker ranks of this job
         check_backend()
         check_sync_every(cfg.train.sync_every, kwargs)
         check_sync_every(cfg.train.sync_warmup_every if cfg.train.sync_warmup_epochs else 0, kwargs,

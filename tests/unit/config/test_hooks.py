@@ -16,12 +16,12 @@ from mpi_trainer.launch.launcher import job_command
 from mpi_trainer.launch.supervisor import AttemptHosts
 
 QUICKSTART = "configs/quickstart.toml"
-HOOKS = ["debug.slow_ranks=[2]", "debug.slow_factor=3.0", "debug.async_engine=true", "debug.nan_rank=1"]
+HOOKS = ["debug.slow_ranks=[2]", "debug.slow_factor=3.0", "debug.nan_rank=1"]
 
 
 def test_hooks_set_with_set_go_to_the_hook_module_not_the_config():
     cfg = load_config(QUICKSTART, HOOKS)  # accepted with --set; their effects are tested where they are used
-    assert hooks.active() == TestHooks(slow_ranks=[2], slow_factor=3.0, async_engine=True, nan_rank=1)
+    assert hooks.active() == TestHooks(slow_ranks=[2], slow_factor=3.0, nan_rank=1)
     assert not hasattr(cfg, "debug") and "debug" not in {name for name in Config.__dataclass_fields__}
     assert not [key for key in all_keys() if key.startswith("debug.")]
     assert "debug" not in cfg.to_dict()
@@ -101,7 +101,7 @@ def test_a_misspelt_hook_is_hinted_among_the_hooks_only():
 @pytest.mark.parametrize(("setting", "message"), [
     ("debug.slow_factor=0.5", r"`debug.slow_factor` must be >= 1 .*Received: debug.slow_factor=0.5"),
     ("debug.slow_factor='x'", r"`debug.slow_factor` must be of type float. Received: debug.slow_factor='x'"),
-    ("debug.async_engine=1", r"`debug.async_engine` must be of type bool. Received: debug.async_engine=1"),
+    ("debug.nan_rank='x'", r"`debug.nan_rank` must be of type int. Received: debug.nan_rank='x'"),
     ("debug.crash_phase='later'", r"`debug.crash_phase` must be one of \['train', 'contribute'\]"),
     ("debug=3", r"`debug` must be a table of keys. Received: debug=3"),
 ])
@@ -111,12 +111,5 @@ def test_a_bad_hook_value_still_fails_before_training(setting, message):
 
 
 def test_a_hook_the_config_cannot_honour_is_refused_with_the_config():
-    with pytest.raises(ConfigError, match=r"`evaluation.where` = 'workers' cannot be combined with "
-                                          r"debug.async_engine=True"):
-        load_config(QUICKSTART, ["debug.async_engine=true", "evaluation.where='workers'"])
-
-
-def test_the_stale_synchronous_engine_forced_at_ssp_0_steps_no_outer_optimizer():
-    cfg = load_config(QUICKSTART, ["debug.async_engine=true"])
-    assert cfg.outer_optimizer_for(2) == "nesterov"  # "auto", synchronous rounds
-    assert cfg.outer_optimizer_for(2, merges_each_update=True) == "none"
+    with pytest.raises(ConfigError, match=r"`debug.nan_rank` is not available with model.optimizer='lbfgs'"):
+        load_config(QUICKSTART, ["debug.nan_rank=1", "model.optimizer='lbfgs'"])

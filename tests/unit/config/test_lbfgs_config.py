@@ -57,7 +57,7 @@ def test_bad_lbfgs_values_name_the_key(key, value, expected):
 @pytest.mark.parametrize("section, key, value", [
     ("aggregation", "ssp", 1), ("aggregation", "method", "best"), ("data", "rebalance", True),
     ("train", "max_steps", 5), ("train", "overlap_eval", True), ("train", "nan_policy", "rollback"),
-    ("debug", "async_engine", True),
+    ("debug", "nan_rank", 1),
 ])
 def test_what_lbfgs_cannot_honour_is_refused(section, key, value):
     with pytest.raises(ConfigError, match=rf"`{section}.{key}` is not available with model.optimizer='lbfgs'.*"

@@ -47,7 +47,7 @@ def test_bad_values_name_key_value_and_expectation(override, fragment):
     assert fragment in str(info.value)
 
 
-@pytest.mark.parametrize("other", ["aggregation.ssp=1", "debug.async_engine=true", "model.optimizer='lbfgs'"])
+@pytest.mark.parametrize("other", ["aggregation.ssp=1", "model.optimizer='lbfgs'"])
 def test_an_outer_optimizer_without_synchronous_rounds_is_refused_naming_both_keys(other):
     key = other.split("=")[0]
     with pytest.raises(ConfigError) as info:

@@ -82,7 +82,6 @@ def test_bad_warm_up_values_name_key_value_and_expectation(overrides, message):
     "override, received",
     [
         ("aggregation.ssp=1", "aggregation.ssp=1"),
-        ("debug.async_engine=true", "debug.async_engine=True"),
         ("data.increment.enabled=true", "data.increment.enabled=True"),
         ("data.rebalance=true", "data.rebalance=True"),
     ],
