@@ -37,14 +37,16 @@ def start_in_place(monkeypatch):
     monkeypatch.setattr(config_fit, "_model", seeded_alone)
 
 
-def train_everywhere(run_dir: Path, overrides: list[str] = ()) -> dict[int, dict[str, Any]]:
-    """Every rank's History and weights after ``train`` of DIGITS with ``overrides``."""
+def train_everywhere(run_dir: Path, overrides: list[str] = (), table: dict[str, Any] = DIGITS,
+                     **arguments: Any) -> dict[int, dict[str, Any]]:
+    """Every rank's History and weights after ``train`` of ``table`` with ``overrides`` (and ``arguments`` of
+    :func:`fit_config`)."""
     world = LocalWorld(3)
     transports = world.transports()
 
     def rank(index: int) -> dict[str, Any]:
-        cfg = load_config(DIGITS, list(overrides))
-        history = fit_config(transports[index], cfg, DIGITS, list(overrides), str(run_dir), False)
+        cfg = load_config(table, list(overrides))
+        history = fit_config(transports[index], cfg, table, list(overrides), str(run_dir), False, **arguments)
         return {"history": history.history, "epoch": list(history.epoch), "summary": history.summary,
                 "weights": history.model.get_weights()}
 

@@ -5,7 +5,6 @@ run directory resumes and finishes as every fit's does. A scheduler and two work
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,46 +13,20 @@ import numpy as np
 import pytest
 from lbfgs_reference import scipy_losses, softmax_regression_objective
 
-from mpi_trainer.comm.local import LocalWorld
 from mpi_trainer.config import load_config
 from mpi_trainer.data.sources import load_dataset
-from mpi_trainer.keras_fit import config_fit
-from mpi_trainer.keras_fit.config_fit import fit_config
 from mpi_trainer.models import build_model
 from mpi_trainer.models.gradients import TrainableVector
 from mpi_trainer.persistence.run_files import read_rounds
-from tests.unit.keras_fit.test_fit_again import placed_in_place
+from tests.unit.keras_fit.test_config_fit import start_in_place, train_everywhere  # noqa: F401 - a fixture
 
 LBFGS = {"data": {"source": "digits", "test_size": 0.2},
          "model": {"name": "softmax_regression", "optimizer": "lbfgs"},
          "train": {"epochs": 4, "seed": 0}, "checkpoint": {"every": 2}, "log": {"plots": False}}
 
 
-@pytest.fixture(autouse=True)
-def start_in_place(monkeypatch):
-    monkeypatch.setattr("mpi_trainer.launch.job.start_rank", placed_in_place)
-    # the ranks are threads: each seeds Keras and builds its model without another drawing in between, as
-    # the processes of a job do
-    lock, build = threading.Lock(), config_fit._model
-
-    def seeded_alone(*args: Any) -> Any:
-        with lock:
-            return build(*args)
-
-    monkeypatch.setattr(config_fit, "_model", seeded_alone)
-
-
-def fit_everywhere(run_dir: Path, overrides: list[str] = ()) -> dict[int, dict[str, Any]]:
-    world = LocalWorld(3)
-    transports = world.transports()
-
-    def rank(index: int) -> dict[str, Any]:
-        cfg = load_config(LBFGS, list(overrides))
-        history = fit_config(transports[index], cfg, LBFGS, list(overrides), str(run_dir), False)
-        return {"history": history.history, "epoch": list(history.epoch), "summary": history.summary,
-                "weights": history.model.get_weights()}
-
-    return world.run({index: lambda index=index: rank(index) for index in range(3)}, timeout=240)
+def fit_everywhere(run_dir: Path, overrides: list[str] = (), **arguments: Any) -> dict[int, dict[str, Any]]:
+    return train_everywhere(run_dir, overrides, LBFGS, **arguments)
 
 
 @pytest.fixture(scope="module")
@@ -103,12 +76,5 @@ def test_a_run_asked_for_more_iterations_goes_on_and_a_complete_one_trains_nothi
 def test_weights_the_objective_cannot_take_are_refused_on_every_rank(tmp_path):
     from mpi_trainer.errors import InputError
 
-    world = LocalWorld(3)
-    transports = world.transports()
-
-    def rank(index: int) -> None:
-        cfg = load_config(LBFGS)
-        fit_config(transports[index], cfg, LBFGS, [], str(tmp_path / "run"), False, class_weight={0: 2.0})
-
     with pytest.raises(InputError, match=r"minimises the mean loss over every training row, unweighted"):
-        world.run({index: lambda index=index: rank(index) for index in range(3)}, timeout=120)
+        fit_everywhere(tmp_path / "run", class_weight={0: 2.0})
