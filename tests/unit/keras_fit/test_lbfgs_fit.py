@@ -78,3 +78,28 @@ def test_weights_the_objective_cannot_take_are_refused_on_every_rank(tmp_path):
 
     with pytest.raises(InputError, match=r"minimises the mean loss over every training row, unweighted"):
         fit_everywhere(tmp_path / "run", class_weight={0: 2.0})
+
+
+def test_a_zoo_model_given_arrays_trains_by_lbfgs_with_the_same_result_on_every_rank(tmp_path):
+    from mpi_trainer.comm.local import LocalWorld
+    from mpi_trainer.keras_fit.config_fit import fit_built
+
+    table = {"model": {"name": "softmax_regression", "optimizer": "lbfgs"}, "train": {"seed": 0}}
+    cfg = load_config({"data": {"source": "digits"}, **table})
+    data = load_dataset(cfg.data, cfg.train.seed)
+    world = LocalWorld(3)
+    transports = world.transports()
+
+    def rank(index: int) -> dict[str, Any]:
+        arrays = (data.x_train, data.y_train, None, (data.x_test, data.y_test)) if index == 0 else (None,) * 4
+        history = fit_built(transports[index], load_config(table), table, [], str(tmp_path / "run"), False, None,
+                            arrays, {"epochs": 3, "verbose": 0})
+        return {"history": history.history, "weights": history.model.get_weights()}
+
+    result = world.run({index: lambda index=index: rank(index) for index in range(3)}, timeout=240)
+    history = result[0]["history"]
+    assert len(history["loss"]) == 3 and history["loss"][2] < history["loss"][0]
+    assert history["val_accuracy"][-1] > 0.6
+    for index in (1, 2):  # the workers were sent rank 0's arrays, and end with its iterate
+        assert result[index]["history"] == history
+        np.testing.assert_array_equal(result[index]["weights"][0], result[0]["weights"][0])
