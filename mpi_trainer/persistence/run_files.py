@@ -1,8 +1,7 @@
 """The run directory: its file names, and writers that never leave a file half-written.
 
-Only rank 0 writes here. ``rounds.csv`` and ``updates.csv`` are appended one
-flushed, synced row at a time (a resume cuts them back to the checkpoint and
-drops a row torn by a crash); ``train.log`` and ``launch.log`` are appended
+Only rank 0 writes here. ``rounds.csv`` is appended one flushed row at a time
+(a resume rewrites it from the checkpoint's rows); ``train.log`` and ``launch.log`` are appended
 line by line; everything else is replaced atomically (written beside as
 ``<name>.tmp`` or ``<stem>.tmp.weights.h5``, synced, renamed), and a job
 starting on the directory deletes such leftovers of an interrupted write.
@@ -26,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 ROUNDS_NAME = "rounds.csv"
-UPDATES_NAME = "updates.csv"
 SUMMARY_NAME = "summary.json"
 CONFIG_NAME = "config.toml"
 LOG_NAME = "train.log"
@@ -38,19 +36,7 @@ REPORT_NAME = "report.txt"
 TIMELINE_NAME = "timeline.json"
 TENSORBOARD_DIR = "tensorboard"
 
-ROUND_FIELDS = [
-    "round", "wall_seconds", "train_seconds_max", "train_seconds_min", "comm_seconds",
-    "aggregate_seconds", "eval_seconds", "bytes", "test_loss", "test_accuracy", "max_staleness",
-    "train_loss", "train_accuracy", "val_loss", "val_accuracy", "samples", "winner", "elapsed_seconds",
-    "idle_fraction", "block_sizes", "steps", "worker_train_seconds", "sync_every",
-    "workers", "learning_rate",
-]
 BUILT_IN_METRICS = ("loss", "accuracy")  # their columns are always there (empty when not compiled)
-
-
-UPDATE_FIELDS = ["update", "round", "worker", "clock", "base_version", "version", "staleness",
-                 "versions_behind", "share", "samples", "train_seconds", "train_loss", "val_loss", "val_accuracy",
-                 "elapsed_seconds"]
 
 
 def backup_path(path: Path) -> Path:

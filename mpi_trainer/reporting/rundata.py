@@ -1,4 +1,4 @@
-"""A run directory read back for the report: rounds.csv, summary.json, updates.csv.
+"""A run directory read back for the report: rounds.csv and summary.json.
 
 Works on a run still in progress or cut short: rounds.csv is flushed row by
 row, so at worst its last line is torn, and that line is left out.
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mpi_trainer.errors import InputError
-from mpi_trainer.persistence.run_files import ROUNDS_NAME, SUMMARY_NAME, UPDATES_NAME
+from mpi_trainer.persistence.run_files import ROUNDS_NAME, SUMMARY_NAME
 
 PER_WORKER_COLUMNS = ("block_sizes", "worker_train_seconds")
 
@@ -49,7 +49,6 @@ class RunData:
     run_dir: Path
     columns: dict[str, list[Any]]
     summary: dict[str, Any] = field(default_factory=dict)
-    updates: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def rounds(self) -> list[int]:
@@ -83,9 +82,7 @@ def load_run(run_dir: str | Path) -> RunData:
     columns = {name: [_value(name, row[name]) for row in rows] for name in names}
     summary_path = run_dir / SUMMARY_NAME
     summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
-    updates_path = run_dir / UPDATES_NAME
-    updates = read_complete_rows(updates_path) if updates_path.is_file() else []
-    return RunData(run_dir, columns, summary, updates)
+    return RunData(run_dir, columns, summary)
 
 
 def split_per_worker(cell: Any) -> list[float]:
