@@ -12,8 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpi_trainer.config import Config
-from mpi_trainer.errors import ConfigError
 from mpi_trainer.launch.run_dir import default_run_dir
 from mpi_trainer.persistence.run_lock import RunDirBusy, RunLock, holder_id
 from mpi_trainer.persistence.run_state import (
@@ -84,13 +82,3 @@ class _Model:
         Path(path).write_bytes(b"new weights")
 
 
-def test_the_command_lines_engines_refuse_the_run_directory_of_a_keras_model_fit(tmp_path):
-    from mpi_trainer.launch.run_dir import open_run_dir
-
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "fit.json").write_text("{}")
-    with pytest.raises(ConfigError, match=r"holds the run of a keras.Model fit \(it has fit.json\), which the "
-                                          r"engines cannot resume"):
-        open_run_dir(str(run), None, Config(), False)
-    assert sorted(path.name for path in run.iterdir() if path.name != "run.lock") == ["fit.json"]
