@@ -6,11 +6,8 @@ scheduler, the other ranks train, and every rank gets the same
 ``keras.callbacks.History``. A ``keras.Model`` trains with Keras' own ``fit`` on every
 worker (:mod:`mpi_trainer.keras_fit`). The command line's ``train`` calls this function with a
 TOML path and no model object: every rank then builds the config's model and reads its data,
-and the job is that same fit (:mod:`mpi_trainer.keras_fit.config_fit`), unless the config asks
-for what only the round engines do yet (scattered data,
-a 16-bit wire, L-BFGS...; :func:`~mpi_trainer.keras_fit.config_fit.engine_reason`). ``fit(build_fn, x, y)``
-with arrays or a pipeline is that fit too (:func:`~mpi_trainer.keras_fit.config_fit.fit_built`); given
-inputs and targets by name, the engines train it.
+and the job is that same fit (:mod:`mpi_trainer.keras_fit.config_fit`). ``fit(build_fn, x, y)``
+with arrays or a pipeline is that fit too (:func:`~mpi_trainer.keras_fit.config_fit.fit_built`).
 
 :func:`init`, called at the top of the script before Keras is imported or
 builds anything, places each rank (its GPU, its threads) while that can still
@@ -115,7 +112,7 @@ def fit(model: Any = None, x: Any = None, y: Any = None, batch_size: int | None 
     run_dir: written only when given), or a function ``(input_shape, num_outputs) -> keras.Model``, a zoo name
     or ``"package.module:function"``, which every rank builds and then trains the same way. With those, ``x``,
     ``y``: arrays, the same on every rank or None on workers (rank 0's are sent to them), or a pipeline every
-    rank builds; dicts per input / output go to the round engines; without ``x`` the config's ``data.source``.
+    rank builds (dicts per input / output need a ``keras.Model``); without ``x`` the config's ``data.source``.
     ``config``: a TOML path or dict; ``overrides``: dotted ``key=value`` pairs; ``run_dir``: where rank 0
     writes (default: ``launch``'s, else new); a run there resumes, a complete one trains nothing (a
     preemption signal raises ``Preempted``, exit 75).

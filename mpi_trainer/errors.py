@@ -44,7 +44,7 @@ class PeerFailure(WorkerFailure):
 class RankLost(RuntimeError):
     """A peer rank of the communicator failed (or the communicator was revoked because one did).
 
-    Raised by the transports' verbs under ``fault.survive``; the engine and the workers answer it by
+    Raised by the transports' verbs under ``fault.survive``; the scheduler and the workers answer it by
     shrinking the communicator to the survivors and carrying on.
     """
 

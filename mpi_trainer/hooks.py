@@ -133,7 +133,7 @@ def take_from(table: dict[str, Any]) -> TestHooks:
 # with the config's spelling (``--set debug.<name>=...`` on ``train`` and ``launch``, a ``[debug]`` table,
 # ``fit``'s overrides), so they arrive wherever a config is loaded, on every rank and by every entry point;
 # yet they must stay out of ``Config``, and the places that inject a fault (a worker's training, the
-# engine's choice, a freeze during set-up) are handed the ``Config`` and nothing else of the loader's.
+# checks, a freeze during set-up) are handed the ``Config`` and nothing else of the loader's.
 # Passing them along explicitly would put a test aid into every signature between the two. Each config
 # load replaces the record (all off unless a ``debug`` section was given), so one job never sees an
 # earlier job's hooks.

@@ -21,7 +21,7 @@ def contribution_scale(method: str, samples: int, total_samples: int, workers: i
     ``total_samples`` is what all workers trained on in that round (blocks plus
     increment draws, :func:`mpi_trainer.data.increment.round_samples`), so the
     shares of a round sum to 1. Synchronous workers scale their weights by it
-    before the sum-reduction; the SSP engine scales each merged delta by it.
+    before the sum-reduction; SSP scales each merged update by it.
     """
     if method == "average":
         return 1.0 / workers

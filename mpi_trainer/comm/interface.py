@@ -2,7 +2,7 @@
 
 :class:`~mpi_trainer.comm.transport.Transport` (MPI) and
 :class:`~mpi_trainer.comm.local.LocalTransport` (threads in one process) both
-satisfy :class:`RankTransport`; the links, engines and set-up speak only these
+satisfy :class:`RankTransport`; the fit's rounds and set-up speak only these
 verbs, and one contract test (``tests/transport_contract.py``) runs the same
 exchanges through both and expects the same results.
 """

@@ -2,7 +2,7 @@
 
 It speaks the same verbs as :class:`~mpi_trainer.comm.transport.Transport`
 (point-to-point messages with tags, broadcast, sum-reduction, set-up
-collectives), so the engines, the round recorder and the worker run unchanged
+collectives), so the scheduler's and the workers' rounds run unchanged
 on it. That is what makes them testable in one process: a test starts the
 scheduler and its workers as threads of a :class:`LocalWorld` and reads the
 run directory afterwards. Payloads are copied (objects pickled, arrays
@@ -114,7 +114,7 @@ class LocalWorld:
     def run(self, roles: dict[int, Callable[[], Any]], timeout: float = 300.0) -> dict[int, Any]:
         """Run each rank's role in its own thread; returns their results, or raises the first failure.
 
-        A role is a callable (e.g. an engine's or a worker's ``run``) built on
+        A role is a callable (e.g. a rank's whole fit) built on
         this world's transports (:meth:`transports`).
         """
         transports = self._transports

@@ -15,7 +15,7 @@ in the wire dtype are summed: MPI sums float32 itself (one sum-reduction),
 but it has no 16-bit float sum, so 16-bit contributions are gathered and the
 root decodes and adds them in float32. Every rank calls the same verb (a worker
 with its contribution, the root with zeros), so neither the worker nor the
-engine asks which collective runs, as with Horovod's compression objects.
+scheduler asks which collective runs, as with Horovod's compression objects.
 
 A 16-bit sum travels in segments of :data:`SEGMENT` values: each rank encodes a
 segment into a small buffer and gathers it, and the root adds the segment it

@@ -557,7 +557,8 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
             rounds.send_stop()
         else:
             rounds.run(start, epochs)
-        return closed_history(transport, model, state, callbacks, record, complete, rounds.preempted)
+        return closed_history(transport, model, state, callbacks, record, complete, rounds.preempted,
+                              outer.state_arrays())
     finally:
         record.release()
 
@@ -574,15 +575,17 @@ def callback_list(kwargs: dict[str, Any], cfg: Config, model: Any, steps: int | 
 
 
 def closed_history(transport: Transport, model: Any, state: ModelState, callbacks: Any, record: FitRecord,
-                   complete: bool, preempted: bool = False) -> Any:
-    """The end of rank 0's fit: the final state saved and summary.json written; the History returned (a
-    preempted fit, checkpointed after its last epoch, raises :class:`Preempted` as its workers leave)."""
+                   complete: bool, preempted: bool = False, outer: dict[str, np.ndarray] | None = None) -> Any:
+    """The end of rank 0's fit: the final state (and the outer optimizer's, ``outer``: a run asked for more
+    epochs goes on with its momentum) saved and summary.json written; the History returned (a preempted
+    fit, checkpointed after its last epoch, raises :class:`Preempted` as its workers leave)."""
     if preempted:
         record.finish(transport.size - 1)
         raise Preempted()
     history = _history(callbacks, record, trained=not complete)
     if not complete:
-        record.save_state(state.read(state.empty()), state.read_integers(), len(history.epoch), history, True)
+        record.save_state(state.read(state.empty()), state.read_integers(), len(history.epoch), history, True,
+                          outer)
         record.save_weights(model)
     history.summary = record.finish(transport.size - 1)  # the survivors, under fault.survive
     history.rounds = record.columns()

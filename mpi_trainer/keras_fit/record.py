@@ -159,10 +159,11 @@ class FitRecord:
         if not recorded.exists():
             if (self.path / CHECKPOINT_NAME).exists() or (self.path / SUMMARY_NAME).exists():
                 self.lock.release()
-                raise ConfigError(f"`run_dir` {str(self.path)!r} holds a run that the engines trained (it has "
-                                  f"{CHECKPOINT_NAME} or {SUMMARY_NAME} but no {FIT_PRINT_NAME}), which this fit "
-                                  f"cannot resume. Received: run_dir={str(self.path)!r}; expected a new directory (or "
-                                  f"none), or the config that run was started with")
+                raise ConfigError(f"`run_dir` {str(self.path)!r} holds a run without a fingerprint (it has "
+                                  f"{CHECKPOINT_NAME} or {SUMMARY_NAME} but no {FIT_PRINT_NAME}: another tool's, or "
+                                  f"an earlier mpi_trainer's), which this fit cannot resume. Received: "
+                                  f"run_dir={str(self.path)!r}; expected a new directory (or none), or the config "
+                                  f"that run was started with")
             return None
         earlier = json.loads(recorded.read_text(encoding="utf-8"))
         differs = sorted(key for key in set(earlier) | set(self.print_) if earlier.get(key) != self.print_.get(key))
@@ -327,7 +328,7 @@ class FitRecord:
         save_checkpoint(self.path / CHECKPOINT_NAME, arrays, json.loads(json.dumps(meta, default=float)))
 
     def save_weights(self, model: Any) -> None:
-        """The kept model's Keras weights as ``final.weights.h5`` (checksummed), as the round engines leave them."""
+        """The kept model's Keras weights as ``final.weights.h5`` (checksummed)."""
         if self.path is not None:
             from mpi_trainer.persistence.run_files import FINAL_WEIGHTS_NAME, save_weights_atomic
 

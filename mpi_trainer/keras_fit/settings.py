@@ -1,8 +1,9 @@
 """Which config settings a fit of a ``keras.Model`` applies; every other one set is refused, never ignored.
 
 A ``keras.Model`` trains with Keras' own machinery: the optimizer, loss and metrics it was compiled
-with, ``fit``'s arguments, the callbacks the script passes. Most of the config sets up the engines
-that train a model given by name or as a function. Every key of the config is classified here:
+with, ``fit``'s arguments, the callbacks the script passes. Part of the config describes the model
+and data that a model given by name or as a function is built from and compiled with. Every key of
+the config is classified here:
 :data:`HONOURED` (this path reads it; each entry says where) or :data:`NOT_APPLIED` (each entry says
 what a Keras script does instead). A key this path does not apply is refused before training when
 its value differs from the default, or when the script sets it at all (:func:`given_keys`), unless

@@ -83,11 +83,11 @@ def test_a_complete_run_found_again_hands_back_its_summary_and_keeps_its_stop_re
     again.release()
 
 
-def test_a_directory_holding_a_run_of_the_round_engines_is_refused_and_left_as_it_was(tmp_path):
+def test_a_directory_holding_a_run_without_a_fingerprint_is_refused_and_left_as_it_was(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "summary.json").write_text('{"completed": true}')
-    with pytest.raises(ConfigError, match=r"holds a run that the engines trained \(it has checkpoint.h5 or "
-                                          r"summary.json but no fit.json\), which this fit cannot resume"):
+    with pytest.raises(ConfigError, match=r"holds a run without a fingerprint \(it has checkpoint.h5 or "
+                                          r"summary.json but no fit.json: .*\), which this fit cannot resume"):
         FitRecord(run, fingerprint(model(), DATA, {"epochs": 2}, {}), {}).open()
     assert (run / "summary.json").read_text() == '{"completed": true}' and not (run / "fit.json").exists()
