@@ -1,6 +1,6 @@
 """Full-batch L-BFGS under real mpirun: the logged losses are those of SciPy run directly on the whole data.
-(That the iterates do not depend on how the rows are split among 1, 2 or 3 workers is tested in one process:
-tests/unit/scheduler/test_lbfgs_exactness.py.)"""
+(The iterates against SciPy's with the rows shared among threads, resume and refusals: in one process,
+tests/unit/keras_fit/test_lbfgs_fit.py.)"""
 
 from __future__ import annotations
 

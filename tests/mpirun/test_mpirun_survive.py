@@ -34,15 +34,3 @@ def test_a_killed_worker_leaves_two_that_finish_every_round_without_a_restart(tm
     assert sum(float(r["test_accuracy"]) for r in rows[-5:]) / 5 >= 0.95, rows[-5:]
 
 
-def test_under_ssp_a_killed_worker_leaves_the_others_to_finish_every_round(tmp_path):
-    survived = run_mpi(4, ["train", *QUICK, *SURVIVE, *KILL, "--set", "aggregation.ssp=1"], tmp_path / "ssp",
-                       mpirun_args=FAULT_TOLERANT_OPTIONS, extra_env=LOOPBACK)
-    assert survived.returncode == 0, survived.output[-4000:]
-    rows = survived.rounds()
-    assert [int(r["round"]) for r in rows] == list(range(EPOCHS))
-    workers = [int(r["workers"]) for r in rows]
-    assert workers == sorted(workers, reverse=True) and workers[-1] == 2
-    summary = survived.summary()
-    assert [lost["rank"] for lost in summary["lost_workers"]] == [2] and summary.get("restarts") is None
-    assert "the updates under way were dropped; 2 workers carry on" in survived.output
-    assert summary["final_test_accuracy"] > 0.9
