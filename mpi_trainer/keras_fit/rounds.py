@@ -98,7 +98,8 @@ def reusable_input(evaluate_args: dict[str, Any]) -> dict[str, Any]:
     adapter = get_data_adapter(evaluate_args["x"], evaluate_args.get("y"), evaluate_args.get("sample_weight"),
                                batch_size=evaluate_args.get("batch_size") or 32,
                                steps_per_epoch=evaluate_args.get("steps"), shuffle=False)
-    return {"x": adapter.get_tf_dataset(), "steps": evaluate_args.get("steps")}
+    # its batches counted, so that Keras stops at the last one rather than running the dataset dry (and warning)
+    return {"x": adapter.get_tf_dataset(), "steps": evaluate_args.get("steps") or adapter.num_batches}
 
 
 def merged_reports(rounds: list[list[Report]]) -> list[Report]:
