@@ -60,15 +60,9 @@ def _style(ax: Axes, ylabel: str, title: str) -> None:
     ax.grid(True, alpha=0.3)
 
 
-def minimum_round_bytes(model_bytes: int, workers: int, method: str, ssp: int) -> int:
-    """The least a round must move: the model to every worker and the workers' weights back.
-
-    ``average`` / ``weighted``: 2·M·W (M down to each worker, M from each into the reduction);
-    synchronous ``best``: M·(W+1) (only the winner sends back); under SSP every update
-    travels both ways, so 2·M·W for every method.
-    """
-    if method == "best" and ssp == 0:
-        return model_bytes * (workers + 1)
+def minimum_round_bytes(model_bytes: int, workers: int) -> int:
+    """The least a round moves: 2·M·W, the state down to each worker and each worker's into the sum (under
+    best-of the workers not elected add zeros of the same size; under SSP every update goes both ways)."""
     return 2 * model_bytes * workers
 
 
@@ -212,12 +206,10 @@ def _minimum_mb(data: RunData) -> tuple[str, float] | None:
     summary = data.summary
     if not summary.get("model_bytes") or not data.workers:
         return None
-    method, ssp = summary.get("aggregation", "average"), int(summary.get("ssp", 0))
     model_bytes = int(summary["model_bytes"])
-    formula = "M·(W+1)" if method == "best" and ssp == 0 else "2·M·W"
-    text = (f"{formula}, M = {model_bytes:,} model bytes, W = {data.workers} workers "
+    text = (f"2·M·W, M = {model_bytes:,} model bytes, W = {data.workers} workers "
             f"(the model to each worker and back)")
-    return text, minimum_round_bytes(model_bytes, data.workers, method, ssp) / MB
+    return text, minimum_round_bytes(model_bytes, data.workers) / MB
 
 
 PLOTS = {"accuracy_loss": plot_accuracy_loss, "round_time": plot_round_time,

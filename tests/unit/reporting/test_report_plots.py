@@ -91,10 +91,8 @@ def test_time_parts_add_up_to_the_round_wall_time(tmp_path):
     np.testing.assert_allclose(parts["waiting for stragglers (slowest − fastest)"], [0.5, 0.5, 0.5])
 
 
-def test_minimum_traffic_per_method():
-    assert minimum_round_bytes(1000, 3, "average", 0) == 6000
-    assert minimum_round_bytes(1000, 3, "best", 0) == 4000  # only the winner sends back
-    assert minimum_round_bytes(1000, 3, "best", 1) == 6000  # under SSP every update goes both ways
+def test_minimum_traffic_is_the_state_to_each_worker_and_back():
+    assert minimum_round_bytes(1000, 3) == 6000
 
 
 def test_report_text_has_the_table_totals_and_an_in_progress_status(tmp_path):
