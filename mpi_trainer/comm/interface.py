@@ -18,8 +18,7 @@ from mpi_trainer.comm.accounting import IncomingArray, Received, Shrunk
 
 # A sum-reduction goes in parts of this many bytes. Open MPI's Reduce holds a temporary of its whole
 # message at the root (and at inner ranks of its tree), a second copy of the model; in parts it holds one
-# part, and each part's additions run in cache (a 100 MB model reduced at 3 ranks: 3x faster). The root
-# may take each part's sum as it arrives (``reduce_sum_parts``) instead of a buffer of the whole sum.
+# part, and each part's additions run in cache (a 100 MB model reduced at 3 ranks: 3x faster).
 REDUCE_PART_BYTES = 2 << 20
 
 
@@ -99,9 +98,6 @@ class RankTransport(Protocol):
     def broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None: ...
 
     def reduce_sum(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None: ...
-
-    def reduce_sum_parts(self, size: int, dtype: Any, take: Callable[[int, np.ndarray], None], root: int = 0,
-                         timeout: float | None = None) -> None: ...
 
     def gather(self, buf: np.ndarray, out: np.ndarray | None = None, root: int = 0,
                timeout: float | None = None) -> None: ...

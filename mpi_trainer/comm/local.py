@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from mpi_trainer.comm.accounting import AccountedRank, IncomingArray, RankAccounting, Received, Shrunk
-from mpi_trainer.comm.interface import REDUCE_PART_BYTES
 from mpi_trainer.errors import PeerFailure, RankLost
 
 _ANY = -1
@@ -277,14 +276,6 @@ class LocalTransport(AccountedRank):
                                    "weights reduction")
         if self.rank == root:
             buf[...] = sum(deposits[rank] for rank in sorted(deposits))  # rank order: the same sum every run
-
-    def reduce_sum_parts(self, size: int, dtype: Any, take: Callable[[int, np.ndarray], None], root: int = 0,
-                         timeout: float | None = None) -> None:
-        summed = np.zeros(size, dtype)
-        self.reduce_sum(summed, root, timeout)
-        part = max(1, REDUCE_PART_BYTES // summed.itemsize)
-        for start in range(0, size, part):
-            take(start, summed[start:start + part])
 
     def gather(self, buf: np.ndarray, out: np.ndarray | None = None, root: int = 0,
                timeout: float | None = None) -> None:

@@ -149,20 +149,6 @@ class NodeSlots:
         np.copyto(values, mine)
         return values
 
-    def reduce_parts(self, size: int, dtype: Any, scratch: np.ndarray, take: Callable[[int, np.ndarray], None],
-                     barrier: Callable[[], None]) -> None:
-        """The root's side of the others' :meth:`reduce` of ``size`` values: each part's sum (its own adds
-        nothing) handed to ``take(start, values)`` in ``scratch``, which the next part overwrites."""
-        dtype = np.dtype(dtype)
-        for index, (start, count) in enumerate(self.parts(size, dtype)):
-            barrier()
-            values = scratch[:count]
-            values[...] = 0
-            self.node_sum(values, index, start)
-            self.across(values, True)
-            take(start, values)
-        barrier()
-
     def broadcast(self, flat: np.ndarray, barrier: Callable[[], None]) -> None:
         """The root's ``flat`` into every rank's."""
         for index, (start, count) in enumerate(self.parts(flat.size, flat.dtype)):

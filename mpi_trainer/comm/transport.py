@@ -400,28 +400,6 @@ class Transport(AccountedRank):
             self._count(buf.nbytes)
 
     @surfacing_failures
-    def reduce_sum_parts(self, size: int, dtype: Any, take: Callable[[int, np.ndarray], None], root: int = 0,
-                         timeout: float | None = None) -> None:
-        """The root's side of the other ranks' :meth:`reduce_sum` of ``size`` values, without a buffer of
-        that size: each part's sum (the root adds zeros) goes to ``take(start, values)`` as it arrives, in
-        a scratch part that the next one overwrites."""
-        timeout = self._limit(timeout)
-        self._rendezvous(root, timeout, "weights reduction")
-        part = max(1, REDUCE_PART_BYTES // np.dtype(dtype).itemsize)
-        scratch = np.empty(min(part, size), dtype)
-        slots = self._shared(size * np.dtype(dtype).itemsize, root)
-        if slots is not None:  # the others' reduce_sum copies in; each part is their slots' sum
-            with self._bulk(timeout, "weights reduction"):
-                slots.reduce_parts(size, dtype, scratch, take, self._node_barrier(slots, timeout, "weights reduction"))
-            return
-        with self._bulk(timeout, "weights reduction"):
-            for start in range(0, size, part):
-                values = scratch[:min(part, size - start)]
-                values[...] = 0
-                self.comm.Reduce(self._mpi.IN_PLACE, values, op=self._mpi.SUM, root=root)
-                take(start, values)
-
-    @surfacing_failures
     def gather(self, buf: np.ndarray, out: np.ndarray | None = None, root: int = 0,
                timeout: float | None = None) -> None:
         """Every rank's ``buf`` into row ``rank`` of ``out`` (shape ``(size, *buf.shape)``) at ``root``."""

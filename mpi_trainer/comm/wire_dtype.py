@@ -21,9 +21,8 @@ A 16-bit sum travels in segments of :data:`SEGMENT` values: each rank encodes a
 segment into a small buffer and gathers it, and the root adds the segment it
 has while the next one is on the wire (a thread; NumPy and mpi4py release the
 GIL). No rank holds a full-size 16-bit copy, the root's additions read each
-contribution once, and the casts overlap the transfer. The root hands the sum
-on in parts as large as a float32 sum's (:data:`TAKE_PART`), each as soon as it
-is added, so what takes it reads it from cache while the next segment travels.
+contribution once, and the casts overlap the transfer, a part as large as a
+float32 sum's (:data:`ADD_PART`) at a time, so each part's additions run in cache.
 A 16-bit broadcast (:meth:`WireFormat.broadcast_from_root`) goes the same way,
 segment by segment: the root encodes a segment into a small buffer and
 broadcasts it, and every other rank decodes it into its float32 weights as the
@@ -32,7 +31,6 @@ next one is encoded.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -43,7 +41,7 @@ from mpi_trainer.config.schema import WIRE_DTYPES
 
 _BFLOAT16_NAN = np.uint16(0x7FC0)
 SEGMENT = 1 << 22  # values per gathered segment of a 16-bit sum: 8 MB a rank, enough to reach MPI's bandwidth
-TAKE_PART = REDUCE_PART_BYTES // 4  # float32 values per part of a sum handed on: as a float32 sum's parts
+ADD_PART = REDUCE_PART_BYTES // 4  # float32 values added at a time: as a float32 sum's parts
 
 
 class WireFormat:
@@ -160,16 +158,14 @@ class WireFormat:
                 transport.gather(self.encode(values[start:stop], wire[:stop - start]), None, root=root,
                                  timeout=timeout)
             return values
-        self._sum_at_root(transport, values.size, root, timeout, lambda start, stop: values[start:stop])
+        self._sum_at_root(transport, values, root, timeout)
         return values
 
-    def _sum_at_root(self, transport: RankTransport, size: int, root: int, timeout: float | None,
-                     target: Callable[[int, int], np.ndarray],
-                     take: Callable[[int, np.ndarray], None] | None = None) -> None:
+    def _sum_at_root(self, transport: RankTransport, values: np.ndarray, root: int, timeout: float | None) -> None:
         """The root's side: gather segment after segment into two alternating buffers, and while the next
-        travels, add the one that arrived into ``target(start, stop)`` (float32, holding the root's own
-        contribution) a :data:`TAKE_PART` at a time, handing each finished part to ``take(start, part)`` at
-        once, while it is still in cache (a step over a whole segment would read it back from memory)."""
+        travels, add the one that arrived into ``values`` (float32, holding the root's own contribution)
+        a :data:`ADD_PART` at a time."""
+        size = values.size
         segment = min(SEGMENT, size) or 1  # a model below a segment travels in one gather
         rows = [np.zeros(transport.size * segment, dtype=self.dtype) for _ in range(2)]
         scratch = np.empty(min(CHUNK, segment), np.float32)
@@ -183,17 +179,14 @@ class WireFormat:
                 wire[:n] = 0
                 transport.gather(wire[:n], landing, root=root, timeout=timeout)
                 if pending is not None:
-                    pending.result()  # the previous segment is summed and taken: its buffers are free
-                pending = adder.submit(self._add_rows, landing, target(start, stop), root, scratch, start, take)
+                    pending.result()  # the previous segment is summed: its buffers are free
+                pending = adder.submit(self._add_rows, landing, values[start:stop], root, scratch)
             if pending is not None:
                 pending.result()
 
-    def _add_rows(self, rows: np.ndarray, out: np.ndarray, root: int, scratch: np.ndarray, start: int,
-                  take: Callable[[int, np.ndarray], None] | None) -> None:
-        for first in range(0, out.size, TAKE_PART):
-            last = min(first + TAKE_PART, out.size)
+    def _add_rows(self, rows: np.ndarray, out: np.ndarray, root: int, scratch: np.ndarray) -> None:
+        for first in range(0, out.size, ADD_PART):
+            last = min(first + ADD_PART, out.size)
             for rank, row in enumerate(rows):  # in rank order: the same sum every run
                 if rank != root:
                     self.add_decoded(row[first:last], out[first:last], scratch)
-            if take is not None:
-                take(start + first, out[first:last])

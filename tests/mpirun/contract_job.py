@@ -28,23 +28,14 @@ def peak_mb() -> float:
 
 
 def reduction_cost(transport: Transport) -> dict[str, float | bool]:
-    """How many MB a 64 MB sum-reduction added to this rank's peak RSS, and whether the root's sum is exact:
-    first with the root taking the sum part by part (it holds no 64 MB buffer), then into a buffer on every rank."""
-    values = np.ones(16 << 20, np.float32) if transport.rank else None  # written: resident before the peak is read
-    before, sums = peak_mb(), []
-    if values is None:
-        transport.reduce_sum_parts(16 << 20, np.float32, lambda start, part: sums.append(bool((part == 2).all())),
-                                   timeout=60.0)
-    else:
-        transport.reduce_sum(values, timeout=60.0)
-    parts_grown = peak_mb() - before
-    values = np.ones(16 << 20, np.float32)
+    """How many MB a 64 MB sum-reduction added to this rank's peak RSS, and whether the root's sum is exact."""
+    values = np.ones(16 << 20, np.float32)  # written: resident before the peak is read
     before = peak_mb()
     transport.reduce_sum(values, timeout=60.0)
     grown = peak_mb() - before
-    exact = bool((values == (transport.size if transport.rank == 0 else 1)).all()) and all(sums)
+    exact = bool((values == (transport.size if transport.rank == 0 else 1)).all())
     transport.take_bytes()  # the contract counts its own exchanges' bytes
-    return {"peak_grown_mb": grown, "parts_peak_grown_mb": parts_grown, "exact": exact}
+    return {"peak_grown_mb": grown, "exact": exact}
 
 
 def main() -> None:

@@ -76,27 +76,6 @@ def test_a_sum_through_the_slots_is_every_ranks_buffer_added_at_the_root():
         np.testing.assert_array_equal(summed[rank], given[rank])  # the others' buffers are left as they were
 
 
-def test_the_roots_parts_are_the_others_sums_in_order():
-    node, given = Node(), buffers()
-    scratch = np.empty(MIB // 4, np.float32)
-
-    def work(rank, barrier):
-        if rank != 0:
-            return node.rank(rank).reduce(given[rank].copy(), False, barrier)
-        whole, starts = np.full(SIZE, np.nan, np.float32), []
-
-        def take(start, values):
-            starts.append(start)
-            whole[start:start + values.size] = values
-
-        node.rank(0).reduce_parts(SIZE, np.float32, scratch, take, barrier)
-        return whole, starts
-
-    whole, starts = as_ranks(work)[0]
-    np.testing.assert_array_equal(whole, given[1] + given[2])
-    assert starts == sorted(starts) and len(starts) == 6
-
-
 def test_a_broadcast_through_the_slots_reaches_every_rank_whole():
     node, given = Node(), buffers()
 
