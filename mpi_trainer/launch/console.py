@@ -39,6 +39,13 @@ def check(cfg: Config, workers: int | None = None) -> str:
     from mpi_trainer.models.dry_run import SAMPLES, dry_run
 
     check_training_backend(configured_backend(), backend_installed)
+    from mpi_trainer.keras_fit.config_fit import APPLIED
+    from mpi_trainer.keras_fit.fit import ssp_conflicts
+    from mpi_trainer.keras_fit.settings import refusals
+
+    refused = refusals(cfg, applied=APPLIED) + ssp_conflicts(cfg)  # what the fit would refuse, said here first
+    if refused:
+        raise ConfigError("\n".join(refused))
     stream_note = ""
     if cfg.data.stream_auto:
         from mpi_trainer.data.memory import decide

@@ -72,3 +72,12 @@ def test_check_shows_the_outer_settings_and_refuses_a_bad_combination(capsys):
     assert main(["check", QUICKSTART, "--set", "aggregation.outer_optimizer=adam", "--set", "aggregation.ssp=2"]) != 0
     bad = capsys.readouterr().err
     assert "aggregation.ssp=2" in bad and "aggregation.outer_optimizer" in bad
+
+
+def test_check_refuses_what_the_fit_would_refuse_naming_it(capsys):
+    from mpi_trainer.cli import main
+
+    assert main(["check", QUICKSTART, "--set", "aggregation.ssp=1", "--set", "aggregation.wire_dtype=float16"]) != 0
+    assert "cannot be combined with aggregation.wire_dtype='float16'" in capsys.readouterr().err
+    assert main(["check", QUICKSTART, "--set", "train.overlap_eval=true"]) != 0
+    assert "`train.overlap_eval` is not supported" in capsys.readouterr().err
