@@ -183,3 +183,30 @@ def test_given_keys_are_read_from_the_config_and_the_overrides(tmp_path):
                       ["train.epochs=3", ("data", {"increment": {"enabled": True}}), ("debug.batch_delay", 0.1)]) \
         == {"log.plots", "train.epochs", "data.increment.enabled"}
     assert given_keys(None, {"log.tensorboard": True}) == {"log.tensorboard"}
+
+
+@pytest.mark.parametrize("entry", ["command line", "function or zoo name"])
+@pytest.mark.parametrize("key", sorted(DEFAULTS))
+def test_on_the_other_entries_every_key_is_applied_by_them_or_the_fit_or_refused_naming_it(key, entry, csv):
+    """``train CONFIG`` and ``fit(build_fn, x, y)`` apply the model's (and the command line the data's) keys
+    themselves; every other key is the fit's or refused, as for a script's keras.Model."""
+    from mpi_trainer.keras_fit.config_fit import APPLIED, BUILT_APPLIED
+    from mpi_trainer.keras_fit.settings import refusals
+
+    applied = APPLIED if entry == "command line" else BUILT_APPLIED
+    default = DEFAULTS[key]
+    value, needs = special(csv).get(key, (None, {}))
+    value = other_value(key, default) if key not in special(csv) else value
+    table: dict[str, Any] = {}
+    for name, setting in {**needs, key: value}.items():
+        section, _, rest = name.partition(".")
+        place = table.setdefault(section, {})
+        for part in rest.split(".")[:-1]:
+            place = place.setdefault(part, {})
+        place[rest.split(".")[-1]] = setting
+    cfg = load_config(table)
+    found = [message for message in refusals(cfg, applied=applied) if f"`{key}`" in message]
+    if key in HONOURED or key in applied or (key in AS_DONE and value == AS_DONE[key]):
+        assert found == []
+    else:
+        assert found and f"Received: {key}={value_of(cfg, key)!r}" in found[0]
