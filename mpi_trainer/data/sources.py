@@ -135,11 +135,6 @@ class TrainPart(Protocol):
 
     def read(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
-    def block_bounds(self, workers: int) -> list[tuple[int, int]]:
-        """Each worker's ``[start, end)`` block of the training units."""
-        ...
-
-
 @dataclass
 class TrainRows:
     """The training split as a row reader: position ``p`` of the training set is source row ``rows[p]``."""
@@ -156,12 +151,6 @@ class TrainRows:
 
     def __len__(self) -> int:
         return len(self.rows)
-
-    def block_bounds(self, workers: int) -> list[tuple[int, int]]:
-        """Equal blocks of the seeded shuffle of the training positions (sizes differ by at most one)."""
-        from mpi_trainer.data.partition import block_bounds
-
-        return block_bounds(len(self), workers)
 
     def read(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Features and labels of the given training positions, checked for NaN and inf."""

@@ -1,9 +1,10 @@
-"""A dataset whose training part is read in blocks by an input adapter, never as whole arrays.
+"""A dataset whose training part stays in its input adapter, never read as whole arrays.
 
-The training units (batches of a pipeline, rows of a file read in batches) are cut into contiguous
-blocks by the block plan; each worker asks the adapter for its block and trains on it as a stream.
-The evaluation splits are the input's tail (``data.test_size``, then ``data.validation_size``, of its
-units, as Keras' ``validation_split`` takes the last samples) or ``validation_data``. A pipeline handed
+The training units (batches of a pipeline, rows of a file read in batches) are dealt to the workers by
+the fit (a worker's contiguous rows of a file, every W-th batch of an image folder, its own TFRecord
+files), each reading its share as it trains. The evaluation splits are the input's tail
+(``data.test_size``, then ``data.validation_size``, of its units, as Keras' ``validation_split`` takes
+the last samples) or ``validation_data``. A pipeline handed
 to :func:`mpi_trainer.fit` follows ``model.fit``: its ``validation_data`` is the validation split
 (``val_*``), and nothing is held out of the input unless the config asks for it. Files read in
 batches keep them on disk and evaluation reads them a batch at a time; a pipeline's evaluation split
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from mpi_trainer.config import Config
-from mpi_trainer.data.adapters import BlockFeed, InputAdapter
+from mpi_trainer.data.adapters import InputAdapter
 from mpi_trainer.data.sources import Dataset, _as_labels, is_class_labels
 from mpi_trainer.errors import DataError
 
@@ -61,6 +62,8 @@ class StreamedTrain:
         return self.head[0][:count], self.head[1][:count]
 
     def block_bounds(self, workers: int) -> list[tuple[int, int]]:
+        """Each worker's ``[start, end)`` of the training units (a ``dataset_fn``'s: its own shard's length);
+        an input too short for every worker to get one is refused, naming it."""
         from mpi_trainer.data.partition import block_bounds
 
         if self.shards is None:
@@ -75,9 +78,6 @@ class StreamedTrain:
                             f"Received: shard lengths {self.shards}; expected at least one batch per worker")
         ends = np.cumsum(self.shards)
         return [(int(end - count), int(end)) for end, count in zip(ends, self.shards)]
-
-    def block(self, bounds: tuple[int, int], worker: int, workers: int) -> BlockFeed:
-        return self.adapter.block(*bounds, worker - 1, workers)
 
 
 def streamed_train(dataset: Dataset) -> StreamedTrain | None:

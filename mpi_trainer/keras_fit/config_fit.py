@@ -70,7 +70,7 @@ def fit_config(transport: Transport, cfg: Config, config: Any, overrides: list[A
     frequency = scored_epochs(cfg.evaluation.every, cfg.train.epochs)
     validation, callbacks = _validation(dataset, cfg.train.batch_size, list(callbacks) if transport.rank == 0 else [],
                                         transport.rank == 0)
-    x, y, shuffle = _training_input(dataset, cfg)
+    x, y, shuffle = _training_input(dataset, cfg, transport.size - 1)
     kwargs = {"x": x, "y": y, "batch_size": None if y is None else cfg.train.batch_size,
               "epochs": cfg.train.epochs, "verbose": 2, "shuffle": shuffle, "callbacks": callbacks,
               "class_weight": class_weight, "validation_data": validation, "validation_freq": frequency}
@@ -104,14 +104,13 @@ def _evaluable(x: Any, y: Any, batch_size: int) -> Any:
     return SplitBatches(x, y, batch_size)
 
 
-def _training_input(dataset: Any, cfg: Config) -> tuple[Any, Any, bool]:
+def _training_input(dataset: Any, cfg: Config, workers: int) -> tuple[Any, Any, bool]:
     """``(x, y, shuffle)`` for the fit: the training arrays; or, for a source read as a pipeline, what each
     worker's share is cut from (:mod:`.shares`): an image folder's batches (Keras' own ``tf.data`` pipeline,
     every ``W``-th batch a worker's), TFRecord files (worker ``w`` reads files ``w, w + W, ...``) or a file
     read in batches (a contiguous range of its training rows a worker, read one shuffled chunk at a time)."""
     from mpi_trainer.data.adapters.arrays import ArrayAdapter, StreamedShare
     from mpi_trainer.data.adapters.tf_dataset import input_context
-    from mpi_trainer.data.partition import block_bounds
     from mpi_trainer.data.streamed import streamed_train
     from mpi_trainer.keras_fit.shares import DealtInput
 
@@ -120,9 +119,10 @@ def _training_input(dataset: Any, cfg: Config) -> tuple[Any, Any, bool]:
         return dataset.x_train, dataset.y_train, cfg.train.shuffle
     adapter: Any = streamed.adapter  # a file's rows (ArrayAdapter), else an image folder's or TFRecords' tf.data
     units = streamed.units
+    streamed.block_bounds(workers)  # every worker gets a unit of the input, or the input is refused
     if isinstance(adapter, ArrayAdapter):
         def rows(workers: int, index: int) -> Any:
-            start, end = block_bounds(units, workers)[index]
+            start, end = streamed.block_bounds(workers)[index]
             seed = (cfg.train.seed, index) if cfg.train.shuffle else None
             return StreamedShare(adapter, start, end, cfg.train.batch_size, seed)
 

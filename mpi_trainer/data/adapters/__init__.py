@@ -21,14 +21,14 @@ from typing import Any
 import numpy as np
 
 from mpi_trainer.data.adapters.arrays import ArrayAdapter, LazyRows
-from mpi_trainer.data.adapters.base import BlockFeed, InputAdapter, check_steps
+from mpi_trainer.data.adapters.base import InputAdapter, check_steps
 from mpi_trainer.data.adapters.generator import GeneratorAdapter, read_all
 from mpi_trainer.data.adapters.py_dataset import PyDatasetAdapter
 from mpi_trainer.data.adapters.tf_dataset import TFDatasetAdapter, is_tf_dataset
 from mpi_trainer.errors import DataError
 
-__all__ = ["ArrayAdapter", "BlockFeed", "GeneratorAdapter", "InputAdapter", "LazyRows", "PyDatasetAdapter",
-           "TFDatasetAdapter", "fit_input", "get_input_adapter", "is_pipeline", "read_validation"]
+__all__ = ["ArrayAdapter", "GeneratorAdapter", "InputAdapter", "LazyRows", "PyDatasetAdapter",
+           "TFDatasetAdapter", "get_input_adapter", "is_pipeline", "read_validation"]
 
 
 def is_py_dataset(value: Any) -> bool:
@@ -103,15 +103,3 @@ def read_validation(data: Any) -> tuple[np.ndarray, np.ndarray]:
     return adapter.read_split(0, adapter.length())
 
 
-def fit_input(x: Any, y: Any, validation_data: Any, steps_per_epoch: int | None = None) -> InputAdapter | None:
-    """What :func:`mpi_trainer.fit` was handed: the adapter of a pipeline, or None for arrays (or nothing)."""
-    if not is_pipeline(x):
-        if steps_per_epoch is not None and x is not None:
-            raise DataError(f"`steps_per_epoch` applies to a pipeline; arrays are cut by their rows. Received: "
-                            f"steps_per_epoch={steps_per_epoch} with x of type {type(x).__name__}")
-        return None
-    if validation_data is not None and not isinstance(validation_data, (tuple, list)) \
-            and not is_pipeline(validation_data):
-        raise DataError(f"`validation_data` must be (x, y), a tf.data.Dataset, a keras.utils.PyDataset or a "
-                        f"generator. Received: {type(validation_data).__name__}")
-    return get_input_adapter(x, y, steps_per_epoch)

@@ -1,12 +1,11 @@
-"""What every input kind provides: its length in blocks' units, its first batch, a worker's block, and
-the rows of an evaluation split.
+"""What every input kind provides: its length in units, its first batch, and the rows of an evaluation
+split held out at its end.
 
-Separation of concerns: an adapter knows one kind of input (arrays, a ``tf.data.Dataset``, a
-``keras.utils.PyDataset``, a generator, a file read in batches) and how to cut it; it never decides
-where the cuts go. The block plan (rank 0, :func:`mpi_trainer.data.partition.block_bounds`) says
-which ``[start, end)`` range of units each worker trains on; the adapter turns that range into what
-the worker's ``model.fit`` reads each round (a :class:`BlockFeed`). Units are batches for pipelines
-(they come batched) and samples for files read in batches.
+An adapter knows one kind of input (a ``tf.data.Dataset``, a ``keras.utils.PyDataset``, a generator, a
+file read in batches): the config's sources read as pipelines are built from one
+(:mod:`mpi_trainer.data.streamed`), and ``fit(build_fn, pipeline)`` takes the model's shapes from its
+first batch. Which units each worker trains on is the fit's (:mod:`mpi_trainer.keras_fit.shares`).
+Units are batches for pipelines (they come batched) and samples for files read in batches.
 """
 
 from __future__ import annotations
@@ -18,30 +17,6 @@ from typing import Any
 import numpy as np
 
 from mpi_trainer.errors import DataError
-
-
-class BlockFeed(ABC):
-    """One worker's block, as ``model.fit`` reads it each round."""
-
-    units: int  # the block's size in the adapter's units (batches, or samples)
-    # data.augmentation's Keras layer, set by the worker; applied by feeds of inputs that augment (ArrayAdapter)
-    augmenter: Any = None
-    # fit's class_weight, which Keras applies to the feed's batches as it would to the input given to fit
-    # (a feed of rows held in memory has it in its sample weights instead, as Keras has it for arrays)
-    class_weight: dict[int, float] | None = None
-
-    @abstractmethod
-    def fit_input(self, batch_size: int, rng: np.random.Generator, max_steps: int | None) -> dict[str, Any]:
-        """Keyword arguments for ``model.fit`` that train one round on the block (at most ``max_steps``)."""
-
-    def steps(self, batch_size: int) -> int:
-        """Training steps of one round over the block (units are batches unless a feed says otherwise)."""
-        return self.units
-
-    def samples(self, batch_size: int, steps: int) -> int:
-        """Samples in ``steps`` batches of a round (what the step timer divides by): full batches unless a
-        feed says otherwise."""
-        return steps * batch_size
 
 
 class InputAdapter(ABC):
@@ -63,10 +38,6 @@ class InputAdapter(ABC):
     @abstractmethod
     def first_batch(self) -> tuple[np.ndarray, np.ndarray]:
         """The first ``(x, y)`` batch: the model's dry run and the element spec come from it."""
-
-    @abstractmethod
-    def block(self, start: int, end: int, worker: int, workers: int) -> BlockFeed:
-        """Worker ``worker`` (0-based) of ``workers``: the units ``[start, end)`` to train on."""
 
     @abstractmethod
     def read_split(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:

@@ -17,21 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from mpi_trainer.data.adapters.base import BlockFeed, InputAdapter, as_pair, concatenate
+from mpi_trainer.data.adapters.base import InputAdapter, as_pair, concatenate
 from mpi_trainer.errors import DataError
 
 KIND = "generator"
-
-
-class GeneratorBlock(BlockFeed):
-    def __init__(self, iterator: Iterator[Any], size: int) -> None:
-        self.iterator, self.units = iterator, size
-
-    def fit_input(self, batch_size: int, rng: np.random.Generator, max_steps: int | None) -> dict[str, Any]:
-        steps = self.units if max_steps is None else min(self.units, max_steps)
-        # a generator object (Keras' GeneratorDataAdapter takes those), reading on from the last round
-        return {"x": (as_pair(batch, KIND) for batch in itertools.islice(self.iterator, steps)), "shuffle": False,
-                "steps_per_epoch": steps}
 
 
 class GeneratorAdapter(InputAdapter):
@@ -61,9 +50,6 @@ class GeneratorAdapter(InputAdapter):
                 raise DataError("The generator is empty. Received: no batches; expected at least one") from None
             self.iterator = itertools.chain([self.peeked], self.iterator)  # the peeked batch is trained on
         return self.peeked
-
-    def block(self, start: int, end: int, worker: int, workers: int) -> BlockFeed:
-        return GeneratorBlock(self.iterator, end - start)
 
     def read_split(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         raise DataError("A generator has no end to hold an evaluation split out of. Received: "

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import keras
 import numpy as np
 
-from mpi_trainer.data.adapters.base import BlockFeed, InputAdapter, as_pair, concatenate
+from mpi_trainer.data.adapters.base import InputAdapter, as_pair, concatenate
 from mpi_trainer.errors import DataError
 
 KIND = "keras.utils.PyDataset"
@@ -34,38 +33,6 @@ def batch_count(dataset: Any) -> int:
     return int(count)
 
 
-class PyDatasetBlock(keras.utils.PyDataset, BlockFeed):
-    """Batches ``[start, end)`` of ``base``, augmented when the worker augments."""
-
-    def __init__(self, base: Any, start: int, end: int) -> None:
-        super().__init__(workers=base.workers, use_multiprocessing=base.use_multiprocessing,
-                         max_queue_size=base.max_queue_size)
-        self.base, self.start, self.end = base, start, end
-        self.units = end - start
-        self.augmenter = None
-        self.limit: int | None = None
-
-    def __len__(self) -> int:
-        size = self.end - self.start
-        return size if self.limit is None else min(size, self.limit)
-
-    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        from mpi_trainer.data.augmentation import augment
-
-        x, y = as_pair(self.base[self.start + index], KIND)
-        return augment(x, self.augmenter), y
-
-    def on_epoch_begin(self) -> None:
-        self.base.on_epoch_begin()
-
-    def on_epoch_end(self) -> None:
-        self.base.on_epoch_end()
-
-    def fit_input(self, batch_size: int, rng: np.random.Generator, max_steps: int | None) -> dict[str, Any]:
-        self.limit = max_steps
-        return {"x": self, "shuffle": False}
-
-
 class PyDatasetAdapter(InputAdapter):
     kind = KIND
     augments = True
@@ -81,9 +48,6 @@ class PyDatasetAdapter(InputAdapter):
         if self.count == 0:
             raise DataError(f"The {KIND} is empty. Received: len={self.count}; expected at least one batch")
         return as_pair(self.dataset[0], self.kind)
-
-    def block(self, start: int, end: int, worker: int, workers: int) -> BlockFeed:
-        return PyDatasetBlock(self.dataset, start, end)
 
     def read_split(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         return concatenate((self.dataset[index] for index in range(start, end)), self.kind, "evaluation split")

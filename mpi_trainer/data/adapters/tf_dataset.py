@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from mpi_trainer.data.adapters.base import BlockFeed, InputAdapter, as_pair, concatenate
+from mpi_trainer.data.adapters.base import InputAdapter, as_pair, concatenate
 from mpi_trainer.errors import DataError
 
 KIND = "tf.data.Dataset"
@@ -66,25 +66,6 @@ def unknown_length(what: str, count: int) -> DataError:
                      f"steps_per_epoch=None; expected steps_per_epoch=N (the batches one round reads over all "
                      f"workers), or a finite dataset whose length TensorFlow knows (e.g. "
                      f"dataset.apply(tf.data.experimental.assert_cardinality(n)))")
-
-
-def without_autotuning(dataset: Any) -> Any:
-    """``dataset`` with tf.data's autotuning off, unless the pipeline itself says whether it wants it."""
-    import tensorflow as tf
-
-    if dataset.options().autotune.enabled is not None:
-        return dataset
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    return dataset.with_options(options)
-
-
-class DatasetBlock(BlockFeed):
-    def __init__(self, dataset: Any, size: int) -> None:
-        self.dataset, self.units = without_autotuning(dataset), size
-
-    def fit_input(self, batch_size: int, rng: np.random.Generator, max_steps: int | None) -> dict[str, Any]:
-        return {"x": self.dataset if max_steps is None else self.dataset.take(max_steps), "shuffle": False}
 
 
 class TFDatasetAdapter(InputAdapter):
@@ -136,11 +117,6 @@ class TFDatasetAdapter(InputAdapter):
         for element in dataset.take(1).as_numpy_iterator():
             return as_pair(element, self.kind)
         raise DataError(f"The {self.kind} is empty. Received: no batches; expected at least one")
-
-    def block(self, start: int, end: int, worker: int, workers: int) -> BlockFeed:
-        if self.dataset_fn is not None:
-            return DatasetBlock(self.shard(worker, workers).take(end - start), end - start)
-        return DatasetBlock(self.dataset.skip(start).take(end - start), end - start)
 
     def read_split(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         if self.dataset_fn is not None:

@@ -11,7 +11,8 @@ import tensorflow as tf
 from sklearn.datasets import load_digits
 
 from mpi_trainer.config import config_from_dict
-from mpi_trainer.data.adapters import fit_input, get_input_adapter
+from mpi_trainer.data.adapters import get_input_adapter
+from mpi_trainer.data.adapters.tf_dataset import input_context
 from mpi_trainer.data.streamed import check_allows, pipeline_dataset
 from mpi_trainer.errors import DataError
 
@@ -45,33 +46,6 @@ def config(**data):
     return config_from_dict({"data": {"source": "pipeline", **data}, "train": {"epochs": 2, "batch_size": 64}})
 
 
-def test_tf_dataset_blocks_are_contiguous_ranges_of_its_batches():
-    x, y = digits()
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(100)  # 18 batches
-    adapter = get_input_adapter(dataset)
-    data = pipeline_dataset("digits", adapter, None, config(test_size=0.2), workers=3)
-    assert data.num_train == 14 and len(data.y_test) == 397  # the last 4 batches (one partial) are the test split
-    assert data.train.block_bounds(3) == [(0, 5), (5, 10), (10, 14)]
-    block = data.train.block((5, 10), 2, 3)
-    batches = list(block.fit_input(100, np.random.default_rng(0), None)["x"].as_numpy_iterator())
-    assert len(batches) == 5 and np.array_equal(batches[0][1], y[500:600])
-    assert data.num_outputs == 10 and data.classes and data.input_shape == (64,)
-
-
-@pytest.mark.parametrize("chosen", [None, True])
-def test_a_workers_block_runs_without_autotuning_unless_the_pipeline_chose(chosen):
-    x, y = digits()
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(100).prefetch(tf.data.AUTOTUNE)
-    if chosen is not None:
-        options = tf.data.Options()
-        options.autotune.enabled = chosen
-        dataset = dataset.with_options(options)
-    block = get_input_adapter(dataset).block(0, 5, 1, 3)
-    fed = block.fit_input(100, np.random.default_rng(0), None)["x"]
-    assert fed.options().autotune.enabled is (False if chosen is None else chosen)
-    assert len(list(fed.as_numpy_iterator())) == 5  # the same batches either way
-
-
 def test_dataset_fn_receives_each_workers_input_context():
     x, y = digits()
     seen = []
@@ -85,21 +59,9 @@ def test_dataset_fn_receives_each_workers_input_context():
     data = pipeline_dataset("digits", adapter, (x[:100], y[:100]), config(), workers=2)
     assert data.train.block_bounds(2) == [(0, 18), (18, 36)]  # 899 and 898 rows, 18 batches each
     assert (1, 2) in seen and len(data.y_test) == 100
-    feed = data.train.block((18, 36), 2, 2)
-    first = next(iter(feed.fit_input(50, np.random.default_rng(0), None)["x"]))
+    second = adapter.dataset_fn(input_context(1, 2))  # what worker 2's share is built from
+    first = next(iter(second))
     assert np.array_equal(first[1].numpy(), y[1:100:2])
-
-
-def test_py_dataset_worker_reads_only_its_batch_indices():
-    x, y = digits()
-    source = DigitBatches(x, y, 64)  # 29 batches
-    data = pipeline_dataset("digits", get_input_adapter(source), (x[:64], y[:64]), config(), workers=2)
-    assert data.train.block_bounds(2) == [(0, 15), (15, 29)]
-    feed = data.train.block((15, 29), 2, 2)
-    assert len(feed.fit_input(64, np.random.default_rng(0), None)["x"]) == 14
-    source.seen.clear()
-    _, labels = feed[0]
-    assert source.seen == [15] and np.array_equal(labels, y[15 * 64:16 * 64])
 
 
 def test_py_dataset_without_length_is_refused():
@@ -153,13 +115,12 @@ def test_refused_settings_name_the_input_type():
         check_allows(config_from_dict({"data": {"source": "pipeline", "rebalance": True}}), generator)
 
 
-def test_y_with_a_dataset_and_unknown_kinds_are_refused():
+def test_y_with_a_dataset_and_a_generator_function_are_refused():
     x, y = digits()
     with pytest.raises(DataError, match=r"When providing `x` as a tf.data.Dataset, `y` should not be passed"):
-        fit_input(tf.data.Dataset.from_tensor_slices((x, y)).batch(8), y, None)
+        get_input_adapter(tf.data.Dataset.from_tensor_slices((x, y)).batch(8), y)
     with pytest.raises(DataError, match=r"pass the generator it returns"):
-        fit_input(endless, None, None)
-    assert fit_input(x, y, None) is None  # arrays take the row-reader path
+        get_input_adapter(endless)
 
 
 @pytest.mark.parametrize("table, kind, fragment", [

@@ -9,7 +9,7 @@ from sklearn.datasets import load_digits
 
 from mpi_trainer.config import config_from_dict
 from mpi_trainer.data.adapters import ArrayAdapter, LazyRows
-from mpi_trainer.data.adapters.arrays import CHUNK_BATCHES
+from mpi_trainer.data.adapters.arrays import CHUNK_BATCHES, StreamedShare
 from mpi_trainer.data.adapters.files import label_facts, stream_dataset
 from mpi_trainer.errors import ConfigError, DataError
 from mpi_trainer.keras_fit.config_fit import pipeline_source
@@ -44,22 +44,23 @@ class SliceLog:
         return len(self.values)
 
 
-def test_a_block_is_read_one_shuffled_chunk_at_a_time_and_covers_its_rows_once():
+def test_a_share_is_read_one_shuffled_chunk_at_a_time_and_covers_its_rows_once_an_epoch():
     rows = 10_000
     features = SliceLog(np.arange(rows, dtype=np.float32).reshape(rows, 1))
     labels = SliceLog(np.arange(rows) % 7)
     adapter = ArrayAdapter(features, labels, 0, rows, "ids", lambda y: y.astype(np.int32))
-    block = adapter.block(3000, 9000, 1, 2)
-    feed = block.fit_input(32, np.random.default_rng(0), None)["x"]  # on TensorFlow: a tf.data pipeline
-    features.reads.clear()
-    batches = [x[:, 0] for x, _ in feed.as_numpy_iterator()]
-    seen = np.concatenate(batches)
-    assert len(batches) == len(block) == 188 and np.array_equal(np.sort(seen), np.arange(3000, 9000))
-    assert not np.array_equal(seen, np.arange(3000, 9000))  # shuffled
-    largest = max(read.stop - read.start for read in features.reads)
-    assert largest == CHUNK_BATCHES * 32 and len(features.reads) == 6  # six contiguous chunk reads
-    first = block[0][0][:, 0]  # the same block read as a keras.utils.PyDataset (other backends)
-    assert len(first) == 32 and np.all((first >= 3000) & (first < 9000))
+    share = StreamedShare(adapter, 3000, 9000, 32, seed=0)
+    for _ in range(2):  # an epoch, then the next in another order
+        features.reads.clear()
+        batches = [share[index][0][:, 0] for index in range(len(share))]
+        seen = np.concatenate(batches)
+        assert len(batches) == 188 and np.array_equal(np.sort(seen), np.arange(3000, 9000))
+        assert not np.array_equal(seen, np.arange(3000, 9000))  # shuffled
+        largest = max(read.stop - read.start for read in features.reads)
+        assert largest == CHUNK_BATCHES * 32 and len(features.reads) == 6  # six contiguous chunk reads
+        share.on_epoch_end()
+    in_order = StreamedShare(adapter, 3000, 9000, 32, seed=None)  # train.shuffle = false: the rows' order
+    assert np.array_equal(np.concatenate([in_order[i][0][:, 0] for i in range(len(in_order))]), np.arange(3000, 9000))
 
 
 def test_labels_are_scanned_in_slices():
