@@ -163,6 +163,7 @@ def _launch_run_dir() -> str | None:
 def _dataset(cfg: Config, workers: int) -> Any:
     """This rank's copy of the config's data: the training and test splits (a pipeline's training part stays
     in its pipeline)."""
+    from mpi_trainer.data.pipelines import pipeline_source
     from mpi_trainer.data.sources import check_finite, load_dataset
 
     dataset = pipeline_source(cfg, workers)
@@ -170,28 +171,6 @@ def _dataset(cfg: Config, workers: int) -> Any:
         dataset = load_dataset(cfg.data, cfg.train.seed)
         check_finite(np.asarray(dataset.x_train), dataset.name, "train")
     return dataset
-
-
-def pipeline_source(cfg: Config, workers: int) -> Any:
-    """The dataset of a source read as a pipeline (an image folder, TFRecords, a file read in batches), what
-    the config asks of it checked first; None for a source read whole."""
-    from mpi_trainer.data.streamed import check_allows, pipeline_dataset, streamed_train
-
-    if cfg.data.stream is True:  # "auto" is resolved before (resolve_stream); unresolved, the file is read whole
-        from mpi_trainer.data.adapters.files import stream_dataset
-
-        dataset = stream_dataset(cfg.data)
-        streamed = streamed_train(dataset)
-        if streamed is not None:  # always: a file read in batches
-            check_allows(cfg, streamed.adapter)
-        return dataset
-    if not (cfg.data.is_image_folder or cfg.data.is_tfrecord):
-        return None
-    from mpi_trainer.data.adapters.records import image_folder, tfrecords
-
-    adapter, validation = (image_folder if cfg.data.is_image_folder else tfrecords)(cfg)
-    check_allows(cfg, adapter)
-    return pipeline_dataset(Path(cfg.data.source).name, adapter, validation, cfg, workers)
 
 
 def _scattered(transport: Transport, dataset: Any) -> Any:

@@ -55,40 +55,6 @@ def lbfgs_refusal(train_data: tuple[Any, Any, Any], kwargs: dict[str, Any]) -> s
     return None
 
 
-def fit_lbfgs(transport: Transport, model: Any, state: ModelState, kwargs: dict[str, Any], cfg: Config,
-              prepared: Any, record: FitRecord | None, saved: dict[str, Any] | None,
-              preemption: Preemption) -> Any:
-    """This rank's part of an L-BFGS fit: rank 0 returns the History, a worker None."""
-    from mpi_trainer.keras_fit import shares
-    from mpi_trainer.keras_fit.fit import callback_list, closed_history
-
-    workers = transport.size - 1
-    if transport.rank != 0:
-        LbfgsWorker(transport, model, state, prepared.share, cfg.lbfgs.batch_size).run()
-        return None
-    assert record is not None
-    rows = shares.row_count(prepared.train_data)
-    callbacks = callback_list(kwargs, cfg, model, 1)
-    try:
-        record.begin(saved)
-        record.count_bytes(transport.take_bytes())  # the set-up's (scattered data): the run's, not an iteration's
-        if saved is not None:
-            state.write(saved["state"])
-            state.write_integers(saved["integers"])
-        first = saved["next_epoch"] if saved else 0
-        complete = bool(saved and saved["complete"])
-        scheduler = LbfgsScheduler(transport, model, state, cfg, callbacks, prepared.validation,
-                                   kwargs.get("validation_freq", 1), record, rows, preemption)
-        scheduler.blocks = [len(shares.share_rows(rows, workers, index, kwargs.get("shuffle", True)))
-                            for index in range(workers)]
-        scheduler.evaluations_before = int(float(record.rows[-1].get("function_evaluations") or 0)) \
-            if record.rows else 0
-        scheduler.run(first, first if complete else kwargs.get("epochs") or 1)
-        return closed_history(transport, model, state, callbacks, record, complete, scheduler.preempted)
-    finally:
-        record.release()
-
-
 class LbfgsWorker:
     """A worker: its rows' loss sum and gradient sum at each point rank 0 asks for, until the stop request."""
 

@@ -75,9 +75,9 @@ def sum_over_ranks(transport: Transport, timeout: float) -> str:
 def check_data(rank: int, config_path: str, overrides: list[str]) -> tuple[bool, str]:
     """Read the config and the training rows this rank would read; (ok, what was found)."""
     from mpi_trainer.config import load_config
+    from mpi_trainer.data.pipelines import pipeline_source
     from mpi_trainer.data.sources import load_dataset
     from mpi_trainer.errors import InputError
-    from mpi_trainer.keras_fit.config_fit import pipeline_source
 
     try:
         cfg = load_config(config_path, overrides)

@@ -1,5 +1,5 @@
-"""The package's shape: imports go down the layers and never in a circle; the scheduler's run writer
-never reaches back into an engine; no class is spread over mixins."""
+"""The package's shape: imports go down the layers and never in a circle; the fit's run record never
+reaches back into the rounds; no class is spread over mixins."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ LAYERS = [
     {"data", "models"},
     {"persistence"},
     {"reporting"},
-    {"scheduler", "worker"},
     {"launch", "keras_fit"},
     {"api"},
     # the package's front door re-exports the Python API
@@ -79,17 +78,15 @@ def test_no_import_cycle_between_modules():
         visit(module, [module])
 
 
-
-# The scheduler's engines own a round; the run writer (the recorder and what it is made of) is a sink
-# that takes finished rounds and never calls back into an engine.
-ENGINE_MODULES = {f"mpi_trainer.scheduler.{name}" for name in
-                  ("engine", "synchronous", "stale_synchronous", "lbfgs", "sync_collection")}
-WRITER_MODULES = {f"mpi_trainer.scheduler.{name}" for name in ("recorder", "round_row", "callbacks")}
+# The rounds own an epoch; the run record (rounds.csv, summary.json, checkpoints) is a sink that takes
+# finished epochs and never calls back into the rounds.
+ROUND_MODULES = {f"mpi_trainer.keras_fit.{name}" for name in ("fit", "rounds", "stale", "lbfgs", "config_fit")}
+WRITER_MODULES = {"mpi_trainer.keras_fit.record"}
 
 
-def test_the_run_writer_imports_no_engine():
+def test_the_run_record_imports_no_round():
     edges = graph()
-    reached = {module: sorted(edges[module] & ENGINE_MODULES) for module in WRITER_MODULES}
+    reached = {module: sorted(edges[module] & ROUND_MODULES) for module in WRITER_MODULES}
     assert reached == {module: [] for module in WRITER_MODULES}
 
 

@@ -11,7 +11,7 @@ from scipy.optimize import fmin_l_bfgs_b, minimize, rosen, rosen_der
 
 from mpi_trainer.config import ConfigError, config_from_dict, load_config
 from mpi_trainer.keras_fit.lbfgs import settings_from
-from mpi_trainer.launch.console import check
+from mpi_trainer.launch.check import check
 
 ROOT = Path(__file__).resolve().parents[3]
 LBFGS = {"model": {"name": "softmax_regression", "optimizer": "lbfgs"}}

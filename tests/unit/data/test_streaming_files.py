@@ -11,8 +11,8 @@ from mpi_trainer.config import config_from_dict
 from mpi_trainer.data.adapters import ArrayAdapter, LazyRows
 from mpi_trainer.data.adapters.arrays import CHUNK_BATCHES, StreamedShare
 from mpi_trainer.data.adapters.files import label_facts, stream_dataset
+from mpi_trainer.data.pipelines import pipeline_source
 from mpi_trainer.errors import ConfigError, DataError
-from mpi_trainer.keras_fit.config_fit import pipeline_source
 
 
 def digits_h5(path, layout: str = "split"):

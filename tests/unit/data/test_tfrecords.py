@@ -8,8 +8,8 @@ import tensorflow as tf
 from sklearn.datasets import load_digits
 
 from mpi_trainer.config import config_from_dict
+from mpi_trainer.data.pipelines import pipeline_source
 from mpi_trainer.errors import ConfigError, DataError
-from mpi_trainer.keras_fit.config_fit import pipeline_source
 
 
 def digit_images(classes: int = 3) -> tuple[np.ndarray, np.ndarray]:
