@@ -107,12 +107,15 @@ def keras_script(run_dir: str, x, y) -> dict:
 
 
 def refusals(x, y, rank: int, common: dict) -> dict:
-    """Three jobs that fit refuses before training, one after another in the same processes: arguments Keras
-    refuses (each worker's share of them), a model that does not fit its labels (every rank's dry run), and x without
-    y on rank 2 alone. What each rank's fit raised."""
+    """Jobs that fit refuses before training, one after another in the same processes: arguments Keras refuses
+    (each worker's share of them), a model that does not fit its labels (every rank's dry run), x without y on
+    rank 2 alone, inputs by name for a model function (a keras.Model takes them), and validation data without x
+    (the data is then the config's source). What each rank's fit raised."""
     jobs = {"refused": lambda: mpi_trainer.fit(classifier, x, y, epochs=3, sample_weight=y[:10] * 0 + 1, **common),
             "mismatch": lambda: mpi_trainer.fit(one_hot_model, x, y, epochs=3, **common),
-            "half_arguments": lambda: mpi_trainer.fit(classifier, x, None if rank == 2 else y, epochs=3, **common)}
+            "half_arguments": lambda: mpi_trainer.fit(classifier, x, None if rank == 2 else y, epochs=3, **common),
+            "by_name": lambda: mpi_trainer.fit(classifier, {"pixels": x}, y, epochs=3, **common),
+            "no_x": lambda: mpi_trainer.fit(classifier, validation_data=(x, y), epochs=3, **common)}
     raised = {}
     for name, job in jobs.items():
         try:

@@ -100,6 +100,8 @@ def test_what_fit_refuses_fails_every_rank_before_training_one_job_after_another
                 "int64, loss 'categorical_crossentropy'") in raised[rank]["mismatch"], raised
         # rank 2 alone passed x without y: the others fail too, naming it, instead of waiting for it
         assert raised[rank]["half_arguments"].startswith("`x` and `y` go together. Received: x=ndarray"), raised
+        assert "builds a model for one input array and one target array. Received: dict" in raised[rank]["by_name"]
+        assert raised[rank]["no_x"].startswith("`validation_data` goes with `x`"), raised
     assert [("(reported by rank 2)" in raised[rank]["half_arguments"]) for rank in (0, 1, 2)] == [True, True, False]
     assert not (base / "refusals").exists()  # nothing was written: every refusal came before the run directory
 
