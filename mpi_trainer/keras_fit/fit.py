@@ -124,7 +124,8 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
                        lambda: transport.abort(EXIT_PREEMPTED))
     try:
         if cfg.model.uses_lbfgs:  # full-batch L-BFGS: its own iterations, the same record and callbacks
-            history = fit_lbfgs(transport, model, state, kwargs, cfg, prepared, record, saved, preemption)
+            history = fit_lbfgs(transport, model, state, kwargs, cfg, prepared, record, saved, placements,
+                                preemption)
         elif transport.rank == 0:
             history = schedule(transport, model, state, kwargs, cfg, prepared, agreed(record), saved, placements,
                                preemption)
@@ -562,10 +563,11 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
 
 
 def fit_lbfgs(transport: Transport, model: Any, state: ModelState, kwargs: dict[str, Any], cfg: Config,
-              prepared: Any, record: FitRecord | None, saved: dict[str, Any] | None,
+              prepared: Any, record: FitRecord | None, saved: dict[str, Any] | None, placements: list[Any],
               preemption: Preemption) -> Any:
     """This rank's part of an L-BFGS fit: rank 0 returns the History, a worker None."""
     from mpi_trainer.keras_fit.lbfgs import LbfgsScheduler, LbfgsWorker
+    from mpi_trainer.launch.process_placement import log_placements
 
     workers = transport.size - 1
     if transport.rank != 0:
@@ -577,6 +579,8 @@ def fit_lbfgs(transport: Transport, model: Any, state: ModelState, kwargs: dict[
     try:
         record.begin(saved)
         record.count_bytes(transport.take_bytes())  # the set-up's (scattered data): the run's, not an iteration's
+        log_placements(placements)
+        record.log.info("fit: %s; %s", describe_input(prepared.train_data, workers, None), scoring_place(cfg, prepared))
         if saved is not None:
             state.write(saved["state"])
             state.write_integers(saved["integers"])

@@ -25,7 +25,7 @@ import numpy as np
 
 from mpi_trainer.algorithms.lbfgs import EVALUATE, PREEMPTED, Iterate, LbfgsSettings, WireLayout, minimize
 from mpi_trainer.errors import Preempted
-from mpi_trainer.keras_fit.rounds import Report, reusable_input
+from mpi_trainer.keras_fit.rounds import Report, recorded_logs, reusable_input
 
 if TYPE_CHECKING:
     from mpi_trainer.comm.transport import Transport
@@ -180,7 +180,7 @@ class LbfgsScheduler:
                  "function_evaluations": self.evaluations, "gradient_norm": self.gradient_norm(iterate.params)}
         reports = [Report({}, 0, rows, float(seconds), [], worker=index + 1)
                    for index, (rows, seconds) in enumerate(zip(self.blocks, self.worker_seconds))]
-        self.record.epoch(iterate.iteration, logs, reports, times)
+        self.record.epoch(iterate.iteration, recorded_logs(self.callbacks, logs), reports, times)
         self.preempted = self.preemption.requested
         self.record.checkpoint(iterate.iteration + 1, self.state, self.callbacks, force=self.preempted)
         self.worker_seconds[:], self.evaluate_seconds, self.sent, self.started = 0.0, 0.0, 0, time.perf_counter()

@@ -102,6 +102,18 @@ def reusable_input(evaluate_args: dict[str, Any]) -> dict[str, Any]:
     return {"x": adapter.get_tf_dataset(), "steps": evaluate_args.get("steps") or adapter.num_batches}
 
 
+def recorded_logs(callbacks: Any, logs: dict[str, float]) -> dict[str, float]:
+    """An epoch's logs as the callbacks' History holds them (callbacks add entries such as ``learning_rate``
+    or the test split's ``test_*``)."""
+    import keras
+
+    history = next((c for c in callbacks.callbacks if isinstance(c, keras.callbacks.History)), None)
+    if history is None or not history.epoch:
+        return logs
+    return {**logs, **{key: float(values[-1]) for key, values in history.history.items()
+                       if len(values) == len(history.epoch)}}
+
+
 def merged_reports(rounds: list[list[Report]]) -> list[Report]:
     """Each worker's report of an epoch of several rounds: its Keras logs averaged by the rows of each round,
     its batches, rows, seconds and bytes added up, its last integer state and scores, a preemption in any
@@ -676,14 +688,7 @@ class SchedulerRounds:
                                 "epoch's rounds start again from the state reached", epoch, workers)
 
     def recorded_logs(self, logs: dict[str, float]) -> dict[str, float]:
-        """The epoch's logs as History holds them (callbacks add entries such as ``learning_rate``)."""
-        import keras
-
-        history = next((c for c in self.callbacks.callbacks if isinstance(c, keras.callbacks.History)), None)
-        if history is None or not history.epoch:
-            return logs
-        return {**logs, **{key: float(values[-1]) for key, values in history.history.items()
-                           if len(values) == len(history.epoch)}}
+        return recorded_logs(self.callbacks, logs)
 
     def budgets(self) -> list[int] | None:
         """``train.max_steps``: each worker's steps in the next epoch when fewer are left than a whole epoch takes
