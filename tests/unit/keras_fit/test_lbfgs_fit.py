@@ -103,3 +103,17 @@ def test_a_zoo_model_given_arrays_trains_by_lbfgs_with_the_same_result_on_every_
     for index in (1, 2):  # the workers were sent rank 0's arrays, and end with its iterate
         assert result[index]["history"] == history
         np.testing.assert_array_equal(result[index]["weights"][0], result[0]["weights"][0])
+
+
+def test_rows_not_held_as_arrays_are_refused_naming_their_kind():
+    import tensorflow as tf
+
+    from mpi_trainer.keras_fit.lbfgs import lbfgs_refusal
+
+    x, y = np.zeros((8, 4), np.float32), np.zeros(8, np.int64)
+    assert lbfgs_refusal((x, y, None), {}) is None
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+    message = lbfgs_refusal((dataset, None, None), {})
+    assert message is not None and "full-batch gradients of training rows held as arrays" in message
+    assert "Received: x of type" in message and "expected NumPy arrays, or a Keras optimizer" in message
+    assert "Received: sample_weight" in lbfgs_refusal((x, y, np.ones(8)), {})
