@@ -32,19 +32,23 @@ from __future__ import annotations
 
 import numpy as np
 
+from mpi_trainer.algorithms.passes import CHUNK, chunks
+
 
 def contribution(final: np.ndarray, start: np.ndarray, steps: int, decay: float) -> None:
-    """Worker side, in place: ``final`` becomes ``n / (1 - a**n) * (final - a**n * start)``, the worker's
-    statistic weighted by its steps ``n`` (zero when it made none)."""
+    """Worker side, in place in ``start`` (``final`` is only read): ``start`` becomes
+    ``n / (1 - a**n) * (final - a**n * start)``, the worker's statistic weighted by its steps ``n`` (zero
+    when it made none). Three passes over ``start``, no temporary."""
     if steps <= 0:
-        final[:] = 0.0
+        start[:] = 0.0
         return
     faded = decay ** steps
     if faded >= 1.0:  # a decay of one never moves: nothing to recover
-        final[:] = 0.0
+        start[:] = 0.0
         return
-    final -= np.float32(faded) * start
-    final *= np.float32(steps / (1.0 - faded))
+    start *= np.float32(-faded)
+    start += final
+    start *= np.float32(steps / (1.0 - faded))
 
 
 def combine(summed: np.ndarray, start: np.ndarray, total_steps: int, decay: float) -> None:
@@ -55,12 +59,17 @@ def combine(summed: np.ndarray, start: np.ndarray, total_steps: int, decay: floa
         return
     faded = decay ** total_steps
     summed *= np.float32((1.0 - faded) / total_steps)
-    summed += np.float32(faded) * start
+    scratch = np.empty(min(CHUNK, summed.size), np.float32)
+    for begin, end in chunks(summed.size):  # + faded * start, a cache-sized piece at a time
+        piece = scratch[:end - begin]
+        np.multiply(start[begin:end], np.float32(faded), out=piece)
+        summed[begin:end] += piece
 
 
 def sum_contribution(final: np.ndarray, start: np.ndarray) -> None:
-    """Worker side of a running sum, in place: what this worker added to it."""
-    final -= start
+    """Worker side of a running sum, in place in ``start`` (``final`` is only read): what this worker added
+    to it."""
+    np.subtract(final, start, out=start)
 
 
 def sum_combine(summed: np.ndarray, start: np.ndarray) -> None:

@@ -18,8 +18,8 @@ def ema(start: np.ndarray, statistics: list[np.ndarray], decay: float) -> np.nda
 def combined(start: np.ndarray, finals: list[np.ndarray], steps: list[int], decay: float) -> np.ndarray:
     summed = np.zeros_like(start)
     for final, count in zip(finals, steps):
-        part = final.copy()
-        moving_averages.contribution(part, start, count, decay)
+        part = start.copy()
+        moving_averages.contribution(final, part, count, decay)
         summed += part
     moving_averages.combine(summed, start, sum(steps), decay)
     return summed
@@ -61,8 +61,8 @@ def test_running_sums_add_every_workers_additions_to_the_start():
     finals = [start + 0.5, start + 1.5]
     summed = np.zeros_like(start)
     for final in finals:
-        part = final.copy()
-        moving_averages.sum_contribution(part, start)
+        part = start.copy()
+        moving_averages.sum_contribution(final, part)
         summed += part
     moving_averages.sum_combine(summed, start)
     np.testing.assert_allclose(summed, start + 2.0)

@@ -35,6 +35,27 @@ def test_read_and_write_round_trip_and_the_learning_rate_stays_the_schedulers():
     np.testing.assert_allclose(state.read(state.empty()), changed)
 
 
+
+def test_a_written_state_is_the_models_own_through_training_and_later_writes():
+    """The model keeps none of the caller's array, trains from what was written, and a later write lands
+    whether or not the variables still hold the buffers the last write handed them (kept at most two each)."""
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)])
+    model.compile(keras.optimizers.Adam(0.01), "mse")
+    build_optimizers(model)
+    state = ModelState(model)
+    x, y = np.random.default_rng(0).normal(size=(2, 16, 4)).astype("float32")[0], np.zeros((16, 2), "float32")
+    for value in (1.0, 2.0, 3.0, 4.0):
+        flat = state.empty() + np.float32(value)
+        state.write(flat)
+        flat[:] = -7.0  # the caller's array is its own again
+        np.testing.assert_array_equal(state.read(state.empty()), value)
+        before = state.read(state.empty())
+        model.fit(x, y, epochs=1, batch_size=8, verbose=0)
+        after = state.read(state.empty())
+        assert not np.array_equal(after, before) and np.all(np.isfinite(after))  # trained from the state written
+        np.testing.assert_array_equal(before, value)  # a read taken before training is left as it was
+    assert all(len(kept) <= 2 for kept in state.handed.kept.values())
+
 class TwoOptimizers(keras.Model):
     """A GAN-style model: optimizers of its own besides (or instead of) model.optimizer."""
 
