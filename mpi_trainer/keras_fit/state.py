@@ -212,7 +212,8 @@ FREE_REFERENCES = 2  # sys.getrefcount of a buffer only the pool's list holds (t
 
 def _assign(variable: Any, values: np.ndarray, buffers: HandedBuffers, index: int) -> None:
     """Set the variable from float32 ``values`` (flat): on TensorFlow through a buffer of ``buffers`` handed
-    over by DLPack (one copy, :class:`HandedBuffers`); elsewhere by ``assign``."""
+    over by DLPack (one copy, :class:`HandedBuffers`); elsewhere by ``assign`` of a copy (JAX on the CPU may
+    keep the very array it is given, which is the caller's)."""
     import keras
 
     shape = tuple(variable.shape)
@@ -221,7 +222,7 @@ def _assign(variable: Any, values: np.ndarray, buffers: HandedBuffers, index: in
 
         variable.assign(tf.experimental.dlpack.from_dlpack(buffers.fill(index, values, shape).__dlpack__()))
         return
-    variable.assign(values.reshape(shape).astype(variable.dtype, copy=False))
+    variable.assign(np.array(values.reshape(shape), dtype=variable.dtype))  # a copy: JAX may alias an array
 
 
 class ModelState:
