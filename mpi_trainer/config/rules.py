@@ -43,7 +43,7 @@ def needs_validation(cfg: Config) -> bool:
 def _sync_every_rules(cfg: Config) -> None:
     """Rounds of k local steps: a worker's walk through its block spans rounds, and every worker
     runs the same k steps whatever its block size."""
-    k = cfg.train.sync_every
+    k = cfg.train.sync_steps
     if k == 0:
         return
     conflicts = {
@@ -100,7 +100,7 @@ def _lbfgs_conflicts(cfg: Config) -> dict[str, tuple[bool, object, str]]:
                                       "the objective must not change between evaluations"),
         "data.rebalance": (data.rebalance, data.rebalance, "blocks are fixed for the whole run"),
         "train.max_steps": (train.max_steps > 0, train.max_steps, "use lbfgs.max_evaluations"),
-        "train.sync_every": (train.sync_every > 0, train.sync_every,
+        "train.sync_every": (train.sync_steps > 0, train.sync_every,
                              "every iteration takes the gradient of the whole data set, not local steps"),
         "train.sync_warmup_epochs": (train.sync_warmup_epochs > 0, train.sync_warmup_epochs,
                                      "every iteration takes the gradient of the whole data set, not local steps"),

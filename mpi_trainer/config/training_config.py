@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from mpi_trainer.config.choices import (
     AGGREGATION_METHODS,
@@ -91,8 +91,10 @@ class TrainConfig(Section):
     # Total optimizer steps (batches, summed over workers) after which the run stops; 0 = no limit.
     max_steps: int = 0
     # Local optimizer steps per round (0 = one local epoch per round). At k > 0 each worker walks
-    # its block in a shuffled order that carries on from round to round.
-    sync_every: int = 0
+    # its block in a shuffled order that carries on from round to round. "auto": k chosen from the
+    # first round's cost against a step's (docs/rounds.md); one epoch per round where the input or
+    # another setting allows no rounds of steps.
+    sync_every: int | Literal["auto"] = 0
     # Post-local SGD: for the first ``sync_warmup_epochs`` local epochs (0 = no warm-up) every round is
     # ``sync_warmup_every`` steps; ``sync_every`` applies after. Rounds stay synchronisations.
     sync_warmup_epochs: int = 0
@@ -119,13 +121,25 @@ class TrainConfig(Section):
 
     def __post_init__(self) -> None:
         self._positive("epochs", "batch_size")
-        self._non_negative("seed", "max_steps", "threads", "sync_every", "sync_warmup_epochs")
+        self._non_negative("seed", "max_steps", "threads", "sync_warmup_epochs")
+        if self.sync_every != "auto":
+            self._non_negative("sync_every")
         self._positive("sync_warmup_every")
         self._choice("nan_policy", NAN_POLICIES)
         self._choice("divergence", DIVERGENCE_POLICIES)
         self._positive("divergence_rounds")
         self._choice("device", DEVICES)
         self._choice("scheduler_device", SCHEDULER_DEVICES)
+
+    @property
+    def sync_auto(self) -> bool:
+        """``sync_every = "auto"``: the steps of a round are chosen from the job's first round."""
+        return self.sync_every == "auto"
+
+    @property
+    def sync_steps(self) -> int:
+        """The steps of a round as set (0: an epoch, and before ``"auto"`` has chosen)."""
+        return 0 if self.sync_every == "auto" else int(self.sync_every)
 
     @property
     def rolls_back(self) -> bool:

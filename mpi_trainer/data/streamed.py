@@ -202,7 +202,7 @@ def refusals(cfg: Config, adapter: InputAdapter) -> list[str]:
     if cfg.data.increment.enabled:
         out.append(_refusal("data.increment.enabled", True, "draws random rows from the whole training set "
                             "every round", kind, "False, or the data as in-memory arrays"))
-    if cfg.train.sync_every:
+    if cfg.train.sync_steps:
         out.append(_refusal("train.sync_every", cfg.train.sync_every, "walks a block by random rows across "
                             "rounds", kind, "0 (one pass over the block per round)"))
     if cfg.model.uses_lbfgs:

@@ -33,6 +33,7 @@ from mpi_trainer.keras_fit.saving import save_whole_files
 from mpi_trainer.keras_fit.settings import given_keys, refusals, value_of
 from mpi_trainer.keras_fit.stale import StaleScheduler, StaleWorker
 from mpi_trainer.keras_fit.state import ModelState, build_optimizers
+from mpi_trainer.keras_fit.sync_choice import SyncChoice, not_applicable
 from mpi_trainer.launch.agreement import agree, agreed, load_config_everywhere
 from mpi_trainer.persistence.preemption import Preemption
 
@@ -85,7 +86,7 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
         check_config(cfg, run_dir, resume, given_keys(config, overrides), applied)
         hooks.active().check_slow_ranks(transport.size)  # debug.slow_ranks: worker ranks of this job
         check_backend()
-        check_sync_every(cfg.train.sync_every, kwargs)
+        check_sync_every(cfg.train.sync_steps, kwargs)
         check_sync_every(cfg.train.sync_warmup_every if cfg.train.sync_warmup_epochs else 0, kwargs,
                          "train.sync_warmup_every", "train.sync_warmup_epochs=0")
         check_increment(cfg, kwargs)
@@ -214,7 +215,7 @@ def ssp_conflicts(cfg: Config) -> list[str]:
     conflicts = {
         "aggregation.method": (cfg.aggregation.elects, "'average' or 'weighted'",
                                "an election needs every worker's state of one epoch at once"),
-        "train.sync_every": (cfg.train.sync_every > 0, "0", "an SSP update is a worker's whole epoch"),
+        "train.sync_every": (cfg.train.sync_steps > 0, "0", "an SSP update is a worker's whole epoch"),
         "fault.survive": (cfg.fault.survive, "false", "the synchronous epochs are what restart with the survivors"),
         "data.rebalance": (cfg.data.rebalance, "false", "the blocks are re-cut between synchronous epochs"),
         "evaluation.where": (cfg.evaluation.on_workers, "'scheduler'", "the workers are busy with their next epochs"),
@@ -248,7 +249,7 @@ def check_sync_every(sync_every: int, kwargs: dict[str, Any], key: str = "train.
 def check_increment(cfg: Config, kwargs: dict[str, Any]) -> None:
     """``data.increment`` adds rows of the training arrays to each worker's share, an epoch at a time."""
     arrays = shares.input_kind(kwargs.get("x")) == "arrays" and kwargs.get("steps_per_epoch") is None
-    if cfg.data.increment.enabled and (not arrays or cfg.train.sync_every):
+    if cfg.data.increment.enabled and (not arrays or cfg.train.sync_steps):
         raise input_refusal("data.increment.enabled", True, "adds a draw of the other workers' rows to each "
                             "worker's share every epoch: arrays given as `x`, trained in whole epochs", kwargs,
                             "arrays, no steps_per_epoch and train.sync_every=0, or data.increment.enabled=false",
@@ -283,7 +284,7 @@ def check_rebalance(cfg: Config, kwargs: dict[str, Any]) -> None:
 def check_max_steps(cfg: Config, kwargs: dict[str, Any]) -> None:
     """``train.max_steps`` deals the last steps out to the workers from the batches each has in an epoch."""
     known = shares.input_kind(kwargs.get("x")) == "arrays" or kwargs.get("steps_per_epoch") is not None
-    if cfg.train.max_steps and (not known or cfg.train.sync_every or cfg.train.sync_warmup_epochs
+    if cfg.train.max_steps and (not known or cfg.train.sync_steps or cfg.train.sync_warmup_epochs
                                 or cfg.data.increment.enabled):
         raise input_refusal("train.max_steps", cfg.train.max_steps, "deals the steps left to the workers from the "
                             "batches each trains in an epoch", kwargs, "arrays (or steps_per_epoch), whole epochs "
@@ -342,13 +343,31 @@ def early_stopping(cfg: Config) -> list[Any]:
                     restore_best_weights=True)]
 
 
+def largest_share_steps(kwargs: dict[str, Any], prepared: Prepared, workers: int) -> int:
+    """The batches of the largest worker's share of training arrays in an epoch (array_split's sizes)."""
+    rows = -(-shares.row_count(prepared.train_data) // workers)
+    return -(-rows // (kwargs.get("batch_size") or 32))
+
+
 def rounds_an_epoch(sync_every: int, kwargs: dict[str, Any], prepared: Prepared, workers: int) -> int:
     """Rounds in an epoch: 1, or with ``train.sync_every = k`` enough rounds of k steps for the largest share."""
     if not sync_every:
         return 1
-    rows = -(-shares.row_count(prepared.train_data) // workers)  # the largest share (array_split's sizes)
-    steps = -(-rows // (kwargs.get("batch_size") or 32))
-    return max(1, -(-steps // sync_every))
+    return max(1, -(-largest_share_steps(kwargs, prepared, workers) // sync_every))
+
+
+def sync_choice_for(cfg: Config, kwargs: dict[str, Any], prepared: Prepared, workers: int,
+                    record: FitRecord) -> SyncChoice | None:
+    """``train.sync_every = "auto"``: the choice rank 0 makes after the first round, or None (the setting's
+    steps) where it is not ``"auto"``, or where this fit trains whole epochs only (said in the log)."""
+    if not cfg.train.sync_auto:
+        return None
+    why = not_applicable(shares.input_kind(kwargs.get("x")), kwargs.get("steps_per_epoch"), cfg.aggregation.ssp,
+                         cfg.data.increment.enabled, cfg.data.rebalance, cfg.train.max_steps)
+    if why is not None:
+        record.log.info("train.sync_every = auto: one round per epoch (%s)", why)
+        return None
+    return SyncChoice(largest_share_steps(kwargs, prepared, workers))
 
 
 def check_backend() -> None:
@@ -518,8 +537,10 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
         *arguments, ssp=aggregation.ssp, damping=aggregation.staleness_damping, weighted=aggregation.weighs_by_samples)
     rounds.workers_score, rounds.elects = prepared.workers_score, cfg.aggregation.elects
     rounds.wire = StateWire(cfg.aggregation.wire_dtype, state.model_size)
+    rounds.sync_choice = sync_choice_for(cfg, kwargs, prepared, workers, record)
+    choice = rounds.sync_choice
     rounds.sync_every = lambda epoch: (train.sync_warmup_every if epoch < train.sync_warmup_epochs
-                                       else train.sync_every)
+                                       else choice.every if choice is not None else train.sync_steps)
     rounds.plan_parts = lambda survivors, every: rounds_an_epoch(every, kwargs, prepared, survivors)
     rounds.preemption = preemption or rounds.preemption
     rounds.nan_policy = cfg.train.nan_policy

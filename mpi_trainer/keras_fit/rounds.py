@@ -31,6 +31,7 @@ from mpi_trainer.errors import Preempted, RankLost, WorkerFailure
 from mpi_trainer.keras_fit import shares
 from mpi_trainer.keras_fit.slowdown import make_slowdown
 from mpi_trainer.keras_fit.state import ModelState
+from mpi_trainer.keras_fit.sync_choice import SyncChoice, median_step
 from mpi_trainer.persistence.preemption import Preemption
 
 if TYPE_CHECKING:
@@ -80,6 +81,8 @@ class Report:
     sent: int = 0  # the bytes the worker sent for this epoch: its state into the sum, and this report
     preempt: bool = False  # a preemption signal reached this worker
     scores: dict[str, float] = field(default_factory=dict)  # best-of: its state's Keras scores on the validation data
+    step_seconds: float = 0.0  # its median batch, the first left out (train.sync_every = "auto")
+    batch_seconds: float = 0.0  # the seconds inside its batches, summed (the rest of ``seconds`` is fit's own)
 
 
 def reusable_input(evaluate_args: dict[str, Any]) -> dict[str, Any]:
@@ -128,7 +131,9 @@ def merged_reports(rounds: list[list[Report]]) -> list[Report]:
         merged.append(Report(logs, sum(r.batches for r in worker), sum(r.rows for r in worker),
                              sum(r.seconds for r in worker), worker[-1].integers, sent=sum(r.sent for r in worker),
                              preempt=any(r.preempt for r in worker), scores=worker[-1].scores,
-                             phases=[phase for r in worker for phase in r.phases]))
+                             phases=[phase for r in worker for phase in r.phases],
+                             step_seconds=max(r.step_seconds for r in worker),
+                             batch_seconds=sum(r.batch_seconds for r in worker)))
     return merged
 
 
@@ -221,7 +226,7 @@ class StateWire:
 
 
 class _BatchCounter:
-    """Counts the batches of one ``fit`` call (a dataset's length is not known in advance)."""
+    """Counts and times the batches of one ``fit`` call (a dataset's length is not known in advance)."""
 
     def __init__(self) -> None:
         import keras
@@ -229,10 +234,15 @@ class _BatchCounter:
         counter = self
 
         class Counting(keras.callbacks.Callback):
+            def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+                counter.began = time.perf_counter()
+
             def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
                 counter.batches += 1
+                counter.durations.append(time.perf_counter() - counter.began)
 
-        self.batches = 0
+        self.batches, self.began = 0, 0.0
+        self.durations: list[float] = []
         self.callback = Counting()
 
 
@@ -425,7 +435,8 @@ class WorkerRounds:
         now = time.time()
         waited = [("wait", epoch, *self.waited)] if self.waited else []  # for the order (log.timeline)
         return Report(logs, counter.batches, int(rows), seconds, self.state.read_integers(),
-                      phases=[*waited, ("train", epoch, now - seconds, now)])
+                      phases=[*waited, ("train", epoch, now - seconds, now)],
+                      step_seconds=median_step(counter.durations), batch_seconds=sum(counter.durations))
 
     def increment_share(self, epoch: int) -> tuple[dict[str, Any] | None, int | None]:
         """``data.increment``: this epoch's share, the worker's fixed rows plus the epoch's seeded draw from the
@@ -482,6 +493,7 @@ class SchedulerRounds:
         self.parts = 1  # rounds in the epoch under way
         # train.sync_every and its warm-up: the steps of the epoch's rounds (0: one round, the epoch)
         self.sync_every: Callable[[int], int] = lambda epoch: 0
+        self.sync_choice: SyncChoice | None = None  # train.sync_every = "auto": chosen from the first round
         self.before_integers: list[np.ndarray] = []
         self.optimizers_checked = False  # whether the first trained epoch's optimizer steps were looked at
         self.elects = False  # best-of: the workers score their states and the best one is kept (set by the fit)
@@ -719,6 +731,10 @@ class SchedulerRounds:
         self.combine(epoch, reports, some_may_rest=self.parts > 1 or budgets is not None)
         times["comm_seconds"] += collected - started
         times["aggregate_seconds"] += time.perf_counter() - collected
+        if self.sync_choice is not None:
+            said = self.sync_choice.observe(reports, time.perf_counter() - started)
+            if said:
+                self.record.log.info("%s", said)
         return reports
 
     def combine(self, epoch: int, reports: list[Report], some_may_rest: bool = False) -> None:

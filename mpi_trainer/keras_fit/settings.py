@@ -56,7 +56,8 @@ HONOURED: dict[str, str] = {
     "watchdog.stall_seconds": "the stall bound of `launch`, which watches the run's rounds.csv when it supervises "
                               "the script",
     "train.sync_every": "k > 0: the workers' states are combined every k steps of their rows (arrays), "
-                        "each epoch in ceil(steps / k) rounds; 0: once an epoch",
+                        "each epoch in ceil(steps / k) rounds; 0: once an epoch; \"auto\": k chosen from the first "
+                        "round's cost against a step's",
     **dict.fromkeys(("train.sync_warmup_epochs", "train.sync_warmup_every"),
                     "a warm-up: the first n epochs combine the workers every `sync_warmup_every` steps of their rows "
                     "(arrays), then train.sync_every applies"),

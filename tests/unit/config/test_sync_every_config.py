@@ -14,13 +14,15 @@ def test_sync_every_defaults_to_one_local_epoch_and_scoring_once_per_local_epoch
     cfg = load_config(QUICKSTART)
     assert cfg.train.sync_every == 0 and cfg.evaluation.every == 0
     assert load_config(QUICKSTART, ["train.sync_every=5", "evaluation.every=10"]).train.sync_every == 5
+    auto = load_config(QUICKSTART, ["train.sync_every=auto", "data.increment.enabled=true"]).train
+    assert (auto.sync_every, auto.sync_auto, auto.sync_steps) == ("auto", True, 0)  # whole epochs with increment
 
 
 @pytest.mark.parametrize(
     "override, message",
     [
         ("train.sync_every=-1", "`train.sync_every` must be >= 0. Received: train.sync_every=-1"),
-        ("train.sync_every=1.5", "`train.sync_every` must be of type int. Received: train.sync_every=1.5"),
+        ("train.sync_every=1.5", "`train.sync_every` must be one of int or 'auto'. Received: train.sync_every=1.5"),
         ("evaluation.every=-1", "`evaluation.every` must be >= 0. Received: evaluation.every=-1"),
     ],
 )

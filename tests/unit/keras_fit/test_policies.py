@@ -294,3 +294,31 @@ def test_fewer_survivors_than_min_workers_checkpoint_and_end_the_job(tmp_path):
                                             r"epoch 1"):
         fit_set(["fault.survive=true", "fault.min_workers=2", *LOSE_RANK_2], tmp_path / "run")
     assert (tmp_path / "run" / "checkpoint.h5").exists()  # the same fit, run again by launch, resumes from here
+
+
+def test_sync_every_auto_takes_the_steps_chosen_from_the_first_round_and_says_so(monkeypatch, caplog):
+    from mpi_trainer.keras_fit import sync_choice
+
+    caplog.set_level(logging.INFO, logger="mpi_trainer")
+    measured = []
+
+    def steps_for(other, step, epoch_steps, share=sync_choice.SHARE):
+        measured.append((other, step, epoch_steps))
+        return 2
+
+    monkeypatch.setattr(sync_choice, "steps_for", steps_for)
+    result = fit_set(["train.sync_every=auto"], epochs=3)
+    same_everywhere(result)
+    # 60 rows a worker, 4 batches of 16: epoch 0 is one round, measured; later epochs two rounds of 2 steps
+    (other, step, epoch_steps), = measured
+    assert epoch_steps == 4 and step > 0 and other > 0
+    assert result[0]["rounds"]["bytes"][1:] == [2 * result[0]["rounds"]["bytes"][0]] * 2
+    assert "train.sync_every = auto: 2 steps a round" in caplog.text
+    assert result[0]["history"]["loss"][-1] < result[0]["history"]["loss"][0]
+
+
+def test_sync_every_auto_trains_whole_epochs_where_the_fit_allows_no_rounds_of_steps(caplog):
+    caplog.set_level(logging.INFO, logger="mpi_trainer")
+    result = fit_set(["train.sync_every=auto", "data.increment.enabled=true"], epochs=2)
+    same_everywhere(result)
+    assert "train.sync_every = auto: one round per epoch (data.increment is enabled)" in caplog.text

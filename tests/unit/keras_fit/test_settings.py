@@ -50,6 +50,7 @@ def special(csv: str) -> dict[str, tuple[Any, dict[str, Any]]]:
         "model.metrics": (["mae"], {}),
         "early_stopping.monitor": ("test_loss", {}),
         "checkpoint.preempt_signals": (["SIGTERM"], {}),
+        "train.sync_every": (1, {}),
         "train.sync_warmup_every": (2, {"train.sync_warmup_epochs": 1}),
         "aggregation.staleness_damping": (True, {"aggregation.ssp": 1}),
     }
