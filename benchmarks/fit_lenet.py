@@ -3,6 +3,7 @@
     mpirun -n 3 python -m benchmarks.fit_lenet --where scheduler    # rank 0 scores the validation rows
     mpirun -n 3 python -m benchmarks.fit_lenet --where workers      # each of 2 workers scores half
     mpirun -n 3 python -m benchmarks.fit_lenet --sync-every 8       # combined every 8 steps, not every epoch
+    mpirun -n 3 python -m benchmarks.fit_lenet --sync-every auto    # the steps chosen from the first round
     mpirun -n 3 python -m benchmarks.fit_lenet --outer none         # plain averaging (default: auto)
 
 A LeNet-style CNN (Conv32-Conv32-MaxPool-Conv64-MaxPool-Dense128-Dense10) on 4,000 real MNIST digits
@@ -27,7 +28,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--where", choices=["scheduler", "workers"], default="scheduler")
     parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--sync-every", type=int, default=0, help="train.sync_every (0: once an epoch)")
+    parser.add_argument("--sync-every", type=lambda text: text if text == "auto" else int(text), default=0,
+                        help="train.sync_every (0: once an epoch; auto: chosen from the first round, logged)")
     parser.add_argument("--outer", default="auto", help="aggregation.outer_optimizer")
     args = parser.parse_args()
     import mpi_trainer
@@ -52,7 +54,7 @@ def main() -> None:
                               validation_data=(x_val, y_val), validation_batch_size=256,
                               overrides={"evaluation.where": args.where, "train.sync_every": args.sync_every,
                                          "aggregation.outer_optimizer": args.outer,
-                                         "log.verbosity": 0})
+                                         "log.verbosity": 1 if args.sync_every == "auto" else 0})
     if placed.is_scheduler:
         print(json.dumps({"eval_seconds": statistics.median(history.rounds["eval_seconds"][1:]),
                           "val_accuracy": history.history["val_accuracy"][-1],

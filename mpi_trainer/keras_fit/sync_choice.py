@@ -1,12 +1,13 @@
-"""``train.sync_every = "auto"``: how many steps a round takes, chosen from what the job's first round cost.
+"""``train.sync_every = "auto"``: how many steps a round takes, chosen from what the job's second round cost.
 
 A round costs its training (k steps of every worker) and what it spends besides, which does not grow
 with k: Keras' ``fit`` call on each worker (its data adapter and callbacks), the state's broadcast, the
 workers' contributions, their sum over the job's links and rank 0's combine. Rank 0 measures both in
-the job's first round, which trains a whole epoch: a step's seconds (the slowest worker's median batch;
-a worker's first batch, which traces the graphs, left out) and the round's other seconds (its wall time
-on rank 0 less the slowest worker's seconds inside its batches). A round then takes the fewest steps
-that keep the other seconds under :data:`SHARE` of it,
+the job's second round (the first also traces the graphs, builds Keras' first iterator and maps the
+shared window, once), which trains a whole epoch: a step's seconds (the slowest worker's median batch)
+and the round's other seconds (its wall time on rank 0 less the slowest worker's seconds inside its
+batches). From the next epoch a round takes the fewest steps that keep the other seconds under
+:data:`SHARE` of it,
 
     k = ceil(other * (1 - SHARE) / (SHARE * step)),
 
@@ -26,10 +27,11 @@ from dataclasses import dataclass
 from typing import Any
 
 SHARE = 0.2  # the most of a round that its cost besides training may take
+MEASURED_ROUND = 2  # the trained round measured: the first pays for the fit's start once
 
 
 def median_step(durations: Sequence[float]) -> float:
-    """A worker's step in seconds: the median of its batches, the first (which traces the graphs) left out
+    """A worker's step in seconds: the median of its batches, the first (which may trace the graphs) left out
     when there are others."""
     kept = list(durations[1:]) or list(durations)
     return statistics.median(kept) if kept else 0.0
@@ -47,23 +49,28 @@ def steps_for(other_seconds: float, step_seconds: float, epoch_steps: int, share
 
 @dataclass
 class SyncChoice:
-    """Rank 0's choice of ``train.sync_every`` under ``"auto"``: 0 (a round per epoch) until the first round
-    is measured, then :func:`steps_for` of it. ``epoch_steps``: the largest share's batches in an epoch."""
+    """Rank 0's choice of ``train.sync_every`` under ``"auto"``: 0 (a round per epoch) until the
+    :data:`MEASURED_ROUND` is measured, then :func:`steps_for` of it. ``epoch_steps``: the largest share's
+    batches in an epoch."""
 
     epoch_steps: int
     every: int = 0
     chosen: bool = False
+    seen: int = 0  # trained rounds observed
 
     def observe(self, reports: Sequence[Any], round_seconds: float) -> str | None:
-        """The first trained round's reports and wall seconds on rank 0: choose, and say what and why (None
-        once chosen, or while no worker trained a batch)."""
+        """A round's reports and wall seconds on rank 0: at the :data:`MEASURED_ROUND` trained, choose, and
+        say what and why (None before and after)."""
         trained = [report for report in reports if report.batches]
         if self.chosen or not trained:
+            return None
+        self.seen += 1
+        if self.seen < MEASURED_ROUND:
             return None
         step = max(report.step_seconds for report in trained)
         other = round_seconds - max(report.batch_seconds for report in trained)
         self.every, self.chosen = steps_for(other, step, self.epoch_steps), True
-        measured = (f"the first round's cost besides training {other:.3f} s against a step's {step * 1000:.1f} ms, "
+        measured = (f"round {self.seen}'s cost besides training {other:.3f} s against a step's {step * 1000:.1f} ms, "
                     f"{self.epoch_steps} steps an epoch")
         if not self.every:
             return (f"train.sync_every = auto: one round per epoch ({measured}: rounds of fewer steps would spend "

@@ -296,7 +296,7 @@ def test_fewer_survivors_than_min_workers_checkpoint_and_end_the_job(tmp_path):
     assert (tmp_path / "run" / "checkpoint.h5").exists()  # the same fit, run again by launch, resumes from here
 
 
-def test_sync_every_auto_takes_the_steps_chosen_from_the_first_round_and_says_so(monkeypatch, caplog):
+def test_sync_every_auto_takes_the_steps_chosen_from_the_second_round_and_says_so(monkeypatch, caplog):
     from mpi_trainer.keras_fit import sync_choice
 
     caplog.set_level(logging.INFO, logger="mpi_trainer")
@@ -307,12 +307,14 @@ def test_sync_every_auto_takes_the_steps_chosen_from_the_first_round_and_says_so
         return 2
 
     monkeypatch.setattr(sync_choice, "steps_for", steps_for)
-    result = fit_set(["train.sync_every=auto"], epochs=3)
+    result = fit_set(["train.sync_every=auto"], epochs=4)
     same_everywhere(result)
-    # 60 rows a worker, 4 batches of 16: epoch 0 is one round, measured; later epochs two rounds of 2 steps
+    # 60 rows a worker, 4 batches of 16: epochs 0 and 1 are one round each, the second measured; later epochs
+    # two rounds of 2 steps
     (other, step, epoch_steps), = measured
     assert epoch_steps == 4 and step > 0 and other > 0
-    assert result[0]["rounds"]["bytes"][1:] == [2 * result[0]["rounds"]["bytes"][0]] * 2
+    bytes_ = result[0]["rounds"]["bytes"]
+    assert bytes_[1] == bytes_[0] and bytes_[2:] == [2 * bytes_[0]] * 2
     assert "train.sync_every = auto: 2 steps a round" in caplog.text
     assert result[0]["history"]["loss"][-1] < result[0]["history"]["loss"][0]
 

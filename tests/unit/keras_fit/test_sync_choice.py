@@ -34,14 +34,15 @@ def report(batches, step, inside):
 def test_the_choice_is_made_once_from_the_slowest_worker_and_said():
     choice = SyncChoice(epoch_steps=500)
     assert choice.observe([report(0, 0.0, 0.0)], 1.0) is None and not choice.chosen  # nothing trained yet
+    assert choice.observe([report(100, 0.05, 5.0)], 30.0) is None and not choice.chosen  # the first pays the start
     said = choice.observe([report(100, 0.01, 1.0), report(100, 0.02, 1.9)], 2.0)
     # besides training: 2.0 - 1.9 = 0.1 s; the slowest step 20 ms: 0.1 * 0.8 / (0.2 * 0.02) = 20 steps
-    assert choice.every == 20 and said.startswith("train.sync_every = auto: 20 steps a round")
+    assert choice.every == 20 and said.startswith("train.sync_every = auto: 20 steps a round (round 2's cost")
     assert choice.observe([report(100, 1.0, 1.0)], 99.0) is None and choice.every == 20  # held for the fit
 
 
 def test_a_costly_round_keeps_one_round_an_epoch_and_says_why():
-    choice = SyncChoice(epoch_steps=10)
+    choice = SyncChoice(epoch_steps=10, seen=1)
     said = choice.observe([report(10, 0.01, 0.1)], 5.0)
     assert choice.every == 0 and choice.chosen and "one round per epoch" in said
 
