@@ -423,7 +423,7 @@ class WorkerRounds:
 
         counter = _BatchCounter()
         started = time.perf_counter()
-        share = self.in_drawn_order(share or self.share, epoch)
+        share = share or self.share
         if self.augmenter is not None:  # a freshly transformed copy of the round's images; the input stays as it is
             share = {**share, "x": augment(share["x"], self.augmenter)}
         callbacks = [counter.callback] + ([self.slowdown] if self.slowdown is not None else [])
@@ -437,25 +437,6 @@ class WorkerRounds:
         return Report(logs, counter.batches, int(rows), seconds, self.state.read_integers(),
                       phases=[*waited, ("train", epoch, now - seconds, now)],
                       step_seconds=median_step(counter.durations), batch_seconds=sum(counter.durations))
-
-    def in_drawn_order(self, share: dict[str, Any], epoch: int) -> dict[str, Any]:
-        """An epoch's arrays to be shuffled (``shuffle=True``) in the order this worker draws for the epoch, as
-        :meth:`train_part` walks them, given to Keras with ``shuffle=False``: the rows and their order are what
-        Keras' own shuffle makes of them, and a ``fit`` per round does not tear down Keras' shuffling pipeline
-        (on TensorFlow it can take as long as the epoch trained: 2.5 s after a 2.5 s LeNet epoch). Any other
-        share (a pipeline, ``shuffle=False`` or ``"batch"``, ``steps_per_epoch``) is Keras' as it is."""
-        if (share.get("shuffle", True) is not True or share.get("steps_per_epoch") is not None
-                or shares.input_kind(share.get("x")) != "arrays"):
-            return share
-        data = (share["x"], share.get("y"), share.get("sample_weight"))
-        order = self.epoch_order(epoch, shares.row_count(data))
-        x, y, weights = shares.take_rows(data, order)
-        return {**share, "x": x, "y": y, "sample_weight": weights, "shuffle": False}
-
-    def epoch_order(self, epoch: int, rows: int) -> np.ndarray:
-        """This worker's order of ``rows`` rows in ``epoch``, the same on every call (seeded by the epoch and
-        the rank)."""
-        return np.random.default_rng((shares.SHARE_SEED, epoch, self.transport.rank)).permutation(rows)
 
     def increment_share(self, epoch: int) -> tuple[dict[str, Any] | None, int | None]:
         """``data.increment``: this epoch's share, the worker's fixed rows plus the epoch's seeded draw from the
@@ -475,7 +456,9 @@ class WorkerRounds:
         in the epoch's order (shuffled once an epoch when fit shuffles); an empty report past its last row."""
         if self.order_epoch != epoch:
             rows = int(self.rows or 0)
-            self.order = self.epoch_order(epoch, rows) if self.share.get("shuffle", True) else np.arange(rows)
+            shuffled = self.share.get("shuffle", True)
+            self.order = (np.random.default_rng((shares.SHARE_SEED, epoch, self.transport.rank)).permutation(rows)
+                          if shuffled else np.arange(rows))
             self.order_epoch = epoch
         size = every * (self.share.get("batch_size") or 32)
         index = self.order[part * size:(part + 1) * size]
