@@ -85,24 +85,48 @@ class Report:
     batch_seconds: float = 0.0  # the seconds inside its batches, summed (the rest of ``seconds`` is fit's own)
 
 
-def reusable_input(evaluate_args: dict[str, Any]) -> dict[str, Any]:
-    """``model.evaluate``'s arguments with array inputs turned, once, into the pipeline Keras' own adapter
-    builds for them (TensorFlow), as Keras' ``fit`` keeps its validation iterator for all its epochs: the
-    same batches, without the pipeline built again every epoch (its fixed cost, 0.05-0.1 s a call, is most
-    of a small model's scoring). Other inputs and backends are returned as they are."""
+def without_autotuning(dataset: Any) -> Any:
+    """``dataset`` with tf.data's autotuning off. A ``fit`` or ``evaluate`` call per round builds an iterator
+    over it each time, and on destruction an autotuned iterator waits for its background threads, which
+    can take as long as the epoch trained (2.4 s after a 2.5 s LeNet epoch on 2 cores, one call in two);
+    without autotuning the parallel map and prefetch keep TensorFlow's fixed defaults and end at once."""
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
+
+
+def array_pipeline(arguments: dict[str, Any], training: bool) -> dict[str, Any]:
+    """``model.fit``'s (``training``) or ``model.evaluate``'s arguments with array inputs turned into the
+    pipeline Keras' own adapter builds for them (the same batches, shuffled as ``fit`` shuffles them, class
+    weights applied), without tf.data's autotuning (:func:`without_autotuning`), its batches counted so that
+    Keras stops at the last one. TensorFlow only; other inputs and backends are returned as they are."""
     import keras
 
     from mpi_trainer.keras_fit.shares import input_kind
 
-    if keras.backend.backend() != "tensorflow" or input_kind(evaluate_args.get("x")) != "arrays":
-        return evaluate_args
+    if (keras.backend.backend() != "tensorflow" or input_kind(arguments.get("x")) != "arrays"
+            or arguments.get("steps_per_epoch" if training else "steps") is not None):
+        return arguments
     from keras.src.trainers.data_adapters import get_data_adapter
 
-    adapter = get_data_adapter(evaluate_args["x"], evaluate_args.get("y"), evaluate_args.get("sample_weight"),
-                               batch_size=evaluate_args.get("batch_size") or 32,
-                               steps_per_epoch=evaluate_args.get("steps"), shuffle=False)
-    # its batches counted, so that Keras stops at the last one rather than running the dataset dry (and warning)
-    return {"x": adapter.get_tf_dataset(), "steps": evaluate_args.get("steps") or adapter.num_batches}
+    adapter = get_data_adapter(arguments["x"], arguments.get("y"), arguments.get("sample_weight"),
+                               batch_size=arguments.get("batch_size") or 32,
+                               shuffle=arguments.get("shuffle", True) if training else False,
+                               class_weight=arguments.get("class_weight") if training else None)
+    rest = {key: value for key, value in arguments.items()
+            if key not in ("x", "y", "sample_weight", "batch_size", "shuffle", "class_weight", "steps")}
+    return {**rest, "x": without_autotuning(adapter.get_tf_dataset()),
+            "steps_per_epoch" if training else "steps": adapter.num_batches}
+
+
+def reusable_input(evaluate_args: dict[str, Any]) -> dict[str, Any]:
+    """``model.evaluate``'s arguments with array inputs turned, once, into Keras' own pipeline for them
+    (:func:`array_pipeline`), as Keras' ``fit`` keeps its validation iterator for all its epochs: the same
+    batches, without the pipeline built again every epoch (its fixed cost, 0.05-0.1 s a call, is most of a
+    small model's scoring)."""
+    return array_pipeline(evaluate_args, training=False)
 
 
 def recorded_logs(callbacks: Any, logs: dict[str, float]) -> dict[str, float]:
@@ -427,8 +451,8 @@ class WorkerRounds:
         if self.augmenter is not None:  # a freshly transformed copy of the round's images; the input stays as it is
             share = {**share, "x": augment(share["x"], self.augmenter)}
         callbacks = [counter.callback] + ([self.slowdown] if self.slowdown is not None else [])
-        history = self.model.fit(**share, epochs=epoch + 1, initial_epoch=epoch, verbose=0,
-                                 callbacks=callbacks)
+        history = self.model.fit(**array_pipeline(share, training=True), epochs=epoch + 1, initial_epoch=epoch,
+                                 verbose=0, callbacks=callbacks)
         logs = {name: float(values[-1]) for name, values in history.history.items() if values}
         rows = rows or self.rows or counter.batches * (self.share.get("batch_size") or 32)
         seconds = time.perf_counter() - started

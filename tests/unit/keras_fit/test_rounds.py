@@ -298,3 +298,30 @@ def test_the_log_says_so_when_the_workers_train_but_no_optimizer_found_steps():
     stepped = SchedulerRounds(None, model, ModelState(model), None, None, None, 1, Warnings())
     stepped.check_optimizers_stepped(0, np.array([4.0, 8.0]))
     assert not stepped.record.said
+
+
+def test_a_rounds_arrays_go_to_keras_as_its_own_pipeline_without_autotuning_and_train_alike():
+    """Keras' adapter's batches, shuffled and class-weighted as fit does it, with tf.data's autotuning off (its
+    iterator's end can wait an epoch's time), so a fit on them ends where a fit on the arrays ends."""
+    from mpi_trainer.keras_fit.rounds import array_pipeline
+
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("the pipeline is TensorFlow's; other backends take the arrays as they are")
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(50, 4)).astype("float32"), rng.integers(0, 2, 50)
+    share = {"x": x, "y": y, "sample_weight": None, "batch_size": 8, "shuffle": False,
+             "class_weight": {0: 1.0, 1: 3.0}, "steps_per_epoch": None}
+    given = array_pipeline(share, training=True)
+    assert given["steps_per_epoch"] == 7 and "y" not in given and "class_weight" not in given
+    assert given["x"].options().autotune.enabled is False
+    fitted = []
+    for arguments in (share, given):
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
+        model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+        for epoch in range(2):  # one epoch a call, as a worker's rounds are
+            model.fit(**arguments, epochs=epoch + 1, initial_epoch=epoch, verbose=0)
+        fitted.append(model.get_weights())
+    for mine, keras_own in zip(fitted[1], fitted[0], strict=True):
+        np.testing.assert_allclose(mine, keras_own, rtol=1e-6, atol=1e-7)  # the class weights applied once
+    assert array_pipeline({**share, "steps_per_epoch": 3}, training=True)["x"] is x  # a count given: as it is
