@@ -1,7 +1,7 @@
 """One worker of ``tf.distribute.MultiWorkerMirroredStrategy``, the baseline of the accuracy suite.
 
     TF_USE_LEGACY_KERAS=1 TF_CONFIG=... python -m benchmarks.mwms DATA.npz [--epochs 8] [--batch 64]
-        [--optimizer adadelta] [--learning-rate 1.0] [--seed 0]
+        [--optimizer adadelta|sgd|adam] [--learning-rate 1.0] [--seed 0]
 
 The strategy runs only under ``tf_keras`` (Keras 3 does not support it), so the model is LeNet
 written layer for layer as mpi_trainer's zoo builds it. Every process trains ``--batch`` samples
@@ -51,7 +51,8 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     tf_keras.utils.set_random_seed(args.seed)
     with strategy.scope():
         model = lenet(tf_keras)
-        chosen = {"adadelta": tf_keras.optimizers.Adadelta, "sgd": tf_keras.optimizers.SGD}[args.optimizer]
+        chosen = {"adadelta": tf_keras.optimizers.Adadelta, "sgd": tf_keras.optimizers.SGD,
+                  "adam": tf_keras.optimizers.Adam}[args.optimizer]
         model.compile(chosen(args.learning_rate), "sparse_categorical_crossentropy", ["accuracy"])
     feed = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=args.seed)
             .batch(args.batch * strategy.num_replicas_in_sync).prefetch(1))
@@ -77,7 +78,7 @@ def main() -> None:
     parser.add_argument("data")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--optimizer", choices=["adadelta", "sgd"], default="adadelta")
+    parser.add_argument("--optimizer", choices=["adadelta", "sgd", "adam"], default="adadelta")
     parser.add_argument("--learning-rate", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     result = train(parser.parse_args())
