@@ -282,6 +282,7 @@ class WorkerRounds:
         self.clock = RoundClock(transport, bounds or WaitBounds())
         self.share = share  # model.fit's arguments for this worker's share
         self.validation = validation  # model.evaluate's arguments for its share of the validation data
+        self.scoring: dict[str, Any] | None = None  # that share as this worker scores it (reusable_input)
         self.election: dict[str, Any] | None = None  # best-of: model.evaluate's arguments for the validation data
         # data.increment: (every training row, this worker's fixed rows, the settings); each epoch adds a draw
         self.increment: tuple[Any, np.ndarray, Any] | None = None
@@ -436,7 +437,9 @@ class WorkerRounds:
 
         if self.validation is None:
             raise RuntimeError("told to score, but this worker holds no share of the validation data")
-        self.model.evaluate(**self.validation, verbose=0)
+        if self.scoring is None:
+            self.scoring = reusable_input(self.validation)
+        self.model.evaluate(**self.scoring, verbose=0)
         vector = flat_metric_state(metric_state(self.model))
         agree_on_metric_size(self.transport, vector.size)
         self.transport.reduce_sum(vector)
