@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 
 from benchmarks.data import mnist5k
 from benchmarks.harness import ROOT, Comparison, Figures
@@ -90,19 +91,25 @@ def comparisons(quick: bool) -> list[Comparison]:
              "the epoch that first reaches a target depends on the seed as much as on the method. Samples/s "
              "leave out the first epoch (graph tracing). The 1-thread worker is what each of two workers gets "
              "on 2 cores: two workers' samples/s over twice its own is the 2-worker efficiency.")
+    title = (f"LeNet (484,714 parameters) on 5,000 real MNIST digits, {epochs} epochs = rounds, batch {BATCH} "
+             f"per worker, Adadelta; target test accuracy {target}")
+    return [with_mwms(title, quick, target, variants, notes, lambda seed: mwms(epochs, target, seed)),
+            against_mwms(quick)]
+
+
+def with_mwms(title: str, quick: bool, target: float, variants: dict, notes: str,
+              baseline: Callable[[int], Figures]) -> Comparison:
+    """A time-to-accuracy comparison, with MultiWorkerMirroredStrategy's run (``baseline``) where tf_keras is
+    installed, said to be left out where it is not."""
     if importlib.util.find_spec("tf_keras") is not None:
-        variants["MultiWorkerMirroredStrategy, 2 processes (tf_keras)"] = seeded(
-            lambda seed: mwms(epochs, target, seed))
+        variants["MultiWorkerMirroredStrategy, 2 processes (tf_keras)"] = seeded(baseline)
     else:
         notes += " MultiWorkerMirroredStrategy is left out: it needs tf_keras (`pip install -e .[bench]`)."
-    return [Comparison(
-        title=f"LeNet (484,714 parameters) on 5,000 real MNIST digits, {epochs} epochs = rounds, batch {BATCH} "
-              f"per worker, Adadelta; target test accuracy {target}",
-        command=f"python -m benchmarks run accuracy{' --quick' if quick else ''}",
-        variants=variants,
+    return Comparison(
+        title=title, command=f"python -m benchmarks run accuracy{' --quick' if quick else ''}", variants=variants,
         columns={"samples_per_second": "train samples/s", "seconds_per_epoch": "s per epoch + scoring",
                  "seconds_to_target": f"s to {target}", "best_test_accuracy": "best test accuracy"},
-        notes=notes), against_mwms(quick)]
+        notes=notes)
 
 
 def against_mwms(quick: bool) -> Comparison:
@@ -116,16 +123,7 @@ def against_mwms(quick: bool) -> Comparison:
     notes = ("Both on the same cores, each worker with its own 128 rows a step (MultiWorkerMirroredStrategy's "
              "global batch 256); seconds from each one's first epoch's start, scored on the test split after "
              "every epoch.")
-    if importlib.util.find_spec("tf_keras") is not None:
-        variants["MultiWorkerMirroredStrategy, 2 processes (tf_keras)"] = seeded(
-            lambda seed: mwms(epochs, target, seed, optimizer="adam", rate=0.001, batch=ADAM_BATCH))
-    else:
-        notes += " MultiWorkerMirroredStrategy is left out: it needs tf_keras (`pip install -e .[bench]`)."
-    return Comparison(
-        title=f"LeNet on 5,000 real MNIST digits, Adam 1e-3, batch {ADAM_BATCH} per worker, 2 workers: time to "
-              f"{target} against MultiWorkerMirroredStrategy",
-        command=f"python -m benchmarks run accuracy{' --quick' if quick else ''}",
-        variants=variants,
-        columns={"samples_per_second": "train samples/s", "seconds_per_epoch": "s per epoch + scoring",
-                 "seconds_to_target": f"s to {target}", "best_test_accuracy": "best test accuracy"},
-        notes=notes)
+    title = (f"LeNet on 5,000 real MNIST digits, Adam 1e-3, batch {ADAM_BATCH} per worker, 2 workers: time to "
+             f"{target} against MultiWorkerMirroredStrategy")
+    return with_mwms(title, quick, target, variants, notes, lambda seed: mwms(
+        epochs, target, seed, optimizer="adam", rate=0.001, batch=ADAM_BATCH))
