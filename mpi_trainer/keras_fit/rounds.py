@@ -117,8 +117,8 @@ def array_pipeline(arguments: dict[str, Any], training: bool) -> dict[str, Any]:
                                class_weight=arguments.get("class_weight") if training else None)
     rest = {key: value for key, value in arguments.items()
             if key not in ("x", "y", "sample_weight", "batch_size", "shuffle", "class_weight", "steps")}
-    return {**rest, "x": without_autotuning(adapter.get_tf_dataset()),
-            "steps_per_epoch" if training else "steps": adapter.num_batches}
+    counted = {"steps_per_epoch": adapter.num_batches, "shuffle": False} if training else {"steps": adapter.num_batches}
+    return {**rest, "x": without_autotuning(adapter.get_tf_dataset()), **counted}  # shuffled already, as fit would
 
 
 def reusable_input(evaluate_args: dict[str, Any]) -> dict[str, Any]:

@@ -313,6 +313,7 @@ def test_a_rounds_arrays_go_to_keras_as_its_own_pipeline_without_autotuning_and_
              "class_weight": {0: 1.0, 1: 3.0}, "steps_per_epoch": None}
     given = array_pipeline(share, training=True)
     assert given["steps_per_epoch"] == 7 and "y" not in given and "class_weight" not in given
+    assert given["shuffle"] is False  # the adapter shuffled it; Keras would warn that a dataset's is ignored
     assert given["x"].options().autotune.enabled is False
     fitted = []
     for arguments in (share, given):
