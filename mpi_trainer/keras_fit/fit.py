@@ -358,7 +358,7 @@ def rounds_an_epoch(sync_every: int, kwargs: dict[str, Any], prepared: Prepared,
 
 def sync_choice_for(cfg: Config, kwargs: dict[str, Any], prepared: Prepared, workers: int,
                     record: FitRecord) -> SyncChoice | None:
-    """``train.sync_every = "auto"``: the choice rank 0 makes after the first round, or None (the setting's
+    """``train.sync_every = "auto"``: the choice rank 0 makes from the second round, or None (the setting's
     steps) where it is not ``"auto"``, or where this fit trains whole epochs only (said in the log)."""
     if not cfg.train.sync_auto:
         return None

@@ -170,6 +170,7 @@ def _view(variable: Any) -> np.ndarray:
 
 ALIGN = 128  # bytes: TensorFlow's kernels need a tensor's buffer aligned (64 with AVX-512), and so more is safe
 SPARE_BUFFERS = 2  # per variable: the one a variable holds, and the one the next write fills
+FREE_REFERENCES = 2  # sys.getrefcount of a buffer only the pool's list holds (the list, and the call's argument)
 
 
 def _aligned_empty(shape: tuple[int, ...]) -> np.ndarray:
@@ -205,9 +206,6 @@ class HandedBuffers:
             buffer = kept[free]
         np.copyto(buffer, values.reshape(shape))
         return buffer
-
-
-FREE_REFERENCES = 2  # sys.getrefcount of a buffer only the pool's list holds (the list, and the call's argument)
 
 
 def _assign(variable: Any, values: np.ndarray, buffers: HandedBuffers, index: int) -> None:

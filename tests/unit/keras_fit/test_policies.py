@@ -324,3 +324,13 @@ def test_sync_every_auto_trains_whole_epochs_where_the_fit_allows_no_rounds_of_s
     result = fit_set(["train.sync_every=auto", "data.increment.enabled=true"], epochs=2)
     same_everywhere(result)
     assert "train.sync_every = auto: one round per epoch (data.increment is enabled)" in caplog.text
+
+
+def test_sync_every_auto_with_a_pipeline_trains_whole_epochs_and_says_why(caplog):
+    import tensorflow as tf
+
+    caplog.set_level(logging.INFO, logger="mpi_trainer")
+    dataset = tf.data.Dataset.from_tensor_slices((X, Y)).batch(16)
+    result = fit_set(["train.sync_every=auto"], x=dataset, y=None, validation_split=None, epochs=2)
+    same_everywhere(result)
+    assert "train.sync_every = auto: one round per epoch (the input is not arrays given as `x`)" in caplog.text
