@@ -10,8 +10,8 @@ the node's shared memory (the default on one node), and one copy sent from rank 
 with blocking ``Send``/``Recv`` (what the path between them carries). A call's time is the slowest rank's, from a
 barrier; the median of the repetitions is printed. The memory bound is measured on this machine in
 the same run: rank 0 alone, one thread, does what the round's bytes need at least, ``W`` in-place
-adds of a worker's buffer into its own and ``W`` copies of the result (the issue's "one add per
-worker plus one copy per worker"). Rank 0 prints one JSON line per size.
+adds of a worker's buffer into its own and ``W`` copies of the result (one add per worker, one copy
+per worker: :func:`benchmarks.memory_speed.memory_bound`). Rank 0 prints one JSON line per size.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.memory_speed import memory_bound
 from mpi_trainer.comm.failures import prepare_mpi_environment
 
 prepare_mpi_environment()  # before MPI starts: the settings a job's transport starts MPI with
@@ -42,21 +43,6 @@ def timed(comm: Any, call: Callable[[], None]) -> float:
     started = time.perf_counter()
     call()
     return float(comm.allreduce(time.perf_counter() - started, op=MPI.MAX))
-
-
-def memory_bound(size: int, workers: int, reps: int) -> float:
-    """Median seconds of ``workers`` in-place adds and ``workers`` copies of ``size`` float32 values, on one
-    thread, every page touched before."""
-    total, other, out = (np.ones(size, np.float32) for _ in range(3))
-    spent = []
-    for _ in range(reps):
-        started = time.perf_counter()
-        for _ in range(workers):
-            np.add(total, other, out=total)
-        for _ in range(workers):
-            np.copyto(out, total)
-        spent.append(time.perf_counter() - started)
-    return statistics.median(spent)
 
 
 def round_calls(comm: Any, transport: Transport, buf: np.ndarray) -> dict[str, Callable[[], None]]:

@@ -32,10 +32,18 @@ def exchange(transport: Any) -> dict[str, Any]:
     transport.reduce_sum(summed, timeout=TIMEOUT)
     seen["reduce_bytes"] = transport.take_bytes()
     # a sum of several parts (the parts' boundaries must not show in it)
+    # and told at the root as each part is complete, in order, while later parts are still to come
     long = (np.arange(LONG) % 1000).astype(np.float32) * (rank + 1)
-    transport.reduce_sum(long, timeout=TIMEOUT)
+    whole = (np.arange(LONG) % 1000).astype(np.float32) * (size * (size + 1) // 2)
+    told: list[tuple[int, int, bool]] = []
+    transport.reduce_sum(long, timeout=TIMEOUT, on_part=lambda start, stop: told.append(
+        (start, stop, bool(np.array_equal(long[start:stop], whole[start:stop])))))
     if rank == 0:
-        seen["reduce_parts"] = bool(np.array_equal(long, (np.arange(LONG) % 1000) * (size * (size + 1) // 2)))
+        seen["reduce_parts"] = bool(np.array_equal(long, whole))
+        seen["parts_told"] = bool(told and told[0][0] == 0 and told[-1][1] == LONG and all(
+            done for _, _, done in told) and all(a[1] == b[0] for a, b in zip(told, told[1:])))
+    else:
+        seen["parts_told"] = told == []
     transport.take_bytes()
     rows = np.zeros((size, 4), np.float32) if rank == 0 else None
     transport.gather(np.full(4, rank, np.float32), rows, timeout=TIMEOUT)
@@ -88,6 +96,7 @@ def expected(rank: int, size: int) -> dict[str, Any]:
         "reduce_bytes": 0 if rank == 0 else weights_bytes,
         "bcast_object": {"plan": [1, 2]},
         "allgather": [f"rank {r}" for r in range(size)],
+        "parts_told": True,  # the root is told of every part of a sum, complete and in order; the others never
     }
     if rank == 0:
         seen.update(reduce=True, reduce_parts=True, gather=[float(r) for r in range(size)],

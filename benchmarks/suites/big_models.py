@@ -1,8 +1,11 @@
-"""Do big models run at the MPI floor: a round's work on rank 0 against moving the weights, per wire, and memory?"""
+"""Do big models' rounds run at memory speed: a round's communication and combining against what this machine's
+memory allows and against the MPI floor, through shared memory and through MPI's collectives, per wire; and
+each rank's memory?"""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -14,13 +17,18 @@ from pathlib import Path
 
 from benchmarks.harness import ROOT, Comparison, Figures
 from benchmarks.jobs import ENV, JobFailed, after_first, mean, program, train_command
+from benchmarks.memory_speed import bandwidths, memory_bound
 from benchmarks.suites import bandwidth
 from mpi_trainer.persistence.run_files import read_rounds
 
-QUESTION = "Big models: each phase of a round against the MPI floor, per wire dtype and outer optimizer, and peak RSS"
+QUESTION = ("Big models: a round's communication and combining against the memory bound and the MPI floor, "
+            "through shared memory and MPI, per wire dtype and outer optimizer, and peak RSS")
 SIZES = {"25m": 99.0, "100m": 402.0}  # the MLP's float32 megabytes (benchmarks.big_mlp)
+STATE_COPIES = 3  # the state a round moves: the weights and Adam's two moments (configs/quickstart.toml's optimizer)
+WORKERS = 2
 WIRES, OUTERS = ("float32", "float16"), ("none", "nesterov")
-ROUNDS, STEPS = 3, 4  # rounds of a few local steps: the round's other phases are what is measured
+ROUNDS, STEPS = 3, 4  # epochs of rounds of a few local steps: the round's other phases are what is measured
+NO_SHARED_MEMORY = ["-x", "MPI_TRAINER_SHARED_MEMORY=0"]  # the job's collectives through MPI (comm.shared_memory)
 # rank 0's budget above the backend's baseline: the weights, the reduction buffer, the outer state, a checkpoint copy
 SCHEDULER_COPIES, WORKER_COPIES = 4, 2  # a worker's budget: plain Keras training the model, plus 2 copies
 HOST_RATES = ("1gbit", "100mbit")  # links between two simulated hosts (root only: network namespaces)
@@ -28,9 +36,25 @@ HOST_RATES = ("1gbit", "100mbit")  # links between two simulated hosts (root onl
 
 @cache
 def floor_seconds(megabytes: float) -> float:
-    """Blocking MPI Reduce + Bcast of the model's bytes at 3 ranks (median of 3), in seconds."""
+    """Blocking MPI Reduce + Bcast of ``megabytes`` at 3 ranks (median of 3), in seconds."""
     result = program("transport_job", ["--payload-mb", str(megabytes), "--reps", "3"], ranks=3)
     return float(result["Reduce"] + result["Bcast"]) / 1000
+
+
+def state_megabytes(size: str) -> float:
+    return SIZES[size] * STATE_COPIES
+
+
+@cache
+def memory_seconds(size: str) -> float:
+    """The memory bound of a round of the model's state: one in-place add and one copy per worker, one thread."""
+    return memory_bound(int(state_megabytes(size) * 1e6 / 4), WORKERS, 3)
+
+
+@cache
+def machine_bandwidths() -> tuple[float, float]:
+    """This machine's copy and add rates (GB/s, one thread) over 100M float32 values."""
+    return bandwidths(100_000_000, 3)
 
 
 def overrides(size: str, wire: str, outer: str, model: str | None = None) -> list[str]:
@@ -72,21 +96,30 @@ def plain_keras_peak(size: str) -> float:
         return peaks_of(command, Path(tmp) / "rss")[0]
 
 
-def job(size: str, wire: str, outer: str) -> Figures:
-    """One 3-rank job: rounds.csv's phases (rounds after the first), bytes, and every rank's peak RSS against
-    its budget."""
+def job(size: str, wire: str, outer: str, shared: bool = True) -> Figures:
+    """One 3-rank job: each phase of a round (rounds.csv's epochs after the first, divided by their rounds),
+    bytes, and every rank's peak RSS against its budget. ``shared``: collectives through the node's shared
+    memory (the default on one node), else through MPI's."""
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         run_dir = Path(tmp) / "run"
-        peaks = peaks_of(train_command(3, "configs/quickstart.toml", overrides(size, wire, outer), run_dir),
-                         Path(tmp) / "rss")
+        command = train_command(3, "configs/quickstart.toml", overrides(size, wire, outer), run_dir,
+                                mpirun_args=None if shared else NO_SHARED_MEMORY)
+        peaks = peaks_of(command, Path(tmp) / "rss")
         rounds = read_rounds(run_dir / "rounds.csv")
-    floor, model_gb = floor_seconds(SIZES[size]), SIZES[size] / 1000
-    aggregate = mean(after_first(rounds, "aggregate_seconds"))
-    return {"floor": floor, "train": mean(after_first(rounds, "train_seconds_max")),
-            "comm": mean(after_first(rounds, "comm_seconds")), "aggregate": aggregate,
-            "eval": mean(after_first(rounds, "eval_seconds")), "ratio": aggregate / floor,
-            "bytes": mean(after_first(rounds, "bytes")) / 1e6, "rss0": peaks.get(0, float("nan")),
-            "budget0": backend_baseline()[0] + SCHEDULER_COPIES * model_gb,
+    floor, memory, model_gb = floor_seconds(state_megabytes(size)), memory_seconds(size), SIZES[size] / 1000
+    per_round = [math.ceil(steps / WORKERS / STEPS) for steps in after_first(rounds, "steps")]  # rounds an epoch
+
+    def round_mean(column: str) -> float:
+        return mean([value / count for value, count in zip(after_first(rounds, column), per_round)])
+
+    train, aggregate, evaluate = (round_mean(column) for column in
+                                  ("train_seconds_max", "aggregate_seconds", "eval_seconds"))
+    overhead = round_mean("wall_seconds") - train - evaluate  # communication and combining
+    copy_rate, add_rate = machine_bandwidths()
+    return {"memory": memory, "floor": floor, "train": train, "comm": overhead - aggregate, "aggregate": aggregate,
+            "overhead": overhead, "to_memory": overhead / memory, "to_floor": overhead / floor, "eval": evaluate,
+            "bytes": round_mean("bytes") / 1e6, "copy_gbs": copy_rate, "add_gbs": add_rate,
+            "rss0": peaks.get(0, float("nan")), "budget0": backend_baseline()[0] + SCHEDULER_COPIES * model_gb,
             "rss_workers": max((v for k, v in peaks.items() if k), default=float("nan")),
             "budget_workers": plain_keras_peak(size) + WORKER_COPIES * model_gb}
 
@@ -121,12 +154,15 @@ def prepared() -> Iterator[None]:
 
 
 def variants(sizes: list[str]) -> dict[str, Callable[[], Figures]]:
-    """Every size with float32 and float16 wires under none and nesterov, and the wire ``auto`` picks."""
+    """Every size with float32 and float16 wires under none and nesterov, the wire ``auto`` picks, and the
+    float32 wire under nesterov through MPI's collectives."""
     named: dict[str, Callable[[], Figures]] = {}
     for size in sizes:
         for wire in (*WIRES, "auto"):
             for outer in OUTERS if wire != "auto" else ("nesterov",):
                 named[f"{size.upper()} parameters, {wire} wire, outer {outer}"] = partial(job, size, wire, outer)
+        named[f"{size.upper()} parameters, float32 wire, outer nesterov, through MPI"] = partial(
+            job, size, "float32", "nesterov", False)
     return named
 
 
@@ -150,30 +186,35 @@ def comparisons(quick: bool) -> list[Comparison]:
     flag = " --quick" if quick else ""
     hosts = [] if bandwidth.unavailable() else [hosts_comparison(quick)]
     return [Comparison(
-        title="Seconds per round (mean of rounds 1-2) on 3 ranks; peak RSS of each rank",
+        title="Seconds per round (mean of epochs 1-2) on 3 ranks against the memory bound and the MPI floor; "
+              "peak RSS of each rank",
         command=f"python -m benchmarks run big_models{flag} --repeats 1",
         variants=variants(sizes),
-        columns={"floor": "MPI floor s (Reduce + Bcast)", "train": "training s", "comm": "communication s",
-                 "aggregate": "combining s", "ratio": "combining / floor", "eval": "evaluation s",
-                 "bytes": "MB per round", "rss0": "rank 0 peak GB", "budget0": "rank 0 budget GB",
-                 "rss_workers": "worker peak GB", "budget_workers": "worker budget GB"},
-        notes=f"MLPs of 3 hidden layers on digits (`benchmarks.big_mlp`), 2 workers, {ROUNDS} rounds of "
-              f"{STEPS} local steps (`train.sync_every={STEPS}`), so that what a round does besides training "
-              "shows; evaluation every round; no checkpoint but the final one. The floor is blocking MPI "
-              "`Reduce` + `Bcast` of the float32 model at 3 ranks in the same run. Combining is rank 0's work "
-              "on each part of the sum as it arrives: its finiteness check and the outer step (`none`: a copy) "
-              "into the global weights. Communication is the round's wall time "
-              "outside training, combining and evaluation: the workers' flatten and encode, the "
-              "reduction (for 16 bits, the segmented gather and the root's additions) and the broadcast. "
-              "With a 16-bit wire rank 0 combines each part while the next segment is gathered, so there "
-              "combining also shares the cores with the transfer, and the two columns add up to the time they "
-              "take together. "
-              "`auto`: the wire `aggregation.wire_dtype = \"auto\"` picks after timing each link and a float16 "
-              "cast (over this machine's shared memory: float32). Peak RSS is `getrusage`'s, over the whole "
-              f"job, the final checkpoint included. Rank 0's budget: its peak in the same job with the quick "
-              f"start's small MLP (the backend's baseline) + {SCHEDULER_COPIES}x the model; a worker's: plain "
-              f"Keras `fit` of the model in one process (`benchmarks.plain_keras --epochs 1`) + "
-              f"{WORKER_COPIES}x the model.",
+        columns={"memory": "memory bound s", "floor": "MPI floor s (Reduce + Bcast)", "train": "training s",
+                 "comm": "communication s", "aggregate": "combining s", "overhead": "communication + combining s",
+                 "to_memory": "overhead / memory bound", "to_floor": "overhead / MPI floor",
+                 "eval": "evaluation s", "bytes": "MB per round", "copy_gbs": "copy GB/s", "add_gbs": "add GB/s",
+                 "rss0": "rank 0 peak GB", "budget0": "rank 0 budget GB", "rss_workers": "worker peak GB",
+                 "budget_workers": "worker budget GB"},
+        notes=f"MLPs of 3 hidden layers on digits (`benchmarks.big_mlp`) with Adam, so a round moves the weights "
+              f"and both moments ({STATE_COPIES}x the model's float32 bytes), {WORKERS} workers, {ROUNDS} epochs "
+              f"of rounds of {STEPS} local steps (`train.sync_every={STEPS}`: 2 rounds an epoch), so that what a "
+              "round does besides training shows; evaluation every epoch; no checkpoint but the final one. "
+              "Per round: an epoch's figures divided by its rounds. Training is the slowest worker's time in "
+              "`fit`; evaluation rank 0's scoring; communication + combining is the rest of the round's wall "
+              "time (the overhead): the workers' reading and writing of their state, the transfers, rank 0's "
+              "combine, finiteness check and outer step (combining: the seconds rank 0 spent in them, much of "
+              "it while the next part of the sum travels), and the hand-out. The memory bound is what the "
+              "round's bytes need at least on this machine, measured in the same run: one in-place add and one "
+              "copy of the state per worker, on one thread (`benchmarks.memory_speed`; the copy and add rates "
+              "are shown). The MPI floor is blocking MPI `Reduce` + `Bcast` of the state's bytes at 3 ranks in "
+              "the same run. `through MPI`: the same job with `MPI_TRAINER_SHARED_MEMORY=0`, MPI's collectives "
+              "instead of the node's shared memory. `auto`: the wire `aggregation.wire_dtype = \"auto\"` "
+              "picks after timing each link and a float16 cast (over this machine's shared memory: float32). "
+              "Peak RSS is `getrusage`'s, over the whole job, the final checkpoint included. Rank 0's budget: "
+              f"its peak in the same job with the quick start's small MLP (the backend's baseline) + "
+              f"{SCHEDULER_COPIES}x the model; a worker's: plain Keras `fit` of the model in one process "
+              f"(`benchmarks.plain_keras --epochs 1`) + {WORKER_COPIES}x the model.",
     ), *hosts]
 
 
@@ -199,17 +240,19 @@ def conclude(tables: list[dict]) -> list[str]:
 
 
 def size_line(size: str, rows: dict[str, dict[str, float]]) -> str:
-    """One size's findings from its rows (``"<wire> wire, outer <outer>"`` -> figure -> median)."""
+    """One size's findings from its rows (``"<wire> wire, outer <outer>[, through MPI]"`` -> figure -> median)."""
     nesterov = rows.get("float32 wire, outer nesterov", {})
-    wires = ", ".join(f"{wire} {rows[f'{wire} wire, outer nesterov']['comm']:.3g} s"
-                      for wire in (*WIRES, "auto") if f"{wire} wire, outer nesterov" in rows)
+    through_mpi = rows.get("float32 wire, outer nesterov, through MPI", {})
+    nan = float("nan")
     rank0 = max(rows.values(), key=lambda f: f["rss0"] - f["budget0"])
     worker = max(rows.values(), key=lambda f: f["rss_workers"] - f["budget_workers"])
-    return (f"At {size.upper()} parameters combining a round (NaN check and outer Nesterov step) took "
-            f"{nesterov.get('ratio', float('nan')):.2g}x the MPI floor (target 0.5x); a round's communication "
-            f"under Nesterov: {wires}; peak RSS: rank 0 up to {rank0['rss0']:.2f} GB against a budget of "
-            f"{rank0['budget0']:.2f} GB, a worker up to "
-            f"{worker['rss_workers']:.2f} GB against {worker['budget_workers']:.2f} GB.")
+    return (f"At {size.upper()} parameters a round's communication + combining (float32 wire, outer Nesterov) "
+            f"took {nesterov.get('overhead', nan):.3g} s: {nesterov.get('to_memory', nan):.2g}x the memory "
+            f"bound (target 2x) and {nesterov.get('to_floor', nan):.2g}x the MPI floor (target 0.5x); through "
+            f"MPI's collectives {through_mpi.get('overhead', nan):.3g} s "
+            f"({through_mpi.get('to_memory', nan):.2g}x and {through_mpi.get('to_floor', nan):.2g}x); peak RSS: "
+            f"rank 0 up to {rank0['rss0']:.2f} GB against a budget of {rank0['budget0']:.2f} GB, a worker up "
+            f"to {worker['rss_workers']:.2f} GB against {worker['budget_workers']:.2f} GB.")
 
 
 def hosts_line(rate: str, rows: dict[str, dict[str, float]]) -> str:

@@ -30,8 +30,9 @@ class WorkerOutcome:
     weights_finite: bool
 
 
-def non_finite_cause(outcomes: Sequence[WorkerOutcome], aggregate: np.ndarray | None = None) -> str | None:
-    """A sentence naming what is not finite (the workers' outcomes, then ``aggregate`` when given), or None."""
+def non_finite_cause(outcomes: Sequence[WorkerOutcome], aggregate: np.ndarray | bool | None = None) -> str | None:
+    """A sentence naming what is not finite (the workers' outcomes, then ``aggregate`` when given: the
+    values, or whether they were found finite already), or None."""
     bad_loss = [o.rank for o in outcomes if not math.isfinite(o.train_loss)]
     bad_weights = [o.rank for o in outcomes if not o.weights_finite]
     parts = []
@@ -39,8 +40,10 @@ def non_finite_cause(outcomes: Sequence[WorkerOutcome], aggregate: np.ndarray | 
         parts.append(f"non-finite training loss from worker rank(s) {bad_loss}")
     if bad_weights:
         parts.append(f"non-finite weights from worker rank(s) {bad_weights}")
-    if not parts and aggregate is not None and not all_finite(aggregate):  # one pass, no full-size temporary
-        parts.append("non-finite aggregated weights")
+    if not parts and aggregate is not None:
+        finite = aggregate if isinstance(aggregate, bool) else all_finite(aggregate)  # one pass, no temporary
+        if not finite:
+            parts.append("non-finite aggregated weights")
     return "; ".join(parts) or None
 
 

@@ -247,12 +247,20 @@ class OuterOptimizer:
         self.state = {name: (array.copy() if name == "iterations" else np.array(array, dtype=np.float32))
                       for name, array in state.items()}
 
-    def snapshot(self) -> dict[str, np.ndarray]:
-        """A copy of the state, for :meth:`restore` after a round that must not count (the step works in place)."""
-        return {name: array.copy() for name, array in self.state.items()}
+    def snapshot(self, into: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """A copy of the state, for :meth:`restore` after a round that must not count (the step works in
+        place). Written into ``into``'s arrays when they have the state's names and shapes (a round's copy
+        then allocates nothing)."""
+        if into is None or into.keys() != self.state.keys() or any(
+                into[name].shape != array.shape for name, array in self.state.items()):
+            return {name: array.copy() for name, array in self.state.items()}
+        for name, array in self.state.items():
+            np.copyto(into[name], array)
+        return into
 
     def restore(self, snapshot: dict[str, np.ndarray]) -> None:
-        self.state = snapshot
+        """The state as :meth:`snapshot` copied it (the snapshot stays the caller's)."""
+        self.state = {name: array.copy() for name, array in snapshot.items()}
 
     def expected_names(self) -> tuple[str, ...]:
         return {"none": (), "momentum": ("velocity",), "nesterov": ("velocity",),
@@ -268,10 +276,12 @@ class OuterStep:
     def __init__(self, optimizer: OuterOptimizer, kernel: Callable[..., None] | None) -> None:
         self.optimizer, self.kernel = optimizer, kernel
 
-    def apply(self, start: int, weights: np.ndarray, aggregate: np.ndarray, out: np.ndarray) -> None:
+    def apply(self, start: int, weights: np.ndarray, aggregate: np.ndarray, out: np.ndarray,
+              threads: int | None = None) -> None:
         """Positions ``[start, start + n)`` of the next global weights into ``out`` (n values), from the same
         positions of the current ``weights`` and of the aggregate. ``out`` may be ``aggregate`` or ``weights``
-        itself (the step then updates the global weights in place); each position is read before it is written."""
+        itself (the step then updates the global weights in place); each position is read before it is written.
+        ``threads``: at most so many (default: the optimizer's)."""
         stop = start + aggregate.size
         if out is not aggregate:
             for first, last in self.optimizer.untrained(start, stop):
@@ -285,7 +295,7 @@ class OuterStep:
                 a, b = first - start, last - start
                 kernel(weights[a:b], aggregate[a:b], out[a:b], at, scratch)
 
-        in_parallel(run, list(self.optimizer.chunks(start, stop)), self.optimizer.scratch)
+        in_parallel(run, list(self.optimizer.chunks(start, stop)), self.optimizer.scratch[:threads])
 
 
 def merge_spans(spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -269,13 +269,16 @@ class LocalTransport(AccountedRank):
                                 "weights broadcast", self.rank)
             buf[...] = slot.deposits[root]
 
-    def reduce_sum(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None:
+    def reduce_sum(self, buf: np.ndarray, root: int = 0, timeout: float | None = None,
+                   on_part: Callable[[int, int], None] | None = None) -> None:
         if self.rank != root:
             self.accounting.count(buf.nbytes)
         deposits = self._gather_at(np.array(buf, copy=True), timeout if self.rank == root else None,
                                    "weights reduction")
         if self.rank == root:
             buf[...] = sum(deposits[rank] for rank in sorted(deposits))  # rank order: the same sum every run
+            if on_part is not None:
+                on_part(0, buf.size)
 
     def gather(self, buf: np.ndarray, out: np.ndarray | None = None, root: int = 0,
                timeout: float | None = None) -> None:

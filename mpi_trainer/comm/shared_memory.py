@@ -128,8 +128,11 @@ class NodeSlots:
             self.leaders.Reduce(self._mpi.IN_PLACE if is_root else values, values if is_root else None,
                                 op=self._mpi.SUM, root=0)
 
-    def reduce(self, flat: np.ndarray, is_root: bool, barrier: Callable[[], None]) -> None:
-        """Every rank's ``flat`` added into the root's (the others' buffers are left as they were)."""
+    def reduce(self, flat: np.ndarray, is_root: bool, barrier: Callable[[], None],
+               on_part: Callable[[int, int], None] | None = None) -> None:
+        """Every rank's ``flat`` added into the root's (the others' buffers are left as they were).
+        ``on_part(start, stop)``: at the root, once a part's sum is complete, before the barrier that lets
+        the next part be read (the other ranks write the next part meanwhile)."""
         for index, (start, count) in enumerate(self.parts(flat.size, flat.dtype)):
             mine = flat[start:start + count]
             if self.rank != 0:
@@ -139,6 +142,8 @@ class NodeSlots:
                 values = mine if is_root else self.scratch_part(mine)
                 self.node_sum(values, index, start)
                 self.across(values, is_root)
+                if on_part is not None:
+                    on_part(start, start + count)
         barrier()
 
     def scratch_part(self, mine: np.ndarray) -> np.ndarray:

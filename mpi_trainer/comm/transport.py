@@ -376,16 +376,20 @@ class Transport(AccountedRank):
             self._count(buf.nbytes * (self.size - 1))
 
     @surfacing_failures
-    def reduce_sum(self, buf: np.ndarray, root: int = 0, timeout: float | None = None) -> None:
+    def reduce_sum(self, buf: np.ndarray, root: int = 0, timeout: float | None = None,
+                   on_part: Callable[[int, int], None] | None = None) -> None:
         """Sum every rank's ``buf`` (contiguous) into ``buf`` at ``root`` (whose own ``buf`` is added too),
-        part by part (:data:`REDUCE_PART_BYTES`)."""
+        part by part (:data:`REDUCE_PART_BYTES`, or the node's shared slots). ``on_part(start, stop)``: called
+        at the root as each part's sum is complete, in order, while the next part travels (rank 0 combines a
+        round's state there, in cache and overlapped with the transfer)."""
         timeout = self._limit(timeout)
         self._rendezvous(root, timeout, "weights reduction")
         flat, part = buf.reshape(-1), max(1, REDUCE_PART_BYTES // buf.itemsize)
         slots = self._shared(buf.nbytes, root)
         if slots is not None:
             with self._bulk(timeout, "weights reduction"):
-                slots.reduce(flat, self.rank == root, self._node_barrier(slots, timeout, "weights reduction"))
+                slots.reduce(flat, self.rank == root, self._node_barrier(slots, timeout, "weights reduction"),
+                             on_part if self.rank == root else None)
             if self.rank != root:
                 self._count(buf.nbytes)
             return
@@ -394,6 +398,8 @@ class Transport(AccountedRank):
                 values = flat[start:start + part]
                 if self.rank == root:
                     self.comm.Reduce(self._mpi.IN_PLACE, values, op=self._mpi.SUM, root=root)
+                    if on_part is not None:
+                        on_part(start, start + values.size)
                 else:
                     self.comm.Reduce(values, None, op=self._mpi.SUM, root=root)
         if self.rank != root:

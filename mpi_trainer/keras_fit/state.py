@@ -293,17 +293,26 @@ class ModelState:
             else:
                 moving_averages.contribution(final, flat[start:end], steps[rule.clock], rule.decay)
 
-    def combine(self, summed: np.ndarray, before: np.ndarray, total_weight: float, steps: np.ndarray) -> None:
+    def combine(self, summed: np.ndarray, before: np.ndarray, total_weight: float, steps: np.ndarray,
+                start: int = 0, stop: int | None = None) -> None:
         """Rank 0, in place: the workers' contributions added up become the combined state (``before``:
-        the state the round started from; ``steps``: each clock's total over the workers)."""
-        for rule, start, end in zip(self.rules, self.offsets[:-1], self.offsets[1:]):
-            part = summed[start:end]
+        the state the round started from; ``steps``: each clock's total over the workers). Positions
+        ``[start, stop)`` only (default: all), so that a round's sum is combined part by part as it arrives."""
+        stop = self.size if stop is None else stop
+        first = max(0, int(np.searchsorted(self.offsets, start, side="right")) - 1)
+        for index in range(first, len(self.rules)):
+            begin, end = max(int(self.offsets[index]), start), min(int(self.offsets[index + 1]), stop)
+            if begin >= stop:
+                break
+            if begin >= end:
+                continue
+            rule, part = self.rules[index], summed[begin:end]
             if rule.kind == MEAN:
                 part /= np.float32(total_weight)
             elif rule.kind == SUM:
-                moving_averages.sum_combine(part, before[start:end])
+                moving_averages.sum_combine(part, before[begin:end])
             else:
-                moving_averages.combine(part, before[start:end], int(steps[rule.clock]), rule.decay)
+                moving_averages.combine(part, before[begin:end], int(steps[rule.clock]), rule.decay)
 
     def merge(self, into: np.ndarray, local: np.ndarray, base: np.ndarray, share: float, steps: list[int]) -> None:
         """SSP, in place: one worker's update merged into the global state ``into`` as it arrives (``base``:

@@ -100,17 +100,22 @@ def test_an_unbuilt_model_with_a_generator_is_refused_before_training():
 
 
 def test_an_epoch_in_which_a_worker_trained_nothing_fails_naming_it():
+    from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
     from mpi_trainer.keras_fit.record import FitRecord
-    from mpi_trainer.keras_fit.rounds import Report, SchedulerRounds
+    from mpi_trainer.keras_fit.rounds import Report, RoundCombine, SchedulerRounds
     from mpi_trainer.keras_fit.state import ModelState
 
     model = compiled()
     model.optimizer.build(model.trainable_variables)
-    rounds = SchedulerRounds(None, model, ModelState(model), None, None, None, 1, FitRecord(None, {}, {}))
+    state, outer = ModelState(model), OuterOptimizer(OuterSettings("nesterov"))
+    rounds = SchedulerRounds(None, model, state, outer, None, None, 1, FitRecord(None, {}, {}))
     trained, empty = Report({"loss": 1.0}, 3, 24, 0.1, []), Report({}, 0, 0, 0.1, [])
-    rounds.buffer[-1] = 1.0
+    rounds.outer_saved = outer.snapshot()  # as a round saves it before the sum
+    combining = RoundCombine(state, outer, rounds.buffer[:state.size], rounds.before, 1.0, np.array([3.0, 3.0]))
+    combining.part(0, state.size)
     with pytest.raises(RuntimeError, match=r"worker rank\(s\) \[2\] trained no batch in epoch 4"):
-        rounds.combine(4, [trained, empty])
+        rounds.combine(4, [trained, empty], combining)
+    assert outer.state == {}  # the round that is not kept leaves the outer optimizer as it was
 
 
 def test_a_sync_warm_up_of_a_pipeline_is_refused_naming_the_warm_up():

@@ -326,3 +326,64 @@ def test_a_rounds_arrays_go_to_keras_as_its_own_pipeline_without_autotuning_and_
     for mine, keras_own in zip(fitted[1], fitted[0], strict=True):
         np.testing.assert_allclose(mine, keras_own, rtol=1e-6, atol=1e-7)  # the class weights applied once
     assert array_pipeline({**share, "steps_per_epoch": 3}, training=True)["x"] is x  # a count given: as it is
+
+
+@pytest.mark.parametrize("outer_name", ["none", "nesterov"])
+def test_a_rounds_sum_combined_part_by_part_as_it_arrives_equals_combining_it_whole(outer_name):
+    """Rank 0 combines each part of the sum as it arrives (weights averaged, Adam's moments as one process
+    holds them, the outer step on the trainable part): the result is the whole sum's, whatever the parts."""
+    from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
+    from mpi_trainer.keras_fit.rounds import RoundCombine
+    from mpi_trainer.keras_fit.state import ModelState, build_optimizers
+
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(7), keras.layers.BatchNormalization(),
+                              keras.layers.Dense(3)])
+    model.compile(keras.optimizers.Adam(0.01), "mse")
+    build_optimizers(model)
+    state = ModelState(model)
+    rng = np.random.default_rng(3)
+    before = rng.normal(size=state.size).astype(np.float32)
+    summed = rng.normal(size=state.size).astype(np.float32) * 2
+    steps = np.array([8.0, 8.0])
+    settings = OuterSettings(outer_name, learning_rate=0.7, momentum=0.6)
+    whole_outer, parts_outer = OuterOptimizer(settings), OuterOptimizer(settings)
+    for round_ in range(2):  # the second round steps from the velocity the first left
+        whole = summed.copy()
+        state.combine(whole, before, 2.0, steps)
+        if whole_outer.active:
+            whole_outer.step(before[:state.trainable_size], whole[:state.trainable_size],
+                             out=whole[:state.trainable_size])
+        in_parts = summed.copy()
+        combining = RoundCombine(state, parts_outer, in_parts, before, 2.0, steps)
+        cuts = [0, 5, 6, state.trainable_size + 1, state.size - 9, state.size]  # across variables and spans
+        for start, stop in zip(cuts, cuts[1:]):
+            combining.part(start, stop)
+        assert combining.finite
+        np.testing.assert_allclose(in_parts, whole, rtol=1e-6, atol=1e-7)
+        summed = summed * np.float32(0.9 + round_)
+
+
+def test_a_non_finite_part_of_the_sum_is_named_and_the_outer_step_is_put_back():
+    from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
+    from mpi_trainer.keras_fit.record import FitRecord
+    from mpi_trainer.keras_fit.rounds import NonFinite, Report, RoundCombine, SchedulerRounds
+    from mpi_trainer.keras_fit.state import ModelState, build_optimizers
+
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(7), keras.layers.Dense(3)])
+    model.compile(keras.optimizers.Adam(0.01), "mse")
+    build_optimizers(model)
+    state, outer = ModelState(model), OuterOptimizer(OuterSettings("nesterov", momentum=0.5))
+    outer.step(np.ones(state.trainable_size, np.float32), np.zeros(state.trainable_size, np.float32))
+    kept = outer.snapshot()
+    rounds = SchedulerRounds(None, model, state, outer, None, None, 1, FitRecord(None, {}, {}))
+    rounds.outer_saved = outer.snapshot()
+    summed = np.ones(state.size, np.float32)
+    summed[state.trainable_size - 2] = np.inf  # in the second part: the first was stepped already
+    combining = RoundCombine(state, outer, summed, np.zeros(state.size, np.float32), 2.0, np.array([4.0, 4.0]))
+    combining.part(0, 10)
+    combining.part(10, state.size)
+    assert not combining.finite
+    report = Report({"loss": 0.5}, 4, 32, 0.1, state.read_integers())
+    with pytest.raises(NonFinite, match="non-finite aggregated weights"):
+        rounds.combine(3, [report, report], combining)
+    np.testing.assert_array_equal(outer.state["velocity"], kept["velocity"])
