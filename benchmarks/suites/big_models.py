@@ -29,8 +29,11 @@ WORKERS = 2
 WIRES, OUTERS = ("float32", "float16"), ("none", "nesterov")
 ROUNDS, STEPS = 3, 4  # epochs of rounds of a few local steps: the round's other phases are what is measured
 NO_SHARED_MEMORY = ["-x", "MPI_TRAINER_SHARED_MEMORY=0"]  # the job's collectives through MPI (comm.shared_memory)
-# rank 0's budget above the backend's baseline: the weights, the reduction buffer, the outer state, a checkpoint copy
-SCHEDULER_COPIES, WORKER_COPIES = 4, 2  # a worker's budget: plain Keras training the model, plus 2 copies
+# Budgets above the baseline, in copies of the state a round moves. Rank 0: its model's variables and the spare
+# buffer each keeps for the next write (keras_fit.state.HandedBuffers), the round's buffer and the round's start,
+# and the outer optimizer's state with its copy saved before each step (up to 2x the trainable third): 6 states.
+# A worker: plain Keras training the model, plus the round's buffer and its variables' spare buffers: 2 states.
+SCHEDULER_STATES, WORKER_STATES = 6, 2
 HOST_RATES = ("1gbit", "100mbit")  # links between two simulated hosts (root only: network namespaces)
 
 
@@ -106,7 +109,7 @@ def job(size: str, wire: str, outer: str, shared: bool = True) -> Figures:
                                 mpirun_args=None if shared else NO_SHARED_MEMORY)
         peaks = peaks_of(command, Path(tmp) / "rss")
         rounds = read_rounds(run_dir / "rounds.csv")
-    floor, memory, model_gb = floor_seconds(state_megabytes(size)), memory_seconds(size), SIZES[size] / 1000
+    floor, memory, state_gb = floor_seconds(state_megabytes(size)), memory_seconds(size), state_megabytes(size) / 1000
     per_round = [math.ceil(steps / WORKERS / STEPS) for steps in after_first(rounds, "steps")]  # rounds an epoch
 
     def round_mean(column: str) -> float:
@@ -119,9 +122,9 @@ def job(size: str, wire: str, outer: str, shared: bool = True) -> Figures:
     return {"memory": memory, "floor": floor, "train": train, "comm": overhead - aggregate, "aggregate": aggregate,
             "overhead": overhead, "to_memory": overhead / memory, "to_floor": overhead / floor, "eval": evaluate,
             "bytes": round_mean("bytes") / 1e6, "copy_gbs": copy_rate, "add_gbs": add_rate,
-            "rss0": peaks.get(0, float("nan")), "budget0": backend_baseline()[0] + SCHEDULER_COPIES * model_gb,
+            "rss0": peaks.get(0, float("nan")), "budget0": backend_baseline()[0] + SCHEDULER_STATES * state_gb,
             "rss_workers": max((v for k, v in peaks.items() if k), default=float("nan")),
-            "budget_workers": plain_keras_peak(size) + WORKER_COPIES * model_gb}
+            "budget_workers": plain_keras_peak(size) + WORKER_STATES * state_gb}
 
 
 def across_hosts(rate: str, wire: str) -> Figures:
@@ -213,8 +216,10 @@ def comparisons(quick: bool) -> list[Comparison]:
               "picks after timing each link and a float16 cast (over this machine's shared memory: float32). "
               "Peak RSS is `getrusage`'s, over the whole job, the final checkpoint included. Rank 0's budget: "
               f"its peak in the same job with the quick start's small MLP (the backend's baseline) + "
-              f"{SCHEDULER_COPIES}x the model; a worker's: plain Keras `fit` of the model in one process "
-              f"(`benchmarks.plain_keras --epochs 1`) + {WORKER_COPIES}x the model.",
+              f"{SCHEDULER_STATES}x the state (its model's variables and a spare buffer for each, the round's "
+              "buffer and its start, the outer optimizer's state and the copy saved before each step); a "
+              "worker's: plain Keras `fit` of the model in one process (`benchmarks.plain_keras --epochs 1`) + "
+              f"{WORKER_STATES}x the state.",
     ), *hosts]
 
 

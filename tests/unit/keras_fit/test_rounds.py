@@ -387,3 +387,30 @@ def test_a_non_finite_part_of_the_sum_is_named_and_the_outer_step_is_put_back():
     with pytest.raises(NonFinite, match="non-finite aggregated weights"):
         rounds.combine(3, [report, report], combining)
     np.testing.assert_array_equal(outer.state["velocity"], kept["velocity"])
+
+
+def test_a_round_rolled_back_between_an_epochs_rounds_leaves_rank_0s_model_at_the_rounds_start():
+    """Between the rounds of an epoch rank 0's model lags the combined state (it goes out from the buffer);
+    a round that is rolled back, or a fit that stops on it, leaves the model with the state that round
+    started from, as scoring, callbacks and the checkpoint expect."""
+    from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
+    from mpi_trainer.keras_fit.record import FitRecord
+    from mpi_trainer.keras_fit.rounds import NonFinite, SchedulerRounds
+    from mpi_trainer.keras_fit.state import ModelState, build_optimizers
+
+    for policy, again in (("rollback", True), ("stop", False)):
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        model.compile(keras.optimizers.Adam(0.01), "mse")
+        build_optimizers(model)
+        state = ModelState(model)
+        rounds = SchedulerRounds(None, model, state, OuterOptimizer(OuterSettings()), None, None, 1,
+                                 FitRecord(None, {}, {}))
+        started = state.read(state.empty()) + np.float32(1.5)  # the round's start: the last round's combine
+        rounds.before[:] = started
+        rounds.latest = rounds.before
+        rounds.nan_policy = policy
+        assert rounds.roll_back(1, NonFinite("non-finite aggregated weights", [])) is again
+        held = state.read(state.empty())
+        np.testing.assert_array_equal(held[:state.model_size], started[:state.model_size])  # the model's variables
+        assert float(model.optimizer.learning_rate) == pytest.approx((0.01 + 1.5) / (2 if again else 1))
+        assert rounds.latest is None
