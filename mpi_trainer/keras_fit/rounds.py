@@ -552,7 +552,7 @@ class SchedulerRounds:
         self.record = record
         self.buffer = np.zeros(state.size + 1 + state.clocks, dtype=np.float32)  # as the workers' (WorkerRounds)
         self.wire = StateWire("float32", state.model_size)  # aggregation.wire_dtype, set by the fit
-        self.before = state.empty()  # the global state an epoch started from
+        self.before = state.empty()  # the global state the round started from
         self.workers_hold = False  # whether the workers hold the state last broadcast (it is in the buffer)
         # between the rounds of an epoch rank 0's model lags: the combined state goes out from the buffer as it
         # is, and the model takes it (from here: the buffer, then the round's start) only when something needs
