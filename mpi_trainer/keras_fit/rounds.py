@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mpi_trainer import hooks
-from mpi_trainer.algorithms.passes import default_threads
+from mpi_trainer.algorithms.passes import all_finite, default_threads
 from mpi_trainer.errors import Preempted, RankLost, WorkerFailure
 from mpi_trainer.keras_fit import shares
 from mpi_trainer.keras_fit.slowdown import make_slowdown
@@ -275,8 +275,6 @@ class RoundCombine:
         self.finite, self.seconds = True, 0.0
 
     def part(self, start: int, stop: int) -> None:
-        from mpi_trainer.algorithms.passes import all_finite
-
         if not self.combines:
             return
         began = time.perf_counter()
