@@ -45,6 +45,19 @@ def exchange(transport: Any) -> dict[str, Any]:
     else:
         seen["parts_told"] = told == []
     transport.take_bytes()
+    # a sum whose result, as the root's on_part leaves each part, comes back to every rank in the same pass
+    returned = (np.arange(LONG) % 1000).astype(np.float32) * (rank + 1)
+    told = []
+
+    def less_one(start: int, stop: int) -> None:
+        told.append((start, stop))
+        returned[start:stop] -= 1
+
+    transport.reduce_broadcast(returned, timeout=TIMEOUT, on_part=less_one)
+    seen["returned"] = bool(np.array_equal(returned, whole - 1))
+    seen["returned_bytes"] = transport.take_bytes()
+    seen["returned_told"] = bool(told and told[0][0] == 0 and told[-1][1] == LONG and all(
+        a[1] == b[0] for a, b in zip(told, told[1:]))) if rank == 0 else told == []
     rows = np.zeros((size, 4), np.float32) if rank == 0 else None
     transport.gather(np.full(4, rank, np.float32), rows, timeout=TIMEOUT)
     seen["bcast_object"] = transport.bcast_object({"plan": [1, 2]} if rank == 0 else None, timeout=TIMEOUT)
@@ -97,6 +110,10 @@ def expected(rank: int, size: int) -> dict[str, Any]:
         "bcast_object": {"plan": [1, 2]},
         "allgather": [f"rank {r}" for r in range(size)],
         "parts_told": True,  # the root is told of every part of a sum, complete and in order; the others never
+        "returned": True,  # every rank holds the root's result, each part as on_part left it
+        # the root counts its result sent to every other rank; the others their contributions
+        "returned_bytes": LONG * 4 * (size - 1) if rank == 0 else LONG * 4,
+        "returned_told": True,
     }
     if rank == 0:
         seen.update(reduce=True, reduce_parts=True, gather=[float(r) for r in range(size)],

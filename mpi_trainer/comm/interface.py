@@ -100,6 +100,9 @@ class RankTransport(Protocol):
     def reduce_sum(self, buf: np.ndarray, root: int = 0, timeout: float | None = None,
                    on_part: Callable[[int, int], None] | None = None) -> None: ...
 
+    def reduce_broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None,
+                         on_part: Callable[[int, int], None] | None = None) -> None: ...
+
     def gather(self, buf: np.ndarray, out: np.ndarray | None = None, root: int = 0,
                timeout: float | None = None) -> None: ...
 

@@ -280,6 +280,11 @@ class LocalTransport(AccountedRank):
             if on_part is not None:
                 on_part(0, buf.size)
 
+    def reduce_broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None,
+                         on_part: Callable[[int, int], None] | None = None) -> None:
+        self.reduce_sum(buf, root, timeout, on_part)
+        self.broadcast(buf, root, timeout)
+
     def gather(self, buf: np.ndarray, out: np.ndarray | None = None, root: int = 0,
                timeout: float | None = None) -> None:
         if self.rank != root:

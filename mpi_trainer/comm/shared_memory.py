@@ -146,6 +146,59 @@ class NodeSlots:
                     on_part(start, start + count)
         barrier()
 
+    def reduce_broadcast(self, flat: np.ndarray, is_root: bool, barrier: Callable[[], None],
+                         on_part: Callable[[int, int], None] | None = None) -> None:
+        """:meth:`reduce`, then the root's result (each part as ``on_part`` left it) in every rank's ``flat``,
+        in one pass: part ``i`` of the result goes out while the later parts are summed. A node's first rank
+        hands part ``i`` to its node in its own slot at part ``i + 1``'s turn (summed, or back from the root,
+        by then), and the node's other ranks copy it out at part ``i + 2``'s, so a half is never written while
+        it is read. Across nodes the root sends each part of the result
+        back to the other leaders (``Ibcast``) as soon as it is made, while the next part's ``Reduce``
+        comes in: the links carry the sum one way and the result the other at the same time."""
+        parts = self.parts(flat.size, flat.dtype)
+        if not parts:
+            return
+        returning: dict[int, Any] = {}  # part index: a leader's Ibcast of that part of the result, under way
+
+        def hand_out(index: int) -> None:  # a node's first rank: part ``index`` of the result into its slot
+            start, count = parts[index]
+            if not is_root and index in returning:
+                returning.pop(index).Wait()
+            np.copyto(self.half(0, index, flat.dtype, count), flat[start:start + count])
+
+        def take(index: int) -> None:  # the node's others: part ``index`` of the result out of its first's slot
+            start, count = parts[index]
+            np.copyto(flat[start:start + count], self.half(0, index, flat.dtype, count))
+
+        for index, (start, count) in enumerate(parts):
+            mine = flat[start:start + count]
+            if self.rank != 0:
+                np.copyto(self.half(self.rank, index, flat.dtype, count), mine)
+            barrier()
+            if self.rank == 0:
+                values = mine if is_root else self.scratch_part(mine)
+                self.node_sum(values, index, start)
+                self.across(values, is_root)
+                if is_root and on_part is not None:
+                    on_part(start, start + count)
+                if self.leaders is not None:
+                    returning[index] = self.leaders.Ibcast(mine, root=0)
+                if index:
+                    hand_out(index - 1)
+            elif index > 1:
+                take(index - 2)
+        barrier()
+        if self.rank == 0:
+            hand_out(len(parts) - 1)
+        elif len(parts) > 1:
+            take(len(parts) - 2)
+        barrier()
+        if self.rank != 0:
+            take(len(parts) - 1)
+        if returning:
+            self._mpi.Request.Waitall(list(returning.values()))
+        barrier()
+
     def scratch_part(self, mine: np.ndarray) -> np.ndarray:
         """A leader's own part, copied where its node's parts are added to it (its buffer stays as it was)."""
         if self.scratch.nbytes < mine.nbytes:

@@ -406,6 +406,35 @@ class Transport(AccountedRank):
             self._count(buf.nbytes)
 
     @surfacing_failures
+    def reduce_broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None,
+                         on_part: Callable[[int, int], None] | None = None) -> None:
+        """:meth:`reduce_sum`, then ``root``'s result (each part as ``on_part`` left it) in every rank's ``buf``,
+        part by part: through the node's shared slots each part of the result goes out while the next is
+        summed, and across nodes it travels back while the next part's sum travels in (a round's combined
+        state returns to the workers in the pass that collects their states). Through MPI's collectives
+        each part is reduced, then broadcast."""
+        timeout = self._limit(timeout)
+        self._rendezvous(root, timeout, "weights reduction")
+        flat, part = buf.reshape(-1), max(1, REDUCE_PART_BYTES // buf.itemsize)
+        slots = self._shared(buf.nbytes, root)
+        with self._bulk(timeout, "weights reduction and return"):
+            if slots is not None:
+                slots.reduce_broadcast(flat, self.rank == root,
+                                       self._node_barrier(slots, timeout, "weights reduction and return"),
+                                       on_part if self.rank == root else None)
+            else:
+                for start in range(0, flat.size, part):
+                    values = flat[start:start + part]
+                    if self.rank == root:
+                        self.comm.Reduce(self._mpi.IN_PLACE, values, op=self._mpi.SUM, root=root)
+                        if on_part is not None:
+                            on_part(start, start + values.size)
+                    else:
+                        self.comm.Reduce(values, None, op=self._mpi.SUM, root=root)
+                    self.comm.Bcast(values, root=root)
+        self._count(buf.nbytes * (self.size - 1) if self.rank == root else buf.nbytes)
+
+    @surfacing_failures
     def gather(self, buf: np.ndarray, out: np.ndarray | None = None, root: int = 0,
                timeout: float | None = None) -> None:
         """Every rank's ``buf`` into row ``rank`` of ``out`` (shape ``(size, *buf.shape)``) at ``root``."""

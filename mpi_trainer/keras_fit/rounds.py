@@ -243,18 +243,21 @@ class StateWire:
             transport.broadcast(values[self.split:])
 
     def sum(self, transport: Transport, values: np.ndarray,
-            on_part: Callable[[int, int], None] | None = None) -> None:
+            on_part: Callable[[int, int], None] | None = None) -> bool:
         """Every rank's ``values`` summed into rank 0's; ``on_part(start, stop)`` at rank 0 as each part of
-        the sum is complete (a 16-bit wire's model part once it is all summed)."""
+        the sum is complete (a 16-bit wire's model part once it is all summed). True when rank 0's result, as
+        ``on_part`` left it, came back into every rank's ``values`` in the same pass (a float32 wire,
+        :meth:`~mpi_trainer.comm.transport.Transport.reduce_broadcast`); a 16-bit wire's does not."""
         if self.format.summed_by_mpi:
-            transport.reduce_sum(values, on_part=on_part)
-            return
+            transport.reduce_broadcast(values, on_part=on_part)
+            return True
         split = self.split
         self.format.sum_to_root(transport, values[:split])
         if on_part is not None and transport.rank == 0:
             on_part(0, split)
         transport.reduce_sum(values[split:], on_part=None if on_part is None else
                              lambda start, stop: on_part(start + split, stop + split))
+        return False
 
 
 class RoundCombine:
@@ -280,6 +283,7 @@ class RoundCombine:
         began = time.perf_counter()
         summed, before = self.summed, self.before
         self.state.combine(summed, before, self.total, self.steps, start, stop)
+        self.state.keep_rates(summed, before, start, stop)
         self.finite = self.finite and all_finite(summed[start:stop], threads=self.threads)
         trained = min(stop, self.state.trainable_size)
         if self.finite and self.step is not None and start < trained:
@@ -347,6 +351,7 @@ class WorkerRounds:
         # optimizer's): summed over the workers in one reduction
         self.buffer = np.zeros(state.size + 1 + state.clocks, dtype=np.float32)
         self.wire = StateWire("float32", state.model_size)  # aggregation.wire_dtype, set by the fit
+        self.returned = False  # whether the buffer holds the combined state that came back with the last sum
 
     def run(self) -> None:
         """Carry out the scheduler's orders until it says stop."""
@@ -372,6 +377,7 @@ class WorkerRounds:
             except RankLost:
                 continue  # another rank was lost during the shrink
         self.order_epoch = -1  # the walk through the rows follows the new share
+        self.returned = False  # the scheduler sends the state again
         self.reshare(self)
 
     def serve(self) -> bool:
@@ -385,7 +391,9 @@ class WorkerRounds:
             self.clock.tick()
         if order.state_follows:
             self.wire.broadcast(self.transport, self.buffer[:size], exact=order.exact)
+        if order.state_follows or self.returned:
             self.state.write(self.buffer[:size])
+        self.returned = False
         self.state.write_integers(order.integers)
         if order.stop and order.preempted:
             raise Preempted()
@@ -425,7 +433,7 @@ class WorkerRounds:
             self.nan_at = None
         self.maybe_crash(order.epoch, "contribute")
         self.transport.reduce_sum(self.buffer[size:])  # weight and clocks first: rank 0 combines as the state comes
-        self.wire.sum(self.transport, self.buffer[:size])
+        self.returned = self.wire.sum(self.transport, self.buffer[:size])
         report.preempt = self.preemption.requested
         report.sent = self.transport.take_bytes()
         report.sent += len(pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL)) * (self.transport.size - 1)
@@ -625,9 +633,10 @@ class SchedulerRounds:
         if not order.score:
             self.clock.tick()
         in_buffer = self.latest is not None  # the last round's combined state, which the model has not taken
-        if self.workers_hold and not in_buffer:  # the last broadcast is in the buffer: skip it when equal
-            self.state.read(self.before)
-            order.state_follows = not np.array_equal(self.before, self.buffer[:size]) or (
+        if self.workers_hold:  # they hold the buffer: skip the state when the model's is the same
+            if not in_buffer:
+                self.state.read(self.before)
+            order.state_follows = (not in_buffer and not np.array_equal(self.before, self.buffer[:size])) or (
                 order.exact and not self.held_exact)  # scorers take the state exactly, not as a 16-bit wire has it
         self.transport.bcast_object(order)
         if order.state_follows:
@@ -815,12 +824,14 @@ class SchedulerRounds:
         self.transport.reduce_sum(self.buffer[size:])  # the weights and clocks, then the state part by part
         combining = RoundCombine(self.state, self.outer, self.buffer[:size], self.before, float(self.buffer[size]),
                                  self.buffer[size + 1:], threads=max(1, default_threads() - self.transport.size + 1))
-        self.wire.sum(self.transport, self.buffer[:size], on_part=combining.part)
-        self.workers_hold = False  # their buffers now hold their own parts of the sum
+        returned = self.wire.sum(self.transport, self.buffer[:size], on_part=combining.part)
+        self.workers_hold = False  # until the round is kept: what came back may not be finite
         reports: list[Report] = self.transport.allgather(None)[1:]
         collected = time.perf_counter()
         self.combine(epoch, reports, combining, some_may_rest=self.parts > 1 or budgets is not None,
                      last=part == self.parts - 1)
+        if returned:  # the combined state came back to every worker with the sum: the next round need not send it
+            self.workers_hold = self.held_exact = True
         times["comm_seconds"] += collected - started - combining.seconds
         times["aggregate_seconds"] += time.perf_counter() - collected + combining.seconds
         if self.sync_choice is not None:
@@ -848,9 +859,7 @@ class SchedulerRounds:
         if cause:
             self.put_back_outer()
             raise NonFinite(cause, reports)
-        combined = self.buffer[:self.state.size]
-        self.state.keep_rates(combined, self.before)
-        self.latest = combined
+        self.latest = self.buffer[:self.state.size]
         if last:
             self.take_combined()
         kept = reports[self.winner if self.elects else 0].integers  # other than step counts: a worker's own

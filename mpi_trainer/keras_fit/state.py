@@ -334,10 +334,14 @@ class ModelState:
         return [before[index] + int(steps[self.counters[index]]) if index in self.counters else value
                 for index, value in enumerate(first_worker)]
 
-    def keep_rates(self, combined: np.ndarray, own: np.ndarray) -> None:
-        """The learning rates in ``combined`` are put back to ``own``'s (the scheduler's)."""
-        for start, end in self._rate_spans:
-            combined[start:end] = own[start:end]
+    def keep_rates(self, combined: np.ndarray, own: np.ndarray, start: int = 0, stop: int | None = None) -> None:
+        """The learning rates in ``combined`` are put back to ``own``'s (the scheduler's); those at positions
+        ``[start, stop)`` only (default: all), as :meth:`combine`."""
+        stop = self.size if stop is None else stop
+        for begin, end in self._rate_spans:
+            begin, end = max(begin, start), min(end, stop)
+            if begin < end:
+                combined[begin:end] = own[begin:end]
 
     def halve_rates(self) -> list[float]:
         """Halve each optimizer's learning rate held in a variable (a schedule's stays); the new rates."""

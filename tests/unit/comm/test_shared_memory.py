@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -107,3 +108,115 @@ def test_the_slots_take_at_most_an_eighth_of_a_small_shared_memory_file_system(m
                                              ({"OMPI_MCA_mpi_ft_enable": "1"}, False)])
 def test_shared_memory_is_off_when_asked_and_under_fault_tolerant_mpi(environ, wanted):
     assert shared_memory_wanted(environ) is wanted
+
+
+def integer_buffers(count: int) -> list[np.ndarray]:
+    """Integer-valued buffers, whose float32 sums are exact in any order."""
+    rng = np.random.default_rng(1)
+    return [rng.integers(-1000, 1000, size=SIZE).astype(np.float32) for _ in range(count)]
+
+
+def halve(flat: np.ndarray, told: list[tuple[int, int]]) -> Any:
+    """An ``on_part`` that halves each part of the root's sum in place (exact), noting which it was told of."""
+    def on_part(start: int, stop: int) -> None:
+        told.append((start, stop))
+        flat[start:stop] *= np.float32(0.5)
+    return on_part
+
+
+def test_a_sum_returned_through_the_slots_gives_every_rank_the_roots_result_as_on_part_left_it():
+    node, given, told = Node(), integer_buffers(RANKS), []
+
+    def work(rank, barrier):
+        mine = given[rank].copy()
+        node.rank(rank).reduce_broadcast(mine, rank == 0, barrier, halve(mine, told) if rank == 0 else None)
+        return mine
+
+    expected = (given[0] + given[1] + given[2]) * np.float32(0.5)
+    for result in as_ranks(work):
+        np.testing.assert_array_equal(result, expected)
+    assert told[0][0] == 0 and told[-1][1] == SIZE and all(a[1] == b[0] for a, b in zip(told, told[1:]))
+
+
+class Leaders:
+    """The leaders' communicator of two nodes, for threads: a blocking ``Reduce`` to the root and an
+    ``Ibcast`` from it whose receipt completes at ``Wait``, each call matched by its place in the sequence."""
+
+    def __init__(self) -> None:
+        self.cond, self.posted = threading.Condition(), {}
+
+    def member(self, root: bool) -> Any:
+        leaders, calls = self, iter(range(1, 1 << 30))
+
+        class Request:
+            def __init__(self, call: int, into: np.ndarray | None) -> None:
+                self.call, self.into = call, into
+
+            def Wait(self) -> None:  # noqa: N802 - mpi4py's name
+                if self.into is not None:
+                    self.into[...] = leaders.take(self.call)
+
+        class Member:
+            def Reduce(self, send, receive, op, root):  # noqa: N802 - mpi4py's name
+                call = next(calls)
+                if receive is None:
+                    leaders.post(call, send)
+                else:
+                    receive += leaders.take(call)
+
+            def Ibcast(self, buf, root=0):  # noqa: N802 - mpi4py's name
+                call = next(calls)
+                if is_root:
+                    leaders.post(call, buf)
+                    return Request(call, None)
+                return Request(call, buf)
+
+        is_root = root
+        return Member()
+
+    def post(self, call: int, values: np.ndarray) -> None:
+        with self.cond:
+            self.posted[call] = values.copy()
+            self.cond.notify_all()
+
+    def take(self, call: int) -> np.ndarray:
+        with self.cond:
+            assert self.cond.wait_for(lambda: call in self.posted, timeout=30)
+            return self.posted.pop(call)
+
+
+def test_a_sum_returned_across_two_nodes_crosses_between_their_leaders_and_reaches_every_rank():
+    """Two nodes of two ranks: each node sums in its slots, the leaders' Reduce brings the other node's sum
+    to the root, and the root's result goes back to the other leader part by part while later parts come in."""
+    nodes, leaders, given, told = [Node(), Node()], Leaders(), integer_buffers(4), []
+    mpi = SimpleNamespace(IN_PLACE=object(), SUM=None, Request=SimpleNamespace(
+        Waitall=lambda requests: [request.Wait() for request in requests]))
+    barriers = [threading.Barrier(2, timeout=30) for _ in nodes]
+    results: list = [None] * 4
+    errors: list = []
+
+    def run(job_rank: int) -> None:
+        node, rank = divmod(job_rank, 2)
+        slots = nodes[node].rank(rank)
+        slots.size, slots._mpi = 2, mpi
+        slots.leaders = leaders.member(job_rank == 0) if rank == 0 else None
+        mine = given[job_rank].copy()
+        try:
+            slots.reduce_broadcast(mine, job_rank == 0, barriers[node].wait,
+                                   halve(mine, told) if job_rank == 0 else None)
+            results[job_rank] = mine
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            errors.append(exc)
+            for barrier in barriers:
+                barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(job_rank,)) for job_rank in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    expected = sum(given[1:], given[0].copy()) * np.float32(0.5)
+    for result in results:
+        np.testing.assert_array_equal(result, expected)
+    assert len(told) == len(nodes[0].rank(0).parts(SIZE, np.dtype(np.float32))) > 2

@@ -15,6 +15,7 @@ import pytest
 from mpi_trainer.comm.local import LocalWorld
 from mpi_trainer.config import read_toml
 from mpi_trainer.keras_fit.fit import fit_model
+from mpi_trainer.keras_fit.state import ModelState
 from mpi_trainer.reporting.rundata import read_complete_rows
 from tests.unit.keras_fit.test_fit_again import placed_in_place
 
@@ -43,7 +44,7 @@ def fit_set(overrides: list[str], run_dir: Any = None, epochs: int = 3, **kwargs
         history = fit_model(transports[index], models[index], arguments, None, overrides, run_dir, False)
         return {"history": history.history, "epoch": list(history.epoch), "summary": history.summary,
                 "rounds": history.rounds, "weights": models[index].get_weights(),
-                "rate": float(models[index].optimizer.learning_rate)}
+                "rate": float(models[index].optimizer.learning_rate), "state_bytes": ModelState(models[index]).nbytes}
 
     return world.run({index: lambda index=index: rank(index) for index in range(3)}, timeout=120)
 
@@ -88,7 +89,8 @@ def test_a_sync_warm_up_combines_every_few_steps_for_its_epochs_then_once_an_epo
     warm = fit_set(["train.sync_warmup_epochs=1", "train.sync_warmup_every=2"], tmp_path / "warm", epochs=2)
     same_everywhere(warm)
     # 60 rows a worker, 4 batches of 16: two rounds in the warm-up epoch, one after it
-    assert warm[0]["rounds"]["bytes"][0] == 2 * warm[0]["rounds"]["bytes"][1]  # each round counted
+    # each round counted (its sum in and the state back out), and the first epoch the initial state to 2 workers
+    assert warm[0]["rounds"]["bytes"][0] == 2 * warm[0]["rounds"]["bytes"][1] + 2 * warm[0]["state_bytes"]
     first = fit_set(["train.sync_warmup_epochs=1", "train.sync_warmup_every=2"], epochs=1)
     for warmed, every_two in zip(first[0]["weights"], fit_set(["train.sync_every=2"], epochs=1)[0]["weights"],
                                  strict=True):
@@ -314,7 +316,8 @@ def test_sync_every_auto_takes_the_steps_chosen_from_the_second_round_and_says_s
     (other, step, epoch_steps), = measured
     assert epoch_steps == 4 and step > 0 and other > 0
     bytes_ = result[0]["rounds"]["bytes"]
-    assert bytes_[1] == bytes_[0] and bytes_[2:] == [2 * bytes_[0]] * 2
+    assert bytes_[0] == bytes_[1] + 2 * result[0]["state_bytes"]  # the initial state to 2 workers
+    assert bytes_[2:] == [2 * bytes_[1]] * 2
     assert "train.sync_every = auto: 2 steps a round" in caplog.text
     assert result[0]["history"]["loss"][-1] < result[0]["history"]["loss"][0]
 
