@@ -2,16 +2,18 @@
 
     mpirun -n 3 --oversubscribe --bind-to none python -m benchmarks.shared_memory [--params 25e6 100e6] [--reps 5]
 
-For each model size, on one float32 buffer per rank: the workers' buffers summed into rank 0's,
-then rank 0's broadcast to them (a plain-averaging round's communication and combining). Timed side
-by side in one run, alternating: blocking ``Reduce`` + ``Bcast`` (the MPI floor), the transport's
-``reduce_sum`` + ``broadcast`` through MPI (``MPI_TRAINER_SHARED_MEMORY=0``), and the same through
-the node's shared memory (the default on one node), and one copy sent from rank 1 to rank 0 and back
-with blocking ``Send``/``Recv`` (what the path between them carries). A call's time is the slowest rank's, from a
-barrier; the median of the repetitions is printed. The memory bound is measured on this machine in
-the same run: rank 0 alone, one thread, does what the round's bytes need at least, ``W`` in-place
-adds of a worker's buffer into its own and ``W`` copies of the result (one add per worker, one copy
-per worker: :func:`benchmarks.memory_speed.memory_bound`). Rank 0 prints one JSON line per size.
+For each model size, on one float32 buffer per rank: the workers' buffers summed into rank 0's, then rank 0's
+broadcast to them (a plain-averaging round's communication and combining). Timed side by side in one run,
+alternating: blocking ``Reduce`` + ``Bcast`` (the MPI floor), the transport's ``reduce_sum`` + ``broadcast``
+through MPI (``MPI_TRAINER_SHARED_MEMORY=0``), and the same through the node's shared memory (the default on
+one node), the transport's ``reduce_broadcast`` (the sum and the result's return in one pass, as a round with
+a float32 wire moves its state), and one copy sent from rank 1 to rank 0 and back with blocking
+``Send``/``Recv`` and both ways at once with ``Isend``/``Irecv`` (what the path between them carries). A
+call's time is the slowest rank's, from a barrier; the median of the repetitions is printed. The memory bound
+is measured on this machine in the same run: rank 0 alone, one thread, does what the round's bytes need at
+least, ``W`` in-place adds of a worker's buffer into its own and ``W`` copies of the result (one add per
+worker, one copy per worker: :func:`benchmarks.memory_speed.memory_bound`). Rank 0 prints one JSON line per
+size.
 """
 
 from __future__ import annotations
@@ -59,6 +61,10 @@ def round_calls(comm: Any, transport: Transport, buf: np.ndarray) -> dict[str, C
             transport.broadcast(buf)
         return call
 
+    def one_pass() -> None:  # the round's path for a float32 wire: the result returns as the sum comes in
+        os.environ[ENV] = "1"
+        transport.reduce_broadcast(buf)
+
     def send_each_way() -> None:  # one copy of the buffer from rank 1 to rank 0 and back: what the path carries
         if rank == 1:
             comm.Send(buf, 0, 77)
@@ -67,8 +73,13 @@ def round_calls(comm: Any, transport: Transport, buf: np.ndarray) -> dict[str, C
             comm.Recv(buf, 1, 77)
             comm.Send(buf, 1, 78)
 
+    def both_ways_at_once() -> None:  # one copy each way between ranks 0 and 1 at the same time
+        if rank < 2:
+            MPI.Request.Waitall([comm.Isend(buf, 1 - rank, 79), comm.Irecv(spare, 1 - rank, 79)])
+
+    spare = np.empty_like(buf) if rank < 2 else buf
     return {"mpi_floor": floor, "transport_mpi": through(False), "transport_shared": through(True),
-            "send_each_way": send_each_way}
+            "one_pass": one_pass, "send_each_way": send_each_way, "both_ways": both_ways_at_once}
 
 
 def measure(comm: Any, transport: Transport, params: int, reps: int) -> dict[str, float]:
@@ -88,6 +99,8 @@ def measure(comm: Any, transport: Transport, params: int, reps: int) -> dict[str
         result.update(params=float(params), megabytes=params * 4 / 1e6,
                       shared_over_bound=result["transport_shared"] / bound,
                       shared_over_floor=result["transport_shared"] / result["mpi_floor"],
+                      one_pass_over_bound=result["one_pass"] / bound,
+                      one_pass_over_floor=result["one_pass"] / result["mpi_floor"],
                       mpi_over_floor=result["transport_mpi"] / result["mpi_floor"])
     return result
 

@@ -10,12 +10,16 @@ each rank's slot holding two parts so that the next part is written while the la
   barrier the first adds every slot's part ``i`` to its own (which stays in cache while they are
   added), while the others copy part ``i + 1`` into the slot's other half;
 * a broadcast: the node's first copies part ``i`` into its slot; after a barrier the others copy
-  it out, while the first copies part ``i + 1`` into the other half.
+  it out, while the first copies part ``i + 1`` into the other half;
+* a sum that returns its result (:meth:`NodeSlots.reduce_broadcast`): the sum's pass, in which the
+  node's first also hands part ``i`` of the result into its own slot at part ``i + 1``'s barrier and
+  the others copy it out at part ``i + 2``'s.
 
 A barrier after part ``i + 1`` is written also says that part ``i`` was read, so a half is never
 written while it is read. A buffer crosses memory once in and once out, and no rank holds more
 than its slot (two parts) besides its buffer. Across nodes each node's first rank leads it: only
-the leaders' ``Reduce`` of each part, and their ``Bcast``, cross the network, once per node. The
+the leaders' ``Reduce`` of each part, and their ``Bcast``, cross the network, once per node (a
+returned sum's result goes back by ``Ibcast`` as the next part's ``Reduce`` comes in). The
 job's rank 0 leads its node. Figures: docs/performance.md (``benchmarks/shared_memory.py``).
 
 The window is allocated at the first collective that uses it (collective itself, so every rank
@@ -38,6 +42,9 @@ SHARED_MIN_BYTES = 1 << 20  # below this, MPI's own collectives (their latency b
 MIB = 1 << 20
 MAX_PART_BYTES = 32 * MIB  # a part past this saves no barrier worth its memory
 PARTS_PER_BUFFER = 32  # a buffer passes in this many parts (between 1 MiB and the slots' part size)
+# a returned sum's part ``i`` goes to a node's ranks this many parts after it is summed: across nodes the
+# leaders' Ibcast of it has the next parts' Reduce to arrive in
+RETURN_LAG = 2
 SHM_DIR = "/dev/shm"  # where Open MPI backs a shared window on Linux: the slots take at most an eighth of it
 ENV = "MPI_TRAINER_SHARED_MEMORY"  # "0": MPI's collectives for every size
 
@@ -150,25 +157,25 @@ class NodeSlots:
                          on_part: Callable[[int, int], None] | None = None) -> None:
         """:meth:`reduce`, then the root's result (each part as ``on_part`` left it) in every rank's ``flat``,
         in one pass: part ``i`` of the result goes out while the later parts are summed. A node's first rank
-        hands part ``i`` to its node in its own slot at part ``i + 1``'s turn (summed, or back from the root,
-        by then), and the node's other ranks copy it out at part ``i + 2``'s, so a half is never written while
-        it is read. Across nodes the root sends each part of the result
-        back to the other leaders (``Ibcast``) as soon as it is made, while the next part's ``Reduce``
-        comes in: the links carry the sum one way and the result the other at the same time."""
+        hands part ``i`` to its node in its own slot at part ``i + RETURN_LAG``'s turn (summed, or back from
+        the root, by then), and the node's other ranks copy it out at the turn after, so a half is never
+        written while it is read. Across nodes the root sends each part of the result back to the other
+        leaders (``Ibcast``) as soon as it is made, while the next parts' ``Reduce`` come in: the links carry
+        the sum one way and the result the other at the same time."""
         parts = self.parts(flat.size, flat.dtype)
-        if not parts:
-            return
         returning: dict[int, Any] = {}  # part index: a leader's Ibcast of that part of the result, under way
 
-        def hand_out(index: int) -> None:  # a node's first rank: part ``index`` of the result into its slot
+        def pass_on(turn: int) -> None:  # at a turn's barrier: the result's parts due then, handed or taken
+            index = turn - RETURN_LAG - (self.rank != 0)
+            if not 0 <= index < len(parts):
+                return
             start, count = parts[index]
+            if self.rank != 0:
+                np.copyto(flat[start:start + count], self.half(0, index, flat.dtype, count))
+                return
             if not is_root and index in returning:
                 returning.pop(index).Wait()
             np.copyto(self.half(0, index, flat.dtype, count), flat[start:start + count])
-
-        def take(index: int) -> None:  # the node's others: part ``index`` of the result out of its first's slot
-            start, count = parts[index]
-            np.copyto(flat[start:start + count], self.half(0, index, flat.dtype, count))
 
         for index, (start, count) in enumerate(parts):
             mine = flat[start:start + count]
@@ -183,18 +190,10 @@ class NodeSlots:
                     on_part(start, start + count)
                 if self.leaders is not None:
                     returning[index] = self.leaders.Ibcast(mine, root=0)
-                if index:
-                    hand_out(index - 1)
-            elif index > 1:
-                take(index - 2)
-        barrier()
-        if self.rank == 0:
-            hand_out(len(parts) - 1)
-        elif len(parts) > 1:
-            take(len(parts) - 2)
-        barrier()
-        if self.rank != 0:
-            take(len(parts) - 1)
+            pass_on(index)
+        for turn in range(len(parts), len(parts) + RETURN_LAG + 1):
+            barrier()
+            pass_on(turn)
         if returning:
             self._mpi.Request.Waitall(list(returning.values()))
         barrier()
