@@ -141,7 +141,8 @@ def across_hosts(rate: str, wire: str) -> Figures:
         # the choice is logged before the run directory's log opens: on the console
         picked = re.search(r"wire_dtype = auto: (\w+)", proc.stdout + proc.stderr)
     sent = mean(after_first(rounds, "bytes"))
-    return {"bytes": sent / 1e6, "minimum": sent * 8 / bandwidth.RATE_BITS[rate],
+    # each way carries half a round's bytes (the state up in the sum, back down with it or in the next order)
+    return {"bytes": sent / 1e6, "minimum": sent / 2 * 8 / bandwidth.RATE_BITS[rate],
             "comm": mean(after_first(rounds, "comm_seconds")), "wall": mean(after_first(rounds, "wall_seconds")),
             "float16": float((picked.group(1) if picked else wire) == "float16")}
 
@@ -176,7 +177,8 @@ def hosts_comparison(quick: bool) -> Comparison:
         command=f"python -m benchmarks run big_models{flag} --repeats 1",
         variants={f"{wire} wire, {rate}": partial(across_hosts, rate, wire)
                   for rate in HOST_RATES for wire in (*WIRES, "auto")},
-        columns={"bytes": "MB per round", "minimum": "minimum s (bytes / rate)", "comm": "communication s",
+        columns={"bytes": "MB per round", "minimum": "minimum s (half the bytes each way / rate)",
+                 "comm": "communication s",
                  "wall": "round wall s", "float16": "float16 on the wire (1 = yes)"},
         notes="The scheduler on one host and one worker on the other (`scripts/local_cluster.sh`, network "
               "namespaces shaped with tc), so the broadcast and the reduction both cross the link; outer "

@@ -44,7 +44,8 @@ class Order:
     """What rank 0 tells the workers before an epoch (``stop``: the job is over; the state that
     follows is the final one; ``score``: score the validation share with the state that follows
     instead of training). ``state_follows`` is False when the workers hold the state already (it
-    was sent for scoring and nothing changed it since), so it does not travel twice."""
+    came back to them with the last round's sum, or was sent for scoring, and nothing changed it
+    since), so it does not travel twice: a worker then takes the state it holds."""
 
     epoch: int
     stop: bool

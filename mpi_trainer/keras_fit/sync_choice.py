@@ -1,8 +1,8 @@
 """``train.sync_every = "auto"``: how many steps a round takes, chosen from what the job's second round cost.
 
 A round costs its training (k steps of every worker) and what it spends besides, which does not grow
-with k: Keras' ``fit`` call on each worker (its data adapter and callbacks), the state's broadcast, the
-workers' contributions, their sum over the job's links and rank 0's combine. Rank 0 measures both in
+with k: Keras' ``fit`` call on each worker (its data adapter and callbacks), the workers' contributions,
+their sum over the job's links, rank 0's combine and the combined state's return. Rank 0 measures both in
 the job's second round (the first also traces the graphs, builds Keras' first iterator and maps the
 shared window, once), which trains a whole epoch: a step's seconds (the slowest worker's median batch)
 and the round's other seconds (its wall time on rank 0 less the slowest worker's seconds inside its
