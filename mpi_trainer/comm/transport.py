@@ -382,9 +382,9 @@ class Transport(AccountedRank):
         part by part (:data:`REDUCE_PART_BYTES`, or the node's shared slots). ``on_part(start, stop)``: called
         at the root as each part's sum is complete, in order, while the next part travels (rank 0 combines a
         round's state there, in cache and overlapped with the transfer)."""
+        flat, part = in_place(buf, "a sum-reduction"), max(1, REDUCE_PART_BYTES // buf.itemsize)
         timeout = self._limit(timeout)
         self._rendezvous(root, timeout, "weights reduction")
-        flat, part = buf.reshape(-1), max(1, REDUCE_PART_BYTES // buf.itemsize)
         slots = self._shared(buf.nbytes, root)
         if slots is not None:
             with self._bulk(timeout, "weights reduction"):
@@ -413,9 +413,9 @@ class Transport(AccountedRank):
         summed, and across nodes it travels back while the next part's sum travels in (a round's combined
         state returns to the workers in the pass that collects their states). Through MPI's collectives
         each part is reduced, then broadcast."""
+        flat, part = in_place(buf, "a sum-reduction that returns its result"), max(1, REDUCE_PART_BYTES // buf.itemsize)
         timeout = self._limit(timeout)
         self._rendezvous(root, timeout, "weights reduction")
-        flat, part = buf.reshape(-1), max(1, REDUCE_PART_BYTES // buf.itemsize)
         slots = self._shared(buf.nbytes, root)
         with self._bulk(timeout, "weights reduction and return"):
             if slots is not None:
@@ -673,6 +673,16 @@ class Transport(AccountedRank):
 
     def abort(self, code: int = 1) -> None:
         self.comm.Abort(code)
+
+
+def in_place(buf: np.ndarray, verb: str) -> np.ndarray:
+    """``buf`` as one flat view, which a collective's result is written into; a buffer that is not contiguous
+    has no such view (a flat copy would take the result instead of it), so it is refused."""
+    if not buf.flags.c_contiguous:
+        raise ValueError(f"{verb} writes its result into the buffer it is given, which must be one contiguous "
+                         f"array. Received: an array of shape {buf.shape} with strides {buf.strides}; pass "
+                         f"np.ascontiguousarray(...) and read the result from it")
+    return buf.reshape(-1)
 
 
 if TYPE_CHECKING:

@@ -278,3 +278,12 @@ def test_a_failure_notice_ends_a_wait_naming_the_rank_that_failed():
     comm.Recv = lambda buf, source, tag, status=None: buf[0].__setitem__(slice(None), notice)
     with pytest.raises(PeerFailure, match=r"rank 0 \(the scheduler\) on host node-a failed: RuntimeError: callback"):
         Transport(comm).broadcast(np.zeros(2, np.float32), timeout=5.0)  # waits for "proceed", sleeps, checks
+
+
+@pytest.mark.parametrize("verb", ["reduce_sum", "reduce_broadcast"])
+def test_a_sum_into_a_buffer_that_is_not_contiguous_is_refused_before_any_rank_is_waited_for(verb):
+    comm = FakeComm(0, 3)  # no rank has arrived: a wait would run out
+    columns = np.zeros((4, 3), np.float32)[:, 0]
+    with pytest.raises(ValueError, match=r"one contiguous array\. Received: an array of shape \(4,\) with strides"):
+        getattr(Transport(comm), verb)(columns)
+    assert comm.calls == []
