@@ -11,7 +11,7 @@ each rank's slot holding two parts so that the next part is written while the la
   added), while the others copy part ``i + 1`` into the slot's other half;
 * a broadcast: the node's first copies part ``i`` into its slot; after a barrier the others copy
   it out, while the first copies part ``i + 1`` into the other half;
-* a sum that returns its result (:meth:`NodeSlots.reduce_broadcast`): the sum's pass, in which the
+* a sum that returns its result (:meth:`NodeSlots.reduce` with ``returned``): the sum's pass, in which the
   node's first also hands part ``i`` of the result into its own slot at part ``i + 1``'s barrier and
   the others copy it out at part ``i + 2``'s.
 
@@ -136,27 +136,13 @@ class NodeSlots:
                                 op=self._mpi.SUM, root=0)
 
     def reduce(self, flat: np.ndarray, is_root: bool, barrier: Callable[[], None],
-               on_part: Callable[[int, int], None] | None = None) -> None:
+               on_part: Callable[[int, int], None] | None = None, returned: bool = False) -> None:
         """Every rank's ``flat`` added into the root's (the others' buffers are left as they were).
         ``on_part(start, stop)``: at the root, once a part's sum is complete, before the barrier that lets
-        the next part be read (the other ranks write the next part meanwhile)."""
-        for index, (start, count) in enumerate(self.parts(flat.size, flat.dtype)):
-            mine = flat[start:start + count]
-            if self.rank != 0:
-                np.copyto(self.half(self.rank, index, flat.dtype, count), mine)
-            barrier()
-            if self.rank == 0:
-                values = mine if is_root else self.scratch_part(mine)
-                self.node_sum(values, index, start)
-                self.across(values, is_root)
-                if on_part is not None:
-                    on_part(start, start + count)
-        barrier()
+        the next part be read (the other ranks write the next part meanwhile).
 
-    def reduce_broadcast(self, flat: np.ndarray, is_root: bool, barrier: Callable[[], None],
-                         on_part: Callable[[int, int], None] | None = None) -> None:
-        """:meth:`reduce`, then the root's result (each part as ``on_part`` left it) in every rank's ``flat``,
-        in one pass: part ``i`` of the result goes out while the later parts are summed. A node's first rank
+        ``returned``: then the root's result (each part as ``on_part`` left it) into every rank's ``flat``, in
+        the same pass: part ``i`` of the result goes out while the later parts are summed. A node's first rank
         hands part ``i`` to its node in its own slot at part ``i + RETURN_LAG``'s turn (summed, or back from
         the root, by then), and the node's other ranks copy it out at the turn after, so a half is never
         written while it is read. Across nodes the root sends each part of the result back to the other
@@ -167,7 +153,7 @@ class NodeSlots:
 
         def pass_on(turn: int) -> None:  # at a turn's barrier: the result's parts due then, handed or taken
             index = turn - RETURN_LAG - (self.rank != 0)
-            if not 0 <= index < len(parts):
+            if not returned or not 0 <= index < len(parts):
                 return
             start, count = parts[index]
             if self.rank != 0:
@@ -188,10 +174,10 @@ class NodeSlots:
                 self.across(values, is_root)
                 if is_root and on_part is not None:
                     on_part(start, start + count)
-                if self.leaders is not None:
+                if returned and self.leaders is not None:
                     returning[index] = self.leaders.Ibcast(mine, root=0)
             pass_on(index)
-        for turn in range(len(parts), len(parts) + RETURN_LAG + 1):
+        for turn in range(len(parts), len(parts) + RETURN_LAG + 1 if returned else len(parts)):
             barrier()
             pass_on(turn)
         if returning:

@@ -382,28 +382,7 @@ class Transport(AccountedRank):
         part by part (:data:`REDUCE_PART_BYTES`, or the node's shared slots). ``on_part(start, stop)``: called
         at the root as each part's sum is complete, in order, while the next part travels (rank 0 combines a
         round's state there, in cache and overlapped with the transfer)."""
-        flat, part = in_place(buf, "a sum-reduction"), max(1, REDUCE_PART_BYTES // buf.itemsize)
-        timeout = self._limit(timeout)
-        self._rendezvous(root, timeout, "weights reduction")
-        slots = self._shared(buf.nbytes, root)
-        if slots is not None:
-            with self._bulk(timeout, "weights reduction"):
-                slots.reduce(flat, self.rank == root, self._node_barrier(slots, timeout, "weights reduction"),
-                             on_part if self.rank == root else None)
-            if self.rank != root:
-                self._count(buf.nbytes)
-            return
-        with self._bulk(timeout, "weights reduction"):
-            for start in range(0, flat.size, part):
-                values = flat[start:start + part]
-                if self.rank == root:
-                    self.comm.Reduce(self._mpi.IN_PLACE, values, op=self._mpi.SUM, root=root)
-                    if on_part is not None:
-                        on_part(start, start + values.size)
-                else:
-                    self.comm.Reduce(values, None, op=self._mpi.SUM, root=root)
-        if self.rank != root:
-            self._count(buf.nbytes)
+        self._reduce(buf, root, timeout, on_part, returned=False)
 
     @surfacing_failures
     def reduce_broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None,
@@ -413,15 +392,20 @@ class Transport(AccountedRank):
         summed, and across nodes it travels back while the next part's sum travels in (a round's combined
         state returns to the workers in the pass that collects their states). Through MPI's collectives
         each part is reduced, then broadcast."""
-        flat, part = in_place(buf, "a sum-reduction that returns its result"), max(1, REDUCE_PART_BYTES // buf.itemsize)
+        self._reduce(buf, root, timeout, on_part, returned=True)
+
+    def _reduce(self, buf: np.ndarray, root: int, timeout: float | None, on_part: Callable[[int, int], None] | None,
+                returned: bool) -> None:
+        what = "weights reduction and return" if returned else "weights reduction"
+        flat = in_place(buf, "a sum-reduction that returns its result" if returned else "a sum-reduction")
         timeout = self._limit(timeout)
         self._rendezvous(root, timeout, "weights reduction")
         slots = self._shared(buf.nbytes, root)
-        with self._bulk(timeout, "weights reduction and return"):
+        part = max(1, REDUCE_PART_BYTES // buf.itemsize)
+        with self._bulk(timeout, what):
             if slots is not None:
-                slots.reduce_broadcast(flat, self.rank == root,
-                                       self._node_barrier(slots, timeout, "weights reduction and return"),
-                                       on_part if self.rank == root else None)
+                slots.reduce(flat, self.rank == root, self._node_barrier(slots, timeout, what),
+                             on_part if self.rank == root else None, returned)
             else:
                 for start in range(0, flat.size, part):
                     values = flat[start:start + part]
@@ -431,8 +415,12 @@ class Transport(AccountedRank):
                             on_part(start, start + values.size)
                     else:
                         self.comm.Reduce(values, None, op=self._mpi.SUM, root=root)
-                    self.comm.Bcast(values, root=root)
-        self._count(buf.nbytes * (self.size - 1) if self.rank == root else buf.nbytes)
+                    if returned:
+                        self.comm.Bcast(values, root=root)
+        if self.rank != root:
+            self._count(buf.nbytes)
+        elif returned:
+            self._count(buf.nbytes * (self.size - 1))
 
     @surfacing_failures
     def gather(self, buf: np.ndarray, out: np.ndarray | None = None, root: int = 0,

@@ -129,7 +129,7 @@ def test_a_sum_returned_through_the_slots_gives_every_rank_the_roots_result_as_o
 
     def work(rank, barrier):
         mine = given[rank].copy()
-        node.rank(rank).reduce_broadcast(mine, rank == 0, barrier, halve(mine, told) if rank == 0 else None)
+        node.rank(rank).reduce(mine, rank == 0, barrier, halve(mine, told) if rank == 0 else None, returned=True)
         return mine
 
     expected = (given[0] + given[1] + given[2]) * np.float32(0.5)
@@ -202,8 +202,8 @@ def test_a_sum_returned_across_two_nodes_crosses_between_their_leaders_and_reach
         slots.leaders = leaders.member(job_rank == 0) if rank == 0 else None
         mine = given[job_rank].copy()
         try:
-            slots.reduce_broadcast(mine, job_rank == 0, barriers[node].wait,
-                                   halve(mine, told) if job_rank == 0 else None)
+            slots.reduce(mine, job_rank == 0, barriers[node].wait, halve(mine, told) if job_rank == 0 else None,
+                         returned=True)
             results[job_rank] = mine
         except Exception as exc:  # noqa: BLE001 - handed to the test
             errors.append(exc)
