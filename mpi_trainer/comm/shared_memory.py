@@ -12,8 +12,8 @@ each rank's slot holding two parts so that the next part is written while the la
 * a broadcast: the node's first copies part ``i`` into its slot; after a barrier the others copy
   it out, while the first copies part ``i + 1`` into the other half;
 * a sum that returns its result (:meth:`NodeSlots.reduce` with ``returned``): the sum's pass, in which the
-  node's first also hands part ``i`` of the result into its own slot at part ``i + 1``'s barrier and
-  the others copy it out at part ``i + 2``'s.
+  node's first also hands part ``i`` of the result into its own slot at part ``i + RETURN_LAG``'s
+  barrier and the others copy it out at the barrier after.
 
 A barrier after part ``i + 1`` is written also says that part ``i`` was read, so a half is never
 written while it is read. A buffer crosses memory once in and once out, and no rank holds more
