@@ -38,7 +38,7 @@ from mpi_trainer.algorithms.passes import CHUNK, chunks
 def contribution(final: np.ndarray, start: np.ndarray, steps: int, decay: float) -> None:
     """Worker side, in place in ``start`` (``final`` is only read): ``start`` becomes
     ``n / (1 - a**n) * (final - a**n * start)``, the worker's statistic weighted by its steps ``n`` (zero
-    when it made none). Three passes over ``start``, no temporary."""
+    when it made none). A cache-sized chunk at a time, so each array crosses memory once, no temporary."""
     if steps <= 0:
         start[:] = 0.0
         return
@@ -46,24 +46,28 @@ def contribution(final: np.ndarray, start: np.ndarray, steps: int, decay: float)
     if faded >= 1.0:  # a decay of one never moves: nothing to recover
         start[:] = 0.0
         return
-    start *= np.float32(-faded)
-    start += final
-    start *= np.float32(steps / (1.0 - faded))
+    fade, scale = np.float32(-faded), np.float32(steps / (1.0 - faded))
+    for begin, end in chunks(start.size):
+        piece = start[begin:end]
+        piece *= fade
+        piece += final[begin:end]
+        piece *= scale
 
 
 def combine(summed: np.ndarray, start: np.ndarray, total_steps: int, decay: float) -> None:
     """Rank 0, in place: ``summed`` (the workers' contributions added) becomes the average one process
-    holds after ``total_steps`` updates from ``start``."""
+    holds after ``total_steps`` updates from ``start``. A cache-sized chunk at a time, as :func:`contribution`."""
     if total_steps <= 0 or decay >= 1.0:
         summed[:] = start
         return
     faded = decay ** total_steps
-    summed *= np.float32((1.0 - faded) / total_steps)
+    fade, scale = np.float32(faded), np.float32((1.0 - faded) / total_steps)
     scratch = np.empty(min(CHUNK, summed.size), np.float32)
-    for begin, end in chunks(summed.size):  # + faded * start, a cache-sized piece at a time
-        piece = scratch[:end - begin]
-        np.multiply(start[begin:end], np.float32(faded), out=piece)
-        summed[begin:end] += piece
+    for begin, end in chunks(summed.size):
+        piece, faded_start = summed[begin:end], scratch[:end - begin]
+        piece *= scale
+        np.multiply(start[begin:end], fade, out=faded_start)
+        piece += faded_start
 
 
 def sum_contribution(final: np.ndarray, start: np.ndarray) -> None:

@@ -42,6 +42,20 @@ def test_one_worker_keeps_its_own_average_whatever_its_statistics():
     np.testing.assert_allclose(combined(start, [final], [6], 0.9), final, rtol=1e-5, atol=1e-6)
 
 
+def test_a_state_of_several_chunks_combines_as_a_short_one_value_for_value():
+    """The passes go a cache-sized chunk at a time: every chunk, the last partial one included, is combined."""
+    from mpi_trainer.algorithms.passes import CHUNK
+
+    rng = np.random.default_rng(1)
+    size = 2 * CHUNK + 123
+    start = rng.normal(size=size).astype(np.float32)
+    finals = [ema(start, list(rng.normal(size=(count, size)).astype(np.float32)), 0.9) for count in (3, 5)]
+    whole = combined(start, finals, [3, 5], 0.9)
+    for begin, end in [(0, 7), (CHUNK - 3, CHUNK + 4), (size - 5, size)]:
+        piece = combined(start[begin:end].copy(), [final[begin:end] for final in finals], [3, 5], 0.9)
+        np.testing.assert_array_equal(whole[begin:end], piece)
+
+
 def test_workers_statistics_are_weighted_by_their_steps():
     start = np.zeros(1, np.float32)
     finals = [ema(start, [np.ones(1, np.float32)] * 3, 0.5), ema(start, [np.full(1, 5.0, np.float32)] * 1, 0.5)]
