@@ -591,6 +591,7 @@ class SchedulerRounds:
         self.plan_parts: Callable[[int, int], int] = lambda workers, every: 1
         self.winner = 0  # best-of: the index among the workers of the last round's elected one
         self.rebalancer: Any = None  # data.rebalance: the workers' blocks, re-cut by their speed (None: fixed)
+        self.writes_prepared = False  # whether the buffers later writes fill are made (ModelState.prepare_writes)
 
     def run(self, initial_epoch: int, epochs: int) -> dict[str, float]:
         """Every epoch from ``initial_epoch`` to ``epochs``; the last epoch's logs."""
@@ -819,6 +820,9 @@ class SchedulerRounds:
             self.latest = self.before
         if self.outer.active:  # the step works in place: a round that cannot be kept puts it back
             self.outer_saved = self.outer.snapshot(self.outer_saved)
+        if not self.writes_prepared:  # while the workers train the first round, not in the epochs' ends
+            self.state.prepare_writes()
+            self.writes_prepared = True
         if self.elects:  # every worker's score, so every rank knows the winner before the sum
             self.winner = elected(self.transport.allgather(None)[1:])
         self.buffer[:] = 0.0

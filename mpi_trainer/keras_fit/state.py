@@ -207,15 +207,31 @@ class HandedBuffers:
         np.copyto(buffer, values.reshape(shape))
         return buffer
 
+    def reserve(self, index: int, shape: tuple[int, ...]) -> None:
+        """Variable ``index``'s :data:`SPARE_BUFFERS` made now, their pages touched: a first write into a new
+        buffer costs its page faults (on a node whose memory is fragmented, 30 times the copy, as the kernel
+        compacts memory into the huge pages NumPy asks for)."""
+        kept = self.kept.setdefault(index, [])
+        while len(kept) < SPARE_BUFFERS:
+            buffer = _aligned_empty(shape)
+            buffer.fill(0.0)
+            kept.append(buffer)
+
+
+def _handed(variable: Any) -> bool:
+    """Whether a write reaches ``variable`` through a buffer handed over by DLPack (a TensorFlow float32 one)."""
+    import keras
+
+    dtype = keras.backend.standardize_dtype(variable.dtype)
+    return bool(keras.backend.backend() == "tensorflow" and dtype == "float32")
+
 
 def _assign(variable: Any, values: np.ndarray, buffers: HandedBuffers, index: int) -> None:
     """Set the variable from float32 ``values`` (flat): on TensorFlow through a buffer of ``buffers`` handed
     over by DLPack (one copy, :class:`HandedBuffers`); elsewhere by ``assign`` of a copy (JAX on the CPU may
     keep the very array it is given, which is the caller's)."""
-    import keras
-
     shape = tuple(variable.shape)
-    if keras.backend.backend() == "tensorflow" and keras.backend.standardize_dtype(variable.dtype) == "float32":
+    if _handed(variable):
         import tensorflow as tf
 
         variable.assign(tf.experimental.dlpack.from_dlpack(buffers.fill(index, values, shape).__dlpack__()))
@@ -268,6 +284,15 @@ class ModelState:
         """Assign the floating-point state from ``flat`` (which the variables do not keep)."""
         for index, (variable, start, end) in enumerate(zip(self.floats, self.offsets[:-1], self.offsets[1:])):
             _assign(variable, flat[start:end], self.handed, index)
+
+    def prepare_writes(self) -> None:
+        """Make the buffers later writes fill (:meth:`HandedBuffers.reserve`), the state left as it is: each
+        variable takes one holding its own value, and the next is made. For a rank that writes its model
+        seldom, which otherwise pays the page faults of each new buffer in its first writes, during rounds."""
+        for index, variable in enumerate(self.floats):
+            if _handed(variable):
+                _assign(variable, _view(variable).reshape(-1), self.handed, index)
+                self.handed.reserve(index, tuple(variable.shape))
 
     def read_integers(self) -> list[np.ndarray]:
         return [_value(v) for v in self.integers]

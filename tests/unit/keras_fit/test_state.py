@@ -56,6 +56,28 @@ def test_a_written_state_is_the_models_own_through_training_and_later_writes():
         np.testing.assert_array_equal(before, value)  # a read taken before training is left as it was
     assert all(len(kept) <= 2 for kept in state.handed.kept.values())
 
+
+def test_prepared_writes_leave_the_state_and_fill_only_the_buffers_made_beforehand():
+    """A rank that writes its model seldom makes the buffers its writes fill before the rounds: the state is as
+    it was, and no later write, with training between them, makes a buffer of its own."""
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)])
+    model.compile(keras.optimizers.Adam(0.01), "mse")
+    build_optimizers(model)
+    state = ModelState(model)
+    x, y = np.ones((16, 4), "float32"), np.zeros((16, 2), "float32")
+    model.fit(x, y, epochs=1, batch_size=8, verbose=0)
+    before = state.read(state.empty())
+    state.prepare_writes()
+    np.testing.assert_array_equal(state.read(state.empty()), before)
+    made = {index: [id(buffer) for buffer in kept] for index, kept in state.handed.kept.items()}
+    assert len(made) == len(state.floats) and all(len(ids) == 2 for ids in made.values())
+    for value in (1.0, 2.0, 3.0):
+        state.write(state.empty() + np.float32(value))
+        np.testing.assert_array_equal(state.read(state.empty()), value)
+        model.fit(x, y, epochs=1, batch_size=8, verbose=0)
+    assert {index: [id(buffer) for buffer in kept] for index, kept in state.handed.kept.items()} == made
+
+
 class TwoOptimizers(keras.Model):
     """A GAN-style model: optimizers of its own besides (or instead of) model.optimizer."""
 
