@@ -30,11 +30,13 @@ from mpi_trainer.keras_fit.outer_choice import choose_outer
 from mpi_trainer.keras_fit.record import FitRecord, fingerprint
 from mpi_trainer.keras_fit.rounds import SchedulerRounds, StateWire, WorkerRounds
 from mpi_trainer.keras_fit.saving import save_whole_files
+from mpi_trainer.keras_fit.scoring_choice import resolve_place
 from mpi_trainer.keras_fit.settings import given_keys, refusals, value_of
 from mpi_trainer.keras_fit.stale import StaleScheduler, StaleWorker
 from mpi_trainer.keras_fit.state import ModelState, build_optimizers
 from mpi_trainer.keras_fit.sync_choice import SyncChoice, not_applicable
 from mpi_trainer.launch.agreement import agree, agreed, load_config_everywhere
+from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.preemption import Preemption
 
 if TYPE_CHECKING:
@@ -74,6 +76,9 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
     cfg = load_config_everywhere(transport, config, overrides)
     cfg, placements = start_rank(transport, cfg)
     cfg = wire_for(transport, cfg)
+    cfg, scoring_why = resolve_place(cfg, placements)
+    if transport.rank == 0:
+        get_logger().info("%s", scoring_why)
     hooks.maybe_freeze(transport.rank, -1)  # debug.freeze_rank with freeze_round = -1: stops during set-up
     for name in ("epochs", "batch_size"):  # left to the config by the caller
         if kwargs.get(name) == "config":

@@ -99,7 +99,8 @@ HONOURED: dict[str, str] = {
     "evaluation.every": "n > 1: fit's `validation_freq` when the call leaves it out: the validation data is scored "
                         "every n-th epoch and after the last",
     "evaluation.where": "'workers': each worker scores its shard of the validation data with the combined state, "
-                        "and their metric states are summed on rank 0 (docs/keras.md)",
+                        "and their metric states are summed on rank 0; 'auto' (the default): so where every "
+                        "worker is on a GPU, rank 0 alone otherwise (docs/keras.md)",
 }
 
 # What a Keras script does instead of each key a keras.Model does not apply.

@@ -4,6 +4,7 @@ of a LocalWorld, each rank with its own copy of the model. Every rank ends with 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from typing import Any
@@ -160,6 +161,28 @@ def test_rebalance_gives_a_slow_worker_fewer_rows_and_every_rank_ends_alike(tmp_
     assert blocks[0] == blocks[1] == [60, 60], blocks  # even, until both were timed past their first epoch
     assert all(sum(sizes) == 120 for sizes in blocks) and blocks[-1][0] < 50, blocks
     assert "the workers' blocks were re-cut by their speed" in caplog.text
+
+
+def on_gpus(transport: Any, cfg: Any) -> tuple[Any, list[Any]]:
+    """As :func:`placed_in_place`, every worker described as on a GPU of its own."""
+    cfg, placements = placed_in_place(transport, cfg)
+    return cfg, [placement if placement.is_scheduler else dataclasses.replace(placement, device=f"cuda:{index}")
+                 for index, placement in enumerate(placements)]
+
+
+def test_by_default_the_workers_score_where_every_one_is_on_a_gpu_and_the_scores_are_rank_0s(monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="mpi_trainer")
+    alone = fit_set([])
+    assert 'evaluation.where = "auto": worker rank(s) [1, 2] train on the CPU' in caplog.text
+    assert "validation data scored on rank 0" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr("mpi_trainer.launch.job.start_rank", on_gpus)
+    shared = fit_set([])
+    assert "every worker trains on a GPU" in caplog.text
+    assert "validation data scored by the workers, each on its share" in caplog.text
+    same_everywhere(shared)
+    for key in ("val_loss", "val_accuracy"):
+        np.testing.assert_allclose(shared[0]["history"][key], alone[0]["history"][key], rtol=1e-5)
 
 
 def test_rebalance_of_a_pipeline_or_with_a_step_budget_is_refused_naming_what_it_needs():
