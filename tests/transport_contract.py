@@ -58,6 +58,12 @@ def exchange(transport: Any) -> dict[str, Any]:
     seen["returned_bytes"] = transport.take_bytes()
     seen["returned_told"] = bool(told and told[0][0] == 0 and told[-1][1] == LONG and all(
         a[1] == b[0] for a, b in zip(told, told[1:]))) if rank == 0 else told == []
+    # a sum the root takes without adding (or reading) its own buffer: the others' sum
+    counting = (np.arange(LONG) % 1000).astype(np.float32)
+    others = np.full(LONG, np.nan, np.float32) if rank == 0 else counting * rank
+    transport.reduce_broadcast(others, timeout=TIMEOUT, root_adds=False)
+    seen["others"] = bool(np.array_equal(others, counting * (size * (size - 1) // 2)))
+    transport.take_bytes()
     rows = np.zeros((size, 4), np.float32) if rank == 0 else None
     transport.gather(np.full(4, rank, np.float32), rows, timeout=TIMEOUT)
     seen["bcast_object"] = transport.bcast_object({"plan": [1, 2]} if rank == 0 else None, timeout=TIMEOUT)
@@ -114,6 +120,7 @@ def expected(rank: int, size: int) -> dict[str, Any]:
         # the root counts its result sent to every other rank; the others their contributions
         "returned_bytes": LONG * 4 * (size - 1) if rank == 0 else LONG * 4,
         "returned_told": True,
+        "others": True,  # with root_adds False every rank holds the other ranks' sum, the root's own left out
     }
     if rank == 0:
         seen.update(reduce=True, reduce_parts=True, gather=[float(r) for r in range(size)],

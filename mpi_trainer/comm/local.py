@@ -270,19 +270,20 @@ class LocalTransport(AccountedRank):
             buf[...] = slot.deposits[root]
 
     def reduce_sum(self, buf: np.ndarray, root: int = 0, timeout: float | None = None,
-                   on_part: Callable[[int, int], None] | None = None) -> None:
+                   on_part: Callable[[int, int], None] | None = None, root_adds: bool = True) -> None:
         if self.rank != root:
             self.accounting.count(buf.nbytes)
         deposits = self._gather_at(np.array(buf, copy=True), timeout if self.rank == root else None,
                                    "weights reduction")
         if self.rank == root:
-            buf[...] = sum(deposits[rank] for rank in sorted(deposits))  # rank order: the same sum every run
+            added = [rank for rank in sorted(deposits) if root_adds or rank != root]  # rank order: the same sum
+            buf[...] = sum((deposits[rank] for rank in added), np.zeros_like(buf))
             if on_part is not None:
                 on_part(0, buf.size)
 
     def reduce_broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None,
-                         on_part: Callable[[int, int], None] | None = None) -> None:
-        self.reduce_sum(buf, root, timeout, on_part)
+                         on_part: Callable[[int, int], None] | None = None, root_adds: bool = True) -> None:
+        self.reduce_sum(buf, root, timeout, on_part, root_adds)
         self.broadcast(buf, root, timeout)
 
     def gather(self, buf: np.ndarray, out: np.ndarray | None = None, root: int = 0,

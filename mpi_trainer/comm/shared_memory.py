@@ -124,10 +124,19 @@ class NodeSlots:
         step = min(self.part_bytes, max(MIB, wanted)) // dtype.itemsize
         return [(start, min(step, size - start)) for start in range(0, size, step)]
 
-    def node_sum(self, values: np.ndarray, index: int, start: int) -> None:
-        """Add the node's other ranks' part ``index`` (at ``start``) to ``values``."""
-        for other in range(1, self.size):
-            np.add(values, self.half(other, index, values.dtype, values.size), out=values)
+    def node_sum(self, values: np.ndarray, index: int, own: bool = True) -> None:
+        """Add the node's other ranks' part ``index`` to ``values``; with ``own`` False, ``values`` becomes their
+        sum (it is not read: the first two are added into it in one pass)."""
+        others = [self.half(other, index, values.dtype, values.size) for other in range(1, self.size)]
+        if not own:
+            if len(others) >= 2:
+                np.add(others.pop(0), others.pop(0), out=values)
+            elif others:
+                np.copyto(values, others.pop(0))
+            else:
+                values[...] = 0
+        for other in others:
+            np.add(values, other, out=values)
 
     def across(self, values: np.ndarray, is_root: bool) -> None:
         """A leader's part of the leaders' sum of a part into the root's ``values``."""
@@ -136,10 +145,12 @@ class NodeSlots:
                                 op=self._mpi.SUM, root=0)
 
     def reduce(self, flat: np.ndarray, is_root: bool, barrier: Callable[[], None],
-               on_part: Callable[[int, int], None] | None = None, returned: bool = False) -> None:
-        """Every rank's ``flat`` added into the root's (the others' buffers are left as they were).
-        ``on_part(start, stop)``: at the root, once a part's sum is complete, before the barrier that lets
-        the next part be read (the other ranks write the next part meanwhile).
+               on_part: Callable[[int, int], None] | None = None, returned: bool = False,
+               root_adds: bool = True) -> None:
+        """Every rank's ``flat`` added into the root's (the others' buffers are left as they were; with
+        ``root_adds`` False the root's own is not added, nor read). ``on_part(start, stop)``: at the root, once a
+        part's sum is complete, before the barrier that lets the next part be read (the other ranks write the
+        next part meanwhile).
 
         ``returned``: then the root's result (each part as ``on_part`` left it) into every rank's ``flat``, in
         the same pass: part ``i`` of the result goes out while the later parts are summed. A node's first rank
@@ -170,7 +181,7 @@ class NodeSlots:
             barrier()
             if self.rank == 0:
                 values = mine if is_root else self.scratch_part(mine)
-                self.node_sum(values, index, start)
+                self.node_sum(values, index, own=root_adds or not is_root)
                 self.across(values, is_root)
                 if is_root and on_part is not None:
                     on_part(start, start + count)

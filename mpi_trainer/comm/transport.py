@@ -377,25 +377,26 @@ class Transport(AccountedRank):
 
     @surfacing_failures
     def reduce_sum(self, buf: np.ndarray, root: int = 0, timeout: float | None = None,
-                   on_part: Callable[[int, int], None] | None = None) -> None:
-        """Sum every rank's ``buf`` (contiguous) into ``buf`` at ``root`` (whose own ``buf`` is added too),
-        part by part (:data:`REDUCE_PART_BYTES`, or the node's shared slots). ``on_part(start, stop)``: called
-        at the root as each part's sum is complete, in order, while the next part travels (rank 0 combines a
-        round's state there, in cache and overlapped with the transfer)."""
-        self._reduce(buf, root, timeout, on_part, returned=False)
+                   on_part: Callable[[int, int], None] | None = None, root_adds: bool = True) -> None:
+        """Sum every rank's ``buf`` (contiguous) into ``buf`` at ``root`` (whose own ``buf`` is added too, unless
+        ``root_adds`` is False: then it only takes the others' sum, and is not read), part by part
+        (:data:`REDUCE_PART_BYTES`, or the node's shared slots). ``on_part(start, stop)``: called at the root as
+        each part's sum is complete, in order, while the next part travels (rank 0 combines a round's state
+        there, in cache and overlapped with the transfer)."""
+        self._reduce(buf, root, timeout, on_part, False, root_adds)
 
     @surfacing_failures
     def reduce_broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None,
-                         on_part: Callable[[int, int], None] | None = None) -> None:
+                         on_part: Callable[[int, int], None] | None = None, root_adds: bool = True) -> None:
         """:meth:`reduce_sum`, then ``root``'s result (each part as ``on_part`` left it) in every rank's ``buf``,
         part by part: through the node's shared slots each part of the result goes out while the next is
         summed, and across nodes it travels back while the next part's sum travels in (a round's combined
         state returns to the workers in the pass that collects their states). Through MPI's collectives
         each part is reduced, then broadcast."""
-        self._reduce(buf, root, timeout, on_part, returned=True)
+        self._reduce(buf, root, timeout, on_part, True, root_adds)
 
     def _reduce(self, buf: np.ndarray, root: int, timeout: float | None, on_part: Callable[[int, int], None] | None,
-                returned: bool) -> None:
+                returned: bool, root_adds: bool) -> None:
         what = "weights reduction and return" if returned else "weights reduction"
         flat = in_place(buf, "a sum-reduction that returns its result" if returned else "a sum-reduction")
         timeout = self._limit(timeout)
@@ -405,11 +406,13 @@ class Transport(AccountedRank):
         with self._bulk(timeout, what):
             if slots is not None:
                 slots.reduce(flat, self.rank == root, self._node_barrier(slots, timeout, what),
-                             on_part if self.rank == root else None, returned)
+                             on_part if self.rank == root else None, returned, root_adds)
             else:
                 for start in range(0, flat.size, part):
                     values = flat[start:start + part]
                     if self.rank == root:
+                        if not root_adds:
+                            values[...] = 0
                         self.comm.Reduce(self._mpi.IN_PLACE, values, op=self._mpi.SUM, root=root)
                         if on_part is not None:
                             on_part(start, start + values.size)

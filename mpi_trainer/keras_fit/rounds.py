@@ -249,8 +249,8 @@ class StateWire:
         the sum is complete (a 16-bit wire's model part once it is all summed). True when rank 0's result, as
         ``on_part`` left it, came back into every rank's ``values`` in the same pass (a float32 wire,
         :meth:`~mpi_trainer.comm.transport.Transport.reduce_broadcast`); a 16-bit wire's does not."""
-        if self.format.summed_by_mpi:
-            transport.reduce_broadcast(values, on_part=on_part)
+        if self.format.summed_by_mpi:  # rank 0's own values are zeros: it takes the workers' sum, unread
+            transport.reduce_broadcast(values, on_part=on_part, root_adds=False)
             return True
         split = self.split
         self.format.sum_to_root(transport, values[:split])
@@ -825,7 +825,9 @@ class SchedulerRounds:
             self.writes_prepared = True
         if self.elects:  # every worker's score, so every rank knows the winner before the sum
             self.winner = elected(self.transport.allgather(None)[1:])
-        self.buffer[:] = 0.0
+        self.buffer[size:] = 0.0
+        if not self.wire.format.summed_by_mpi:  # a 16-bit wire's sum adds rank 0's own state: zeros (a float32
+            self.buffer[:size] = 0.0  # wire's takes the workers' sum without reading it, StateWire.sum)
         self.transport.reduce_sum(self.buffer[size:])  # the weights and clocks, then the state part by part
         combining = RoundCombine(self.state, self.outer, self.buffer[:size], self.before, float(self.buffer[size]),
                                  self.buffer[size + 1:], threads=max(1, default_threads() - self.transport.size + 1))

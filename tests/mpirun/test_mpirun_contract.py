@@ -16,12 +16,14 @@ from mpi_trainer.launch.mpirun import find_mpirun
 JOB = ROOT / "tests" / "mpirun" / "contract_job.py"
 
 
-@pytest.fixture(scope="module")
-def contract() -> dict:
-    """The contract job's result: every rank's exchanges and its cost of a large sum-reduction."""
+@pytest.fixture(scope="module", params=["1", "0"], ids=["shared memory", "MPI's collectives"])
+def contract(request) -> dict:
+    """The contract job's result: every rank's exchanges and its cost of a large sum-reduction, through the
+    node's shared memory and through MPI's collectives (as under ``fault.survive``)."""
     command = [find_mpirun(), "-n", "3", "--oversubscribe", "--bind-to", "none"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         command.append("--allow-run-as-root")
+    command += ["-x", f"MPI_TRAINER_SHARED_MEMORY={request.param}"]
     proc = subprocess.run([*command, sys.executable, str(JOB)], cwd=ROOT, capture_output=True, text=True,
                           timeout=180)
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]

@@ -124,15 +124,20 @@ def halve(flat: np.ndarray, told: list[tuple[int, int]]) -> Any:
     return on_part
 
 
-def test_a_sum_returned_through_the_slots_gives_every_rank_the_roots_result_as_on_part_left_it():
+@pytest.mark.parametrize("root_adds", [True, False])
+def test_a_sum_returned_through_the_slots_gives_every_rank_the_roots_result_as_on_part_left_it(root_adds):
+    """With ``root_adds`` False the root's buffer (NaN here) is neither added nor read: it takes the others' sum."""
     node, given, told = Node(), integer_buffers(RANKS), []
+    if not root_adds:
+        given[0][:] = np.nan
 
     def work(rank, barrier):
         mine = given[rank].copy()
-        node.rank(rank).reduce(mine, rank == 0, barrier, halve(mine, told) if rank == 0 else None, returned=True)
+        node.rank(rank).reduce(mine, rank == 0, barrier, halve(mine, told) if rank == 0 else None, returned=True,
+                               root_adds=root_adds)
         return mine
 
-    expected = (given[0] + given[1] + given[2]) * np.float32(0.5)
+    expected = ((given[0] if root_adds else 0) + given[1] + given[2]) * np.float32(0.5)
     for result in as_ranks(work):
         np.testing.assert_array_equal(result, expected)
     assert told[0][0] == 0 and told[-1][1] == SIZE and all(a[1] == b[0] for a, b in zip(told, told[1:]))
@@ -185,10 +190,14 @@ class Leaders:
             return self.posted.pop(call)
 
 
-def test_a_sum_returned_across_two_nodes_crosses_between_their_leaders_and_reaches_every_rank():
+@pytest.mark.parametrize("root_adds", [True, False])
+def test_a_sum_returned_across_two_nodes_crosses_between_their_leaders_and_reaches_every_rank(root_adds):
     """Two nodes of two ranks: each node sums in its slots, the leaders' Reduce brings the other node's sum
-    to the root, and the root's result goes back to the other leader part by part while later parts come in."""
+    to the root, and the root's result goes back to the other leader part by part while later parts come in.
+    With ``root_adds`` False the root's own buffer (NaN here) is left out, and the other node's leader's kept."""
     nodes, leaders, given, told = [Node(), Node()], Leaders(), integer_buffers(4), []
+    if not root_adds:
+        given[0][:] = np.nan
     mpi = SimpleNamespace(IN_PLACE=object(), SUM=None, Request=SimpleNamespace(
         Waitall=lambda requests: [request.Wait() for request in requests]))
     barriers = [threading.Barrier(2, timeout=30) for _ in nodes]
@@ -203,7 +212,7 @@ def test_a_sum_returned_across_two_nodes_crosses_between_their_leaders_and_reach
         mine = given[job_rank].copy()
         try:
             slots.reduce(mine, job_rank == 0, barriers[node].wait, halve(mine, told) if job_rank == 0 else None,
-                         returned=True)
+                         returned=True, root_adds=root_adds)
             results[job_rank] = mine
         except Exception as exc:  # noqa: BLE001 - handed to the test
             errors.append(exc)
@@ -216,7 +225,7 @@ def test_a_sum_returned_across_two_nodes_crosses_between_their_leaders_and_reach
     for thread in threads:
         thread.join()
     assert not errors, errors
-    expected = sum(given[1:], given[0].copy()) * np.float32(0.5)
+    expected = sum(given[1:], given[0].copy() if root_adds else np.zeros(SIZE, np.float32)) * np.float32(0.5)
     for result in results:
         np.testing.assert_array_equal(result, expected)
     assert len(told) == len(nodes[0].rank(0).parts(SIZE, np.dtype(np.float32))) > 2
