@@ -8,7 +8,8 @@ each rank's slot holding two parts so that the next part is written while the la
 
 * a sum: each rank but the node's first copies part ``i`` of its buffer into its slot; after a
   barrier the first adds every slot's part ``i`` to its own (which stays in cache while they are
-  added), while the others copy part ``i + 1`` into the slot's other half;
+  added; or, where the root's own is left out, sums them into it, the first two in one pass), while
+  the others copy part ``i + 1`` into the slot's other half;
 * a broadcast: the node's first copies part ``i`` into its slot; after a barrier the others copy
   it out, while the first copies part ``i + 1`` into the other half;
 * a sum that returns its result (:meth:`NodeSlots.reduce` with ``returned``): the sum's pass, in which the

@@ -636,9 +636,7 @@ class SchedulerRounds:
             self.clock.tick()
         in_buffer = self.latest is not None  # the last round's combined state, which the model has not taken
         if self.workers_hold:  # they hold the buffer: skip the state when the model's is the same
-            if not in_buffer:
-                self.state.read(self.before)
-            order.state_follows = (not in_buffer and not np.array_equal(self.before, self.buffer[:size])) or (
+            order.state_follows = (not in_buffer and not self.state.holds(self.buffer[:size])) or (
                 order.exact and not self.held_exact)  # scorers take the state exactly, not as a 16-bit wire has it
         self.transport.bcast_object(order)
         if order.state_follows:

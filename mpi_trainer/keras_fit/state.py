@@ -168,6 +168,7 @@ def _view(variable: Any) -> np.ndarray:
     return np.asarray(keras.ops.convert_to_numpy(variable.value))
 
 
+COMPARED = 1 << 18  # values compared at a time: their comparison's booleans stay in cache
 ALIGN = 128  # bytes: TensorFlow's kernels need a tensor's buffer aligned (64 with AVX-512), and so more is safe
 SPARE_BUFFERS = 2  # per variable: the one a variable holds, and the one the next write fills
 FREE_REFERENCES = 2  # sys.getrefcount of a buffer only the pool's list holds (the list, and the call's argument)
@@ -279,6 +280,16 @@ class ModelState:
         for variable, start, end in zip(self.floats, self.offsets[:-1], self.offsets[1:]):
             out[start:end] = _view(variable).reshape(-1)
         return out
+
+    def holds(self, flat: np.ndarray) -> bool:
+        """Whether the model's floating-point state is ``flat``, value for value (NaN never is), read in place:
+        :data:`COMPARED` values at a time, no copy of the state."""
+        for variable, start in zip(self.floats, self.offsets[:-1]):
+            own = _view(variable).reshape(-1)
+            ends = [(begin, min(begin + COMPARED, own.size)) for begin in range(0, own.size, COMPARED)]
+            if not all(np.array_equal(own[begin:stop], flat[start + begin:start + stop]) for begin, stop in ends):
+                return False
+        return True
 
     def write(self, flat: np.ndarray) -> None:
         """Assign the floating-point state from ``flat`` (which the variables do not keep)."""

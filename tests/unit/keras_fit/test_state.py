@@ -78,6 +78,25 @@ def test_prepared_writes_leave_the_state_and_fill_only_the_buffers_made_beforeha
     assert {index: [id(buffer) for buffer in kept] for index, kept in state.handed.kept.items()} == made
 
 
+def test_the_model_holds_a_state_only_when_every_value_is_the_same():
+    """Rank 0 sends the state only when its model's differs from what the workers hold: one changed value, in
+    any chunk of any variable, or a NaN, tells."""
+    model = keras.Sequential([keras.Input((300,)), keras.layers.Dense(200), keras.layers.Dense(2)])
+    model.compile(keras.optimizers.Adam(0.01), "mse")
+    build_optimizers(model)
+    state = ModelState(model)
+    flat = np.random.default_rng(2).normal(size=state.size).astype(np.float32)
+    state.write(flat)
+    assert state.holds(flat)
+    for position in (0, 70_000, state.trainable_size + 5, state.size - 1):  # 70,000: past the first chunk
+        changed = flat.copy()
+        changed[position] += 1.0
+        assert not state.holds(changed), position
+    flat[3] = np.nan
+    state.write(flat)
+    assert not state.holds(flat)
+
+
 class TwoOptimizers(keras.Model):
     """A GAN-style model: optimizers of its own besides (or instead of) model.optimizer."""
 
