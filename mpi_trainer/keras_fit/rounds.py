@@ -245,11 +245,12 @@ class StateWire:
 
     def sum(self, transport: Transport, values: np.ndarray,
             on_part: Callable[[int, int], None] | None = None) -> bool:
-        """Every rank's ``values`` summed into rank 0's; ``on_part(start, stop)`` at rank 0 as each part of
+        """The workers' ``values`` summed into rank 0's (whose own add nothing: a float32 wire leaves them out, a
+        16-bit wire's sum adds the zeros rank 0 holds there); ``on_part(start, stop)`` at rank 0 as each part of
         the sum is complete (a 16-bit wire's model part once it is all summed). True when rank 0's result, as
         ``on_part`` left it, came back into every rank's ``values`` in the same pass (a float32 wire,
         :meth:`~mpi_trainer.comm.transport.Transport.reduce_broadcast`); a 16-bit wire's does not."""
-        if self.format.summed_by_mpi:  # rank 0's own values are zeros: it takes the workers' sum, unread
+        if self.format.summed_by_mpi:  # rank 0 adds nothing of its own: it takes the workers' sum, its values unread
             transport.reduce_broadcast(values, on_part=on_part, root_adds=False)
             return True
         split = self.split
