@@ -53,11 +53,19 @@ def exchange(transport: Any) -> dict[str, Any]:
         told.append((start, stop))
         returned[start:stop] -= 1
 
-    transport.reduce_broadcast(returned, timeout=TIMEOUT, on_part=less_one)
+    arrived: list[tuple[int, int, bool]] = []  # at the other ranks: each part of the result, whole when told
+
+    def landed(start: int, stop: int) -> None:
+        arrived.append((start, stop, bool(np.array_equal(returned[start:stop], whole[start:stop] - 1))))
+
+    transport.reduce_broadcast(returned, timeout=TIMEOUT, on_part=less_one, on_returned=landed)
     seen["returned"] = bool(np.array_equal(returned, whole - 1))
     seen["returned_bytes"] = transport.take_bytes()
     seen["returned_told"] = bool(told and told[0][0] == 0 and told[-1][1] == LONG and all(
         a[1] == b[0] for a, b in zip(told, told[1:]))) if rank == 0 else told == []
+    seen["returned_arrived"] = arrived == [] if rank == 0 else bool(
+        arrived and arrived[0][0] == 0 and arrived[-1][1] == LONG and all(done for _, _, done in arrived)
+        and all(a[1] == b[0] for a, b in zip(arrived, arrived[1:])))
     # a sum the root takes without adding (or reading) its own buffer: the others' sum
     counting = (np.arange(LONG) % 1000).astype(np.float32)
     others = np.full(LONG, np.nan, np.float32) if rank == 0 else counting * rank
@@ -120,6 +128,7 @@ def expected(rank: int, size: int) -> dict[str, Any]:
         # the root counts its result sent to every other rank; the others their contributions
         "returned_bytes": LONG * 4 * (size - 1) if rank == 0 else LONG * 4,
         "returned_told": True,
+        "returned_arrived": True,  # the other ranks are told of each part of the result once it is in, in order
         "others": True,  # with root_adds False every rank holds the other ranks' sum, the root's own left out
     }
     if rank == 0:

@@ -282,9 +282,12 @@ class LocalTransport(AccountedRank):
                 on_part(0, buf.size)
 
     def reduce_broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None,
-                         on_part: Callable[[int, int], None] | None = None, root_adds: bool = True) -> None:
+                         on_part: Callable[[int, int], None] | None = None, root_adds: bool = True,
+                         on_returned: Callable[[int, int], None] | None = None) -> None:
         self.reduce_sum(buf, root, timeout, on_part, root_adds)
         self.broadcast(buf, root, timeout)
+        if self.rank != root and on_returned is not None:
+            on_returned(0, buf.size)
 
     def gather(self, buf: np.ndarray, out: np.ndarray | None = None, root: int = 0,
                timeout: float | None = None) -> None:

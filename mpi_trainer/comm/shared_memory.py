@@ -147,7 +147,7 @@ class NodeSlots:
 
     def reduce(self, flat: np.ndarray, is_root: bool, barrier: Callable[[], None],
                on_part: Callable[[int, int], None] | None = None, returned: bool = False,
-               root_adds: bool = True) -> None:
+               root_adds: bool = True, on_returned: Callable[[int, int], None] | None = None) -> None:
         """Every rank's ``flat`` added into the root's (the others' buffers are left as they were; with
         ``root_adds`` False the root's own is not added, nor read). ``on_part(start, stop)``: at the root, once a
         part's sum is complete, before the barrier that lets the next part be read (the other ranks write the
@@ -159,7 +159,8 @@ class NodeSlots:
         the root, by then), and the node's other ranks copy it out at the turn after, so a half is never
         written while it is read. Across nodes the root sends each part of the result back to the other
         leaders (``Ibcast``) as soon as it is made, while the next parts' ``Reduce`` come in: the links carry
-        the sum one way and the result the other at the same time."""
+        the sum one way and the result the other at the same time. ``on_returned(start, stop)``: at a rank
+        other than the root, once a part of the result is in its ``flat``, in order."""
         parts = self.parts(flat.size, flat.dtype)
         returning: dict[int, Any] = {}  # part index: a leader's Ibcast of that part of the result, under way
 
@@ -170,10 +171,12 @@ class NodeSlots:
             start, count = parts[index]
             if self.rank != 0:
                 np.copyto(flat[start:start + count], self.half(0, index, flat.dtype, count))
-                return
-            if not is_root and index in returning:
-                returning.pop(index).Wait()
-            np.copyto(self.half(0, index, flat.dtype, count), flat[start:start + count])
+            else:
+                if not is_root and index in returning:
+                    returning.pop(index).Wait()
+                np.copyto(self.half(0, index, flat.dtype, count), flat[start:start + count])
+            if on_returned is not None and not is_root:
+                on_returned(start, start + count)
 
         for index, (start, count) in enumerate(parts):
             mine = flat[start:start + count]

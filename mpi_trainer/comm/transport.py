@@ -383,20 +383,23 @@ class Transport(AccountedRank):
         (:data:`REDUCE_PART_BYTES`, or the node's shared slots). ``on_part(start, stop)``: called at the root as
         each part's sum is complete, in order, while the next part travels (rank 0 combines a round's state
         there, in cache and overlapped with the transfer)."""
-        self._reduce(buf, root, timeout, on_part, False, root_adds)
+        self._reduce(buf, root, timeout, on_part, False, root_adds, None)
 
     @surfacing_failures
     def reduce_broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None,
-                         on_part: Callable[[int, int], None] | None = None, root_adds: bool = True) -> None:
+                         on_part: Callable[[int, int], None] | None = None, root_adds: bool = True,
+                         on_returned: Callable[[int, int], None] | None = None) -> None:
         """:meth:`reduce_sum`, then ``root``'s result (each part as ``on_part`` left it) in every rank's ``buf``,
         part by part: through the node's shared slots each part of the result goes out while the next is
         summed, and across nodes it travels back while the next part's sum travels in (a round's combined
         state returns to the workers in the pass that collects their states). Through MPI's collectives
-        each part is reduced, then broadcast."""
-        self._reduce(buf, root, timeout, on_part, True, root_adds)
+        each part is reduced, then broadcast. ``on_returned(start, stop)``: at every other rank, as each part
+        of the result has arrived in ``buf``, in order (a worker writes it into its model while later parts
+        are summed)."""
+        self._reduce(buf, root, timeout, on_part, True, root_adds, on_returned)
 
     def _reduce(self, buf: np.ndarray, root: int, timeout: float | None, on_part: Callable[[int, int], None] | None,
-                returned: bool, root_adds: bool) -> None:
+                returned: bool, root_adds: bool, on_returned: Callable[[int, int], None] | None) -> None:
         what = "weights reduction and return" if returned else "weights reduction"
         flat = in_place(buf, "a sum-reduction that returns its result" if returned else "a sum-reduction")
         timeout = self._limit(timeout)
@@ -406,7 +409,8 @@ class Transport(AccountedRank):
         with self._bulk(timeout, what):
             if slots is not None:
                 slots.reduce(flat, self.rank == root, self._node_barrier(slots, timeout, what),
-                             on_part if self.rank == root else None, returned, root_adds)
+                             on_part if self.rank == root else None, returned, root_adds,
+                             None if self.rank == root else on_returned)
             else:
                 for start in range(0, flat.size, part):
                     values = flat[start:start + part]
@@ -420,6 +424,8 @@ class Transport(AccountedRank):
                         self.comm.Reduce(values, None, op=self._mpi.SUM, root=root)
                     if returned:
                         self.comm.Bcast(values, root=root)
+                        if self.rank != root and on_returned is not None:
+                            on_returned(start, start + values.size)
         if self.rank != root:
             self._count(buf.nbytes)
         elif returned:

@@ -243,15 +243,16 @@ class StateWire:
         if values.size > self.split:
             transport.broadcast(values[self.split:])
 
-    def sum(self, transport: Transport, values: np.ndarray,
-            on_part: Callable[[int, int], None] | None = None) -> bool:
+    def sum(self, transport: Transport, values: np.ndarray, on_part: Callable[[int, int], None] | None = None,
+            on_returned: Callable[[int, int], None] | None = None) -> bool:
         """The workers' ``values`` summed into rank 0's (whose own add nothing: a float32 wire leaves them out, a
         16-bit wire's sum adds the zeros rank 0 holds there); ``on_part(start, stop)`` at rank 0 as each part of
         the sum is complete (a 16-bit wire's model part once it is all summed). True when rank 0's result, as
         ``on_part`` left it, came back into every rank's ``values`` in the same pass (a float32 wire,
-        :meth:`~mpi_trainer.comm.transport.Transport.reduce_broadcast`); a 16-bit wire's does not."""
+        :meth:`~mpi_trainer.comm.transport.Transport.reduce_broadcast`; ``on_returned`` at the workers as each
+        part of it arrives); a 16-bit wire's does not."""
         if self.format.summed_by_mpi:  # rank 0 adds nothing of its own: it takes the workers' sum, its values unread
-            transport.reduce_broadcast(values, on_part=on_part, root_adds=False)
+            transport.reduce_broadcast(values, on_part=on_part, root_adds=False, on_returned=on_returned)
             return True
         split = self.split
         self.format.sum_to_root(transport, values[:split])
@@ -353,7 +354,6 @@ class WorkerRounds:
         # optimizer's): summed over the workers in one reduction
         self.buffer = np.zeros(state.size + 1 + state.clocks, dtype=np.float32)
         self.wire = StateWire("float32", state.model_size)  # aggregation.wire_dtype, set by the fit
-        self.returned = False  # whether the buffer holds the combined state that came back with the last sum
 
     def run(self) -> None:
         """Carry out the scheduler's orders until it says stop."""
@@ -379,7 +379,6 @@ class WorkerRounds:
             except RankLost:
                 continue  # another rank was lost during the shrink
         self.order_epoch = -1  # the walk through the rows follows the new share
-        self.returned = False  # the scheduler sends the state again
         self.reshare(self)
 
     def serve(self) -> bool:
@@ -391,11 +390,9 @@ class WorkerRounds:
         self.served, self.waited = order.epoch, (waiting, time.time())
         if not order.score:
             self.clock.tick()
-        if order.state_follows:
+        if order.state_follows:  # else the model holds what came back with the last sum (WorkerRounds.train_round)
             self.wire.broadcast(self.transport, self.buffer[:size], exact=order.exact)
-        if order.state_follows or self.returned:
             self.state.write(self.buffer[:size])
-        self.returned = False
         self.state.write_integers(order.integers)
         if order.stop and order.preempted:
             raise Preempted()
@@ -435,7 +432,12 @@ class WorkerRounds:
             self.nan_at = None
         self.maybe_crash(order.epoch, "contribute")
         self.transport.reduce_sum(self.buffer[size:])  # weight and clocks first: rank 0 combines as the state comes
-        self.returned = self.wire.sum(self.transport, self.buffer[:size])
+        # the combined state is written into the model as it comes back, while later parts are summed; a round
+        # rank 0 does not keep is undone by the next order, which then carries the state (Order.state_follows)
+        writing = self.state.arriving(self.buffer[:size])
+        if self.wire.sum(self.transport, self.buffer[:size], on_returned=writing) and not writing.complete:
+            raise RuntimeError(f"the combined state came back, but only {writing.written} of the model's "
+                               f"{len(self.state.floats)} variables were written from it")
         report.preempt = self.preemption.requested
         report.sent = self.transport.take_bytes()
         report.sent += len(pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL)) * (self.transport.size - 1)

@@ -296,6 +296,10 @@ class ModelState:
         for index, (variable, start, end) in enumerate(zip(self.floats, self.offsets[:-1], self.offsets[1:])):
             _assign(variable, flat[start:end], self.handed, index)
 
+    def arriving(self, flat: np.ndarray) -> ArrivingWrite:
+        """A write of the state arriving in ``flat`` part by part, in order (:class:`ArrivingWrite`)."""
+        return ArrivingWrite(self, flat)
+
     def prepare_writes(self) -> None:
         """Make the buffers later writes fill (:meth:`HandedBuffers.reserve`), the state left as it is: each
         variable takes one holding its own value, and the next is made. For a rank that writes its model
@@ -395,6 +399,27 @@ class ModelState:
         return (f"{len(self.floats)} floating-point variables ({self.size:,} values, {mib:.2f} MiB, "
                 f"{self.trainable_size:,} trainable, {moving:,} in moving averages or sums), "
                 f"{len(self.integers)} integer variables, {len(self.optimizers)} optimizer(s)")
+
+
+class ArrivingWrite:
+    """The model's state written from ``flat`` as it arrives there part by part, in order (a round's combined
+    state coming back with the sum): called with each part's ``(start, stop)``, it assigns every variable whose
+    values are all in by then, as :meth:`ModelState.write` does, so that a worker writes its model while the
+    later parts are summed instead of after the last."""
+
+    def __init__(self, state: ModelState, flat: np.ndarray) -> None:
+        self.state, self.flat, self.written = state, flat, 0  # written: the variables assigned so far
+
+    def __call__(self, start: int, stop: int) -> None:
+        state, offsets = self.state, self.state.offsets
+        while self.written < len(state.floats) and offsets[self.written + 1] <= stop:
+            index = self.written
+            _assign(state.floats[index], self.flat[offsets[index]:offsets[index + 1]], state.handed, index)
+            self.written += 1
+
+    @property
+    def complete(self) -> bool:
+        return self.written == len(self.state.floats)
 
 
 def _rate_variables(optimizer: Any) -> list[Any]:

@@ -131,15 +131,24 @@ def test_a_sum_returned_through_the_slots_gives_every_rank_the_roots_result_as_o
     if not root_adds:
         given[0][:] = np.nan
 
+    expected = ((given[0] if root_adds else 0) + given[1] + given[2]) * np.float32(0.5)
+    arrived: dict[int, list] = {1: [], 2: []}  # each other rank's parts of the result, whole when told
+
     def work(rank, barrier):
         mine = given[rank].copy()
+
+        def landed(start, stop):
+            arrived[rank].append((start, stop, bool(np.array_equal(mine[start:stop], expected[start:stop]))))
+
         node.rank(rank).reduce(mine, rank == 0, barrier, halve(mine, told) if rank == 0 else None, returned=True,
-                               root_adds=root_adds)
+                               root_adds=root_adds, on_returned=None if rank == 0 else landed)
         return mine
 
-    expected = ((given[0] if root_adds else 0) + given[1] + given[2]) * np.float32(0.5)
     for result in as_ranks(work):
         np.testing.assert_array_equal(result, expected)
+    for parts in arrived.values():
+        assert parts[0][0] == 0 and parts[-1][1] == SIZE and all(whole for _, _, whole in parts)
+        assert all(a[1] == b[0] for a, b in zip(parts, parts[1:])) and len(parts) > 2
     assert told[0][0] == 0 and told[-1][1] == SIZE and all(a[1] == b[0] for a, b in zip(told, told[1:]))
 
 
@@ -203,6 +212,8 @@ def test_a_sum_returned_across_two_nodes_crosses_between_their_leaders_and_reach
     barriers = [threading.Barrier(2, timeout=30) for _ in nodes]
     results: list = [None] * 4
     errors: list = []
+    arrived: dict[int, list] = {}
+    expected = sum(given[1:], given[0].copy() if root_adds else np.zeros(SIZE, np.float32)) * np.float32(0.5)
 
     def run(job_rank: int) -> None:
         node, rank = divmod(job_rank, 2)
@@ -210,9 +221,14 @@ def test_a_sum_returned_across_two_nodes_crosses_between_their_leaders_and_reach
         slots.size, slots._mpi = 2, mpi
         slots.leaders = leaders.member(job_rank == 0) if rank == 0 else None
         mine = given[job_rank].copy()
+        arrived[job_rank] = []
+
+        def landed(start, stop):  # at every rank but the root: each part of the result, whole when told
+            arrived[job_rank].append((start, stop, bool(np.array_equal(mine[start:stop], expected[start:stop]))))
+
         try:
             slots.reduce(mine, job_rank == 0, barriers[node].wait, halve(mine, told) if job_rank == 0 else None,
-                         returned=True, root_adds=root_adds)
+                         returned=True, root_adds=root_adds, on_returned=None if job_rank == 0 else landed)
             results[job_rank] = mine
         except Exception as exc:  # noqa: BLE001 - handed to the test
             errors.append(exc)
@@ -225,7 +241,11 @@ def test_a_sum_returned_across_two_nodes_crosses_between_their_leaders_and_reach
     for thread in threads:
         thread.join()
     assert not errors, errors
-    expected = sum(given[1:], given[0].copy() if root_adds else np.zeros(SIZE, np.float32)) * np.float32(0.5)
     for result in results:
         np.testing.assert_array_equal(result, expected)
+    assert arrived[0] == []
+    for job_rank in (1, 2, 3):  # told of every part, in order, once it is whole
+        parts = arrived[job_rank]
+        assert parts[0][0] == 0 and parts[-1][1] == SIZE and all(whole for _, _, whole in parts)
+        assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
     assert len(told) == len(nodes[0].rank(0).parts(SIZE, np.dtype(np.float32))) > 2

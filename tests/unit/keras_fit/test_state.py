@@ -97,6 +97,31 @@ def test_the_model_holds_a_state_only_when_every_value_is_the_same():
     assert not state.holds(flat)
 
 
+def test_a_state_arriving_part_by_part_is_written_a_variable_at_a_time_once_its_values_are_in():
+    model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(20), keras.layers.Dense(2)])
+    model.compile(keras.optimizers.Adam(0.01), "mse")
+    build_optimizers(model)
+    state = ModelState(model)
+    before = state.read(state.empty())
+    arriving = np.random.default_rng(3).normal(size=state.size).astype(np.float32)
+    flat = state.empty()
+    writing = state.arriving(flat)
+    kernel_end = int(state.offsets[1])  # the first variable: the first Dense's kernel
+    flat[:kernel_end - 1] = arriving[:kernel_end - 1]
+    writing(0, kernel_end - 1)  # one value short of the first variable: nothing written
+    np.testing.assert_array_equal(state.read(state.empty()), before)
+    flat[kernel_end - 1:kernel_end + 5] = arriving[kernel_end - 1:kernel_end + 5]
+    writing(kernel_end - 1, kernel_end + 5)
+    np.testing.assert_array_equal(model.layers[0].kernel.numpy().reshape(-1), arriving[:kernel_end])
+    np.testing.assert_array_equal(state.read(state.empty())[kernel_end:], before[kernel_end:])
+    assert writing.written == 1 and not writing.complete
+    flat[kernel_end + 5:] = arriving[kernel_end + 5:]
+    writing(kernel_end + 5, state.size)
+    assert writing.complete
+    flat[:] = 0.0  # the model keeps none of the buffer
+    np.testing.assert_array_equal(state.read(state.empty()), arriving)
+
+
 class TwoOptimizers(keras.Model):
     """A GAN-style model: optimizers of its own besides (or instead of) model.optimizer."""
 
