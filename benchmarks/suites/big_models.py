@@ -215,7 +215,7 @@ def comparisons(quick: bool) -> list[Comparison]:
               "are shown). The MPI floor is blocking MPI `Reduce` + `Bcast` of the state's bytes at 3 ranks in "
               "the same run. `through MPI`: the same job with `MPI_TRAINER_SHARED_MEMORY=0`, MPI's collectives "
               "instead of the node's shared memory. `auto`: the wire `aggregation.wire_dtype = \"auto\"` "
-              "picks after timing each link and a float16 cast (over this machine's shared memory: float32). "
+              "picks: float32 on one node, else after timing each link and a float16 cast. "
               "Peak RSS is `getrusage`'s, over the whole job, the final checkpoint included. Rank 0's budget: "
               f"its peak in the same job with the quick start's small MLP (the backend's baseline) + "
               f"{SCHEDULER_STATES}x the state (its model's variables and a spare buffer for each, the round's "

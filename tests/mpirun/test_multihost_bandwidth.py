@@ -94,3 +94,18 @@ def test_two_workers_on_one_host_send_one_model_across_the_link_each_way():
     once_each_way = 2 * result["bytes"] * result["rounds"]
     # TCP/IP and Ethernet headers add about 5 %, the job's start-up and small messages well under 2 MB
     assert once_each_way <= crossed <= 1.1 * once_each_way + 2_000_000, (crossed, once_each_way)
+
+
+def test_auto_takes_the_narrow_wire_across_a_slow_link_and_float32_on_one_node(tmp_path):
+    """``aggregation.wire_dtype = "auto"`` times the links only where the ranks are on different nodes."""
+    data = _images(tmp_path / "images.npz")
+    args = ["train", "configs/quickstart.toml", "--set", f"data.source='{data}'", "--set", "model.name=lenet",
+            "--set", "train.epochs=1", "--set", "data.validation_size=0", "--set", "checkpoint.every=0",
+            "--set", "aggregation.wire_dtype=auto"]
+    with simulated_hosts(2, "--bandwidth", "100mbit") as hosts:
+        across = run_mpi(2, args, tmp_path / "across", timeout=120, mpirun_args=hosts.mpirun_args)
+    assert across.returncode == 0, across.output
+    assert "aggregation.wire_dtype = auto: float16 (the slowest link moves" in across.output
+    alone = run_mpi(2, args, tmp_path / "alone", timeout=120)
+    assert alone.returncode == 0, alone.output
+    assert "aggregation.wire_dtype = auto: float32 (every rank is on one node" in alone.output
