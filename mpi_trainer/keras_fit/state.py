@@ -293,8 +293,7 @@ class ModelState:
 
     def write(self, flat: np.ndarray) -> None:
         """Assign the floating-point state from ``flat`` (which the variables do not keep)."""
-        for index, (variable, start, end) in enumerate(zip(self.floats, self.offsets[:-1], self.offsets[1:])):
-            _assign(variable, flat[start:end], self.handed, index)
+        self.arriving(flat)(0, self.size)
 
     def arriving(self, flat: np.ndarray) -> ArrivingWrite:
         """A write of the state arriving in ``flat`` part by part, in order (:class:`ArrivingWrite`)."""
@@ -416,10 +415,6 @@ class ArrivingWrite:
             index = self.written
             _assign(state.floats[index], self.flat[offsets[index]:offsets[index + 1]], state.handed, index)
             self.written += 1
-
-    @property
-    def complete(self) -> bool:
-        return self.written == len(self.state.floats)
 
 
 def _rate_variables(optimizer: Any) -> list[Any]:
