@@ -270,7 +270,11 @@ class LocalTransport(AccountedRank):
             buf[...] = slot.deposits[root]
 
     def reduce_sum(self, buf: np.ndarray, root: int = 0, timeout: float | None = None,
-                   on_part: Callable[[int, int], None] | None = None, root_adds: bool = True) -> None:
+                   on_part: Callable[[int, int], None] | None = None) -> None:
+        self._sum(buf, root, timeout, on_part, True)
+
+    def _sum(self, buf: np.ndarray, root: int, timeout: float | None, on_part: Callable[[int, int], None] | None,
+             root_adds: bool) -> None:
         if self.rank != root:
             self.accounting.count(buf.nbytes)
         deposits = self._gather_at(np.array(buf, copy=True), timeout if self.rank == root else None,
@@ -284,7 +288,7 @@ class LocalTransport(AccountedRank):
     def reduce_broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None,
                          on_part: Callable[[int, int], None] | None = None, root_adds: bool = True,
                          on_returned: Callable[[int, int], None] | None = None) -> None:
-        self.reduce_sum(buf, root, timeout, on_part, root_adds)
+        self._sum(buf, root, timeout, on_part, root_adds)
         self.broadcast(buf, root, timeout)
         if self.rank != root and on_returned is not None:
             on_returned(0, buf.size)

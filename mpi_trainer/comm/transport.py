@@ -377,13 +377,12 @@ class Transport(AccountedRank):
 
     @surfacing_failures
     def reduce_sum(self, buf: np.ndarray, root: int = 0, timeout: float | None = None,
-                   on_part: Callable[[int, int], None] | None = None, root_adds: bool = True) -> None:
-        """Sum every rank's ``buf`` (contiguous) into ``buf`` at ``root`` (whose own ``buf`` is added too, unless
-        ``root_adds`` is False: then it only takes the others' sum, and is not read), part by part
-        (:data:`REDUCE_PART_BYTES`, or the node's shared slots). ``on_part(start, stop)``: called at the root as
-        each part's sum is complete, in order, while the next part travels (rank 0 combines a round's state
-        there, in cache and overlapped with the transfer)."""
-        self._reduce(buf, root, timeout, on_part, False, root_adds, None)
+                   on_part: Callable[[int, int], None] | None = None) -> None:
+        """Sum every rank's ``buf`` (contiguous) into ``buf`` at ``root`` (whose own ``buf`` is added too),
+        part by part (:data:`REDUCE_PART_BYTES`, or the node's shared slots). ``on_part(start, stop)``: called
+        at the root as each part's sum is complete, in order, while the next part travels (rank 0 combines a
+        round's state there, in cache and overlapped with the transfer)."""
+        self._reduce(buf, root, timeout, on_part, False, True, None)
 
     @surfacing_failures
     def reduce_broadcast(self, buf: np.ndarray, root: int = 0, timeout: float | None = None,
@@ -393,7 +392,8 @@ class Transport(AccountedRank):
         part by part: through the node's shared slots each part of the result goes out while the next is
         summed, and across nodes it travels back while the next part's sum travels in (a round's combined
         state returns to the workers in the pass that collects their states). Through MPI's collectives
-        each part is reduced, then broadcast. ``on_returned(start, stop)``: at every other rank, as each part
+        each part is reduced, then broadcast. ``root_adds`` False: the root's own ``buf`` is not added (nor
+        read), it takes the others' sum. ``on_returned(start, stop)``: at every other rank, as each part
         of the result has arrived in ``buf``, in order (a worker writes it into its model while later parts
         are summed)."""
         self._reduce(buf, root, timeout, on_part, True, root_adds, on_returned)
