@@ -13,8 +13,10 @@ each rank's slot holding two parts so that the next part is written while the la
 * a broadcast: the node's first copies part ``i`` into its slot; after a barrier the others copy
   it out, while the first copies part ``i + 1`` into the other half;
 * a sum that returns its result (:meth:`NodeSlots.reduce` with ``returned``): the sum's pass, in which the
-  node's first also hands part ``i`` of the result into its own slot at part ``i + RETURN_LAG``'s
-  barrier and the others copy it out at the barrier after.
+  node's first also hands part ``i`` of the result into its own slot and the others copy it out at the
+  barrier after. On one node the root adds, combines and hands out each :data:`CACHED_BYTES` of a part
+  in turn, while it is in cache; across nodes a leader hands part ``i`` out at part ``i + RETURN_LAG``'s
+  barrier, once it is back from the root.
 
 A barrier after part ``i + 1`` is written also says that part ``i`` was read, so a half is never
 written while it is read. A buffer crosses memory once in and once out, and no rank holds more
@@ -46,6 +48,7 @@ PARTS_PER_BUFFER = 32  # a buffer passes in this many parts (between 1 MiB and t
 # a returned sum's part ``i`` goes to a node's ranks this many parts after it is summed: across nodes the
 # leaders' Ibcast of it has the next parts' Reduce to arrive in
 RETURN_LAG = 2
+CACHED_BYTES = 1 << 20  # the root of a job on one node sums, combines and hands out a part this much at a time
 SHM_DIR = "/dev/shm"  # where Open MPI backs a shared window on Linux: the slots take at most an eighth of it
 ENV = "MPI_TRAINER_SHARED_MEMORY"  # "0": MPI's collectives for every size
 
@@ -79,8 +82,9 @@ class NodeSlots:
     the network once per node, not once per rank. The job's root (rank 0) leads its node. ``barrier``:
     the caller's wait for every rank of the node (bounded, sleeping)."""
 
-    def __init__(self, node: Any, leaders: Any, mpi: Any, part_bytes: int = MAX_PART_BYTES) -> None:
-        self.comm, self.leaders, self._mpi = node, leaders, mpi
+    def __init__(self, node: Any, leaders: Any, mpi: Any, part_bytes: int = MAX_PART_BYTES,
+                 single: bool = True) -> None:
+        self.comm, self.leaders, self._mpi, self.single = node, leaders, mpi, single  # single: the job is on one node
         self.rank, self.size = node.Get_rank(), node.Get_size()  # on the node
         self.part_bytes = part_bytes  # the largest part; a buffer's parts are sized by :meth:`parts`
         self.win = mpi.Win.Allocate_shared(2 * part_bytes, 1, comm=node)
@@ -103,7 +107,7 @@ class NodeSlots:
         if part < MIB:  # no room for the slots on some node: MPI's collectives
             node.Free()
             return None
-        return cls(node, leaders, mpi, part)
+        return cls(node, leaders, mpi, part, single)
 
     def free(self) -> None:
         """Give the window and the node's communicators back (collective over the node, and its leaders)."""
@@ -125,10 +129,10 @@ class NodeSlots:
         step = min(self.part_bytes, max(MIB, wanted)) // dtype.itemsize
         return [(start, min(step, size - start)) for start in range(0, size, step)]
 
-    def node_sum(self, values: np.ndarray, index: int, own: bool = True) -> None:
-        """Add the node's other ranks' part ``index`` to ``values``; with ``own`` False, ``values`` becomes their
-        sum (it is not read: the first two are added into it in one pass)."""
-        others = [self.half(other, index, values.dtype, values.size) for other in range(1, self.size)]
+    def node_sum(self, values: np.ndarray, index: int, own: bool = True, offset: int = 0) -> None:
+        """Add the node's other ranks' part ``index`` to ``values`` (its values from ``offset`` on); with ``own``
+        False, ``values`` becomes their sum (it is not read: the first two are added into it in one pass)."""
+        others = [self.half(other, index, values.dtype, offset + values.size)[offset:] for other in range(1, self.size)]
         if not own:
             if len(others) >= 2:
                 np.add(others.pop(0), others.pop(0), out=values)
@@ -150,24 +154,27 @@ class NodeSlots:
                root_adds: bool = True, on_returned: Callable[[int, int], None] | None = None) -> None:
         """Every rank's ``flat`` added into the root's (the others' buffers are left as they were; with
         ``root_adds`` False the root's own is not added, nor read). ``on_part(start, stop)``: at the root, once a
-        part's sum is complete, before the barrier that lets the next part be read (the other ranks write the
-        next part meanwhile).
+        stretch of the sum is complete, before the barrier that lets the next part be read (the other ranks
+        write the next part meanwhile).
 
-        ``returned``: then the root's result (each part as ``on_part`` left it) into every rank's ``flat``, in
+        ``returned``: then the root's result (each stretch as ``on_part`` left it) into every rank's ``flat``, in
         the same pass: part ``i`` of the result goes out while the later parts are summed. A node's first rank
-        hands part ``i`` to its node in its own slot at part ``i + RETURN_LAG``'s turn (summed, or back from
-        the root, by then), and the node's other ranks copy it out at the turn after, so a half is never
-        written while it is read. Across nodes the root sends each part of the result back to the other
-        leaders (``Ibcast``) as soon as it is made, while the next parts' ``Reduce`` come in: the links carry
-        the sum one way and the result the other at the same time. ``on_returned(start, stop)``: at a rank
-        other than the root, once a part of the result is in its ``flat``, in order."""
+        hands part ``i`` to its node in its own slot and the node's other ranks copy it out at the turn after,
+        so a half is never written while it is read. On one node the root sums, hands ``on_part`` and hands
+        out each part :data:`CACHED_BYTES` at a time, so that each stretch is added, combined and handed out
+        while it is in cache. Across nodes a node's first rank hands part ``i`` out at part
+        ``i + RETURN_LAG``'s turn (back from the root by then): the root sends each part of the result back
+        to the other leaders (``Ibcast``) as soon as it is made, while the next parts' ``Reduce`` come in, so
+        the links carry the sum one way and the result the other at the same time. ``on_returned(start,
+        stop)``: at a rank other than the root, once a part of the result is in its ``flat``, in order."""
         parts = self.parts(flat.size, flat.dtype)
+        lag = 0 if self.single else RETURN_LAG  # turns between a part's sum and its hand-out by the node's first
         returning: dict[int, Any] = {}  # part index: a leader's Ibcast of that part of the result, under way
 
         def pass_on(turn: int) -> None:  # at a turn's barrier: the result's parts due then, handed or taken
-            index = turn - RETURN_LAG - (self.rank != 0)
-            if not returned or not 0 <= index < len(parts):
-                return
+            index = turn - lag - (self.rank != 0)
+            if not returned or not 0 <= index < len(parts) or (self.rank == 0 and self.single):
+                return  # (the root of one node handed its part out as it summed it)
             start, count = parts[index]
             if self.rank != 0:
                 np.copyto(flat[start:start + count], self.half(0, index, flat.dtype, count))
@@ -183,7 +190,9 @@ class NodeSlots:
             if self.rank != 0:
                 np.copyto(self.half(self.rank, index, flat.dtype, count), mine)
             barrier()
-            if self.rank == 0:
+            if self.rank == 0 and self.single:
+                self.root_part(mine, index, root_adds, start, on_part, returned)
+            elif self.rank == 0:
                 values = mine if is_root else self.scratch_part(mine)
                 self.node_sum(values, index, own=root_adds or not is_root)
                 self.across(values, is_root)
@@ -192,12 +201,27 @@ class NodeSlots:
                 if returned and self.leaders is not None:
                     returning[index] = self.leaders.Ibcast(mine, root=0)
             pass_on(index)
-        for turn in range(len(parts), len(parts) + RETURN_LAG + 1 if returned else len(parts)):
+        for turn in range(len(parts), len(parts) + lag + 1 if returned else len(parts)):
             barrier()
             pass_on(turn)
         if returning:
             self._mpi.Request.Waitall(list(returning.values()))
         barrier()
+
+    def root_part(self, values: np.ndarray, index: int, own: bool, start: int,
+                  on_part: Callable[[int, int], None] | None, returned: bool) -> None:
+        """The root of a job on one node: its node's part ``index`` summed into ``values`` (at ``start`` in its
+        buffer), each :data:`CACHED_BYTES` of it passed to ``on_part`` and, ``returned``, handed out in the root's
+        slot while it is in cache (one pass over memory instead of one each)."""
+        handed = self.half(0, index, values.dtype, values.size) if returned else None
+        step = max(1, CACHED_BYTES // values.itemsize)
+        for begin in range(0, values.size, step):
+            stop = min(begin + step, values.size)
+            self.node_sum(values[begin:stop], index, own, begin)
+            if on_part is not None:
+                on_part(start + begin, start + stop)
+            if handed is not None:
+                np.copyto(handed[begin:stop], values[begin:stop])
 
     def scratch_part(self, mine: np.ndarray) -> np.ndarray:
         """A leader's own part, copied where its node's parts are added to it (its buffer stays as it was)."""

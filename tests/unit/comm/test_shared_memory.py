@@ -25,7 +25,7 @@ class Node:
 
     def rank(self, rank: int) -> NodeSlots:
         slots = object.__new__(NodeSlots)
-        slots.comm, slots.leaders, slots._mpi = None, None, None
+        slots.comm, slots.leaders, slots._mpi, slots.single = None, None, None, True
         slots.rank, slots.size, slots.part_bytes = rank, RANKS, self.part_bytes
         slots.views, slots.scratch = self.views, np.empty(0, np.uint8)
         return slots
@@ -124,9 +124,14 @@ def halve(flat: np.ndarray, told: list[tuple[int, int]]) -> Any:
     return on_part
 
 
+@pytest.mark.parametrize("cached", [shared_memory.CACHED_BYTES, 300_000])
 @pytest.mark.parametrize("root_adds", [True, False])
-def test_a_sum_returned_through_the_slots_gives_every_rank_the_roots_result_as_on_part_left_it(root_adds):
-    """With ``root_adds`` False the root's buffer (NaN here) is neither added nor read: it takes the others' sum."""
+def test_a_sum_returned_through_the_slots_gives_every_rank_the_roots_result_as_on_part_left_it(root_adds, cached,
+                                                                                             monkeypatch):
+    """With ``root_adds`` False the root's buffer (NaN here) is neither added nor read: it takes the others' sum.
+    The root is told of its sum, and hands it out, a stretch of ``cached`` bytes at a time (less than a part,
+    and not dividing it, in the second case)."""
+    monkeypatch.setattr(shared_memory, "CACHED_BYTES", cached)
     node, given, told = Node(), integer_buffers(RANKS), []
     if not root_adds:
         given[0][:] = np.nan
@@ -150,6 +155,7 @@ def test_a_sum_returned_through_the_slots_gives_every_rank_the_roots_result_as_o
         assert parts[0][0] == 0 and parts[-1][1] == SIZE and all(whole for _, _, whole in parts)
         assert all(a[1] == b[0] for a, b in zip(parts, parts[1:])) and len(parts) > 2
     assert told[0][0] == 0 and told[-1][1] == SIZE and all(a[1] == b[0] for a, b in zip(told, told[1:]))
+    assert max(stop - start for start, stop in told) == min(cached // 4, MIB // 4)
 
 
 class Leaders:
@@ -218,7 +224,7 @@ def test_a_sum_returned_across_two_nodes_crosses_between_their_leaders_and_reach
     def run(job_rank: int) -> None:
         node, rank = divmod(job_rank, 2)
         slots = nodes[node].rank(rank)
-        slots.size, slots._mpi = 2, mpi
+        slots.size, slots._mpi, slots.single = 2, mpi, False
         slots.leaders = leaders.member(job_rank == 0) if rank == 0 else None
         mine = given[job_rank].copy()
         arrived[job_rank] = []
