@@ -2,6 +2,7 @@
 
     mpirun -n 3 python -m benchmarks.fit_lenet --where scheduler    # rank 0 scores the validation rows
     mpirun -n 3 python -m benchmarks.fit_lenet --where workers      # each of 2 workers scores half
+    mpirun -n 3 python -m benchmarks.fit_lenet --overlap            # rank 0 scores while the next epoch trains
     mpirun -n 3 python -m benchmarks.fit_lenet --sync-every 8       # combined every 8 steps, not every epoch
     mpirun -n 3 python -m benchmarks.fit_lenet --sync-every auto    # the steps chosen from the first round
     mpirun -n 3 python -m benchmarks.fit_lenet --outer none         # plain averaging (default: auto)
@@ -31,6 +32,8 @@ def main() -> None:
     parser.add_argument("--sync-every", type=lambda text: text if text == "auto" else int(text), default=0,
                         help="train.sync_every (0: once an epoch; auto: chosen from the first round, logged)")
     parser.add_argument("--outer", default="auto", help="aggregation.outer_optimizer")
+    parser.add_argument("--overlap", action="store_true", help="train.overlap_eval: rank 0 scores each epoch while "
+                        "the workers train the next")
     args = parser.parse_args()
     import mpi_trainer
 
@@ -54,6 +57,7 @@ def main() -> None:
                               validation_data=(x_val, y_val), validation_batch_size=256,
                               overrides={"evaluation.where": args.where, "train.sync_every": args.sync_every,
                                          "aggregation.outer_optimizer": args.outer,
+                                         "train.overlap_eval": args.overlap,
                                          "log.verbosity": 1 if args.sync_every == "auto" else 0})
     if placed.is_scheduler:
         print(json.dumps({"eval_seconds": statistics.median(history.rounds["eval_seconds"][1:]),

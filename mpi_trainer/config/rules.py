@@ -20,6 +20,10 @@ def _staleness_rules(cfg: Config) -> None:
         raise ConfigError("`train.max_steps` splits the last synchronous round into step budgets and needs "
                           f"aggregation.ssp = 0. Received: train.max_steps={cfg.train.max_steps} with "
                           f"aggregation.ssp={ssp}")
+    if ssp > 0 and cfg.train.overlap_eval:
+        raise ConfigError("`train.overlap_eval` hands out a synchronous round before the last one is scored, and "
+                          "under SSP the workers never wait for the scoring: it needs aggregation.ssp = 0. "
+                          f"Received: train.overlap_eval=True with aggregation.ssp={ssp}")
     if ssp > 0 and cfg.train.rolls_back:
         raise ConfigError("`train.nan_policy` = 'rollback' re-runs a synchronous round and needs "
                           f"aggregation.ssp = 0 (under SSP use 'stop'). Received: train.nan_policy='rollback' "

@@ -105,9 +105,9 @@ class TrainConfig(Section):
     # ends the run as nan_policy = "stop" ends a non-finite one (the best weights kept), "off" does neither.
     divergence: DivergencePolicy = "warn"
     divergence_rounds: int = 3
-    # Synchronous rounds: start round r+1 before evaluating round r, so the workers do not wait
-    # for the scheduler's evaluation. Early stopping then decides one round late (that round is
-    # discarded); rounds followed by a checkpoint are not overlapped.
+    # Synchronous rounds: hand out epoch r+1's first round before epoch r is scored, so the workers
+    # train while rank 0 scores and runs the callbacks. What a callback sets then takes effect a
+    # round later; a round trained past the fit's stop (early stopping) is dropped.
     overlap_eval: bool = False
     # Each worker's backend threads; 0 = the node's cores divided by the workers on it.
     threads: int = 0

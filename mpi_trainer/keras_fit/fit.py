@@ -541,6 +541,7 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
     rounds = SchedulerRounds(*arguments) if not aggregation.ssp else StaleScheduler(
         *arguments, ssp=aggregation.ssp, damping=aggregation.staleness_damping, weighted=aggregation.weighs_by_samples)
     rounds.workers_score, rounds.elects = prepared.workers_score, cfg.aggregation.elects
+    rounds.overlap = cfg.train.overlap_eval
     rounds.wire = StateWire(cfg.aggregation.wire_dtype, state.model_size)
     rounds.sync_choice = sync_choice_for(cfg, kwargs, prepared, workers, record)
     choice = rounds.sync_choice

@@ -68,6 +68,16 @@ class Order:
 
 
 @dataclass
+class Handed:
+    """A round handed out: its epoch, each worker's step budget in it (``train.max_steps``), and when its time
+    started counting."""
+
+    epoch: int
+    budgets: list[int] | None
+    started: float
+
+
+@dataclass
 class Report:
     """A worker's epoch: its Keras logs, the batches and rows it trained, and its integer state."""
 
@@ -594,11 +604,14 @@ class SchedulerRounds:
         self.winner = 0  # best-of: the index among the workers of the last round's elected one
         self.rebalancer: Any = None  # data.rebalance: the workers' blocks, re-cut by their speed (None: fixed)
         self.writes_prepared = False  # whether the buffers later writes fill are made (ModelState.prepare_writes)
+        self.overlap = False  # train.overlap_eval: the next epoch's first round trains while an epoch is scored
+        self.ahead: Handed | None = None  # that round, handed out and not yet collected
+        self.epochs = 0  # the fit's epochs (set by run)
 
     def run(self, initial_epoch: int, epochs: int) -> dict[str, float]:
         """Every epoch from ``initial_epoch`` to ``epochs``; the last epoch's logs."""
         logs: dict[str, float] = {}
-        self.model.stop_training = False
+        self.model.stop_training, self.epochs = False, epochs
         self.callbacks.on_train_begin()
         for epoch in range(initial_epoch, epochs):
             logs = self.epoch(epoch)
@@ -611,6 +624,7 @@ class SchedulerRounds:
             if self.model.stop_training:
                 self.record.stopped("callback")  # a callback set model.stop_training
                 break
+        self.drop_ahead()
         self.callbacks.on_train_end(logs)  # EarlyStopping may restore the best weights: they are the final ones
         # An error above reaches the workers as a failure notice (fail_together), never as a stop.
         self.send_stop()
@@ -621,6 +635,7 @@ class SchedulerRounds:
         """A preemption signal reached a rank: checkpoint after this epoch, and every rank leaves with
         :class:`~mpi_trainer.errors.Preempted` (the same fit on the run directory resumes from here).
         Training has not ended, so the callbacks' ``on_train_end`` does not run."""
+        self.drop_ahead()
         self.record.stopped("preempted")
         self.record.checkpoint(epoch + 1, self.state, self.callbacks, force=True, outer=self.outer.state_arrays())
         self.preempted = True
@@ -666,6 +681,7 @@ class SchedulerRounds:
         self.steps_done += sum(report.batches for report in reports)
         if self.max_steps and self.steps_done >= self.max_steps and self.stop_reason is None:
             self.stop_reason = "max_steps"
+        self.hand_out_ahead(epoch)
         combined = time.perf_counter()
         logs = self.train_logs(reports)
         logs.update(self.validate(epoch))
@@ -807,12 +823,55 @@ class SchedulerRounds:
 
     def round(self, epoch: int, part: int, every: int, times: dict[str, float]) -> list[Report]:
         """Hand out the state, let the workers train, combine: one round; its seconds added to ``times``
-        (the combining done as the sum arrived counts as combining, not communication)."""
-        started = time.perf_counter()
+        (the combining done as the sum arrived counts as combining, not communication). The next epoch's first
+        round may have been handed out already, while the last epoch was scored (:meth:`hand_out_ahead`)."""
+        handed, self.ahead = self.ahead, None
+        if handed is None or (handed.epoch, part) != (epoch, 0):
+            handed = self.hand_out(epoch, part, every)
+        else:  # its seconds so far went to scoring the last epoch
+            handed.started = time.perf_counter()
+        return self.collect(epoch, part, handed, times)
+
+    def hand_out_ahead(self, epoch: int) -> None:
+        """``train.overlap_eval``: the next epoch's first round handed out now, before this epoch is scored and
+        its callbacks run, so that the workers train while rank 0 scores. Not after the fit's last epoch, nor
+        when the fit stops here for a reason known already (a preemption signal, ``train.max_steps``)."""
+        if not self.overlap or epoch + 1 >= self.epochs or self.stop_reason is not None or self.model.stop_training \
+                or self.preemption.requested or any(report.preempt for report in self.reports):
+            return
+        every = self.sync_every(epoch + 1)
+        self.parts = self.plan_parts(self.transport.size - 1, every)
+        try:
+            self.ahead = self.hand_out(epoch + 1, 0, every)
+        except RankLost as error:  # fault.survive: the next epoch starts with the survivors, as from round()
+            self.carry_on(error, epoch + 1)
+
+    def drop_ahead(self) -> None:
+        """The fit stops after an epoch that was scored while the next epoch's first round trained: the workers
+        finish that round and their states are summed (the collectives they are in), and rank 0 drops the sum.
+        The model keeps the scored epoch's state, and the workers take it with the order that ends the job."""
+        handed, self.ahead = self.ahead, None
+        if handed is None:
+            return
+        size, epoch = self.state.size, handed.epoch - 1
+        if self.elects:
+            self.transport.allgather(None)
+        self.transport.reduce_sum(self.buffer[size:])
+        self.buffer[:size] = 0.0
+        self.wire.sum(self.transport, self.buffer[:size])
+        self.transport.allgather(None)
+        self.workers_hold = False  # they hold the dropped sum
+        self.record.log.info("the round of epoch %d that trained while epoch %d was scored is dropped: the fit "
+                             "stops after epoch %d (train.overlap_eval)", handed.epoch, epoch, epoch)
+
+    def hand_out(self, epoch: int, part: int, every: int) -> Handed:
+        """The round's order and the state, unless the workers hold it; rank 0's preparations for the sum while
+        they train."""
         size = self.state.size
         self.before_integers = self.state.read_integers()
         budgets = self.budgets()
         blocks = None if self.rebalancer is None else list(self.rebalancer.bounds)
+        started = time.perf_counter()
         self.send(Order(epoch, False, self.before_integers, part=part, parts=self.parts, every=every,
                         budgets=budgets, blocks=blocks))
         self.before[:] = self.buffer[:size]  # while the workers train
@@ -823,6 +882,13 @@ class SchedulerRounds:
         if not self.writes_prepared:  # while the workers train the first round, not in the epochs' ends
             self.state.prepare_writes()
             self.writes_prepared = True
+        return Handed(epoch, budgets, started)
+
+    def collect(self, epoch: int, part: int, handed: Handed, times: dict[str, float]) -> list[Report]:
+        """The round's sum, combined as it arrives (the learning rates kept at the model's now: a callback may
+        have set them while a round handed out ahead trained), and the workers' reports."""
+        size, budgets, started = self.state.size, handed.budgets, handed.started
+        self.state.read_rates(self.before)
         if self.elects:  # every worker's score, so every rank knows the winner before the sum
             self.winner = elected(self.transport.allgather(None)[1:])
         self.buffer[size:] = 0.0

@@ -7,7 +7,8 @@ took 0.52x rank 0's alone. Where the workers train on CPUs, their scoring runs o
 would run on (rank 0 takes every core of its node while the workers wait): on 2 cores it took 1.02x
 rank 0's, and it adds a hand-out of the state. So ``auto`` shares the scoring out when every worker
 is on a GPU, and keeps it on rank 0 otherwise, or where the workers cannot score between rounds
-(SSP, L-BFGS). The choice and its reason go into the log; a value set by the user is used as it is.
+(SSP, L-BFGS) or train the next round while rank 0 scores (``train.overlap_eval``). The choice and
+its reason go into the log; a value set by the user is used as it is.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ def choose_place(cfg: Config, placements: Sequence[Any]) -> tuple[EvaluationPlac
         return "scheduler", said + "under SSP the workers never wait for a round's scoring, so rank 0 scores"
     if cfg.model.uses_lbfgs:
         return "scheduler", said + "L-BFGS scores its iterates on rank 0"
+    if cfg.train.overlap_eval:
+        return "scheduler", said + ("train.overlap_eval: rank 0 scores each epoch while the workers train the "
+                                    "next")
     workers = [placement for placement in placements if not placement.is_scheduler]
     on_cpu = [placement.rank for placement in workers if placement.on_cpu]
     if not workers or on_cpu:

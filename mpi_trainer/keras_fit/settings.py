@@ -96,6 +96,10 @@ HONOURED: dict[str, str] = {
     "fault.survive": "a lost worker's epoch starts again with the survivors, each on its share for them "
                      "(needs fault-tolerant MPI: launch, or mpirun --with-ft ulfm)",
     "fault.min_workers": "with fault.survive: fewer workers than this checkpoint and end the job for launch",
+    "train.overlap_eval": "the next epoch's first round is handed out before an epoch is scored, so the workers "
+                          "train while rank 0 scores and runs the callbacks; what a callback sets (a learning "
+                          "rate, stop_training) takes effect a round later, and a round trained past the fit's "
+                          "stop is dropped (docs/keras.md)",
     "evaluation.every": "n > 1: fit's `validation_freq` when the call leaves it out: the validation data is scored "
                         "every n-th epoch and after the last",
     "evaluation.where": "'workers': each worker scores its shard of the validation data with the combined state, "
@@ -108,14 +112,7 @@ DATA = "a keras.Model trains on the `x` and `y` the script passes; hold rows out
        "`validation_data`"
 COMPILED = "a keras.Model trains with the optimizer, loss and metrics it was compiled with"
 
-# Keys no fit applies, whatever the model's entry: why, and what to set instead.
-UNSUPPORTED: dict[str, str] = {
-    "train.overlap_eval": "rank 0 scores each epoch's combined state before it sends the next epoch's order; "
-                          "`evaluation.where = \"workers\"` shares the scoring out to the workers instead",
-}
-
 NOT_APPLIED: dict[str, str] = {
-    **UNSUPPORTED,
     **dict.fromkeys(("data.source", "data.test_size", "data.validation_size", "data.label", "data.features",
                      "data.datasets", "data.stream", "data.image_size", "data.color_mode", "data.feature_shape",
                      "data.feature_dtype", "data.placement"), DATA),
@@ -128,7 +125,6 @@ NOT_APPLIED: dict[str, str] = {
 
 # Values of keys in NOT_APPLIED that say what this path does anyway: accepted even when set.
 AS_DONE: dict[str, Any] = {
-    "train.overlap_eval": False,
     "data.placement": "shared", "data.test_size": 0.0, "data.validation_size": 0.0,
 }
 
@@ -180,10 +176,8 @@ def _expected(key: str, value: Any, default: Any) -> str:
 
 
 def refusal(key: str, value: Any, default: Any) -> str:
-    """Why ``key`` cannot be set: no fit applies it, or not when ``model`` is a keras.Model (the Keras way)."""
+    """Why ``key`` cannot be set when ``model`` is a keras.Model, and what the Keras way is instead."""
     received = f"Received: {key}={value!r}; expected {_expected(key, value, default)}"
-    if key in UNSUPPORTED:
-        return f"`{key}` is not supported: {UNSUPPORTED[key]}. {received}"
     instead = NOT_APPLIED.get(key, "nothing on this path reads it")
     return (f"`{key}` is not applied when `model` is a keras.Model: it applies to models given by name or as a "
             f"function (the command line's `train`, or `mpi_trainer.fit(build_fn, ...)`); {instead}. {received}")

@@ -382,6 +382,12 @@ class ModelState:
             if begin < end:
                 combined[begin:end] = own[begin:end]
 
+    def read_rates(self, out: np.ndarray) -> None:
+        """The learning rates the model's optimizers hold now, written at their positions in ``out``."""
+        for begin, end in self._rate_spans:
+            rate = next(variable for variable, start in zip(self.floats, self.offsets[:-1]) if start == begin)
+            out[begin:end] = _view(rate).reshape(-1)
+
     def halve_rates(self) -> list[float]:
         """Halve each optimizer's learning rate held in a variable (a schedule's stays); the new rates."""
         halved = []

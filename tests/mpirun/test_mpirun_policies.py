@@ -37,3 +37,13 @@ def test_a_script_set_to_survive_from_the_command_line_loses_a_worker_and_finish
     summary = MpiResult(0, "", tmp_path / "run").summary()
     assert [lost["rank"] for lost in summary["lost_workers"]] == [2] and summary["workers"] == 1
     assert [int(row["workers"]) for row in MpiResult(0, "", tmp_path / "run").rounds()] == [2, 1, 1, 1]
+
+
+def test_a_script_set_to_overlap_its_scoring_trains_on_while_rank_0_scores_and_ends_alike(tmp_path):
+    code, output, ranks = launch(tmp_path / "run", "train.overlap_eval=true")
+    assert code == 0, output[-4000:]
+    assert sorted(ranks) == [0, 1, 2], output[-4000:]
+    assert ranks[0]["history"] == ranks[1]["history"] == ranks[2]["history"]
+    assert ranks[0]["weights"] == ranks[1]["weights"] == ranks[2]["weights"]
+    assert len(ranks[0]["history"]["val_accuracy"]) == 4 and ranks[0]["history"]["val_accuracy"][-1] > 0.85
+    assert "train.overlap_eval: rank 0 scores each epoch while the workers train the next" in output

@@ -70,7 +70,7 @@ def test_a_keras_backend_asked_for_too_late_is_named(monkeypatch):
         check_backend()
 
 
-@pytest.mark.parametrize("key, value", [("data.placement", "scatter"), ("train.overlap_eval", True)])
+@pytest.mark.parametrize("key, value", [("data.placement", "scatter"), ("train.seed", 7)])
 def test_engine_settings_a_keras_model_does_not_use_are_refused_not_ignored(key, value):
     from mpi_trainer.config import load_config
     from mpi_trainer.keras_fit.fit import check_config

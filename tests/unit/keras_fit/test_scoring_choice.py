@@ -29,7 +29,8 @@ def test_auto_is_the_default_and_shares_the_scoring_out_only_where_every_worker_
 
 
 @pytest.mark.parametrize("settings, said", [({"aggregation": {"ssp": 2}}, "under SSP"),
-                                            ({"model": {"optimizer": "lbfgs"}}, "L-BFGS")])
+                                            ({"model": {"optimizer": "lbfgs"}}, "L-BFGS"),
+                                            ({"train": {"overlap_eval": True}}, "train.overlap_eval: rank 0 scores")])
 def test_auto_keeps_the_scoring_on_rank_0_where_the_workers_cannot_score_between_rounds(settings, said):
     where, why = choose_place(load_config(settings), placements("cuda:0", "cuda:1"))
     assert where == "scheduler" and said in why

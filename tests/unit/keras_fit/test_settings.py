@@ -12,7 +12,7 @@ import pytest
 from mpi_trainer.config import Config, all_keys, load_config
 from mpi_trainer.errors import ConfigError
 from mpi_trainer.keras_fit.fit import check_config
-from mpi_trainer.keras_fit.settings import AS_DONE, HONOURED, NOT_APPLIED, UNSUPPORTED, given_keys, value_of
+from mpi_trainer.keras_fit.settings import AS_DONE, HONOURED, NOT_APPLIED, given_keys, value_of
 
 
 def leaves(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -91,7 +91,7 @@ def test_every_key_is_classified_once():
     assert set(DEFAULTS) == keys
     assert not set(HONOURED) & set(NOT_APPLIED)
     assert set(HONOURED) | set(NOT_APPLIED) == keys, "classify each new key in mpi_trainer/keras_fit/settings.py"
-    assert set(AS_DONE) <= set(NOT_APPLIED) and set(UNSUPPORTED) <= set(NOT_APPLIED)
+    assert set(AS_DONE) <= set(NOT_APPLIED)
 
 
 def test_the_defaults_compared_against_are_the_loaded_ones():
@@ -112,8 +112,7 @@ def test_every_key_set_away_from_its_default_takes_effect_or_is_refused_naming_i
         assert f"Received: {key}={default!r}; expected {value!r}" in refused({key: default}, tmp_path)
     else:
         message = refused(overrides, tmp_path, given=False)  # told apart from the default by its value alone
-        why = "is not supported" if key in UNSUPPORTED else "is not applied when `model` is a keras.Model"
-        assert message is not None and f"`{key}` {why}" in message
+        assert message is not None and f"`{key}` is not applied when `model` is a keras.Model" in message
         assert f"Received: {key}={value_of(load_config({}, overrides), key)!r}; expected" in message
 
 
@@ -136,10 +135,7 @@ def test_max_steps_and_tensorboard_are_taken_and_tensorboard_without_a_run_direc
     assert refused({}) is None  # its default, left out: nothing is written without a run directory
 
 
-def test_a_key_no_fit_applies_says_so_and_what_to_set_instead():
-    message = refused({"train.overlap_eval": True})
-    assert message is not None and "`train.overlap_eval` is not supported" in message
-    assert "evaluation.where" in message and "Received: train.overlap_eval=True" in message
+def test_a_key_this_path_does_not_apply_says_what_to_set_instead():
     message = refused({"data.placement": "scatter"})
     assert message is not None and "applies to models given by name or as a function" in message
 
@@ -150,6 +146,7 @@ def test_a_key_no_fit_applies_says_so_and_what_to_set_instead():
     {"aggregation.outer_optimizer": "none", "log.verbosity": 0},
     {"train.threads": 2, "train.device": "cpu", "watchdog.worker_timeout": 30.0, "comm.poll_interval": 0.01},
     {"train.epochs": 3, "train.batch_size": 16, "aggregation.method": "weighted"},
+    {"train.overlap_eval": True},
 ])
 def test_what_this_path_applies_is_taken(overrides, tmp_path):
     assert refused(overrides, tmp_path) is None
@@ -160,9 +157,9 @@ def test_best_of_election_is_taken_and_its_validation_split_is_not_blamed(tmp_pa
 
 
 def test_every_refusal_is_named_at_once():
-    message = refused({"model.learning_rate": 0.01, "data.source": "iris", "train.overlap_eval": True})
+    message = refused({"model.learning_rate": 0.01, "data.source": "iris", "train.shuffle": False})
     assert message is not None
-    for key in ("model.learning_rate", "data.source", "train.overlap_eval"):
+    for key in ("model.learning_rate", "data.source", "train.shuffle"):
         assert f"Received: {key}=" in message
     assert "data.validation_size" not in message  # filled in for the val_* monitor
 
