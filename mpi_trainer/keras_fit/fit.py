@@ -676,6 +676,8 @@ def scoring_place(cfg: Config, prepared: Prepared) -> str:
     if cfg.evaluation.on_workers:
         return ("validation data scored on rank 0: evaluation.where = \"workers\" shares validation arrays of a "
                 "row a worker or more, without validation_steps")
+    if cfg.train.overlap_eval:
+        return "validation data scored on rank 0 while the workers train the next epoch (train.overlap_eval)"
     return "validation data scored on rank 0"
 
 

@@ -55,10 +55,12 @@ def watch_training(monkeypatch) -> threading.Event:
     return began
 
 
-def test_the_workers_train_the_next_epoch_while_rank_0_scores_and_runs_the_callbacks(monkeypatch):
+def test_the_workers_train_the_next_epoch_while_rank_0_scores_and_runs_the_callbacks(monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="mpi_trainer")
     waiting = WaitForTraining(watch_training(monkeypatch), limit=60)
     result = fit_set([OVERLAP], callbacks=[waiting])
     assert waiting.seen is True
+    assert "validation data scored on rank 0 while the workers train the next epoch" in caplog.text
     same_everywhere(result)
     in_turn = WaitForTraining(watch_training(monkeypatch), limit=1)  # scored in turn: epoch 1 waits for it
     fit_set([], callbacks=[in_turn])
