@@ -55,6 +55,13 @@ def memory_seconds(size: str) -> float:
 
 
 @cache
+def combine_seconds(size: str) -> float:
+    """Rank 0's combine of the model's whole state on its own, one thread (:mod:`benchmarks.combine_speed`): the
+    arithmetic a round adds besides moving its bytes."""
+    return float(program("combine_speed", ["--size", size])["seconds"])
+
+
+@cache
 def machine_bandwidths() -> tuple[float, float]:
     """This machine's copy and add rates (GB/s, one thread) over 100M float32 values."""
     return bandwidths(100_000_000, 3)
@@ -120,7 +127,8 @@ def job(size: str, wire: str, outer: str, shared: bool = True) -> Figures:
     overhead = round_mean("wall_seconds") - train - evaluate  # communication and combining
     copy_rate, add_rate = machine_bandwidths()
     return {"memory": memory, "floor": floor, "train": train, "comm": overhead - aggregate, "aggregate": aggregate,
-            "overhead": overhead, "to_memory": overhead / memory, "to_floor": overhead / floor, "eval": evaluate,
+            "overhead": overhead, "to_memory": overhead / memory, "to_floor": overhead / floor,
+            "combine_alone": combine_seconds(size), "eval": evaluate,
             "bytes": round_mean("bytes") / 1e6, "copy_gbs": copy_rate, "add_gbs": add_rate,
             "rss0": peaks.get(0, float("nan")), "budget0": backend_baseline()[0] + SCHEDULER_STATES * state_gb,
             "rss_workers": max((v for k, v in peaks.items() if k), default=float("nan")),
@@ -198,6 +206,7 @@ def comparisons(quick: bool) -> list[Comparison]:
         columns={"memory": "memory bound s", "floor": "MPI floor s (Reduce + Bcast)", "train": "training s",
                  "comm": "communication s", "aggregate": "combining s", "overhead": "communication + combining s",
                  "to_memory": "overhead / memory bound", "to_floor": "overhead / MPI floor",
+                 "combine_alone": "rank 0's combine alone s (one thread)",
                  "eval": "evaluation s", "bytes": "MB per round", "copy_gbs": "copy GB/s", "add_gbs": "add GB/s",
                  "rss0": "rank 0 peak GB", "budget0": "rank 0 budget GB", "rss_workers": "worker peak GB",
                  "budget_workers": "worker budget GB"},
@@ -212,7 +221,10 @@ def comparisons(quick: bool) -> list[Comparison]:
               "it while the next part of the sum travels), and the hand-out. The memory bound is what the "
               "round's bytes need at least on this machine, measured in the same run: one in-place add and one "
               "copy of the state per worker, on one thread (`benchmarks.memory_speed`; the copy and add rates "
-              "are shown). The MPI floor is blocking MPI `Reduce` + `Bcast` of the state's bytes at 3 ranks in "
+              "are shown). Rank 0's combine alone is the arithmetic the round adds to that: the state combined by "
+              "meaning, checked finite and stepped by outer Nesterov on one thread, outside the job "
+              "(`python -m benchmarks.combine_speed --size 25m`). The MPI floor is blocking MPI `Reduce` + "
+              "`Bcast` of the state's bytes at 3 ranks in "
               "the same run. `through MPI`: the same job with `MPI_TRAINER_SHARED_MEMORY=0`, MPI's collectives "
               "instead of the node's shared memory. `auto`: the wire `aggregation.wire_dtype = \"auto\"` "
               "picks: float32 on one node, else after timing each link and a float16 cast. "
@@ -255,7 +267,8 @@ def size_line(size: str, rows: dict[str, dict[str, float]]) -> str:
     worker = max(rows.values(), key=lambda f: f["rss_workers"] - f["budget_workers"])
     return (f"At {size.upper()} parameters a round's communication + combining (float32 wire, outer Nesterov) "
             f"took {nesterov.get('overhead', nan):.3g} s: {nesterov.get('to_memory', nan):.2g}x the memory "
-            f"bound (target 2x) and {nesterov.get('to_floor', nan):.2g}x the MPI floor (target 0.5x); through "
+            f"bound (target 2x) and {nesterov.get('to_floor', nan):.2g}x the MPI floor (target 0.5x), of which "
+            f"rank 0's combine alone takes {nesterov.get('combine_alone', nan):.3g} s on one thread; through "
             f"MPI's collectives {through_mpi.get('overhead', nan):.3g} s "
             f"({through_mpi.get('to_memory', nan):.2g}x and {through_mpi.get('to_floor', nan):.2g}x); peak RSS: "
             f"rank 0 up to {rank0['rss0']:.2f} GB against a budget of {rank0['budget0']:.2f} GB, a worker up "
