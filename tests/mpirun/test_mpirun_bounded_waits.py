@@ -5,11 +5,13 @@ legitimate first round (it compiles) on a busy 2-core CI machine."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from conftest import MPI_TIMEOUT, ROOT
 from test_mpirun_api import run_fit
 
@@ -70,8 +72,11 @@ def test_a_stopped_scheduler_is_named_by_the_workers_within_twice_the_bound(tmp_
     assert [int(row["round"]) for row in read_rounds(tmp_path / "run" / "rounds.csv")] == [0, 1]
 
 
-def test_a_failure_caught_on_rank_0_ends_fit_on_every_rank_and_the_sweep_goes_on(tmp_path):
-    code, results, output = run_fit(tmp_path / "sweep", "caught", PYTHONPATH=str(ROOT))
+@pytest.mark.parametrize("settings", [[], ["train.overlap_eval=true"]], ids=["in_turn", "overlapped"])
+def test_a_failure_caught_on_rank_0_ends_fit_on_every_rank_and_the_sweep_goes_on(tmp_path, settings):
+    """Overlapped, the workers are training round 2 when rank 0's callback fails after round 1."""
+    code, results, output = run_fit(tmp_path / "sweep", "caught", PYTHONPATH=str(ROOT),
+                                    MPI_TRAINER_SET=json.dumps(settings))
     assert code == 0, output
     failed = "RuntimeError: callback broke after round 1"
     assert results[0]["jobs"][0]["error"] == failed
