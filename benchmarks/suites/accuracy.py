@@ -119,10 +119,15 @@ def against_mwms(quick: bool) -> Comparison:
     variants = {"mpi_trainer, 2 workers, defaults": seeded(lambda seed: trainer(
         2, 0, epochs, target, seed, setting=tuple(ADAM))),
                 "mpi_trainer, 2 workers, outer `none`": seeded(lambda seed: trainer(
-                    2, 0, epochs, target, seed, ("aggregation.outer_optimizer=none",), setting=tuple(ADAM)))}
+                    2, 0, epochs, target, seed, ("aggregation.outer_optimizer=none",), setting=tuple(ADAM))),
+                "mpi_trainer, 2 workers, `train.overlap_eval`": seeded(lambda seed: trainer(
+                    2, 0, epochs, target, seed, ("train.overlap_eval=true",), setting=tuple(ADAM))),
+                "mpi_trainer, 2 workers, outer `none`, `train.overlap_eval`": seeded(lambda seed: trainer(
+                    2, 0, epochs, target, seed, ("aggregation.outer_optimizer=none", "train.overlap_eval=true"),
+                    setting=tuple(ADAM)))}
     notes = ("Both on the same cores, each worker with its own 128 rows a step (MultiWorkerMirroredStrategy's "
              "global batch 256); seconds from each one's first epoch's start, scored on the test split after "
-             "every epoch.")
+             "every epoch. `train.overlap_eval`: rank 0 scores each epoch while the workers train the next.")
     title = (f"LeNet on 5,000 real MNIST digits, Adam 1e-3, batch {ADAM_BATCH} per worker, 2 workers: time to "
              f"{target} against MultiWorkerMirroredStrategy")
     return with_mwms(title, quick, target, variants, notes, lambda seed: mwms(
