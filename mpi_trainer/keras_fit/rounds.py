@@ -69,12 +69,13 @@ class Order:
 
 @dataclass
 class Handed:
-    """A round handed out: its epoch, each worker's step budget in it (``train.max_steps``), and when its time
-    started counting."""
+    """A round handed out: its epoch, each worker's step budget in it (``train.max_steps``), when its time
+    started counting in ``rounds.csv`` (``started``) and when it was handed out (``sent``)."""
 
     epoch: int
     budgets: list[int] | None
     started: float
+    sent: float
 
 
 @dataclass
@@ -882,7 +883,7 @@ class SchedulerRounds:
         if not self.writes_prepared:  # while the workers train the first round, not in the epochs' ends
             self.state.prepare_writes()
             self.writes_prepared = True
-        return Handed(epoch, budgets, started)
+        return Handed(epoch, budgets, started, started)
 
     def collect(self, epoch: int, part: int, handed: Handed, times: dict[str, float]) -> list[Report]:
         """The round's sum, combined as it arrives (the learning rates kept at the model's now: a callback may
@@ -908,7 +909,7 @@ class SchedulerRounds:
         times["comm_seconds"] += collected - started - combining.seconds
         times["aggregate_seconds"] += time.perf_counter() - collected + combining.seconds
         if self.sync_choice is not None:
-            said = self.sync_choice.observe(reports, time.perf_counter() - started)
+            said = self.sync_choice.observe(reports, time.perf_counter() - handed.sent)  # the workers' whole round
             if said:
                 self.record.log.info("%s", said)
         return reports

@@ -4,6 +4,7 @@ LocalWorld (:func:`tests.unit.keras_fit.test_policies.fit_set`)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 
@@ -11,7 +12,9 @@ import keras
 import numpy as np
 import pytest
 
+from mpi_trainer.errors import Preempted
 from mpi_trainer.keras_fit.rounds import WorkerRounds
+from mpi_trainer.persistence.preemption import Preemption
 from tests.unit.keras_fit.test_policies import LOSE_RANK_2, Keep, Worsening, fit_set, same_everywhere, start_in_place
 
 __all__ = ["start_in_place"]  # the fixture that places every rank in this process
@@ -143,3 +146,32 @@ class Failing(keras.callbacks.Callback):
 def test_a_callback_that_fails_while_a_round_trains_reaches_the_user_and_leaves_no_rank_waiting():
     with pytest.raises(ValueError, match="the user's callback failed at epoch 1"):
         fit_set([OVERLAP], epochs=4, callbacks=[Failing()])
+
+
+class SignalWhileScoring(Preemption):
+    """A preemption signal that reaches rank 0 while it scores epoch 0 (set by :class:`Signal`), as the workers
+    train epoch 1."""
+
+    raised = threading.Event()
+
+    def install(self, names, grace_seconds, on_expire):  # threads cannot take signals: no handlers
+        pass
+
+    @property
+    def requested(self) -> bool:
+        return self.raised.is_set()
+
+
+class Signal(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == 0:
+            SignalWhileScoring.raised.set()
+
+
+def test_a_preemption_while_a_round_handed_out_ahead_trains_checkpoints_the_scored_epoch(tmp_path, monkeypatch):
+    monkeypatch.setattr("mpi_trainer.keras_fit.fit.Preemption", SignalWhileScoring)
+    SignalWhileScoring.raised.clear()
+    with pytest.raises(Preempted):
+        fit_set([OVERLAP], tmp_path / "run", epochs=3, callbacks=[Signal()])
+    assert len((tmp_path / "run" / "rounds.csv").read_text().splitlines()) == 1 + 1  # epoch 0, checkpointed
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["stop_reason"] == "preempted"
