@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from mpi_trainer.config.choices import STREAM_SUFFIXES
+from mpi_trainer.data.readers import read_npy_header
 
 SHARE_OF_MEMORY = 0.5  # a block may take this share of a rank's memory before the job streams
 FLOAT_BYTES = 4  # features are held as float32 when read whole
@@ -86,10 +87,7 @@ def _npz_feature_elements(path: Path) -> int:
                 raise ValueError("compressed members are read whole")  # streaming needs them stored
             if name.startswith("x"):
                 with archive.open(info) as member:
-                    major, _ = np.lib.format.read_magic(member)
-                    read_header = np.lib.format.read_array_header_1_0 if major == 1 \
-                        else np.lib.format.read_array_header_2_0
-                    shape, _, _ = read_header(member)
+                    shape, _, _ = read_npy_header(member)
                 total += int(np.prod(shape))
     return total
 

@@ -15,6 +15,7 @@ is refused naming the file, the member and both checksums.
 from __future__ import annotations
 
 import csv
+import threading
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -123,6 +124,22 @@ def check_member_crc(path: Path, info: zipfile.ZipInfo, offset: int) -> None:
                                  f"{info.CRC:08x}, its bytes give {crc:08x}): the file is damaged")
 
 
+# NumPy reads a .npy header with ast.literal_eval, which CPython 3.11 cannot run in two threads at once
+# ("AST constructor recursion depth mismatch"): ranks that are threads of one process (the in-process
+# transport) read headers one at a time.
+NPY_HEADERS = threading.RLock()
+
+
+def read_npy_header(handle: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """The shape, Fortran order and dtype of the ``.npy`` array whose magic string starts at ``handle``'s
+    position; the handle is left at its data."""
+    with NPY_HEADERS:
+        version = np.lib.format.read_magic(handle)
+        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                       else np.lib.format.read_array_header_2_0)
+        return read_header(handle)
+
+
 def _npz_memmap(path: Path, info: zipfile.ZipInfo) -> np.ndarray | None:
     """Memory-map an uncompressed ``.npy`` member, once its CRC-32 checks out; None when it is compressed
     or holds objects (then it is read whole, and zipfile checks its CRC-32 as it reads)."""
@@ -132,10 +149,7 @@ def _npz_memmap(path: Path, info: zipfile.ZipInfo) -> np.ndarray | None:
     check_member_crc(path, info, offset)
     with path.open("rb") as handle:
         handle.seek(offset)
-        version = np.lib.format.read_magic(handle)
-        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                       else np.lib.format.read_array_header_2_0)
-        shape, fortran, dtype = read_header(handle)
+        shape, fortran, dtype = read_npy_header(handle)
         data_offset = handle.tell()
     if dtype.hasobject or fortran or 0 in shape:
         return None
@@ -148,7 +162,7 @@ def read_npz(path: Path, datasets: list[str] | None = None) -> RawArrays:
         with zipfile.ZipFile(path) as archive:
             members = {i.filename[:-4]: i for i in archive.infolist() if i.filename.endswith(".npy")}
         names = _names(datasets or [], set(members), path, "arrays")
-        with np.load(path, allow_pickle=False) as loaded:
+        with NPY_HEADERS, np.load(path, allow_pickle=False) as loaded:  # a member read whole parses its header
             mapped = [_npz_memmap(path, members[n]) if i % 2 == 0 else None for i, n in enumerate(names)]
             arrays = [a if a is not None else loaded[n] for a, n in zip(mapped, names)]
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
