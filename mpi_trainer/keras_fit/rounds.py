@@ -855,13 +855,16 @@ class SchedulerRounds:
         if handed is None:
             return
         size, epoch = self.state.size, handed.epoch - 1
-        if self.elects:
-            self.transport.allgather(None)
-        self.transport.reduce_sum(self.buffer[size:])
-        self.buffer[:size] = 0.0
-        self.wire.sum(self.transport, self.buffer[:size])
-        self.transport.allgather(None)
         self.workers_hold = False  # they hold the dropped sum
+        try:
+            if self.elects:
+                self.transport.allgather(None)
+            self.transport.reduce_sum(self.buffer[size:])
+            self.buffer[:size] = 0.0
+            self.wire.sum(self.transport, self.buffer[:size])
+            self.transport.allgather(None)
+        except RankLost as error:  # fault.survive: the survivors take the final state
+            self.carry_on(error, handed.epoch)
         self.record.log.info("the round of epoch %d that trained while epoch %d was scored is dropped: the fit "
                              "stops after epoch %d (train.overlap_eval)", handed.epoch, epoch, epoch)
 

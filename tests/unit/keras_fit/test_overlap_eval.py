@@ -175,3 +175,15 @@ def test_a_preemption_while_a_round_handed_out_ahead_trains_checkpoints_the_scor
         fit_set([OVERLAP], tmp_path / "run", epochs=3, callbacks=[Signal()])
     assert len((tmp_path / "run" / "rounds.csv").read_text().splitlines()) == 1 + 1  # epoch 0, checkpointed
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["stop_reason"] == "preempted"
+
+
+def test_a_worker_lost_in_the_round_a_stop_drops_leaves_the_survivors_with_the_scored_state():
+    kept = Keep()
+    lose_rank_2_in_epoch_2 = ["debug.crash_rank=2", "debug.crash_round=2", "debug.crash_phase=train"]
+    result = fit_set(["fault.survive=true", *lose_rank_2_in_epoch_2, OVERLAP], epochs=5,
+                     callbacks=[StopAfter(1), kept])
+    assert result[2] is None  # lost while training epoch 2, which the stop after epoch 1 drops
+    assert result[0]["epoch"] == [0, 1] and result[0]["summary"]["stop_reason"] == "callback"
+    for rank in (0, 1):
+        for final, scored in zip(result[rank]["weights"], kept.weights[1], strict=True):
+            np.testing.assert_array_equal(final, scored)
