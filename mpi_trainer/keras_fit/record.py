@@ -134,6 +134,7 @@ class FitRecord:
         self.saved_at = time.time()
         self.rows: list[dict[str, Any]] = []
         self.stop_reason = "epochs"
+        self.restored: int | None = None  # the epoch whose weights a callback restored at the end (EarlyStopping)
         self.complete = False  # the directory held this fit's complete run: nothing trains, its files stay
         self.started = time.time()
         self.elapsed_before = 0.0  # a resumed run: the wall seconds of its epochs before this job
@@ -242,6 +243,15 @@ class FitRecord:
     def stopped(self, reason: str) -> None:
         self.stop_reason = reason
 
+    def restored_weights(self, epoch: int | None) -> None:
+        """A callback ended the fit by restoring the weights of ``epoch`` (EarlyStopping's
+        ``restore_best_weights``): summary.json's final figures are that epoch's, as the final model is."""
+        if epoch is None or not self.rows or epoch == self.rows[-1]["round"]:
+            return
+        self.restored = epoch
+        self.log.info("the fit ends with the weights of epoch %d, which EarlyStopping restored; summary.json's "
+                      "final_* figures are that epoch's (kept_round)", epoch)
+
     def epoch(self, epoch: int, logs: dict[str, float], reports: list[Any], times: dict[str, float],
               state: Any = None) -> None:
         sent = int(times.pop("bytes", 0))
@@ -341,9 +351,13 @@ class FitRecord:
             return kept
         scored = [row["test_accuracy"] for row in self.rows if math.isfinite(row["test_accuracy"])]
         last = self.rows[-1] if self.rows else {}
+        kept = next((row for row in self.rows if row["round"] == self.restored), None)  # the final model's epoch
+        accuracy = _finite(kept.get("test_accuracy")) if kept else scored[-1] if scored else None
         summary = {"rounds_completed": len(self.rows), "final_round": last.get("round"),
-                   "final_test_accuracy": scored[-1] if scored else None,
-                   "final_test_loss": _finite(last.get("test_loss")), "final_train_loss": _finite(last.get("loss")),
+                   "kept_round": (kept or last).get("round"),
+                   "final_test_accuracy": accuracy,
+                   "final_test_loss": _finite((kept or last).get("test_loss")),
+                   "final_train_loss": _finite((kept or last).get("loss")),
                    "best_test_accuracy": max(scored) if scored else None,
                    "steps": sum(int(float(row.get("steps") or 0)) for row in self.rows),
                    "wall_seconds": time.time() - self.started, "traffic_bytes": self.traffic,

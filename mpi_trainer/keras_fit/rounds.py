@@ -154,6 +154,17 @@ def recorded_logs(callbacks: Any, logs: dict[str, float]) -> dict[str, float]:
                        if len(values) == len(history.epoch)}}
 
 
+def restored_epoch(callbacks: Any) -> int | None:
+    """The epoch whose weights Keras' EarlyStopping restored at the end of training (``restore_best_weights``;
+    the last such callback's, as it restored last), or None."""
+    import keras
+
+    restored = [callback.best_epoch for callback in callbacks.callbacks
+                if isinstance(callback, keras.callbacks.EarlyStopping) and callback.restore_best_weights
+                and callback.best_weights is not None]
+    return restored[-1] if restored else None
+
+
 def merged_reports(rounds: list[list[Report]]) -> list[Report]:
     """Each worker's report of an epoch of several rounds: its Keras logs averaged by the rows of each round,
     its batches, rows, seconds and bytes added up, its last integer state and scores, a preemption in any
@@ -627,6 +638,7 @@ class SchedulerRounds:
                 break
         self.drop_ahead()
         self.callbacks.on_train_end(logs)  # EarlyStopping may restore the best weights: they are the final ones
+        self.record.restored_weights(restored_epoch(self.callbacks))
         # An error above reaches the workers as a failure notice (fail_together), never as a stop.
         self.send_stop()
         self.record.count_bytes(self.transport.take_bytes())

@@ -75,6 +75,9 @@ def test_weighted_and_sync_every_train_and_agree_everywhere():
         result = fit_set(overrides)
         same_everywhere(result)
         assert result[0]["history"]["loss"][-1] < result[0]["history"]["loss"][0], overrides
+        summary = result[0]["summary"]
+        assert summary["kept_round"] == summary["final_round"] == 2  # no callback restored other weights
+        assert summary["final_test_accuracy"] == pytest.approx(result[0]["history"]["val_accuracy"][-1])
 
 
 def test_evaluation_every_scores_every_nth_epoch_and_the_last_when_the_call_leaves_validation_freq_out():
@@ -223,7 +226,12 @@ def test_patience_stops_with_keras_early_stopping_and_restores_the_best_weights(
     assert result[0]["epoch"] == [0, 1, 2]  # epoch 0 best, then 2 without improvement
     for final, best in zip(result[0]["weights"], worsening.best, strict=True):  # every rank: epoch 0's weights
         np.testing.assert_array_equal(final, best)
-    assert result[0]["summary"]["stop_reason"] == "callback"
+    summary, history = result[0]["summary"], result[0]["history"]
+    assert summary["stop_reason"] == "callback"
+    # summary.json describes the model the fit ends with: epoch 0's, not the last epoch's
+    assert (summary["final_round"], summary["kept_round"]) == (2, 0)
+    assert summary["final_test_accuracy"] == pytest.approx(history["val_accuracy"][0])
+    assert summary["final_train_loss"] == pytest.approx(history["loss"][0])
 
 
 def test_patience_on_a_metric_the_model_does_not_compute_is_named():
