@@ -89,6 +89,13 @@ def time_to(points: list[tuple[float, float]], target: float) -> float:
     return next((elapsed for elapsed, accuracy in points if accuracy >= target - 1e-6), math.inf)
 
 
+def epochs_to(points: list[tuple[float, float]], target: float) -> float:
+    """How many scored epochs it took to reach ``target`` (the first at or above it counts; infinite if
+    never reached): convergence per epoch, apart from what an epoch costs."""
+    return next((float(count) for count, (_, accuracy) in enumerate(points, 1) if accuracy >= target - 1e-6),
+                math.inf)
+
+
 def seeded(measure: Callable[[int], Figures]) -> Callable[[], Figures]:
     """A variant whose n-th repeat runs with seed n: the medians are then over seeds 0, 1, 2..., as
     the epoch that first crosses a target depends on the seed as much as on the method."""

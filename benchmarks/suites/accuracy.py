@@ -11,7 +11,18 @@ from collections.abc import Callable
 
 from benchmarks.data import mnist5k
 from benchmarks.harness import ROOT, Comparison, Figures
-from benchmarks.jobs import ENV, MNIST_LENET, JobFailed, after_first, curve, program, run_job, seeded, time_to
+from benchmarks.jobs import (
+    ENV,
+    MNIST_LENET,
+    JobFailed,
+    after_first,
+    curve,
+    epochs_to,
+    program,
+    run_job,
+    seeded,
+    time_to,
+)
 
 QUESTION = "Time to accuracy: LeNet on real MNIST against plain Keras and MultiWorkerMirroredStrategy"
 BATCH = 64
@@ -25,8 +36,9 @@ ADAM = ["data.validation_size=0.0", "model.name=lenet", "model.optimizer=adam", 
 
 
 def figures(result: dict, target: float) -> Figures:
+    points = [tuple(p) for p in result["curve"]]
     return {"samples_per_second": result["samples_per_second"], "seconds_per_epoch": result["seconds_per_epoch"],
-            "seconds_to_target": time_to([tuple(p) for p in result["curve"]], target),
+            "seconds_to_target": time_to(points, target), "epochs_to_target": epochs_to(points, target),
             "best_test_accuracy": result["best_test_accuracy"]}
 
 
@@ -45,7 +57,8 @@ def trainer(workers: int, threads: int, epochs: int, target: float, seed: int, e
     points = curve(rounds)
     return {"samples_per_second": sum(after_first(rounds, "samples")) / sum(after_first(rounds, "train_seconds_max")),
             "seconds_per_epoch": (elapsed[-1] - elapsed[0]) / max(1, len(elapsed) - 1),
-            "seconds_to_target": time_to(points, target), "best_test_accuracy": max(a for _, a in points)}
+            "seconds_to_target": time_to(points, target), "epochs_to_target": epochs_to(points, target),
+            "best_test_accuracy": max(a for _, a in points)}
 
 
 def free_ports(count: int) -> list[int]:
@@ -108,7 +121,8 @@ def with_mwms(title: str, quick: bool, target: float, variants: dict, notes: str
     return Comparison(
         title=title, command=f"python -m benchmarks run accuracy{' --quick' if quick else ''}", variants=variants,
         columns={"samples_per_second": "train samples/s", "seconds_per_epoch": "s per epoch + scoring",
-                 "seconds_to_target": f"s to {target}", "best_test_accuracy": "best test accuracy"},
+                 "seconds_to_target": f"s to {target}", "epochs_to_target": f"epochs to {target}",
+                 "best_test_accuracy": "best test accuracy"},
         notes=notes)
 
 
