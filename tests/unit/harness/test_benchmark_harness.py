@@ -18,7 +18,7 @@ from benchmarks.harness import (
     run_comparison,
     save_conclusions,
 )
-from benchmarks.jobs import seeded, time_to
+from benchmarks.jobs import epochs_to, seeded, time_to
 from benchmarks.report import cell, number, render
 from benchmarks.suites import SUITES
 
@@ -153,6 +153,7 @@ def test_seeded_variants_get_seed_n_on_repeat_n_and_targets_compare_at_float32_p
     assert seen == [0, 1, 2]
     points = [(1.0, 0.9), (2.0, 0.9599999785), (3.0, 0.97)]
     assert time_to(points, 0.96) == 2.0 and math.isinf(time_to(points, 0.99))
+    assert epochs_to([(5.0, 0.9), (9.0, 0.9599999785)], 0.96) == 2.0 and math.isinf(epochs_to(points, 0.99))
     # a seed that misses the target counts as longer than any that reaches it, and reads so on the page
     assert Spread.of([time_to(points, 0.99), 2.0, 3.0]).median == 3.0
     assert Spread.of([math.inf, math.inf, 2.0]).median == math.inf and number(math.inf) == "not reached"
