@@ -29,8 +29,8 @@ def main() -> None:
     from benchmarks import big_mlp
     from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
     from mpi_trainer.comm.shared_memory import CACHED_BYTES
-    from mpi_trainer.keras_fit.rounds import RoundCombine
-    from mpi_trainer.keras_fit.state import ModelState, build_optimizers
+    from mpi_trainer.trainer.scheduler import RoundCombine
+    from mpi_trainer.trainer.state import ModelState, build_optimizers
 
     model = getattr(big_mlp, f"mlp_{args.size}")((64,), 10)
     model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy")

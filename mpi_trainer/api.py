@@ -4,10 +4,10 @@ Every rank of ``mpirun -n N python train.py`` calls :func:`fit` with the same
 arguments (workers may pass ``None`` for the arrays). Rank 0 becomes the
 scheduler, the other ranks train, and every rank gets the same
 ``keras.callbacks.History``. A ``keras.Model`` trains with Keras' own ``fit`` on every
-worker (:mod:`mpi_trainer.keras_fit`). The command line's ``train`` calls this function with a
+worker (:mod:`mpi_trainer.trainer`). The command line's ``train`` calls this function with a
 TOML path and no model object: every rank then builds the config's model and reads its data,
-and the job is that same fit (:mod:`mpi_trainer.keras_fit.config_fit`). ``fit(build_fn, x, y)``
-with arrays or a pipeline is that fit too (:func:`~mpi_trainer.keras_fit.config_fit.fit_built`).
+and the job is that same fit (:mod:`mpi_trainer.trainer.config_fit`). ``fit(build_fn, x, y)``
+with arrays or a pipeline is that fit too (:func:`~mpi_trainer.trainer.config_fit.fit_built`).
 
 :func:`init`, called at the top of the script before Keras is imported or
 builds anything, places each rank (its GPU, its threads) while that can still
@@ -108,7 +108,7 @@ def fit(model: Any = None, x: Any = None, y: Any = None, batch_size: int | None 
     says what data-parallel training changes (``batch_size`` is each worker's; an epoch is a round;
     ``callbacks`` run on rank 0 once per round; validation data is scored as ``val_*``; without it
     nothing is held out). ``model``: a ``keras.Model``, which every rank trains itself with Keras' own
-    ``fit`` on its share of ``x`` (anything ``model.fit`` takes; :mod:`mpi_trainer.keras_fit`, docs/keras.md;
+    ``fit`` on its share of ``x`` (anything ``model.fit`` takes; :mod:`mpi_trainer.trainer`, docs/keras.md;
     run_dir: written only when given), or a function ``(input_shape, num_outputs) -> keras.Model``, a zoo name
     or ``"package.module:function"``, which every rank builds and then trains the same way. With those, ``x``,
     ``y``: arrays, the same on every rank or None on workers (rank 0's are sent to them), or a pipeline every
@@ -182,8 +182,8 @@ def _fit_keras_model(model: Any, kwargs: dict[str, Any], config: Any, overrides:
                      resume: bool) -> Any:
     """The user's model object: plain ``model.fit`` in one process, else trained by Keras on every worker."""
     from mpi_trainer.comm.transport import abort_on_error
-    from mpi_trainer.keras_fit import fit_model, plain_fit
     from mpi_trainer.launch.fail_together import fail_together
+    from mpi_trainer.trainer import fit_model, plain_fit
 
     transport = _job_transport()
     if transport.size == 1:
@@ -227,11 +227,11 @@ class FitRequest:
 
 def _run(transport: Transport, request: FitRequest, run_dir: Any, resume: bool) -> Any:
     """The History of the fit ``request`` asks for: ``fit(build_fn | zoo name, x, y)`` when ranks passed data
-    (:func:`~mpi_trainer.keras_fit.config_fit.fit_built`), else the config's model on its ``data.source``
-    (:func:`~mpi_trainer.keras_fit.config_fit.fit_config`, the command line's ``train``)."""
-    from mpi_trainer.keras_fit.config_fit import fit_config
+    (:func:`~mpi_trainer.trainer.config_fit.fit_built`), else the config's model on its ``data.source``
+    (:func:`~mpi_trainer.trainer.config_fit.fit_config`, the command line's ``train``)."""
     from mpi_trainer.launch.job import agree
     from mpi_trainer.launch.keras_args import fit_overrides
+    from mpi_trainer.trainer.config_fit import fit_config
 
     kinds = transport.allgather(_input_kind(request.data[0], request.data[1]))
     agree(transport, None if len(set(kinds) - {None}) <= 1 else
@@ -290,9 +290,9 @@ def _input_kind(x: Any, y: Any) -> str | None:
 
 def _fit_built(transport: Transport, request: FitRequest, run_dir: Any, resume: bool) -> Any:
     """``fit(build_fn | zoo name, x, y, ...)``: the Keras fit of the model every rank builds
-    (:func:`~mpi_trainer.keras_fit.config_fit.fit_built`)."""
-    from mpi_trainer.keras_fit.config_fit import fit_built
+    (:func:`~mpi_trainer.trainer.config_fit.fit_built`)."""
     from mpi_trainer.launch.job import agree
+    from mpi_trainer.trainer.config_fit import fit_built
 
     x, y = request.data[:2]
     structured = [type(value).__name__ for value in (x, y) if isinstance(value, (Mapping, list, tuple))]

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return launch(args, cfg)
         if args.command == "check":
-            from mpi_trainer.launch.check import check
+            from mpi_trainer.trainer.check import check
 
             print(f"{args.config}: OK: {check(cfg, args.workers)}")
             print(cfg.to_toml(), end="")

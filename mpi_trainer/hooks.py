@@ -14,7 +14,7 @@ What each hook does:
 * ``batch_delay``: every worker sleeps that many seconds after each training batch (simulated
   per-batch work, so that a benchmark on a small, busy machine measures scheduling rather than CPU
   contention); each rank in ``slow_ranks`` then takes ``slow_factor`` times as long per batch
-  (batch plus delay) and plays a straggler (:mod:`mpi_trainer.keras_fit.slowdown`).
+  (batch plus delay) and plays a straggler (:mod:`mpi_trainer.trainer.slowdown`).
 * ``nan_rank`` (0 = off): that worker's weights are poisoned with NaN in round ``nan_round``, to
   exercise the NaN guard.
 * ``crash_rank`` (0 = off): that worker (its starting rank) ends as ``kill -9`` would in round

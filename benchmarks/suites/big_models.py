@@ -30,7 +30,7 @@ WIRES, OUTERS = ("float32", "float16"), ("none", "nesterov")
 ROUNDS, STEPS = 3, 4  # epochs of rounds of a few local steps: the round's other phases are what is measured
 NO_SHARED_MEMORY = ["-x", "MPI_TRAINER_SHARED_MEMORY=0"]  # the job's collectives through MPI (comm.shared_memory)
 # Budgets above the baseline, in copies of the state a round moves. Rank 0: its model's variables and the spare
-# buffer each keeps for the next write (keras_fit.state.HandedBuffers), the round's buffer and the round's start,
+# buffer each keeps for the next write (trainer.state.HandedBuffers), the round's buffer and the round's start,
 # and the outer optimizer's state with its copy saved before each step (up to 2x the trainable third): 6 states.
 # A worker: plain Keras training the model, plus the round's buffer and its variables' spare buffers: 2 states.
 SCHEDULER_STATES, WORKER_STATES = 6, 2

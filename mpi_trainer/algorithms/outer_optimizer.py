@@ -68,7 +68,7 @@ class OuterOptimizer:
     """Moves the global weights from each round's aggregate; holds its state between rounds.
 
     ``trainable``: the ``(start, stop)`` spans of the flat vector that the outer step moves (the
-    model's trainable weights, :attr:`~mpi_trainer.keras_fit.state.ModelState.trainable_size`);
+    model's trainable weights, :attr:`~mpi_trainer.trainer.state.ModelState.trainable_size`);
     None moves every position. Everything else (BatchNormalization's moving mean and variance, a
     frozen layer) takes the round's aggregate as it is: those values are statistics or constants,
     not parameters, and a momentum step on them can drive a variance negative. The state arrays

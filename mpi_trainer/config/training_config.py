@@ -248,7 +248,7 @@ class EvaluationConfig(Section):
     every: int = EVERY_LOCAL_EPOCH
     # "workers": each worker scores its shard of the test (and validation) split and the metric
     # states are summed, so the scheduler does not score alone while the workers wait; "auto": the
-    # workers where every one of them is on a GPU, else the scheduler (keras_fit.scoring_choice).
+    # workers where every one of them is on a GPU, else the scheduler (trainer.scoring_choice).
     where: EvaluationPlace = "auto"
 
     def __post_init__(self) -> None:

@@ -2,7 +2,7 @@
 
 Separation of concerns: :mod:`.agreement` makes every rank fail together on bad input;
 :mod:`.process_placement` fixes this process's device, threads and cores once; the fit
-(:mod:`mpi_trainer.keras_fit`) does the rest.
+(:mod:`mpi_trainer.trainer`) does the rest.
 
 A process is placed by its first job (or :func:`mpi_trainer.init`): its backend cannot move after
 that, so later jobs follow the same placement. :class:`ThisProcess` is what a caller keeps between

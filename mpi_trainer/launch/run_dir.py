@@ -1,6 +1,6 @@
 """Where a run's directory is: the one the script names, ``launch``'s, or a new one under ``runs/``; and the
 overrides ``launch --set`` hands the script. What a directory holds is the fit's record
-(:class:`~mpi_trainer.keras_fit.record.FitRecord`).
+(:class:`~mpi_trainer.trainer.run_record.FitRecord`).
 """
 
 from __future__ import annotations

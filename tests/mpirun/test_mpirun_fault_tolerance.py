@@ -1,5 +1,5 @@
 """Real ``mpirun`` jobs that fail on purpose: a worker killed under ``launch`` and resumed, a stopped worker.
-(NaN policies and a resume run in one process: tests/unit/keras_fit/.)"""
+(NaN policies and a resume run in one process: tests/unit/trainer/.)"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Full-batch L-BFGS under real mpirun: the logged losses are those of SciPy run directly on the whole data.
 (The iterates against SciPy's with the rows shared among threads, resume and refusals: in one process,
-tests/unit/keras_fit/test_lbfgs_fit.py.)"""
+tests/unit/trainer/test_lbfgs_fit.py.)"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Real ``mpirun`` jobs on tiny data: weighted averaging with a user model imported on every rank, whose
 rounds move the fewest bytes MPI can, and a raising worker. Tested in one process instead: averaging,
-best-of election, early stopping and the 16-bit wire (tests/unit/keras_fit/), refusals of bad config
+best-of election, early stopping and the 16-bit wire (tests/unit/trainer/), refusals of bad config
 (tests/unit/launch/test_agreement.py); bad data found at set-up: test_mpirun_data.py."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ split held out at its end.
 An adapter knows one kind of input (a ``tf.data.Dataset``, a ``keras.utils.PyDataset``, a generator, a
 file read in batches): the config's sources read as pipelines are built from one
 (:mod:`mpi_trainer.data.streamed`), and ``fit(build_fn, pipeline)`` takes the model's shapes from its
-first batch. Which units each worker trains on is the fit's (:mod:`mpi_trainer.keras_fit.shares`).
+first batch. Which units each worker trains on is the fit's (:mod:`mpi_trainer.trainer.shares`).
 Units are batches for pipelines (they come batched) and samples for files read in batches.
 """
 

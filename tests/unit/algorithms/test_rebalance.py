@@ -20,7 +20,7 @@ from mpi_trainer.data.partition import block_bounds
 from mpi_trainer.data.sources import load_dataset
 from mpi_trainer.errors import ConfigError
 from mpi_trainer.hooks import TestHooks
-from mpi_trainer.keras_fit.slowdown import make_slowdown
+from mpi_trainer.trainer.slowdown import make_slowdown
 
 
 def covers_once(bounds: list[tuple[int, int]], total: int) -> bool:

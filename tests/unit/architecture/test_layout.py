@@ -16,7 +16,8 @@ LAYERS = [
     {"data", "models"},
     {"persistence"},
     {"reporting"},
-    {"launch", "keras_fit"},
+    {"launch"},
+    {"trainer"},
     {"api"},
     # the package's front door re-exports the Python API
     {"cli", "__main__", "__init__"},
@@ -80,8 +81,9 @@ def test_no_import_cycle_between_modules():
 
 # The rounds own an epoch; the run record (rounds.csv, summary.json, checkpoints) is a sink that takes
 # finished epochs and never calls back into the rounds.
-ROUND_MODULES = {f"mpi_trainer.keras_fit.{name}" for name in ("fit", "rounds", "stale", "lbfgs", "config_fit")}
-WRITER_MODULES = {"mpi_trainer.keras_fit.record"}
+ROUND_MODULES = {f"mpi_trainer.trainer.{name}"
+                 for name in ("fit", "scheduler", "worker", "round_protocol", "ssp", "lbfgs", "config_fit")}
+WRITER_MODULES = {"mpi_trainer.trainer.run_record"}
 
 
 def test_the_run_record_imports_no_round():

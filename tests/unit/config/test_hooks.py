@@ -11,9 +11,9 @@ from mpi_trainer.cli import build_parser, main
 from mpi_trainer.config import Config, all_keys, config_from_dict, load_config
 from mpi_trainer.errors import ConfigError
 from mpi_trainer.hooks import TestHooks
-from mpi_trainer.keras_fit import slowdown
 from mpi_trainer.launch.launcher import job_command
 from mpi_trainer.launch.supervisor import AttemptHosts
+from mpi_trainer.trainer import slowdown
 
 QUICKSTART = "configs/quickstart.toml"
 HOOKS = ["debug.slow_ranks=[2]", "debug.slow_factor=3.0", "debug.nan_rank=1"]

@@ -10,8 +10,8 @@ import pytest
 from scipy.optimize import fmin_l_bfgs_b, minimize, rosen, rosen_der
 
 from mpi_trainer.config import ConfigError, config_from_dict, load_config
-from mpi_trainer.keras_fit.lbfgs import settings_from
-from mpi_trainer.launch.check import check
+from mpi_trainer.trainer.check import check
+from mpi_trainer.trainer.lbfgs import settings_from
 
 ROOT = Path(__file__).resolve().parents[3]
 LBFGS = {"model": {"name": "softmax_regression", "optimizer": "lbfgs"}}

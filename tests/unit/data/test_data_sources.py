@@ -200,7 +200,7 @@ def test_keras_builtins_offline_say_which_file_to_put_where(tmp_path, monkeypatc
 
 
 def test_under_scatter_only_rank_0_needs_the_file(tmp_path):
-    from mpi_trainer.keras_fit.config_fit import _dataset
+    from mpi_trainer.trainer.config_fit import _dataset
 
     missing = tmp_path / "on_rank_0_only.h5"
     with pytest.raises(ConfigError, match="names a data file that does not exist"):
@@ -211,7 +211,7 @@ def test_under_scatter_only_rank_0_needs_the_file(tmp_path):
 
 
 def test_scatter_checks_every_training_row_on_rank_0_before_sending(tmp_path):
-    from mpi_trainer.keras_fit.config_fit import _dataset
+    from mpi_trainer.trainer.config_fit import _dataset
 
     x, y = _images()
     x = x.astype(np.float32)

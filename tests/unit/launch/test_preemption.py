@@ -1,4 +1,4 @@
-"""Preemption in one process: the signal handler and its grace timer (a preempted fit: tests/unit/keras_fit/
+"""Preemption in one process: the signal handler and its grace timer (a preempted fit: tests/unit/trainer/
 test_fit_again.py)."""
 
 from __future__ import annotations

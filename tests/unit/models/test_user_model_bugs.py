@@ -54,8 +54,8 @@ def test_keras_refusing_a_model_built_for_other_data_is_one_line():
 def test_a_bug_in_the_model_function_fails_every_rank_with_its_traceback_and_none_waits(tmp_path, monkeypatch):
     """The command line's job on three in-process ranks: each builds its own model, so each raises the
     user's NameError itself, with the function's frame, before any rank waits on another."""
-    from mpi_trainer.keras_fit.config_fit import fit_config
-    from tests.unit.keras_fit.test_fit_again import placed_in_place
+    from mpi_trainer.trainer.config_fit import fit_config
+    from tests.unit.trainer.test_fit_again import placed_in_place
 
     monkeypatch.setattr("mpi_trainer.launch.job.start_rank", placed_in_place)
     config = {"data": {"source": "digits"}, "train": {"epochs": 1}, "log": {"plots": False, "tensorboard": False}}

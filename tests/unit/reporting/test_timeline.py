@@ -1,5 +1,5 @@
 """The Chrome-trace timeline: events per rank and phase, atomic writes, resumed runs (a fit's timeline.json:
-tests/unit/keras_fit/test_policies.py)."""
+tests/unit/trainer/test_policies.py)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import threading
 import keras
 import numpy as np
 
-from mpi_trainer.keras_fit.saving import save_whole_files
+from mpi_trainer.trainer.saving import save_whole_files
 
 
 def small_model() -> keras.Model:

@@ -9,10 +9,11 @@ import pytest
 
 from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
 from mpi_trainer.comm.local import LocalWorld
-from mpi_trainer.keras_fit.record import FitRecord
-from mpi_trainer.keras_fit.rounds import SchedulerRounds, WorkerRounds
-from mpi_trainer.keras_fit.shares import array_share
-from mpi_trainer.keras_fit.state import ModelState
+from mpi_trainer.trainer.run_record import FitRecord
+from mpi_trainer.trainer.scheduler import SchedulerRounds
+from mpi_trainer.trainer.shares import array_share
+from mpi_trainer.trainer.state import ModelState
+from mpi_trainer.trainer.worker import WorkerRounds
 
 
 def bn_model() -> keras.Model:
@@ -265,7 +266,7 @@ def test_averaging_every_step_is_synchronous_sgd_on_both_workers_batches_togethe
 
 
 def test_ranks_whose_metric_states_differ_are_named_before_the_sum():
-    from mpi_trainer.keras_fit.rounds import agree_on_metric_size
+    from mpi_trainer.trainer.round_protocol import agree_on_metric_size
 
     world = LocalWorld(3)
     transports = world.transports()
@@ -304,7 +305,7 @@ def test_the_log_says_so_when_the_workers_train_but_no_optimizer_found_steps():
 def test_a_rounds_arrays_go_to_keras_as_its_own_pipeline_without_autotuning_and_train_alike():
     """Keras' adapter's batches, shuffled and class-weighted as fit does it, with tf.data's autotuning off (its
     iterator's end can wait an epoch's time), so a fit on them ends where a fit on the arrays ends."""
-    from mpi_trainer.keras_fit.rounds import array_pipeline
+    from mpi_trainer.trainer.round_protocol import array_pipeline
 
     if keras.backend.backend() != "tensorflow":
         pytest.skip("the pipeline is TensorFlow's; other backends take the arrays as they are")
@@ -334,8 +335,8 @@ def test_a_rounds_sum_combined_part_by_part_as_it_arrives_equals_combining_it_wh
     """Rank 0 combines each part of the sum as it arrives (weights averaged, Adam's moments as one process
     holds them, the outer step on the trainable part): the result is the whole sum's, whatever the parts."""
     from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
-    from mpi_trainer.keras_fit.rounds import RoundCombine
-    from mpi_trainer.keras_fit.state import ModelState, build_optimizers
+    from mpi_trainer.trainer.scheduler import RoundCombine
+    from mpi_trainer.trainer.state import ModelState, build_optimizers
 
     model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(7), keras.layers.BatchNormalization(),
                               keras.layers.Dense(3)])
@@ -367,9 +368,10 @@ def test_a_rounds_sum_combined_part_by_part_as_it_arrives_equals_combining_it_wh
 
 def test_a_non_finite_part_of_the_sum_is_named_and_the_outer_step_is_put_back():
     from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
-    from mpi_trainer.keras_fit.record import FitRecord
-    from mpi_trainer.keras_fit.rounds import NonFinite, Report, RoundCombine, SchedulerRounds
-    from mpi_trainer.keras_fit.state import ModelState, build_optimizers
+    from mpi_trainer.trainer.round_protocol import NonFinite, Report
+    from mpi_trainer.trainer.run_record import FitRecord
+    from mpi_trainer.trainer.scheduler import RoundCombine, SchedulerRounds
+    from mpi_trainer.trainer.state import ModelState, build_optimizers
 
     model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(7), keras.layers.Dense(3)])
     model.compile(keras.optimizers.Adam(0.01), "mse")
@@ -396,9 +398,10 @@ def test_a_round_rolled_back_between_an_epochs_rounds_leaves_rank_0s_model_at_th
     a round that is rolled back, or a fit that stops on it, leaves the model with the state that round
     started from, as scoring, callbacks and the checkpoint expect."""
     from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
-    from mpi_trainer.keras_fit.record import FitRecord
-    from mpi_trainer.keras_fit.rounds import NonFinite, SchedulerRounds
-    from mpi_trainer.keras_fit.state import ModelState, build_optimizers
+    from mpi_trainer.trainer.round_protocol import NonFinite
+    from mpi_trainer.trainer.run_record import FitRecord
+    from mpi_trainer.trainer.scheduler import SchedulerRounds
+    from mpi_trainer.trainer.state import ModelState, build_optimizers
 
     for policy, again in (("rollback", True), ("stop", False)):
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])

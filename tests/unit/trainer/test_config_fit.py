@@ -14,9 +14,9 @@ import pytest
 
 from mpi_trainer.comm.local import LocalWorld
 from mpi_trainer.config import load_config
-from mpi_trainer.keras_fit import config_fit
-from mpi_trainer.keras_fit.config_fit import fit_config
-from tests.unit.keras_fit.test_fit_again import placed_in_place
+from mpi_trainer.trainer import config_fit
+from mpi_trainer.trainer.config_fit import fit_config
+from tests.unit.trainer.test_fit_again import placed_in_place
 
 DIGITS = {"data": {"source": "digits", "test_size": 0.2}, "model": {"name": "mlp", "learning_rate": 0.003},
           "train": {"epochs": 2, "batch_size": 32, "seed": 0}, "checkpoint": {"every": 1},
@@ -188,7 +188,7 @@ def test_resume_without_a_run_directory_is_refused_on_every_rank(monkeypatch):
 
 def test_arrays_that_rank_0_did_not_pass_are_refused_on_every_rank():
     from mpi_trainer.errors import InputError
-    from mpi_trainer.keras_fit.config_fit import _same_data
+    from mpi_trainer.trainer.config_fit import _same_data
 
     world = LocalWorld(3)
     transports = world.transports()
@@ -207,7 +207,7 @@ def test_arrays_that_rank_0_did_not_pass_are_refused_on_every_rank():
 
 
 def test_arrays_given_on_rank_0_alone_are_sent_to_every_worker():
-    from mpi_trainer.keras_fit.config_fit import _same_data
+    from mpi_trainer.trainer.config_fit import _same_data
 
     world = LocalWorld(3)
     transports = world.transports()

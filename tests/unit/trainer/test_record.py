@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mpi_trainer.errors import ConfigError
-from mpi_trainer.keras_fit.record import FitRecord, fingerprint
+from mpi_trainer.trainer.run_record import FitRecord, fingerprint
 
 
 def model(units: int = 4, rate: float = 0.001) -> keras.Model:

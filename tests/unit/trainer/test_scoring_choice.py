@@ -7,8 +7,8 @@ import pytest
 
 from mpi_trainer.config.loader import load_config
 from mpi_trainer.errors import ConfigError
-from mpi_trainer.keras_fit.scoring_choice import choose_place, resolve_place
 from mpi_trainer.launch.devices import RankPlacement
+from mpi_trainer.trainer.scoring_choice import choose_place, resolve_place
 
 
 def placements(*worker_devices: str) -> list[RankPlacement]:

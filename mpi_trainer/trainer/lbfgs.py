@@ -4,7 +4,7 @@ Separation of concerns: SciPy's L-BFGS-B owns the search (directions, line searc
 :func:`~mpi_trainer.algorithms.lbfgs.minimize`); each worker computes the loss sum and gradient sum of its
 share of the training arrays at the parameters rank 0 asks for
 (:class:`~mpi_trainer.models.gradients.BlockGradient`); rank 0 owns the iterates, scores them, runs the
-Keras callbacks and writes the run directory with the same :class:`~.record.FitRecord` as every fit. An
+Keras callbacks and writes the run directory with the same :class:`~.run_record.FitRecord` as every fit. An
 accepted iterate plays the part of an epoch: it is one entry of the History and one row of rounds.csv,
 with the function evaluations it took and the gradient's largest component.
 
@@ -25,14 +25,14 @@ import numpy as np
 
 from mpi_trainer.algorithms.lbfgs import EVALUATE, PREEMPTED, Iterate, LbfgsSettings, WireLayout, minimize
 from mpi_trainer.errors import Preempted
-from mpi_trainer.keras_fit.rounds import Report, recorded_logs, reusable_input
+from mpi_trainer.trainer.round_protocol import Report, recorded_logs, reusable_input
 
 if TYPE_CHECKING:
     from mpi_trainer.comm.transport import Transport
     from mpi_trainer.config import Config
-    from mpi_trainer.keras_fit.record import FitRecord
-    from mpi_trainer.keras_fit.state import ModelState
     from mpi_trainer.persistence.preemption import Preemption
+    from mpi_trainer.trainer.run_record import FitRecord
+    from mpi_trainer.trainer.state import ModelState
 
 
 def settings_from(cfg: Config, iterations: int) -> LbfgsSettings:

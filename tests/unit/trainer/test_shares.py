@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mpi_trainer.keras_fit.shares import PyDatasetShare, array_share, input_kind, pipeline_share, share_rows
+from mpi_trainer.trainer.shares import PyDatasetShare, array_share, input_kind, pipeline_share, share_rows
 
 
 @pytest.mark.parametrize("shuffle", [True, False])

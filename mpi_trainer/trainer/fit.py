@@ -4,7 +4,7 @@ The steps, on every rank: load the config and place the rank; check what Keras w
 (compiled, the input kinds and arguments, through Keras' own adapters on each worker's share),
 every rank agreeing on a refusal before anything trains; build what the first batch would build;
 lay out the state (:mod:`.state`) and check it is the same everywhere; then rank 0 schedules
-(:class:`~.rounds.SchedulerRounds`) and the workers train (:class:`~.rounds.WorkerRounds`). At the
+(:class:`~.scheduler.SchedulerRounds`) and the workers train (:class:`~.worker.WorkerRounds`). At the
 end every rank holds the final state and the same ``keras.callbacks.History``, and its model's
 saving methods write whole files (:mod:`.saving`). Run as one process (no ``mpirun``), it is
 plain ``model.fit``.
@@ -25,19 +25,21 @@ from mpi_trainer import hooks
 from mpi_trainer.algorithms.divergence import DivergenceWatch
 from mpi_trainer.data.augmentation import build_augmenter
 from mpi_trainer.errors import EXIT_PREEMPTED, ConfigError, InputError, Preempted
-from mpi_trainer.keras_fit import shares
-from mpi_trainer.keras_fit.outer_choice import choose_outer
-from mpi_trainer.keras_fit.record import FitRecord, fingerprint
-from mpi_trainer.keras_fit.rounds import SchedulerRounds, StateWire, WorkerRounds
-from mpi_trainer.keras_fit.saving import save_whole_files
-from mpi_trainer.keras_fit.scoring_choice import resolve_place
-from mpi_trainer.keras_fit.settings import given_keys, refusals, value_of
-from mpi_trainer.keras_fit.stale import StaleScheduler, StaleWorker
-from mpi_trainer.keras_fit.state import ModelState, build_optimizers
-from mpi_trainer.keras_fit.sync_choice import SyncChoice, not_applicable
 from mpi_trainer.launch.agreement import agree, agreed, load_config_everywhere
 from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.preemption import Preemption
+from mpi_trainer.trainer import shares
+from mpi_trainer.trainer.outer_choice import choose_outer
+from mpi_trainer.trainer.round_protocol import StateWire
+from mpi_trainer.trainer.run_record import FitRecord, fingerprint
+from mpi_trainer.trainer.saving import save_whole_files
+from mpi_trainer.trainer.scheduler import SchedulerRounds
+from mpi_trainer.trainer.scoring_choice import resolve_place
+from mpi_trainer.trainer.settings import given_keys, refusals, value_of
+from mpi_trainer.trainer.ssp import StaleScheduler, StaleWorker
+from mpi_trainer.trainer.state import ModelState, build_optimizers
+from mpi_trainer.trainer.sync_choice import SyncChoice, not_applicable
+from mpi_trainer.trainer.worker import WorkerRounds
 
 if TYPE_CHECKING:
     from mpi_trainer.comm.transport import Transport
@@ -101,7 +103,7 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
         check_max_steps(cfg, kwargs)
         prepared = prepare(model, kwargs, transport.rank, workers, cfg.evaluation.on_workers, cfg.aggregation.elects)
         if cfg.model.uses_lbfgs:
-            from mpi_trainer.keras_fit.lbfgs import lbfgs_refusal
+            from mpi_trainer.trainer.lbfgs import lbfgs_refusal
 
             refused = lbfgs_refusal(prepared.train_data, kwargs)
             if refused:
@@ -593,8 +595,8 @@ def fit_lbfgs(transport: Transport, model: Any, state: ModelState, kwargs: dict[
               prepared: Any, record: FitRecord | None, saved: dict[str, Any] | None, placements: list[Any],
               preemption: Preemption) -> Any:
     """This rank's part of an L-BFGS fit: rank 0 returns the History, a worker None."""
-    from mpi_trainer.keras_fit.lbfgs import LbfgsScheduler, LbfgsWorker
     from mpi_trainer.launch.process_placement import log_placements
+    from mpi_trainer.trainer.lbfgs import LbfgsScheduler, LbfgsWorker
 
     workers = transport.size - 1
     if transport.rank != 0:

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from mpi_trainer.errors import ConfigError
-from mpi_trainer.keras_fit.fit import build, check_backend, prepare
+from mpi_trainer.trainer.fit import build, check_backend, prepare
 
 
 def compiled() -> keras.Model:
@@ -73,7 +73,7 @@ def test_a_keras_backend_asked_for_too_late_is_named(monkeypatch):
 @pytest.mark.parametrize("key, value", [("data.placement", "scatter"), ("train.seed", 7)])
 def test_engine_settings_a_keras_model_does_not_use_are_refused_not_ignored(key, value):
     from mpi_trainer.config import load_config
-    from mpi_trainer.keras_fit.fit import check_config
+    from mpi_trainer.trainer.fit import check_config
 
     section, name = key.split(".")
     cfg = load_config({section: {name: value}})
@@ -83,7 +83,7 @@ def test_engine_settings_a_keras_model_does_not_use_are_refused_not_ignored(key,
 
 def test_resume_without_a_run_directory_is_refused_naming_it(monkeypatch):
     from mpi_trainer.config import load_config
-    from mpi_trainer.keras_fit.fit import check_config
+    from mpi_trainer.trainer.fit import check_config
 
     monkeypatch.delenv("MPI_TRAINER_RUN_DIR", raising=False)
     with pytest.raises(ConfigError, match="`resume=True` needs the run directory.*Received: run_dir=None"):
@@ -101,9 +101,10 @@ def test_an_unbuilt_model_with_a_generator_is_refused_before_training():
 
 def test_an_epoch_in_which_a_worker_trained_nothing_fails_naming_it():
     from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
-    from mpi_trainer.keras_fit.record import FitRecord
-    from mpi_trainer.keras_fit.rounds import Report, RoundCombine, SchedulerRounds
-    from mpi_trainer.keras_fit.state import ModelState
+    from mpi_trainer.trainer.round_protocol import Report
+    from mpi_trainer.trainer.run_record import FitRecord
+    from mpi_trainer.trainer.scheduler import RoundCombine, SchedulerRounds
+    from mpi_trainer.trainer.state import ModelState
 
     model = compiled()
     model.optimizer.build(model.trainable_variables)
@@ -119,7 +120,7 @@ def test_an_epoch_in_which_a_worker_trained_nothing_fails_naming_it():
 
 
 def test_a_sync_warm_up_of_a_pipeline_is_refused_naming_the_warm_up():
-    from mpi_trainer.keras_fit.fit import check_sync_every
+    from mpi_trainer.trainer.fit import check_sync_every
 
     dataset = {"x": tf.data.Dataset.from_tensor_slices(np.zeros((8, 2)))}
     with pytest.raises(ConfigError, match=r"Received: train.sync_warmup_every=2 with x of kind 'tf.data.Dataset'.*"
@@ -128,7 +129,7 @@ def test_a_sync_warm_up_of_a_pipeline_is_refused_naming_the_warm_up():
 
 
 def test_sync_every_takes_arrays_and_names_what_it_cannot_cut_into_rounds():
-    from mpi_trainer.keras_fit.fit import check_sync_every
+    from mpi_trainer.trainer.fit import check_sync_every
 
     arrays = {"x": np.zeros((8, 2), "float32"), "y": np.zeros(8)}
     check_sync_every(4, arrays)

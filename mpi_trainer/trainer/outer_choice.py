@@ -30,7 +30,7 @@ def own_train_step(model: Any) -> bool:
 def stepping_optimizers(model: Any) -> list[Any]:
     """The optimizers the model may step: ``model.optimizer`` (unless a custom ``train_step`` leaves it
     unused: Keras compiles a default one) and the optimizers the model and its layers hold."""
-    from mpi_trainer.keras_fit.state import model_optimizers
+    from mpi_trainer.trainer.state import model_optimizers
 
     found = model_optimizers(model)
     compiled = getattr(model, "optimizer", None)
@@ -51,7 +51,7 @@ def choose_outer(requested: str, auto: bool, model: Any) -> tuple[str, str]:
         names = ", ".join(type(optimizer).__name__ for optimizer in optimizers)
         return "none", (f"aggregation.outer_optimizer = \"auto\": the model steps {len(optimizers)} optimizers "
                         f"({names}), so a round's change is not one loss's descent; plain averaging")
-    from mpi_trainer.keras_fit.state import batchnorm_layers
+    from mpi_trainer.trainer.state import batchnorm_layers
 
     normalized = [layer.name for layer in batchnorm_layers(model)]
     if normalized:

@@ -24,9 +24,9 @@ def check(cfg: Config, workers: int | None = None) -> str:
     from mpi_trainer.models.dry_run import SAMPLES, dry_run
 
     check_training_backend(configured_backend(), backend_installed)
-    from mpi_trainer.keras_fit.config_fit import APPLIED
-    from mpi_trainer.keras_fit.fit import ssp_conflicts
-    from mpi_trainer.keras_fit.settings import refusals
+    from mpi_trainer.trainer.config_fit import APPLIED
+    from mpi_trainer.trainer.fit import ssp_conflicts
+    from mpi_trainer.trainer.settings import refusals
 
     refused = refusals(cfg, applied=APPLIED) + ssp_conflicts(cfg)  # what the fit would refuse, said here first
     if refused:

@@ -38,10 +38,10 @@ def fit_config(transport: Transport, cfg: Config, config: Any, overrides: list[A
                builder: Any = None, callbacks: Sequence[Any] = (), config_path: str | Path | None = None,
                class_weight: Any = None) -> Any:
     """Every rank: the config's data and model, then the Keras fit; returns the History on every rank."""
-    from mpi_trainer.keras_fit.fit import fit_model, scored_epochs
     from mpi_trainer.launch.job import start_rank
     from mpi_trainer.launch.run_dir import chosen_path
     from mpi_trainer.launch.stream_choice import resolve_stream
+    from mpi_trainer.trainer.fit import fit_model, scored_epochs
 
     start_rank(transport, cfg)  # placed before Keras starts: the model is built below
     cfg = resolve_stream(transport, cfg)  # data.stream = "auto": whether a worker's rows fit its memory
@@ -112,7 +112,7 @@ def _training_input(dataset: Any, cfg: Config, workers: int) -> tuple[Any, Any, 
     from mpi_trainer.data.adapters.arrays import ArrayAdapter, StreamedShare
     from mpi_trainer.data.adapters.tf_dataset import input_context
     from mpi_trainer.data.streamed import streamed_train
-    from mpi_trainer.keras_fit.shares import DealtInput
+    from mpi_trainer.trainer.shares import DealtInput
 
     streamed = streamed_train(dataset)
     if streamed is None:
@@ -138,7 +138,7 @@ def _test_scores(test: Any, batch_size: int) -> Any:
     logs hold ``val_*``), adding ``test_<metric>`` to them."""
     import keras
 
-    from mpi_trainer.keras_fit.rounds import reusable_input
+    from mpi_trainer.trainer.round_protocol import reusable_input
 
     pair = isinstance(test, tuple)
     scoring = reusable_input({"x": test[0], "y": test[1], "batch_size": batch_size} if pair else {"x": test})
@@ -208,9 +208,9 @@ def fit_built(transport: Transport, cfg: Config, config: Any, overrides: list[An
     arguments as Keras reads them. Arrays given on rank 0 only (``None`` on the workers, or other arrays)
     are sent to every worker."""
     from mpi_trainer.data.adapters import is_pipeline
-    from mpi_trainer.keras_fit.fit import fit_model
     from mpi_trainer.launch.job import start_rank
     from mpi_trainer.launch.run_dir import chosen_path
+    from mpi_trainer.trainer.fit import fit_model
 
     start_rank(transport, cfg)  # placed before Keras starts: the model is built below
     x, y, weights, validation = data
@@ -239,7 +239,7 @@ def fit_built(transport: Transport, cfg: Config, config: Any, overrides: list[An
 
 def _same_data(transport: Transport, data: tuple[Any, Any, Any, Any]) -> tuple[Any, Any, Any, Any]:
     """Every rank's data: its own when every rank passed the same arrays, else rank 0's, sent to each."""
-    from mpi_trainer.keras_fit.record import data_print
+    from mpi_trainer.trainer.run_record import data_print
 
     prints = transport.allgather(None if data[0] is None else data_print(data))
     agree(transport, "`x` and `y` are the training data, and rank 0 passed none. Received: x=None on rank 0; "
@@ -259,7 +259,7 @@ def _first_batch(x: Any, y: Any, steps: Any) -> tuple[tuple[Any, Any], Any]:
     first batch put back), or for a ``dataset_fn(context)`` the datasets it builds for each worker."""
     from mpi_trainer.data.adapters import get_input_adapter, is_dataset_fn
     from mpi_trainer.data.adapters.tf_dataset import input_context
-    from mpi_trainer.keras_fit.shares import DealtInput
+    from mpi_trainer.trainer.shares import DealtInput
 
     adapter: Any = get_input_adapter(x, y, steps)  # what Keras refuses with a pipeline, refused as Keras words it
     first = adapter.first_batch()

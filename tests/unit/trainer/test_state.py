@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 
-from mpi_trainer.keras_fit.state import ModelState, build_optimizers, model_optimizers, optimizer_rules
+from mpi_trainer.trainer.state import ModelState, build_optimizers, model_optimizers, optimizer_rules
 
 
 def test_trainable_weights_lead_and_batchnorm_statistics_and_moments_follow():

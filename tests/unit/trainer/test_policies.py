@@ -15,10 +15,10 @@ import pytest
 
 from mpi_trainer.comm.local import LocalWorld
 from mpi_trainer.config import read_toml
-from mpi_trainer.keras_fit.fit import fit_model
-from mpi_trainer.keras_fit.state import ModelState
 from mpi_trainer.reporting.rundata import read_complete_rows
-from tests.unit.keras_fit.test_fit_again import placed_in_place
+from mpi_trainer.trainer.fit import fit_model
+from mpi_trainer.trainer.state import ModelState
+from tests.unit.trainer.test_fit_again import placed_in_place
 
 rng = np.random.default_rng(1)
 X = rng.normal(size=(160, 6)).astype("float32")
@@ -193,7 +193,7 @@ def test_rebalance_of_a_pipeline_or_with_a_step_budget_is_refused_naming_what_it
 
     from mpi_trainer.config import load_config
     from mpi_trainer.errors import ConfigError
-    from mpi_trainer.keras_fit.fit import check_rebalance
+    from mpi_trainer.trainer.fit import check_rebalance
 
     check_rebalance(load_config({}, ["data.rebalance=true"]), {"x": X})
     with pytest.raises(ConfigError, match=r"Received: data.rebalance=True with x of kind 'tf.data.Dataset'"):
@@ -330,7 +330,7 @@ def test_fewer_survivors_than_min_workers_checkpoint_and_end_the_job(tmp_path):
 
 
 def test_sync_every_auto_takes_the_steps_chosen_from_the_second_round_and_says_so(monkeypatch, caplog):
-    from mpi_trainer.keras_fit import sync_choice
+    from mpi_trainer.trainer import sync_choice
 
     caplog.set_level(logging.INFO, logger="mpi_trainer")
     measured = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from mpi_trainer.keras_fit.outer_choice import choose_outer, own_train_step
+from mpi_trainer.trainer.outer_choice import choose_outer, own_train_step
 
 
 def dense() -> keras.Model:

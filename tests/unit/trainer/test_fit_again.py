@@ -13,9 +13,9 @@ import pytest
 
 from mpi_trainer.comm.local import LocalWorld
 from mpi_trainer.errors import Preempted
-from mpi_trainer.keras_fit.fit import fit_model
 from mpi_trainer.launch.devices import RankPlacement
 from mpi_trainer.persistence.preemption import Preemption
+from mpi_trainer.trainer.fit import fit_model
 
 X = np.random.default_rng(0).normal(size=(48, 4)).astype("float32")
 Y = (X[:, 0] > 0).astype("int64")
@@ -93,7 +93,7 @@ def test_a_preempted_fit_checkpoints_every_rank_exits_75_and_the_same_fit_resume
         tmp_path, start_in_place, monkeypatch):
     uninterrupted = fit_everywhere(tmp_path / "whole", epochs=3, shuffle=False)
     with monkeypatch.context() as patched:
-        patched.setattr("mpi_trainer.keras_fit.fit.Preemption", SignalAfterOneEpoch)
+        patched.setattr("mpi_trainer.trainer.fit.Preemption", SignalAfterOneEpoch)
         preempted = fit_everywhere(tmp_path / "run", epochs=3, shuffle=False)
     assert all(isinstance(preempted[rank].get("raised"), Preempted) for rank in range(3)), preempted
     assert preempted[0]["raised"].code == 75

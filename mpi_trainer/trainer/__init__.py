@@ -1,5 +1,5 @@
 """Data-parallel ``fit`` of the user's own ``keras.Model`` object, with Keras' own machinery on every rank."""
 
-from mpi_trainer.keras_fit.fit import fit_model, plain_fit
+from mpi_trainer.trainer.fit import fit_model, plain_fit
 
 __all__ = ["fit_model", "plain_fit"]

@@ -18,7 +18,7 @@ from mpi_trainer.data.sources import load_dataset
 from mpi_trainer.models import build_model
 from mpi_trainer.models.gradients import TrainableVector
 from mpi_trainer.persistence.run_files import read_rounds
-from tests.unit.keras_fit.test_config_fit import start_in_place, train_everywhere  # noqa: F401 - a fixture
+from tests.unit.trainer.test_config_fit import start_in_place, train_everywhere  # noqa: F401 - a fixture
 
 LBFGS = {"data": {"source": "digits", "test_size": 0.2},
          "model": {"name": "softmax_regression", "optimizer": "lbfgs"},
@@ -82,7 +82,7 @@ def test_weights_the_objective_cannot_take_are_refused_on_every_rank(tmp_path):
 
 def test_a_zoo_model_given_arrays_trains_by_lbfgs_with_the_same_result_on_every_rank(tmp_path):
     from mpi_trainer.comm.local import LocalWorld
-    from mpi_trainer.keras_fit.config_fit import fit_built
+    from mpi_trainer.trainer.config_fit import fit_built
 
     table = {"model": {"name": "softmax_regression", "optimizer": "lbfgs"}, "train": {"seed": 0}}
     cfg = load_config({"data": {"source": "digits"}, **table})
@@ -108,7 +108,7 @@ def test_a_zoo_model_given_arrays_trains_by_lbfgs_with_the_same_result_on_every_
 def test_rows_not_held_as_arrays_are_refused_naming_their_kind():
     import tensorflow as tf
 
-    from mpi_trainer.keras_fit.lbfgs import lbfgs_refusal
+    from mpi_trainer.trainer.lbfgs import lbfgs_refusal
 
     x, y = np.zeros((8, 4), np.float32), np.zeros(8, np.int64)
     assert lbfgs_refusal((x, y, None), {}) is None

@@ -11,8 +11,8 @@ import pytest
 
 from mpi_trainer.config import Config, all_keys, load_config
 from mpi_trainer.errors import ConfigError
-from mpi_trainer.keras_fit.fit import check_config
-from mpi_trainer.keras_fit.settings import AS_DONE, HONOURED, NOT_APPLIED, given_keys, value_of
+from mpi_trainer.trainer.fit import check_config
+from mpi_trainer.trainer.settings import AS_DONE, HONOURED, NOT_APPLIED, given_keys, value_of
 
 
 def leaves(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -90,7 +90,7 @@ def test_every_key_is_classified_once():
     keys = set(all_keys())
     assert set(DEFAULTS) == keys
     assert not set(HONOURED) & set(NOT_APPLIED)
-    assert set(HONOURED) | set(NOT_APPLIED) == keys, "classify each new key in mpi_trainer/keras_fit/settings.py"
+    assert set(HONOURED) | set(NOT_APPLIED) == keys, "classify each new key in mpi_trainer/trainer/settings.py"
     assert set(AS_DONE) <= set(NOT_APPLIED)
 
 
@@ -188,8 +188,8 @@ def test_given_keys_are_read_from_the_config_and_the_overrides(tmp_path):
 def test_on_the_other_entries_every_key_is_applied_by_them_or_the_fit_or_refused_naming_it(key, entry, csv):
     """``train CONFIG`` and ``fit(build_fn, x, y)`` apply the model's (and the command line the data's) keys
     themselves; every other key is the fit's or refused, as for a script's keras.Model."""
-    from mpi_trainer.keras_fit.config_fit import APPLIED, BUILT_APPLIED
-    from mpi_trainer.keras_fit.settings import refusals
+    from mpi_trainer.trainer.config_fit import APPLIED, BUILT_APPLIED
+    from mpi_trainer.trainer.settings import refusals
 
     applied = APPLIED if entry == "command line" else BUILT_APPLIED
     default = DEFAULTS[key]

@@ -24,7 +24,9 @@ import numpy as np
 from mpi_trainer import hooks
 from mpi_trainer.algorithms.staleness import StalenessClock, merge_share
 from mpi_trainer.errors import Preempted
-from mpi_trainer.keras_fit.rounds import Order, Report, SchedulerRounds, WorkerRounds, non_finite_cause
+from mpi_trainer.trainer.round_protocol import Order, Report, non_finite_cause
+from mpi_trainer.trainer.scheduler import SchedulerRounds
+from mpi_trainer.trainer.worker import WorkerRounds
 
 TAG_ORDER = 31  # rank 0 -> a worker: an Order (train an epoch from the state that follows, or stop)
 TAG_STATE = 32  # rank 0 -> a worker: the state the order starts from

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from mpi_trainer.keras_fit.sync_choice import SHARE, SyncChoice, median_step, not_applicable, steps_for
+from mpi_trainer.trainer.sync_choice import SHARE, SyncChoice, median_step, not_applicable, steps_for
 
 
 def test_a_round_takes_the_fewest_steps_that_keep_its_other_cost_under_the_share():

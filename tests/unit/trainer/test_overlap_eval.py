@@ -1,6 +1,6 @@
 """``train.overlap_eval``: the next epoch's first round is handed out before an epoch is scored, so the workers
 train while rank 0 scores and runs the callbacks. Each fit runs on a scheduler and two workers as threads of a
-LocalWorld (:func:`tests.unit.keras_fit.test_policies.fit_set`)."""
+LocalWorld (:func:`tests.unit.trainer.test_policies.fit_set`)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from mpi_trainer.errors import Preempted
-from mpi_trainer.keras_fit.rounds import WorkerRounds
 from mpi_trainer.persistence.preemption import Preemption
-from tests.unit.keras_fit.test_policies import LOSE_RANK_2, Keep, Worsening, fit_set, same_everywhere, start_in_place
+from mpi_trainer.trainer.worker import WorkerRounds
+from tests.unit.trainer.test_policies import LOSE_RANK_2, Keep, Worsening, fit_set, same_everywhere, start_in_place
 
 __all__ = ["start_in_place"]  # the fixture that places every rank in this process
 
@@ -169,7 +169,7 @@ class Signal(keras.callbacks.Callback):
 
 
 def test_a_preemption_while_a_round_handed_out_ahead_trains_checkpoints_the_scored_epoch(tmp_path, monkeypatch):
-    monkeypatch.setattr("mpi_trainer.keras_fit.fit.Preemption", SignalWhileScoring)
+    monkeypatch.setattr("mpi_trainer.trainer.fit.Preemption", SignalWhileScoring)
     SignalWhileScoring.raised.clear()
     with pytest.raises(Preempted):
         fit_set([OVERLAP], tmp_path / "run", epochs=3, callbacks=[Signal()])

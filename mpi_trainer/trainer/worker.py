@@ -1,0 +1,285 @@
+"""The worker's side of a round: take the state, train one epoch (or a round's steps) of its share with the
+model's own ``fit``, report; score its share of the validation data when told to (:mod:`.round_protocol`)."""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mpi_trainer import hooks
+from mpi_trainer.errors import Preempted, RankLost, WorkerFailure
+from mpi_trainer.persistence.preemption import Preemption
+from mpi_trainer.trainer import shares
+from mpi_trainer.trainer.round_protocol import (
+    Order,
+    Report,
+    RoundClock,
+    StateWire,
+    agree_on_metric_size,
+    array_pipeline,
+    elected,
+    election_score,
+    reusable_input,
+)
+from mpi_trainer.trainer.slowdown import make_slowdown
+from mpi_trainer.trainer.state import ModelState
+from mpi_trainer.trainer.sync_choice import median_step
+
+if TYPE_CHECKING:
+    from mpi_trainer.comm.transport import Transport
+
+
+class _BatchCounter:
+    """Counts and times the batches of one ``fit`` call (a dataset's length is not known in advance)."""
+
+    def __init__(self) -> None:
+        import keras
+
+        counter = self
+
+        class Counting(keras.callbacks.Callback):
+            def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+                counter.began = time.perf_counter()
+
+            def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+                counter.batches += 1
+                counter.durations.append(time.perf_counter() - counter.began)
+
+        self.batches, self.began = 0, 0.0
+        self.durations: list[float] = []
+        self.callback = Counting()
+
+
+class WorkerRounds:
+    """A worker: takes the state, trains one epoch of its share with ``model.fit``, reports; scores its share
+    of the validation data with ``model.evaluate`` when told to."""
+
+    def __init__(self, transport: Transport, model: Any, state: ModelState, share: dict[str, Any], rows: int | None,
+                 weighted: bool, bounds: Any = None, validation: dict[str, Any] | None = None) -> None:
+        from mpi_trainer.algorithms.wait_bounds import WaitBounds
+
+        self.transport, self.model, self.state = transport, model, state
+        self.clock = RoundClock(transport, bounds or WaitBounds())
+        self.share = share  # model.fit's arguments for this worker's share
+        self.validation = validation  # model.evaluate's arguments for its share of the validation data
+        self.scoring: dict[str, Any] | None = None  # that share as this worker scores it (reusable_input)
+        self.election: dict[str, Any] | None = None  # best-of: model.evaluate's arguments for the validation data
+        # data.increment: (every training row, this worker's fixed rows, the settings); each epoch adds a draw
+        self.increment: tuple[Any, np.ndarray, Any] | None = None
+        # fault.survive: after a rank is lost, gives this worker its share for the survivors (None: the job ends)
+        self.reshare: Callable[[WorkerRounds], None] | None = None
+        test_hooks = hooks.active()  # debug.*: slow batches, and a crash at an epoch's training or contribution
+        self.slowdown = make_slowdown(test_hooks, transport.rank)
+        self.crash_at = ((test_hooks.crash_round, test_hooks.crash_phase)
+                         if test_hooks.crash_rank and test_hooks.crash_rank == transport.world_rank else None)
+        # debug.nan_rank / nan_round: this worker's part of that epoch's sum is poisoned once
+        self.nan_at = test_hooks.nan_round if test_hooks.nan_rank and test_hooks.nan_rank == transport.rank else None
+        self.preemption = Preemption()  # the job's, when the fit installed its signal handlers
+        self.augmenter: Any = None  # data.augmentation: Keras' random image layers, applied to each round's rows
+        # data.rebalance: (every training row, the order they are dealt in), and the part of it this worker holds
+        self.dealt: tuple[Any, np.ndarray] | None = None
+        self.block: tuple[int, int] | None = None
+        self.order, self.order_epoch = np.arange(0), -1  # the epoch's order of the share's rows
+        self.served: int | None = None  # the epoch of the last order taken
+        self.waited: tuple[float, float] | None = None  # when this worker began and ended waiting for it
+        self.rows = rows  # the rows of the share (arrays); None: counted from the batches
+        self.weighted = weighted
+        # the state, then this worker's weight, then its count of each clock (the model's steps, each
+        # optimizer's): summed over the workers in one reduction
+        self.buffer = np.zeros(state.size + 1 + state.clocks, dtype=np.float32)
+        self.wire = StateWire("float32", state.model_size)  # aggregation.wire_dtype, set by the fit
+
+    def run(self) -> None:
+        """Carry out the scheduler's orders until it says stop."""
+        while True:
+            try:
+                if not self.serve():
+                    return
+            except RankLost as error:  # fault.survive: the survivors carry on; else the job ends
+                self.rejoin(error)
+
+    def rejoin(self, error: RankLost) -> None:
+        """``fault.survive``: a rank was lost. Carry on with the survivors under this worker's new rank, with
+        its share of the rows for the survivors (:attr:`reshare`); the scheduler redoes the epoch's rounds."""
+        if self.reshare is None:
+            raise error
+        while True:
+            self.transport.shrink()
+            if self.transport.world_ranks[0] != 0:
+                raise WorkerFailure("the scheduler (rank 0) was lost; ending the job for `launch` to restart it")
+            try:
+                self.transport.agree(1)
+                break
+            except RankLost:
+                continue  # another rank was lost during the shrink
+        self.order_epoch = -1  # the walk through the rows follows the new share
+        self.reshare(self)
+
+    def serve(self) -> bool:
+        """One order: take the state, then train, score or stop; False once the order is to stop."""
+        size = self.state.size
+        self.transport.phase = self.awaiting_order()
+        waiting = time.time()
+        order: Order = self.transport.bcast_object(None)
+        self.served, self.waited = order.epoch, (waiting, time.time())
+        if not order.score:
+            self.clock.tick()
+        if order.state_follows:  # else the model holds what came back with the last sum (WorkerRounds.train_round)
+            self.wire.broadcast(self.transport, self.buffer[:size], exact=order.exact)
+            self.state.write(self.buffer[:size])
+        self.state.write_integers(order.integers)
+        if order.stop and order.preempted:
+            raise Preempted()
+        if order.stop:
+            return False
+        if order.score:
+            self.score()
+            return True
+        self.train_round(order)
+        return True
+
+    def awaiting_order(self) -> str:
+        """What this worker waits for, named when the wait runs out."""
+        after = "before the first round" if self.served is None else f"after round {self.served}"
+        return f"waiting for the scheduler's next order ({after})"
+
+    def train_round(self, order: Order) -> None:
+        """Train the round the order names, then add this worker's state to the sum and report."""
+        size = self.state.size
+        hooks.maybe_freeze(self.transport.rank, order.epoch)  # debug.freeze_rank: this worker stops here
+        self.maybe_crash(order.epoch, "train")
+        began = self.state.optimizer_steps()
+        report = self.train_order(order)
+        steps = [report.batches] + [now - then for now, then in zip(self.state.optimizer_steps(), began)]
+        weight = float(report.rows if self.weighted else 1) if report.batches else 0.0
+        if self.election is not None:
+            weight = self.stand(report)
+        if weight or self.election is None:
+            self.state.contribute(self.buffer[:size], weight, steps)
+        else:  # best-of, not elected: this worker adds nothing to the sum
+            self.buffer[:] = 0.0
+            steps = [0] * len(steps)
+        self.buffer[size] = weight
+        self.buffer[size + 1:] = steps
+        if self.nan_at == order.epoch:
+            self.buffer[:size] = np.nan
+            self.nan_at = None
+        self.maybe_crash(order.epoch, "contribute")
+        self.transport.reduce_sum(self.buffer[size:])  # weight and clocks first: rank 0 combines as the state comes
+        # the combined state is written into the model as it comes back, while later parts are summed; a round
+        # rank 0 does not keep is undone by the next order, which then carries the state (Order.state_follows)
+        writing = self.state.arriving(self.buffer[:size])
+        if self.wire.sum(self.transport, self.buffer[:size], on_returned=writing):
+            writing(0, size)  # whatever is left, where the transport said less of what arrived
+        report.preempt = self.preemption.requested
+        report.sent = self.transport.take_bytes()
+        report.sent += len(pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL)) * (self.transport.size - 1)
+        self.transport.allgather(report)
+
+    def train_order(self, order: Order) -> Report:
+        """The training the order asks of this worker: k steps of its rows (``train.sync_every``), an epoch of
+        its share (with ``data.increment``'s draw), or the steps ``train.max_steps`` left it."""
+        if order.blocks is not None:
+            self.take_block(order.blocks[self.transport.rank - 1])
+        budget = None if order.budgets is None else order.budgets[self.transport.rank - 1]
+        if budget == 0:  # the steps left went to other workers
+            return Report({}, 0, 0, 0.0, self.state.read_integers())
+        if order.parts > 1:
+            return self.train_part(order.epoch, order.part, order.every)
+        share, rows = self.increment_share(order.epoch)
+        if budget is not None:
+            share = {**(share or self.share), "steps_per_epoch": budget}
+            rows = min(budget * (self.share.get("batch_size") or 32), int(rows or self.rows or 0)) or None
+        return self.train(order.epoch, share, rows)
+
+    def take_block(self, block: tuple[int, int]) -> None:
+        """``data.rebalance``: this worker's share becomes the rows of ``block`` in the dealing order."""
+        if block == self.block or self.dealt is None:
+            return
+        data, dealing = self.dealt
+        index = np.sort(dealing[block[0]:block[1]])
+        x, y, weights = (None if part is None else shares.take_rows(part, index) for part in data)
+        self.share = {**self.share, "x": x, "y": y, "sample_weight": weights}
+        self.rows, self.block = len(index), block
+
+    def maybe_crash(self, epoch: int, phase: str) -> None:
+        """Test hook (``debug.crash_rank``, ``crash_round``, ``crash_phase``): end this process as kill -9 would."""
+        if self.crash_at == (epoch, phase):
+            self.transport.crash()
+
+    def stand(self, report: Report) -> float:
+        """Best-of: score this worker's state on the validation data; every rank learns every score and so the
+        winner (:func:`elected`). Its weight: 1 when elected (its state becomes the combined one), else 0."""
+        if report.batches:  # a worker past its last rows (train.sync_every) stands with no state of its own
+            report.scores = {name: float(value) for name, value in
+                             self.model.evaluate(**(self.election or {}), verbose=0, return_dict=True).items()}
+        scores = self.transport.allgather(election_score(report.scores) if report.batches else None)[1:]
+        return 1.0 if elected(scores) == self.transport.rank - 1 else 0.0
+
+    def score(self) -> None:
+        """This worker's share of the validation data, scored by Keras; the metrics' state summed on rank 0."""
+        from mpi_trainer.models.metric_state import flat_metric_state, metric_state
+
+        if self.validation is None:
+            raise RuntimeError("told to score, but this worker holds no share of the validation data")
+        if self.scoring is None:
+            self.scoring = reusable_input(self.validation)
+        self.model.evaluate(**self.scoring, verbose=0)
+        vector = flat_metric_state(metric_state(self.model))
+        agree_on_metric_size(self.transport, vector.size)
+        self.transport.reduce_sum(vector)
+
+    def train(self, epoch: int, share: dict[str, Any] | None = None, rows: int | None = None) -> Report:
+        """One ``model.fit`` epoch over ``share`` (default: the whole share of the input)."""
+        from mpi_trainer.data.augmentation import augment
+
+        counter = _BatchCounter()
+        started = time.perf_counter()
+        share = share or self.share
+        if self.augmenter is not None:  # a freshly transformed copy of the round's images; the input stays as it is
+            share = {**share, "x": augment(share["x"], self.augmenter)}
+        callbacks = [counter.callback] + ([self.slowdown] if self.slowdown is not None else [])
+        history = self.model.fit(**array_pipeline(share, training=True), epochs=epoch + 1, initial_epoch=epoch,
+                                 verbose=0, callbacks=callbacks)
+        logs = {name: float(values[-1]) for name, values in history.history.items() if values}
+        rows = rows or self.rows or counter.batches * (self.share.get("batch_size") or 32)
+        seconds = time.perf_counter() - started
+        now = time.time()
+        waited = [("wait", epoch, *self.waited)] if self.waited else []  # for the order (log.timeline)
+        return Report(logs, counter.batches, int(rows), seconds, self.state.read_integers(),
+                      phases=[*waited, ("train", epoch, now - seconds, now)],
+                      step_seconds=median_step(counter.durations), batch_seconds=sum(counter.durations))
+
+    def increment_share(self, epoch: int) -> tuple[dict[str, Any] | None, int | None]:
+        """``data.increment``: this epoch's share, the worker's fixed rows plus the epoch's seeded draw from the
+        other rows (:func:`~mpi_trainer.data.increment.draw_extra`), and its rows; (None, None) without it."""
+        from mpi_trainer.data.increment import draw_extra
+
+        if self.increment is None:
+            return None, None
+        data, fixed, settings = self.increment
+        extra = draw_extra(shares.row_count(data), fixed, epoch, self.transport.rank, shares.SHARE_SEED, settings)
+        index = np.concatenate([fixed, extra])
+        x, y, weights = (None if part is None else shares.take_rows(part, index) for part in data)
+        return {**self.share, "x": x, "y": y, "sample_weight": weights}, len(index)
+
+    def train_part(self, epoch: int, part: int, every: int) -> Report:
+        """Round ``part`` of the epoch under ``train.sync_every = k``: the next k batches of this worker's rows,
+        in the epoch's order (shuffled once an epoch when fit shuffles); an empty report past its last row."""
+        if self.order_epoch != epoch:
+            rows = int(self.rows or 0)
+            shuffled = self.share.get("shuffle", True)
+            self.order = (np.random.default_rng((shares.SHARE_SEED, epoch, self.transport.rank)).permutation(rows)
+                          if shuffled else np.arange(rows))
+            self.order_epoch = epoch
+        size = every * (self.share.get("batch_size") or 32)
+        index = self.order[part * size:(part + 1) * size]
+        if not len(index):
+            return Report({}, 0, 0, 0.0, self.state.read_integers())
+        data = shares.take_rows((self.share["x"], self.share["y"], self.share.get("sample_weight")), index)
+        share = {**self.share, "x": data[0], "y": data[1], "sample_weight": data[2], "shuffle": False}
+        return self.train(epoch, share, len(index))
