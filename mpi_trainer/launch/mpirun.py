@@ -32,10 +32,11 @@ def mpirun_command(ranks: int, args: list[str], machinefile: str | None = None,
     """``mpirun -n ranks ... python -m mpi_trainer ARGS`` (or ``... PROGRAM``) with the flags a laptop or CI needs.
 
     ``--oversubscribe`` allows more ranks than cores; ``--bind-to none`` lets each
-    worker size its own thread pool instead of being pinned to one core.
+    worker size its own thread pool instead of being pinned to one core. Each is a default: flags in
+    ``extra`` (the user's ``--mpirun-args``) that set the same thing replace it (:func:`own_defaults`).
     ``fault_tolerant``: with :data:`FAULT_TOLERANT_OPTIONS` (``fault.survive``).
     """
-    command = [find_mpirun(), "-n", str(ranks), "--oversubscribe", "--bind-to", "none"]
+    command = [find_mpirun(), "-n", str(ranks), *own_defaults(list(extra or []))]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         command.append("--allow-run-as-root")
     if machinefile:
@@ -44,6 +45,20 @@ def mpirun_command(ranks: int, args: list[str], machinefile: str | None = None,
         command += FAULT_TOLERANT_OPTIONS
     command += list(extra or [])
     return command + (list(program) if program else [sys.executable, "-m", "mpi_trainer", *args])
+
+
+# launch's defaults, each with the flags that set the same thing (Open MPI 5 refuses a second --bind-to, and
+# --map-by ...:OVERSUBSCRIBE or --nooversubscribe decide oversubscription themselves).
+DEFAULTS: list[tuple[list[str], tuple[str, ...]]] = [
+    (["--oversubscribe"], ("--oversubscribe", "--nooversubscribe", "--map-by", "-map-by")),
+    (["--bind-to", "none"], ("--bind-to", "-bind-to", "--bind-to-core", "--bind-to-socket")),
+]
+
+
+def own_defaults(extra: list[str]) -> list[str]:
+    """launch's default flags that the user's ``extra`` flags do not set themselves."""
+    given = {flag.split("=", 1)[0] for flag in extra}
+    return [flag for default, setters in DEFAULTS if not given & set(setters) for flag in default]
 
 
 def rank_pid(parent: int, rank: int) -> int | None:

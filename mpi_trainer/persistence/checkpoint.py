@@ -226,22 +226,25 @@ def _stored_digest(stored: StoredArray) -> str:
     return digest.hexdigest()
 
 
-def load_checkpoint(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Load ``path``, or its backup when the latest is missing, unreadable or damaged (digest mismatch)."""
-    arrays, _, meta = open_checkpoint(path, lambda name: False)
+def load_checkpoint(path: Path, fell_back: list[str] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Load ``path``, or its backup when the latest is missing, unreadable or damaged (digest mismatch); each
+    file passed over is appended to ``fell_back`` with why, as the warnings name it."""
+    arrays, _, meta = open_checkpoint(path, lambda name: False, fell_back)
     return arrays, meta
 
 
-def open_checkpoint(path: Path, leave: Callable[[str], bool]) -> tuple[dict[str, np.ndarray],
-                                                                       dict[str, StoredArray], dict[str, Any]]:
+def open_checkpoint(path: Path, leave: Callable[[str], bool], fell_back: list[str] | None = None
+                    ) -> tuple[dict[str, np.ndarray], dict[str, StoredArray], dict[str, Any]]:
     """As :func:`load_checkpoint`, but the flat arrays whose names ``leave`` picks stay on disk as
     :class:`StoredArray` (a worker's optimizer state: read part by part when it is sent, never whole in
     memory); returns (arrays read, arrays left on disk, metadata)."""
     path = Path(path)
-    errors = []
+    errors: list[str] = []
     for candidate in (path, backup_path(path)):
         if not candidate.exists():
             errors.append(f"{candidate}: missing")
+            if candidate == path and backup_path(path).exists():
+                get_logger().warning("checkpoint %s is missing; trying the backup", candidate)
             continue
         try:
             result = _read(candidate, leave)
@@ -252,5 +255,7 @@ def open_checkpoint(path: Path, leave: Callable[[str], bool]) -> tuple[dict[str,
             continue
         if candidate != path:
             get_logger().warning("loaded the backup checkpoint %s", candidate)
+            if fell_back is not None:
+                fell_back.extend(errors)
         return result
     raise FileNotFoundError("no readable checkpoint: " + "; ".join(errors))

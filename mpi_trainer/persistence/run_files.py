@@ -30,6 +30,7 @@ CONFIG_NAME = "config.toml"
 LOG_NAME = "train.log"
 CHECKPOINT_NAME = "checkpoint.h5"
 FINAL_WEIGHTS_NAME = "final.weights.h5"
+FINAL_STATE_NAME = "final.state.h5"  # the final weights in the checkpoints' codec, when Keras cannot save them
 FIT_PRINT_NAME = "fit.json"  # a keras.Model fit's fingerprint: what must be equal for it to resume
 BACKUP_SUFFIX = ".bak"
 REPORT_NAME = "report.txt"
@@ -154,7 +155,11 @@ def save_weights_atomic(model: Any, path: Path) -> None:
     """
     path = Path(path)
     tmp = prepare_new(path.with_name(path.name.replace(".weights.h5", "") + ".tmp.weights.h5"))
-    model.save_weights(tmp)
+    try:
+        model.save_weights(tmp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # nothing half-written left behind
+        raise
     fsync_file(tmp)
     digest = file_sha256(tmp)
     os.replace(tmp, path)

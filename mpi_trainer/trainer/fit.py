@@ -29,6 +29,7 @@ from mpi_trainer.launch.agreement import agree, agreed, load_config_everywhere
 from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.preemption import Preemption
 from mpi_trainer.trainer import shares
+from mpi_trainer.trainer.backup import every_epoch, release_backup, take_backup
 from mpi_trainer.trainer.outer_choice import choose_outer
 from mpi_trainer.trainer.round_protocol import StateWire
 from mpi_trainer.trainer.run_record import FitRecord, fingerprint
@@ -37,7 +38,7 @@ from mpi_trainer.trainer.scheduler import SchedulerRounds
 from mpi_trainer.trainer.scoring_choice import resolve_place
 from mpi_trainer.trainer.settings import given_keys, refusals, value_of
 from mpi_trainer.trainer.ssp import StaleScheduler, StaleWorker
-from mpi_trainer.trainer.state import ModelState, build_optimizers
+from mpi_trainer.trainer.state import ModelState, build_optimizers, finalize
 from mpi_trainer.trainer.sync_choice import SyncChoice, not_applicable
 from mpi_trainer.trainer.worker import WorkerRounds
 
@@ -88,8 +89,10 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
     if kwargs.get("validation_freq") == "config":
         kwargs["validation_freq"] = scored_epochs(cfg.evaluation.every, kwargs.get("epochs") or 1)
     workers = transport.size - 1
-    prepared, error = None, None
+    prepared, error, backup = None, None, None
     try:
+        kwargs, run_dir, backup = take_backup(kwargs, run_dir)  # the script's BackupAndRestore: the run's checkpoints
+        cfg = every_epoch(cfg, backup)
         check_config(cfg, run_dir, resume, given_keys(config, overrides), applied)
         hooks.active().check_slow_ranks(transport.size)  # debug.slow_ranks: worker ranks of this job
         check_backend()
@@ -112,6 +115,10 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
         error = str(exc)
     agree(transport, error)
     prepared = agreed(prepared)
+    if backup is not None:
+        describe = {**(describe or {}), "backup_and_restore": str(backup.directory)}
+        if transport.rank == 0:
+            get_logger().info("%s", backup.describe())
     build(model, kwargs, prepared)
     state = ModelState(model)
     layouts = transport.allgather((state.size, len(state.integers)))
@@ -153,7 +160,9 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
             history = None
     finally:
         preemption.uninstall()
-    return finish(transport, model, history)
+    history = finish(transport, model, history)
+    release_backup(backup, history.summary, transport.rank)
+    return history
 
 
 def wire_for(transport: Transport, cfg: Config) -> Config:
@@ -647,9 +656,11 @@ def closed_history(transport: Transport, model: Any, state: ModelState, callback
         record.finish(transport.size - 1)
         raise Preempted()
     history = _history(callbacks, record, trained=not complete)
-    if not complete:
+    if not complete:  # the state to train on from (before the EMA is written), then the final model
         record.save_state(state.read(state.empty()), state.read_integers(), len(history.epoch), history, True,
                           outer)
+    finalize(model)
+    if not complete:
         record.save_weights(model)
     history.summary = record.finish(transport.size - 1)  # the survivors, under fault.survive
     history.rounds = record.columns()
@@ -724,6 +735,8 @@ def finish(transport: Transport, model: Any, history: Any) -> Any:
         "rounds": history.rounds,
         "run_dir": None if history.run_dir is None else str(history.run_dir)}
     outcome = transport.bcast_object(outcome)
+    if transport.rank != 0:
+        finalize(model)  # rank 0's was, before its final weights were saved
     if history is None:
         history = keras.callbacks.History()
         history.set_model(model)

@@ -147,6 +147,9 @@ class FitRecord:
         self.lost: list[dict[str, Any]] = []  # fault.survive: the workers lost, each {rank, host, where}
         self.divergence: dict[str, Any] | None = None  # train.divergence: the one confirmed {round, cause, action}
         self.resumed_after: int | None = None  # the last epoch of the checkpoint this job resumed from
+        # What the run survived, over all its jobs (a resumed run's earlier ones too): rollbacks, checkpoints
+        # passed over for their backup, lost workers, resumptions; each {"event", "round", ...}, in summary.json.
+        self.survived: list[dict[str, Any]] = []
 
     # -- before training -----------------------------------------------------------
     def open(self) -> dict[str, Any] | None:
@@ -173,15 +176,41 @@ class FitRecord:
             raise ConfigError(f"`run_dir` {str(self.path)!r} holds the run of another fit: its {', '.join(differs)} "
                               f"differ from this call's. Received: run_dir={str(self.path)!r}; expected a new "
                               f"directory (or none) for a different model, data, compile or arguments")
-        return self._saved(self.path)
+        saved = self._saved(self.path)
+        if saved is None:
+            self._started_over(self.path)
+        return saved
 
-    @staticmethod
-    def _saved(path: Path) -> dict[str, Any] | None:
+    def _started_over(self, path: Path) -> None:
+        """This fit's directory holds epochs of an earlier job but no checkpoint to resume them from (it was
+        stopped before its first): the fit starts again at its first epoch from the model as given, and says so."""
+        from mpi_trainer.persistence.run_files import read_rounds
+
+        try:
+            epochs = len(read_rounds(path / ROUNDS_NAME))
+        except (OSError, ValueError):
+            return
+        if epochs:
+            self.survived.append({"event": "started_over", "round": -1, "epochs_lost": epochs})
+            self.log.warning("%s holds %d epoch(s) of an earlier job of this fit but no checkpoint (checkpoint.every "
+                             "or every_seconds not reached before it stopped): this fit starts again at its first "
+                             "epoch, from the model's weights as the script gives them", path, epochs)
+
+    def _saved(self, path: Path) -> dict[str, Any] | None:
+        """The checkpoint's state, or its backup's when the latest is missing, cut or damaged (a warning
+        names it, and summary.json's ``survived`` lists it); None when the directory holds neither."""
         from mpi_trainer.persistence.checkpoint import load_checkpoint
+        from mpi_trainer.persistence.run_files import backup_path
 
-        if not (path / CHECKPOINT_NAME).exists():
+        latest = path / CHECKPOINT_NAME
+        if not latest.exists() and not backup_path(latest).exists():
             return None
-        arrays, meta = load_checkpoint(path / CHECKPOINT_NAME)
+        passed_over: list[str] = []
+        arrays, meta = load_checkpoint(latest, passed_over)
+        self.survived = list(meta.get("survived", []))
+        if passed_over:
+            self.survived.append({"event": "checkpoint_backup", "round": meta["next_epoch"] - 1,
+                                  "passed_over": passed_over})
         return {"state": arrays["state"], "integers": [arrays[f"integer_{i}"] for i in range(meta["integers"])],
                 "next_epoch": meta["next_epoch"], "complete": meta["complete"], "history": meta["history"],
                 "epochs": meta["epochs"], "rows": meta["rows"], "stop_reason": meta["stop_reason"],
@@ -211,6 +240,7 @@ class FitRecord:
                               self.stop_reason, saved["next_epoch"])
             else:
                 self.resumed_after = saved["next_epoch"] - 1
+                self.survived.append({"event": "resumed", "round": self.resumed_after})
                 self.log.info("%s holds an unfinished run: resuming after round %d (its last checkpoint)",
                               self.path, self.resumed_after)
         if not complete:
@@ -234,11 +264,17 @@ class FitRecord:
     def lost_worker(self, world_rank: int, host: str, where: str) -> None:
         """``fault.survive``: a worker was lost and the others carry on; named in the log and the summary."""
         self.lost.append({"rank": world_rank, "host": host, "where": where})
+        self.survived.append({"event": "lost_worker", "round": len(self.rows), "rank": world_rank, "host": host})
         self.log.warning("%s: worker rank %d on host %s was lost", where, world_rank, host)
 
     def count_bytes(self, sent: int) -> None:
         """Traffic outside an epoch (the final state handed to the workers): in the run's total only."""
         self.traffic += sent
+
+    def rolled_back(self, epoch: int, cause: str, rates: list[float]) -> None:
+        """``train.nan_policy = "rollback"``: the epoch's round went non-finite and starts again from the state
+        before it, the learning rates halved to ``rates``; kept for summary.json (``survived``)."""
+        self.survived.append({"event": "nan_rollback", "round": epoch, "cause": cause, "learning_rates": rates})
 
     def stopped(self, reason: str) -> None:
         self.stop_reason = reason
@@ -334,15 +370,32 @@ class FitRecord:
         arrays = {"state": state, **{f"integer_{i}": np.asarray(v) for i, v in enumerate(integers)}, **(outer or {})}
         meta = {"next_epoch": next_epoch, "round": next_epoch - 1, "complete": complete, "integers": len(integers),
                 "history": {k: [float(x) for x in v] for k, v in history.history.items()},
-                "epochs": list(history.epoch), "rows": self.rows, "stop_reason": self.stop_reason}
+                "epochs": list(history.epoch), "rows": self.rows, "stop_reason": self.stop_reason,
+                "survived": self.survived}
         save_checkpoint(self.path / CHECKPOINT_NAME, arrays, json.loads(json.dumps(meta, default=float)))
 
     def save_weights(self, model: Any) -> None:
-        """The kept model's Keras weights as ``final.weights.h5`` (checksummed)."""
-        if self.path is not None:
-            from mpi_trainer.persistence.run_files import FINAL_WEIGHTS_NAME, save_weights_atomic
+        """The kept model's Keras weights as ``final.weights.h5`` (checksummed). A model Keras will not save
+        (a subclassed model that ``fit`` never calls stays unbuilt, and Keras refuses to save an unbuilt model)
+        has its weights written as ``final.state.h5`` instead, in the checkpoints' codec: each weight by its
+        path, checksummed; the log and summary.json (``final_weights``) say which file holds them."""
+        if self.path is None:
+            return
+        from mpi_trainer.persistence.checkpoint import save_checkpoint
+        from mpi_trainer.persistence.run_files import FINAL_STATE_NAME, FINAL_WEIGHTS_NAME, save_weights_atomic
 
+        try:
             save_weights_atomic(model, self.path / FINAL_WEIGHTS_NAME)
+            self.describe["final_weights"] = FINAL_WEIGHTS_NAME
+            return
+        except ValueError as exc:  # Keras' refusal of this model (unbuilt); anything else is a real failure
+            refusal = str(exc)
+        arrays = {f"weight_{index}": np.asarray(weight) for index, weight in enumerate(model.get_weights())}
+        paths = [variable.path for variable in model.weights]
+        save_checkpoint(self.path / FINAL_STATE_NAME, arrays, {"weights": paths, "keras_refused": refusal})
+        self.describe["final_weights"] = FINAL_STATE_NAME
+        self.log.warning("Keras would not save this model's weights (%s); its final weights are in %s instead, "
+                         "each by its path (keras.Model.get_weights order)", refusal.splitlines()[0], FINAL_STATE_NAME)
 
     def finish(self, workers: int) -> dict[str, Any]:
         """The run's summary, written to summary.json; a complete run found again hands back the one it wrote."""
@@ -363,6 +416,8 @@ class FitRecord:
                    "wall_seconds": time.time() - self.started, "traffic_bytes": self.traffic,
                    "resumed_after_round": self.resumed_after, "stop_reason": self.stop_reason, "workers": workers,
                    "completed": self.stop_reason != "preempted", **self.describe}
+        summary["survived"] = self.survived
+        summary["nan_rollbacks"] = sum(event["event"] == "nan_rollback" for event in self.survived)
         if self.lost:
             summary["lost_workers"] = self.lost
         if self.divergence:

@@ -255,6 +255,7 @@ class SchedulerRounds:
             return False
         self.rollbacks += 1
         rates = self.state.halve_rates()
+        self.record.rolled_back(epoch, error.cause, rates)
         self.record.log.warning("epoch %d: %s; rolling back to the state the round started from, learning rate "
                                 "halved to %s (train.nan_policy='rollback', %d in a row)", epoch, error.cause,
                                 ", ".join(f"{rate:.4g}" for rate in rates) or "(a schedule: unchanged)",

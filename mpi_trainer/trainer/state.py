@@ -35,6 +35,8 @@ every rank from the start and combines like ``model.optimizer``'s.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,11 +51,55 @@ MODEL_STEPS = 0  # the clock of a layer's moving averages: the batches the worke
 @dataclass(frozen=True)
 class Rule:
     """How one variable combines: ``kind`` (mean, moving average or running sum), the average's
-    ``decay``, and the ``clock`` counting its updates (0: the model's steps; ``i + 1``: optimizer i's)."""
+    ``decay``, and the ``clock`` counting its updates (0: the model's steps; ``i + 1``: optimizer i's
+    calls). ``per``: the clock's ticks per update (an optimizer with ``gradient_accumulation_steps = k``
+    is called every batch but moves its averages every k-th call)."""
 
     kind: str = MEAN
     decay: float = 0.0
     clock: int = MODEL_STEPS
+    per: int = 1
+
+    def updates(self, steps: Any) -> int:
+        """The updates of this variable in ``steps`` (each clock's ticks)."""
+        return int(steps[self.clock]) // self.per
+
+
+def step_counter(optimizer: Any) -> Any:
+    """The variable counting an optimizer's calls: ``iterations``, or under ``gradient_accumulation_steps``
+    the raw counter Keras divides to give it (``iterations`` is then a computed tensor, not a variable)."""
+    holder = getattr(optimizer, "inner_optimizer", None) or optimizer  # a LossScaleOptimizer counts its inner's
+    return getattr(holder, "_iterations", None) or holder.iterations
+
+
+def accumulation(optimizer: Any) -> int:
+    """The calls an optimizer takes per update of its weights (``gradient_accumulation_steps``; 1 without)."""
+    holder = getattr(optimizer, "inner_optimizer", None) or optimizer
+    return int(getattr(holder, "gradient_accumulation_steps", None) or 1)
+
+
+@contextmanager
+def finalization_held(model: Any) -> Iterator[None]:
+    """A worker's ``model.fit`` for one round without the end that Keras gives every ``fit``: with
+    ``use_ema``, ``optimizer.finalize_variable_values`` writes the EMA into the weights. One process does
+    that once, at the end of the whole fit (:func:`finalize`), so a round's end must not."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or not getattr(optimizer, "use_ema", False):
+        yield
+        return
+    optimizer.finalize_variable_values = lambda var_list: None  # an instance attribute shadows the method
+    try:
+        yield
+    finally:
+        del optimizer.finalize_variable_values
+
+
+def finalize(model: Any) -> None:
+    """What Keras' ``fit`` does when it ends (``optimizer.finalize_variable_values``, with ``use_ema`` the
+    EMA written into the weights), once for the whole data-parallel fit, on every rank."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and getattr(optimizer, "built", False):
+        optimizer.finalize_variable_values(model.trainable_weights)
 
 
 def model_optimizers(model: Any) -> list[Any]:
@@ -108,16 +154,17 @@ def _decay(holder: Any, name: str) -> float | None:
 def optimizer_rules(optimizer: Any, clock: int) -> dict[int, Rule]:
     """The rules of an optimizer's variables it keeps moving averages or sums in, by variable id."""
     inner = getattr(optimizer, "inner_optimizer", None) or optimizer  # a LossScaleOptimizer's moments
+    per = accumulation(optimizer)
     rules: dict[int, Rule] = {}
     for slots, decay_name in _slot_decays(inner).items():
         decay = 0.0 if decay_name == SUM else _decay(inner, decay_name)
         for variable in getattr(inner, slots, None) or []:
             if decay is not None and variable is not None:
-                rules[id(variable)] = Rule(SUM if decay_name == SUM else MOVING, decay, clock)
+                rules[id(variable)] = Rule(SUM if decay_name == SUM else MOVING, decay, clock, per)
     if getattr(inner, "use_ema", False):
         decay = _decay(inner, "ema_momentum")
         for variable in getattr(inner, "_model_variables_moving_average", None) or []:
-            if decay is not None:
+            if decay is not None and variable is not None:  # moved on every call, accumulating or not
                 rules[id(variable)] = Rule(MOVING, decay, clock)
     return rules
 
@@ -269,8 +316,9 @@ class ModelState:
         self.rules = [rules.get(id(v), Rule()) for v in self.floats]
         self.clocks = 1 + len(self.optimizers)  # the model's steps, then each optimizer's
         integer_ids = [id(v) for v in self.integers]
-        self.counters = {integer_ids.index(id(opt.iterations)): index + 1 for index, opt in enumerate(self.optimizers)
-                         if id(opt.iterations) in integer_ids}  # integer index -> the optimizer's clock
+        counters = [id(step_counter(opt)) for opt in self.optimizers]
+        self.counters = {integer_ids.index(counter): index + 1 for index, counter in enumerate(counters)
+                         if counter in integer_ids}  # integer index -> the optimizer's clock
 
     def empty(self) -> np.ndarray:
         return np.zeros(self.size, dtype=np.float32)
@@ -316,8 +364,9 @@ class ModelState:
             variable.assign(np.asarray(value, dtype=variable.dtype).reshape(variable.shape))
 
     def optimizer_steps(self) -> list[int]:
-        """Each optimizer's step count now."""
-        return [int(_value(optimizer.iterations)) for optimizer in self.optimizers]
+        """Each optimizer's calls so far (its step counter: under ``gradient_accumulation_steps``, the calls,
+        of which every k-th updates the weights)."""
+        return [int(_value(step_counter(optimizer))) for optimizer in self.optimizers]
 
     def contribute(self, flat: np.ndarray, weight: float, steps: list[int]) -> None:
         """A worker's part of the round's sum, in place: ``flat`` holds the state the round started from
@@ -330,7 +379,7 @@ class ModelState:
             elif rule.kind == SUM:
                 moving_averages.sum_contribution(final, flat[start:end])
             else:
-                moving_averages.contribution(final, flat[start:end], steps[rule.clock], rule.decay)
+                moving_averages.contribution(final, flat[start:end], rule.updates(steps), rule.decay)
 
     def combine(self, summed: np.ndarray, before: np.ndarray, total_weight: float, steps: np.ndarray,
                 start: int = 0, stop: int | None = None) -> None:
@@ -351,7 +400,7 @@ class ModelState:
             elif rule.kind == SUM:
                 moving_averages.sum_combine(part, before[begin:end])
             else:
-                moving_averages.combine(part, before[begin:end], int(steps[rule.clock]), rule.decay)
+                moving_averages.combine(part, before[begin:end], rule.updates(steps), rule.decay)
 
     def merge(self, into: np.ndarray, local: np.ndarray, base: np.ndarray, share: float, steps: list[int]) -> None:
         """SSP, in place: one worker's update merged into the global state ``into`` as it arrives (``base``:
@@ -365,7 +414,7 @@ class ModelState:
             elif rule.kind == SUM:
                 moving_averages.sum_merge(part, mine, began)
             else:
-                moving_averages.merge_update(part, mine, began, int(steps[rule.clock]), rule.decay)
+                moving_averages.merge_update(part, mine, began, rule.updates(steps), rule.decay)
 
     def combine_integers(self, before: list[np.ndarray], first_worker: list[np.ndarray],
                          steps: np.ndarray) -> list[np.ndarray]:

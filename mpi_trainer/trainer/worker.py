@@ -26,7 +26,7 @@ from mpi_trainer.trainer.round_protocol import (
     reusable_input,
 )
 from mpi_trainer.trainer.slowdown import make_slowdown
-from mpi_trainer.trainer.state import ModelState
+from mpi_trainer.trainer.state import ModelState, finalization_held
 from mpi_trainer.trainer.sync_choice import median_step
 
 if TYPE_CHECKING:
@@ -243,8 +243,9 @@ class WorkerRounds:
         if self.augmenter is not None:  # a freshly transformed copy of the round's images; the input stays as it is
             share = {**share, "x": augment(share["x"], self.augmenter)}
         callbacks = [counter.callback] + ([self.slowdown] if self.slowdown is not None else [])
-        history = self.model.fit(**array_pipeline(share, training=True), epochs=epoch + 1, initial_epoch=epoch,
-                                 verbose=0, callbacks=callbacks)
+        with finalization_held(self.model):  # the EMA reaches the weights once, when the whole fit ends
+            history = self.model.fit(**array_pipeline(share, training=True), epochs=epoch + 1, initial_epoch=epoch,
+                                     verbose=0, callbacks=callbacks)
         logs = {name: float(values[-1]) for name, values in history.history.items() if values}
         rows = rows or self.rows or counter.batches * (self.share.get("batch_size") or 32)
         seconds = time.perf_counter() - started

@@ -233,3 +233,23 @@ def test_launch_names_a_machinefile_host_that_does_not_resolve_before_mpirun(tmp
     # a launch agent of mpirun's own may reach hosts this machine cannot resolve: not refused for that
     from mpi_trainer.launch.supervisor import check_hosts_resolve
     check_hosts_resolve(machinefile, "--prtemca plm_ssh_agent /opt/agent.sh")
+
+
+@pytest.mark.parametrize("user, kept, dropped", [
+    ("--bind-to core", ["--oversubscribe"], ["none"]),
+    ("--map-by ppr:1:core --bind-to core", [], ["--oversubscribe", "none"]),
+    ("--nooversubscribe", ["--bind-to", "none"], ["--oversubscribe"]),
+    ("-x FOO", ["--oversubscribe", "--bind-to", "none"], []),
+])
+def test_the_users_mpirun_flags_replace_the_launchers_defaults_that_set_the_same_thing(user, kept, dropped):
+    import shlex
+
+    from mpi_trainer.launch.mpirun import mpirun_command
+
+    command = mpirun_command(3, ["train", "x.toml"], extra=shlex.split(user))
+    for flag in kept:
+        assert flag in command
+    for flag in dropped:
+        assert flag not in command
+    assert command.count("--bind-to") <= 1  # Open MPI refuses it twice ("bind-to listed more than once")
+    assert " ".join(command).count(user) == 1

@@ -271,6 +271,11 @@ def test_rollback_trains_the_epoch_again_at_half_the_learning_rate():
     assert all(np.isfinite(weights).all() for weights in result[0]["weights"])
     assert result[0]["rounds"]["workers"] == [2, 2, 2]
     assert [result[rank]["rate"] for rank in range(3)] == [pytest.approx(0.01)] * 3  # 0.02 halved once
+    summary = result[0]["summary"]
+    assert summary["nan_rollbacks"] == 1
+    (rollback,) = summary["survived"]
+    assert rollback["event"] == "nan_rollback" and rollback["round"] == 1
+    assert "non-finite" in rollback["cause"] and rollback["learning_rates"] == [pytest.approx(0.01)]
 
 
 def test_a_loss_climbing_from_its_first_epoch_is_named_and_stops_the_fit_when_asked():

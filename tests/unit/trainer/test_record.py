@@ -91,3 +91,30 @@ def test_a_directory_holding_a_run_without_a_fingerprint_is_refused_and_left_as_
                                           r"summary.json but no fit.json: .*\), which this fit cannot resume"):
         FitRecord(run, fingerprint(model(), DATA, {"epochs": 2}, {}), {}).open()
     assert (run / "summary.json").read_text() == '{"completed": true}' and not (run / "fit.json").exists()
+
+
+@pytest.mark.parametrize("damage", ["deleted", "cut"])
+def test_a_run_whose_latest_checkpoint_is_lost_resumes_from_the_backup_and_says_so(tmp_path, damage, caplog):
+    print_ = fingerprint(model(), DATA, {"epochs": 3}, {})
+    record = FitRecord(tmp_path / "run", print_, {})
+    record.begin(record.open())
+    history = keras.callbacks.History()
+    for epoch in (0, 1):  # two checkpoints: the first becomes the backup
+        history.history, history.epoch = {"loss": [0.5, 0.4][:epoch + 1]}, list(range(epoch + 1))
+        record.save_state(np.full(4, epoch, np.float32), [np.array(epoch)], epoch + 1, history, False)
+    record.release()
+    latest = tmp_path / "run" / "checkpoint.h5"
+    if damage == "deleted":
+        latest.unlink()
+    else:
+        latest.write_bytes(latest.read_bytes()[:100])
+    again = FitRecord(tmp_path / "run", print_, {})
+    saved = again.open()
+    again.begin(saved)
+    assert saved is not None and saved["next_epoch"] == 1 and saved["state"].tolist() == [0.0] * 4
+    assert "trying the backup" in caplog.text and "loaded the backup checkpoint" in caplog.text
+    summary = again.finish(1)
+    again.release()
+    fallback, resumed = summary["survived"]
+    assert fallback["event"] == "checkpoint_backup" and "checkpoint.h5" in fallback["passed_over"][0]
+    assert resumed == {"event": "resumed", "round": 0} and summary["resumed_after_round"] == 0
