@@ -93,6 +93,7 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
     try:
         kwargs, run_dir, backup = take_backup(kwargs, run_dir)  # the script's BackupAndRestore: the run's checkpoints
         cfg = every_epoch(cfg, backup)
+        check_optimizers(model)
         check_config(cfg, run_dir, resume, given_keys(config, overrides), applied)
         hooks.active().check_slow_ranks(transport.size)  # debug.slow_ranks: worker ranks of this job
         check_backend()
@@ -163,6 +164,27 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
     history = finish(transport, model, history)
     release_backup(backup, history.summary, transport.rank)
     return history
+
+
+# Optimizers whose state a data-parallel fit does not yet carry as one process would, even on one worker
+# (docs/keras.md's table): refused by name before training rather than trained silently wrong.
+UNSUPPORTED_OPTIMIZERS = {
+    "ScheduleFreeAdamW": "its interpolation between the gradient sequence and the averaged one, which a round "
+                         "would have to carry over, is not reproduced: even one worker ends far from one process",
+}
+
+
+def check_optimizers(model: Any) -> None:
+    """Refuse an optimizer of :data:`UNSUPPORTED_OPTIMIZERS`, naming it and why."""
+    from mpi_trainer.trainer.state import model_optimizers
+
+    for optimizer in model_optimizers(model):
+        inner = getattr(optimizer, "inner_optimizer", None) or optimizer
+        why = UNSUPPORTED_OPTIMIZERS.get(type(inner).__name__)
+        if why is not None:
+            raise ConfigError(f"A data-parallel fit cannot train with keras.optimizers.{type(inner).__name__}: "
+                              f"{why}. Received: optimizer={type(inner).__name__}; expected another Keras "
+                              f"optimizer (docs/keras.md lists each one's row)")
 
 
 def wire_for(transport: Transport, cfg: Config) -> Config:

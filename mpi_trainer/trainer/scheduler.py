@@ -490,7 +490,8 @@ class SchedulerRounds:
         else:
             if self.scoring is None:
                 self.scoring = reusable_input(self.validation)
-            scores = self.model.evaluate(**self.scoring, verbose=0, return_dict=True)
+            # with the fit's callbacks, as Keras' fit validates: their on_test_* run (SwapEMAWeights scores the EMA)
+            scores = self.model.evaluate(**self.scoring, verbose=0, return_dict=True, callbacks=self.callbacks)
         return {f"val_{name}": float(value) for name, value in scores.items()}
 
     def score_on_workers(self, epoch: int) -> dict[str, float]:

@@ -69,7 +69,8 @@ def step_counter(optimizer: Any) -> Any:
     """The variable counting an optimizer's calls: ``iterations``, or under ``gradient_accumulation_steps``
     the raw counter Keras divides to give it (``iterations`` is then a computed tensor, not a variable)."""
     holder = getattr(optimizer, "inner_optimizer", None) or optimizer  # a LossScaleOptimizer counts its inner's
-    return getattr(holder, "_iterations", None) or holder.iterations
+    counter = getattr(holder, "_iterations", None)
+    return holder.iterations if counter is None else counter
 
 
 def accumulation(optimizer: Any) -> int:
@@ -132,6 +133,8 @@ def _slot_decays(optimizer: Any) -> dict[str, str]:
 
     opt = keras.optimizers
     known: list[tuple[Any, dict[str, str]]] = [
+        # ScheduleFreeAdamW's "momentum" is the z sequence (a position, averaged plainly), its velocity Adam's
+        (getattr(opt, "ScheduleFreeAdamW", ()), {"_velocities": "beta_2"}),
         (opt.RMSprop, {"_velocities": "rho", "_average_gradients": "rho", "_momentums": "momentum"}),
         (opt.Lion, {"_momentums": "beta_2"}),
         (opt.Adamax, {"_m": "beta_1"}),

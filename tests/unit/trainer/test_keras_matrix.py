@@ -1,0 +1,324 @@
+"""Keras' surface, proven against one process: with one worker, ``fit_model`` equals plain ``model.fit``.
+
+The rows are generated from what Keras exports, not picked by hand: every optimizer class in
+``keras.optimizers``, every option of the optimizers' base class, every callback class in
+``keras.callbacks``, and the model kinds and stateful layers a script trains. A Keras release that adds
+an optimizer, an option or a callback fails :func:`test_every_part_of_keras_has_a_row` until it has a
+row here. Each row builds the same model twice with one seed, fits it with plain Keras in this process
+and with mpi_trainer on a scheduler and one worker (threads of a LocalWorld), and compares the History
+and the final weights. Data is not shuffled, so both see the same batches in the same order; the rest
+(the optimizer's moments and step counts, the EMA, the learning rate a callback or a schedule sets, the
+RNG of Dropout) is what a round must carry over for the two to agree.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+
+from keras.src.optimizers.base_optimizer import BaseOptimizer  # the options every optimizer takes
+
+from mpi_trainer.comm.local import LocalWorld
+from mpi_trainer.errors import InputError
+from mpi_trainer.trainer.fit import fit_model
+from tests.unit.trainer.test_fit_again import placed_in_place
+
+rng = np.random.default_rng(11)
+X = rng.normal(size=(96, 6)).astype("float32")
+Y = ((X[:, 0] + X[:, 1] > 0).astype("int64") + (X[:, 2] > 0.4).astype("int64"))
+X_VAL, Y_VAL = X[:32] * 1.1, Y[:32]
+EPOCHS, BATCH = 3, 16
+# Float32 sums in another order (the combine's arithmetic on one worker's state): the same to ~1e-6
+TOLERANCE = {"rtol": 2e-5, "atol": 2e-6}
+
+
+def sequential(optimizer: Any = None, *layers: Any) -> keras.Model:
+    model = keras.Sequential([keras.Input((6,)), *layers, keras.layers.Dense(12, activation="relu"),
+                              keras.layers.Dense(3, activation="softmax")])
+    model.compile(optimizer or keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+# -- the optimizers: every class keras.optimizers exports ------------------------------------------------
+OPTIMIZERS: dict[str, Callable[[], Any] | None] = {
+    "Adadelta": lambda: keras.optimizers.Adadelta(1.0),
+    "Adafactor": lambda: keras.optimizers.Adafactor(0.01),
+    "Adagrad": lambda: keras.optimizers.Adagrad(0.05),
+    "Adam": lambda: keras.optimizers.Adam(0.01),
+    "AdamW": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.01),
+    "Adamax": lambda: keras.optimizers.Adamax(0.01),
+    "Ftrl": lambda: keras.optimizers.Ftrl(0.05),
+    "Lamb": lambda: keras.optimizers.Lamb(0.01),
+    "Lion": lambda: keras.optimizers.Lion(0.001),
+    "Muon": lambda: keras.optimizers.Muon(0.01),
+    "Nadam": lambda: keras.optimizers.Nadam(0.01),
+    "RMSprop": lambda: keras.optimizers.RMSprop(0.01, momentum=0.5),
+    "SGD": lambda: keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True),
+    "ScheduleFreeAdamW": lambda: keras.optimizers.ScheduleFreeAdamW(0.01),
+    "LossScaleOptimizer": lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.01)),
+    # not optimizers a model compiles with on its own: the base class, and the maps of several optimizers
+    "Optimizer": None, "MultiOptimizer": None, "OptimizerMap": None,
+}
+
+# -- every option of the optimizers' base class -------------------------------------------------------
+OPTIONS: dict[str, dict[str, Any] | None] = {
+    "learning_rate": {"learning_rate": keras.optimizers.schedules.ExponentialDecay(0.02, 4, 0.5)},
+    "weight_decay": {"weight_decay": 0.05},
+    "clipnorm": {"clipnorm": 0.1},
+    "clipvalue": {"clipvalue": 0.01},
+    "global_clipnorm": {"global_clipnorm": 0.1},
+    "use_ema": {"use_ema": True, "ema_momentum": 0.9},
+    "ema_momentum": {"use_ema": True, "ema_momentum": 0.5},
+    "ema_overwrite_frequency": {"use_ema": True, "ema_momentum": 0.9, "ema_overwrite_frequency": 4},
+    "gradient_accumulation_steps": {"gradient_accumulation_steps": 2},
+    "loss_scale_factor": {"loss_scale_factor": 8.0},
+    "name": {"name": "renamed"},
+    "kwargs": None,  # the base class' catch-all for deprecated names
+}
+
+
+def with_option(option: str) -> Callable[[], keras.Model]:
+    return lambda: sequential(keras.optimizers.Adam(**{"learning_rate": 0.01, **(OPTIONS[option] or {})}))
+
+
+# -- the callbacks: every class keras.callbacks exports ---------------------------------------------------
+def lr_schedule(epoch: int, rate: float) -> float:
+    return 0.02 / (1 + epoch)
+
+
+class Logged(keras.callbacks.Callback):
+    """Records the learning rate at each epoch's start, as a script's callback reads it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rates: list[float] = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.rates.append(float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
+
+
+CALLBACKS: dict[str, Callable[[Any], list[Any]] | None] = {
+    "BackupAndRestore": lambda tmp: [keras.callbacks.BackupAndRestore(str(tmp / "backup"))],
+    "CSVLogger": lambda tmp: [keras.callbacks.CSVLogger(str(tmp / "log.csv"))],
+    "EarlyStopping": lambda tmp: [keras.callbacks.EarlyStopping("loss", patience=0, min_delta=0.05,
+                                                                restore_best_weights=True)],
+    "LambdaCallback": lambda tmp: [keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: logs.update(doubled=2 * logs["loss"]))],
+    "LearningRateScheduler": lambda tmp: [keras.callbacks.LearningRateScheduler(lr_schedule)],
+    "ModelCheckpoint": lambda tmp: [keras.callbacks.ModelCheckpoint(str(tmp / "best.weights.h5"), "val_loss",
+                                                                    save_best_only=True, save_weights_only=True)],
+    "ReduceLROnPlateau": lambda tmp: [keras.callbacks.ReduceLROnPlateau("loss", factor=0.5, patience=0,
+                                                                        min_delta=10.0)],
+    "SwapEMAWeights": lambda tmp: [keras.callbacks.SwapEMAWeights(swap_on_epoch=True)],
+    "TensorBoard": lambda tmp: [keras.callbacks.TensorBoard(str(tmp / "board"))],
+    "TerminateOnNaN": lambda tmp: [keras.callbacks.TerminateOnNaN()],
+    # the machinery every fit has (History, the progress bar), the base classes, a callback that posts to a
+    # server, and Orbax's checkpointing (the JAX backend's, which needs the orbax package)
+    "Callback": None, "CallbackList": None, "History": None, "ProgbarLogger": None, "RemoteMonitor": None,
+    "OrbaxCheckpoint": None,
+}
+
+
+# -- model kinds and stateful layers ----------------------------------------------------------------------
+def functional() -> keras.Model:
+    inputs = keras.Input((6,), name="features")
+    hidden = keras.layers.Dense(12, activation="relu")(inputs)
+    outputs = keras.layers.Dense(3, activation="softmax")(keras.layers.Concatenate()([hidden, inputs]))
+    model = keras.Model(inputs, outputs)
+    model.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+class Subclassed(keras.Model):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = keras.layers.Dense(12, activation="relu")
+        self.out = keras.layers.Dense(3, activation="softmax")
+
+    def call(self, inputs):
+        return self.out(self.hidden(inputs))
+
+
+class OwnTrainStep(Subclassed):
+    """A train step of its own (keras.io's "customizing what happens in fit"), with its own loss tracker."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tracker = keras.metrics.Mean(name="loss")
+
+    def train_step(self, data):
+        import tensorflow as tf
+
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(x, y, self(x, training=True))
+        self.optimizer.apply(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
+        self.tracker.update_state(loss)
+        return {"loss": self.tracker.result()}
+
+    @property
+    def metrics(self):
+        return [self.tracker]
+
+
+class OwnComputeLoss(Subclassed):
+    """Its own ``compute_loss``: the compiled loss plus an L2 term on the outputs."""
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        loss = super().compute_loss(x, y, y_pred, sample_weight, training)
+        return loss + 0.01 * keras.ops.mean(keras.ops.square(y_pred))
+
+
+class NeverCalled(keras.Model):
+    """A model ``fit`` never calls (a GAN's or a VAE's shape): sub-models and a train_step of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = keras.Sequential([keras.Input((6,)), keras.layers.Dense(12, activation="relu"),
+                                     keras.layers.Dense(3, activation="softmax")])
+        self.tracker = keras.metrics.Mean(name="loss")
+
+    def train_step(self, data):
+        import tensorflow as tf
+
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = keras.ops.mean(keras.losses.sparse_categorical_crossentropy(y, self.net(x, training=True)))
+        self.optimizer.apply(tape.gradient(loss, self.net.trainable_variables), self.net.trainable_variables)
+        self.tracker.update_state(loss)
+        return {"loss": self.tracker.result()}
+
+    def test_step(self, data):
+        x, y = data
+        loss = keras.ops.mean(keras.losses.sparse_categorical_crossentropy(y, self.net(x)))
+        self.tracker.update_state(loss)
+        return {"loss": self.tracker.result()}
+
+    @property
+    def metrics(self):
+        return [self.tracker]
+
+
+def compiled(model: keras.Model, metrics: bool = True) -> keras.Model:
+    model.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy",
+                  metrics=["accuracy"] if metrics else None)
+    return model
+
+
+def adapted_normalization() -> keras.layers.Layer:
+    layer = keras.layers.Normalization()
+    layer.adapt(X)
+    return layer
+
+
+MODELS: dict[str, Callable[[], keras.Model]] = {
+    "sequential": lambda: sequential(),
+    "functional": functional,
+    "subclassed": lambda: compiled(Subclassed()),
+    "own_train_step": lambda: compiled(OwnTrainStep(), metrics=False),
+    "own_compute_loss": lambda: compiled(OwnComputeLoss()),
+    "never_called_by_fit": lambda: compiled(NeverCalled(), metrics=False),
+    # no bias before BatchNormalization (its gradient is rounding noise, which Adam scales up to the rate)
+    "batch_normalization": lambda: sequential(None, keras.layers.Dense(8, use_bias=False),
+                                              keras.layers.BatchNormalization()),
+    "adapted_normalization": lambda: sequential(None, adapted_normalization()),
+    "dropout": lambda: sequential(None, keras.layers.Dense(16, activation="relu"), keras.layers.Dropout(0.3)),
+    "gaussian_noise": lambda: sequential(None, keras.layers.GaussianNoise(0.1)),
+}
+
+
+def rows() -> dict[str, tuple[Callable[[], keras.Model], Callable[[Any], list[Any]]]]:
+    """Every row: (the model's builder, its callbacks given a directory to write in)."""
+    none: Callable[[Any], list[Any]] = lambda tmp: []  # noqa: E731
+    found = {f"model:{name}": (build, none) for name, build in MODELS.items()}
+    found |= {f"optimizer:{name}": ((lambda make=make: sequential(make())), none)
+              for name, make in OPTIMIZERS.items() if make is not None}
+    found |= {f"option:{name}": (with_option(name), none) for name, value in OPTIONS.items() if value is not None}
+    for name, make_callbacks in CALLBACKS.items():
+        if make_callbacks is None:
+            continue
+        build = with_option("use_ema") if name == "SwapEMAWeights" else (lambda: sequential())
+        found[f"callback:{name}"] = (build, lambda tmp, make=make_callbacks: [*make(tmp), Logged()])
+    return found
+
+
+ROWS = rows()
+
+
+def test_every_part_of_keras_has_a_row():
+    """A Keras release's new optimizer, optimizer option or callback fails here until the matrix covers it."""
+    exported = {
+        "optimizers": {n for n in dir(keras.optimizers) if isinstance(getattr(keras.optimizers, n), type)},
+        "options": set(inspect.signature(BaseOptimizer.__init__).parameters) - {"self"},
+        "callbacks": {n for n in dir(keras.callbacks) if isinstance(getattr(keras.callbacks, n), type)},
+    }
+    covered = {"optimizers": set(OPTIMIZERS), "options": set(OPTIONS), "callbacks": set(CALLBACKS)}
+    assert {kind: sorted(exported[kind] - covered[kind]) for kind in exported} == {kind: [] for kind in exported}
+
+
+@pytest.fixture(autouse=True)
+def start_in_place(monkeypatch):
+    monkeypatch.setattr("mpi_trainer.launch.job.start_rank", placed_in_place)
+
+
+def fitted(build: Callable[[], keras.Model], callbacks: list[Any], data_parallel: bool,
+           run_dir: Any = None) -> dict[str, Any]:
+    """The History, the final weights and the rates a callback saw, after plain Keras' fit or one worker's."""
+    arguments = {"x": X, "y": Y, "batch_size": BATCH, "epochs": EPOCHS, "verbose": 0, "shuffle": False,
+                 "validation_data": (X_VAL, Y_VAL), "callbacks": callbacks}
+    if not data_parallel:
+        keras.utils.set_random_seed(3)
+        model = build()
+        history = model.fit(**arguments)
+        return {"history": history.history, "weights": model.get_weights(), "callbacks": callbacks}
+    world = LocalWorld(2)
+    transports = world.transports()
+    models = []
+    for _ in range(2):  # each rank runs the script: the same seed before its model
+        keras.utils.set_random_seed(3)
+        models.append(build())
+
+    def rank(index: int) -> dict[str, Any]:
+        mine = {**arguments, "callbacks": callbacks if index == 0 else []}
+        history = fit_model(transports[index], models[index], mine, None, [], run_dir, False)
+        return {"history": history.history, "weights": models[index].get_weights(), "summary": history.summary}
+
+    done = world.run({0: lambda: rank(0), 1: lambda: rank(1)}, timeout=120)
+    return {**done[0], "worker": done[1], "callbacks": callbacks}
+
+
+def assert_same(mine: dict[str, Any], plain: dict[str, Any]) -> None:
+    assert set(mine["history"]) == set(plain["history"])
+    for key, values in plain["history"].items():
+        np.testing.assert_allclose(mine["history"][key], values, **TOLERANCE, err_msg=key)
+    for got, expected in zip(mine["weights"], plain["weights"], strict=True):
+        np.testing.assert_allclose(got, expected, **TOLERANCE)
+
+
+# Rows a data-parallel fit refuses before training, each with what its message names.
+REFUSED = {"optimizer:ScheduleFreeAdamW": "keras.optimizers.ScheduleFreeAdamW"}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_what_cannot_equal_one_process_is_refused_before_training_naming_it(name, tmp_path):
+    with pytest.raises(InputError, match=REFUSED[name]):
+        fitted(ROWS[name][0], [], data_parallel=True)
+
+
+@pytest.mark.parametrize("name", sorted(set(ROWS) - set(REFUSED)))
+def test_one_worker_fits_as_plain_keras(name, tmp_path):
+    build, make_callbacks = ROWS[name]
+    for where in ("plain", "mine"):
+        (tmp_path / where).mkdir()
+    plain = fitted(build, make_callbacks(tmp_path / "plain"), data_parallel=False)
+    mine = fitted(build, make_callbacks(tmp_path / "mine"), data_parallel=True)
+    assert_same(mine, plain)
+    for got, expected in zip(mine["worker"]["weights"], plain["weights"], strict=True):
+        np.testing.assert_allclose(got, expected, **TOLERANCE)  # every rank holds the final model
+    rates = [[c.rates for c in result["callbacks"] if isinstance(c, Logged)] for result in (mine, plain)]
+    np.testing.assert_allclose(*rates, rtol=1e-6)
