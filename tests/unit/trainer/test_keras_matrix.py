@@ -24,7 +24,8 @@ import pytest
 from keras.src.optimizers.base_optimizer import BaseOptimizer  # the options every optimizer takes
 
 from mpi_trainer.comm.local import LocalWorld
-from mpi_trainer.errors import InputError
+from mpi_trainer.errors import InputError, Preempted
+from mpi_trainer.persistence.preemption import Preemption
 from mpi_trainer.trainer.fit import fit_model
 from tests.unit.trainer.test_fit_again import placed_in_place
 
@@ -283,12 +284,19 @@ def fitted(build: Callable[[], keras.Model], callbacks: list[Any], data_parallel
         keras.utils.set_random_seed(3)
         models.append(build())
 
-    def rank(index: int) -> dict[str, Any]:
+    def rank(index: int) -> Any:
         mine = {**arguments, "callbacks": callbacks if index == 0 else []}
-        history = fit_model(transports[index], models[index], mine, None, [], run_dir, False)
+        if index and any(isinstance(c, keras.callbacks.BackupAndRestore) for c in callbacks):
+            mine["callbacks"] = [c for c in callbacks if isinstance(c, keras.callbacks.BackupAndRestore)]
+        try:
+            history = fit_model(transports[index], models[index], mine, None, [], run_dir, False)
+        except Preempted as exc:
+            return exc
         return {"history": history.history, "weights": models[index].get_weights(), "summary": history.summary}
 
     done = world.run({0: lambda: rank(0), 1: lambda: rank(1)}, timeout=120)
+    if isinstance(done[0], BaseException):
+        raise done[0]
     return {**done[0], "worker": done[1], "callbacks": callbacks}
 
 
@@ -322,3 +330,53 @@ def test_one_worker_fits_as_plain_keras(name, tmp_path):
         np.testing.assert_allclose(got, expected, **TOLERANCE)  # every rank holds the final model
     rates = [[c.rates for c in result["callbacks"] if isinstance(c, Logged)] for result in (mine, plain)]
     np.testing.assert_allclose(*rates, rtol=1e-6)
+
+
+class PreemptedAfter(Preemption):
+    """A preemption signal that reaches every rank once ``epochs`` epochs trained (each rank asks once an epoch)."""
+
+    epochs = 2
+
+    def install(self, names, grace_seconds, on_expire):  # threads cannot take signals: no handlers
+        self.asked = 0
+
+    @property
+    def requested(self) -> bool:
+        self.asked += 1
+        return self.asked >= self.epochs
+
+
+def test_a_fit_with_backup_and_restore_stopped_mid_way_and_started_again_ends_as_one_uninterrupted_process(
+        tmp_path, monkeypatch):
+    """As in one process: the second job resumes at the epoch after the last backed-up one, its learning-rate
+    schedule on track, and ends with the uninterrupted fit's History and weights; the backup_dir goes at the end."""
+    callbacks = lambda: [keras.callbacks.BackupAndRestore(str(tmp_path / "backup")),  # noqa: E731
+                         keras.callbacks.LearningRateScheduler(lr_schedule), Logged()]
+    plain = fitted(sequential, callbacks(), data_parallel=False)
+    with monkeypatch.context() as patched:
+        patched.setattr("mpi_trainer.trainer.fit.Preemption", PreemptedAfter)
+        with pytest.raises(Preempted):
+            fitted(sequential, callbacks(), data_parallel=True)
+    assert (tmp_path / "backup" / "checkpoint.h5").exists()
+    again = callbacks()
+    resumed = fitted(sequential, again, data_parallel=True)
+    assert_same(resumed, plain)
+    assert again[-1].rates == pytest.approx(plain["callbacks"][-1].rates[PreemptedAfter.epochs:])  # on track
+    survived = resumed["summary"]["survived"]
+    assert survived == [{"event": "resumed", "round": PreemptedAfter.epochs - 1}]
+    assert not (tmp_path / "backup").exists()  # deleted once the fit completed, as Keras deletes it
+
+
+def test_a_model_keras_will_not_save_ends_its_fit_on_every_rank_with_its_weights_in_the_run_directory(tmp_path):
+    from mpi_trainer.persistence.checkpoint import load_checkpoint
+
+    build = MODELS["never_called_by_fit"]
+    plain = fitted(build, [], data_parallel=False)
+    mine = fitted(build, [], data_parallel=True, run_dir=tmp_path / "run")
+    assert_same(mine, plain)
+    assert mine["summary"]["final_weights"] == "final.state.h5"
+    arrays, meta = load_checkpoint(tmp_path / "run" / "final.state.h5")
+    assert len(meta["weights"]) == len(plain["weights"]) and "not yet been built" in meta["keras_refused"]
+    for index, expected in enumerate(plain["weights"]):
+        np.testing.assert_allclose(arrays[f"weight_{index}"], expected, **TOLERANCE)
+    assert not list((tmp_path / "run").glob("*.tmp*"))
