@@ -20,7 +20,6 @@ from typing import Any
 import keras
 import numpy as np
 import pytest
-
 from keras.src.optimizers.base_optimizer import BaseOptimizer  # the options every optimizer takes
 
 from mpi_trainer.comm.local import LocalWorld
