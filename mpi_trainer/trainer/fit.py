@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -471,7 +472,9 @@ def prepare(model: Any, kwargs: dict[str, Any], rank: int, workers: int, workers
              "shuffle": kwargs.get("shuffle", True), "class_weight": kwargs.get("class_weight"),
              "steps_per_epoch": steps}
     if kind != "generator":  # a generator's first batch cannot be looked at and put back
-        get_data_adapter(**{k: v for k, v in share.items() if k != "steps_per_epoch"}, steps_per_epoch=steps)
+        with warnings.catch_warnings():  # what Keras warns of here, it warns of again in the worker's own fit
+            warnings.simplefilter("ignore", UserWarning)
+            get_data_adapter(**{k: v for k, v in share.items() if k != "steps_per_epoch"}, steps_per_epoch=steps)
     prepared.share = share
     return prepared
 
