@@ -80,6 +80,7 @@ class LocalWorld:
         self.shrinking: set[int] = set()
         self.generation = 0
         self.notices: dict[int, list[tuple[int, str, str]]] = {rank: [] for rank in range(size)}
+        self.workers: LocalWorld | None = None  # every rank but 0, for what the workers exchange among themselves
         self._transports = [LocalTransport(self, rank) for rank in range(size)]
 
     def transports(self) -> list[LocalTransport]:
@@ -327,6 +328,19 @@ class LocalTransport(AccountedRank):
     def duplicate(self, timeout: float | None = None) -> LocalTransport:
         """The same rank: a local world is made for one job."""
         return self
+
+    def split_workers(self) -> LocalTransport | None:
+        """The workers' own world (every rank but 0, in order); rank 0 gets None. Every rank calls it."""
+        with self.world.cond:  # the first rank here makes the workers' world; every rank then finds it
+            if self.world.workers is None:
+                self.world.workers = LocalWorld(self.size - 1)
+            made = self.world.workers
+        self.barrier()
+        if self.rank == 0:
+            return None
+        workers: LocalTransport = made.transports()[self.rank - 1]
+        workers.bound = self.bound
+        return workers
 
     # -- failure notices --------------------------------------------------------
     def notify_failure(self, text: str) -> None:

@@ -668,6 +668,18 @@ class Transport(AccountedRank):
         twin.bound, twin.phase, twin.hosts = self.bound, self.phase, self.hosts
         return twin
 
+    def split_workers(self) -> Transport | None:
+        """The workers' own communicator (every rank but 0, in order), for what they exchange among themselves
+        at every step; rank 0 gets None. Every rank calls it."""
+        color = self._mpi.UNDEFINED if self.rank == 0 else 1
+        comm = self.comm.Split(color, key=self.rank)
+        if self.rank == 0:
+            return None
+        workers = Transport(comm, self.max_sleep)
+        workers.bound, workers.phase = self.bound, self.phase
+        workers.hosts = None if self.hosts is None else self.hosts[1:]
+        return workers
+
     def abort(self, code: int = 1) -> None:
         self.comm.Abort(code)
 

@@ -24,7 +24,8 @@ FeatureDtype = Literal["uint8", "float32"]
 FEATURE_DTYPES = get_args(FeatureDtype)
 # data.source of a job whose arrays were handed to mpi_trainer.fit (never read from a file).
 ARRAYS_SOURCE = "arrays"
-AggregationMethod = Literal["average", "weighted", "best"]
+# "synchronous": synchronous SGD, the workers' gradients summed at every step (trainer/synchronous.py)
+AggregationMethod = Literal["average", "weighted", "best", "synchronous"]
 AGGREGATION_METHODS = get_args(AggregationMethod)
 # "auto": float32, or float16 where the measured links are slow enough that halving the bytes pays for the
 # casts (launch/wire_choice.py, at the job's start)

@@ -175,8 +175,45 @@ def _fault_rule(cfg: Config) -> None:
                               f"Expected {key} = {expected}, or fault.survive = False")
 
 
-RULES = (_staleness_rules, _damping_rule, _sync_every_rules, _warmup_rules, _lbfgs_rule, _evaluation_rule,
-         _outer_optimizer_rule, _fault_rule)
+def _synchronous_conflicts(cfg: Config) -> dict[str, tuple[bool, object, str, str]]:
+    """Key -> (set?, value, expected, why synchronous SGD cannot honour it)."""
+    aggregation, data, train = cfg.aggregation, cfg.data, cfg.train
+    return {
+        "aggregation.ssp": (aggregation.ssp > 0, aggregation.ssp, "0",
+                            "every step waits for every worker's gradients"),
+        "aggregation.outer_optimizer": (aggregation.steps_outer, aggregation.outer_optimizer, "'none' or 'auto'",
+                                        "every worker applies the same update at every step: there is no "
+                                        "averaged round to step from"),
+        "train.sync_every": (train.sync_steps > 0, train.sync_every, "0",
+                             "the workers are combined at every step already"),
+        "train.sync_warmup_epochs": (train.sync_warmup_epochs > 0, train.sync_warmup_epochs, "0",
+                                     "the workers are combined at every step already"),
+        "train.overlap_eval": (train.overlap_eval, train.overlap_eval, "false",
+                               "an epoch's steps cannot start before the last epoch's state is settled"),
+        "data.increment.enabled": (data.increment.enabled, data.increment.enabled, "false",
+                                   "each worker's steps must meet the others' at every step"),
+        "data.rebalance": (data.rebalance, data.rebalance, "false",
+                           "the workers wait for each other at every step, so no worker's share lags"),
+        "fault.survive": (cfg.fault.survive, cfg.fault.survive, "false",
+                          "a worker lost inside an epoch leaves the others inside a step's sum"),
+        "model.optimizer": (cfg.model.uses_lbfgs, cfg.model.optimizer, "a Keras optimizer",
+                            "L-BFGS sums full-batch gradients of its own"),
+    }
+
+
+def _synchronous_rule(cfg: Config) -> None:
+    """Synchronous SGD (``aggregation.method = "synchronous"``): refuse what needs rounds of local steps."""
+    if not cfg.aggregation.synchronous:
+        return
+    for key, (conflicts, value, expected, why) in _synchronous_conflicts(cfg).items():
+        if conflicts:
+            raise ConfigError(f"`aggregation.method` = 'synchronous' cannot be combined with {key}={value!r}: "
+                              f"{why}. Received: aggregation.method='synchronous', {key}={value!r}; expected "
+                              f"{key} = {expected}, or another aggregation.method")
+
+
+RULES = (_synchronous_rule, _staleness_rules, _damping_rule, _sync_every_rules, _warmup_rules, _lbfgs_rule,
+         _evaluation_rule, _outer_optimizer_rule, _fault_rule)
 
 
 def check_config(cfg: Config) -> None:

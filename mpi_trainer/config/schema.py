@@ -162,11 +162,11 @@ class Config:
     def outer_optimizer_for(self, workers: int) -> str:
         """The outer optimizer in effect with ``workers`` workers: ``aggregation.outer_optimizer``, where
         ``"auto"`` is Nesterov for synchronous rounds that average two or more workers, and none where no
-        average is stepped from (one worker, SSP, best-of election, L-BFGS)."""
+        average is stepped from (one worker, SSP, best-of election, synchronous SGD, L-BFGS)."""
         if not self.aggregation.outer_optimizer_auto:
             return self.aggregation.outer_optimizer
         averaged = workers > 1 and not (self.aggregation.ssp > 0 or self.aggregation.elects
-                                        or self.model.uses_lbfgs)
+                                        or self.aggregation.synchronous or self.model.uses_lbfgs)
         return AUTO_OUTER_OPTIMIZER if averaged else "none"
 
     def to_dict(self) -> dict[str, Any]:

@@ -200,6 +200,12 @@ class AggregationConfig(Section):
         return self.method == "best"
 
     @property
+    def synchronous(self) -> bool:
+        """Synchronous SGD: the workers' gradients are summed at every step and every worker applies the same
+        update, as one process on the global batch; the epoch's state is one worker's (all hold the same)."""
+        return self.method == "synchronous"
+
+    @property
     def weighs_by_samples(self) -> bool:
         """``method = "weighted"``: each worker's weights count in the average by the samples it trained on."""
         return self.method == "weighted"

@@ -41,6 +41,7 @@ from mpi_trainer.trainer.settings import given_keys, refusals, value_of
 from mpi_trainer.trainer.ssp import StaleScheduler, StaleWorker
 from mpi_trainer.trainer.state import ModelState, build_optimizers, finalize
 from mpi_trainer.trainer.sync_choice import SyncChoice, not_applicable
+from mpi_trainer.trainer.synchronous import GradientSum, check_synchronous
 from mpi_trainer.trainer.worker import WorkerRounds
 
 if TYPE_CHECKING:
@@ -95,6 +96,8 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
         kwargs, run_dir, backup = take_backup(kwargs, run_dir)  # the script's BackupAndRestore: the run's checkpoints
         cfg = every_epoch(cfg, backup)
         check_optimizers(model)
+        if cfg.aggregation.synchronous:
+            check_synchronous(model)
         check_config(cfg, run_dir, resume, given_keys(config, overrides), applied)
         hooks.active().check_slow_ranks(transport.size)  # debug.slow_ranks: worker ranks of this job
         check_backend()
@@ -122,6 +125,7 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
         if transport.rank == 0:
             get_logger().info("%s", backup.describe())
     build(model, kwargs, prepared)
+    workers_only = transport.split_workers() if cfg.aggregation.synchronous else None  # every rank takes part
     state = ModelState(model)
     layouts = transport.allgather((state.size, len(state.integers)))
     agree(transport, None if len(set(layouts)) == 1 else
@@ -147,9 +151,10 @@ def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: 
             history = schedule(transport, model, state, kwargs, cfg, prepared, agreed(record), saved, placements,
                                preemption)
         else:
+            gradients = None if workers_only is None else GradientSum(workers_only, model)
             worker = (StaleWorker if cfg.aggregation.ssp else WorkerRounds)(
                 transport, model, state, prepared.share, prepared.rows,
-                                  cfg.aggregation.weighs_by_samples, wait_bounds(cfg), prepared.validation)
+                cfg.aggregation.weighs_by_samples, wait_bounds(cfg), prepared.validation, gradients)
             worker.preemption = preemption
             worker.wire = StateWire(cfg.aggregation.wire_dtype, state.model_size)
             worker.augmenter = build_augmenter(cfg.data.augmentation, cfg.train.seed + transport.rank)
@@ -577,6 +582,7 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
     rounds = SchedulerRounds(*arguments) if not aggregation.ssp else StaleScheduler(
         *arguments, ssp=aggregation.ssp, damping=aggregation.staleness_damping, weighted=aggregation.weighs_by_samples)
     rounds.workers_score, rounds.elects = prepared.workers_score, cfg.aggregation.elects
+    rounds.synchronous = cfg.aggregation.synchronous
     rounds.overlap = cfg.train.overlap_eval
     rounds.wire = StateWire(cfg.aggregation.wire_dtype, state.model_size)
     rounds.sync_choice = sync_choice_for(cfg, kwargs, prepared, workers, record)
@@ -606,6 +612,10 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
         rounds.steps_done = sum(int(float(row.get("steps") or 0)) for row in record.rows)
         log_placements(placements)
         record.log.info("state: %s; %s: %s", state.describe(), outer.settings.describe(), outer_why)
+        if cfg.aggregation.synchronous:
+            record.log.info("synchronous SGD: at every step the workers' gradients are summed (weighted by their "
+                            "batches' rows) and every worker applies the same update; at each epoch's end one "
+                            "worker's state, which all hold, goes to rank 0")
         record.log.info("fit: %s; %s", describe_input(prepared.train_data, workers,
                                                       worker_steps(kwargs, prepared, workers)),
                         scoring_place(cfg, prepared))

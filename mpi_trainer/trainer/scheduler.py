@@ -102,6 +102,7 @@ class SchedulerRounds:
         self.before_integers: list[np.ndarray] = []
         self.optimizers_checked = False  # whether the first trained epoch's optimizer steps were looked at
         self.elects = False  # best-of: the workers score their states and the best one is kept (set by the fit)
+        self.synchronous = False  # synchronous SGD: the workers hold one state, one of theirs is kept (set by the fit)
         self.fault: Any = None  # fault.survive: the fault settings (None: a lost rank ends the job)
         self.nan_policy = "stop"  # train.nan_policy: a non-finite round stops the fit, or is trained again
         self.rollbacks = 0  # rounds rolled back in a row
@@ -452,7 +453,10 @@ class SchedulerRounds:
         self.latest = self.buffer[:self.state.size]
         if last:
             self.take_combined()
-        kept = reports[self.winner if self.elects else 0].integers  # other than step counts: a worker's own
+        if self.synchronous:  # the state kept is the first of those workers' that took every step
+            batches = [report.batches for report in reports]
+            self.winner = batches.index(max(batches))
+        kept = reports[self.winner if self.elects or self.synchronous else 0].integers  # other than step counts
         self.state.write_integers(self.state.combine_integers(self.before_integers, kept, steps))
 
     def put_back_outer(self) -> None:

@@ -35,8 +35,9 @@ HONOURED: dict[str, str] = {
     "train.scheduler_device": PLACEMENT,
     "train.threads": PLACEMENT,
     "train.bind_cores": PLACEMENT,
-    "aggregation.method": "how the workers' states are combined: 'average', 'weighted' by rows, or 'best' (each "
-                          "worker scores its state on the validation data, the best is kept)",
+    "aggregation.method": "how the workers' states are combined: 'average', 'weighted' by rows, 'best' (each "
+                          "worker scores its state on the validation data, the best is kept), or 'synchronous' "
+                          "(synchronous SGD: the gradients summed at every step)",
     "aggregation.wire_dtype": "the dtype the model's variables travel in each round: float32, or float16 / bfloat16 "
                               "(half the bytes; sums stay float32 on rank 0, the optimizers' variables travel as "
                               "float32, and scoring on the workers takes the state exactly); 'auto' times the job's "

@@ -28,6 +28,7 @@ from mpi_trainer.trainer.round_protocol import (
 from mpi_trainer.trainer.slowdown import make_slowdown
 from mpi_trainer.trainer.state import ModelState, finalization_held
 from mpi_trainer.trainer.sync_choice import median_step
+from mpi_trainer.trainer.synchronous import GradientSum
 
 if TYPE_CHECKING:
     from mpi_trainer.comm.transport import Transport
@@ -59,7 +60,8 @@ class WorkerRounds:
     of the validation data with ``model.evaluate`` when told to."""
 
     def __init__(self, transport: Transport, model: Any, state: ModelState, share: dict[str, Any], rows: int | None,
-                 weighted: bool, bounds: Any = None, validation: dict[str, Any] | None = None) -> None:
+                 weighted: bool, bounds: Any = None, validation: dict[str, Any] | None = None,
+                 gradients: GradientSum | None = None) -> None:
         from mpi_trainer.algorithms.wait_bounds import WaitBounds
 
         self.transport, self.model, self.state = transport, model, state
@@ -92,9 +94,17 @@ class WorkerRounds:
         # optimizer's): summed over the workers in one reduction
         self.buffer = np.zeros(state.size + 1 + state.clocks, dtype=np.float32)
         self.wire = StateWire("float32", state.model_size)  # aggregation.wire_dtype, set by the fit
+        self.gradients = gradients  # synchronous SGD: the step's gradients summed with the other workers'
 
     def run(self) -> None:
         """Carry out the scheduler's orders until it says stop."""
+        if self.gradients is None:
+            self.serve_all()
+            return
+        with self.gradients.installed():
+            self.serve_all()
+
+    def serve_all(self) -> None:
         while True:
             try:
                 if not self.serve():
@@ -154,13 +164,17 @@ class WorkerRounds:
         self.maybe_crash(order.epoch, "train")
         began = self.state.optimizer_steps()
         report = self.train_order(order)
+        if self.gradients is not None:
+            self.gradients.drain()  # the others' last steps, where this worker's share ran out first
         steps = [report.batches] + [now - then for now, then in zip(self.state.optimizer_steps(), began)]
         weight = float(report.rows if self.weighted else 1) if report.batches else 0.0
         if self.election is not None:
             weight = self.stand(report)
-        if weight or self.election is None:
+        elif self.gradients is not None:  # every worker holds the same state: one of those with every step
+            weight = 1.0 if self.gradients.keeps(report.batches) else 0.0
+        if weight or (self.election is None and self.gradients is None):
             self.state.contribute(self.buffer[:size], weight, steps)
-        else:  # best-of, not elected: this worker adds nothing to the sum
+        else:  # best-of, not elected (synchronous SGD, not kept): this worker adds nothing to the sum
             self.buffer[:] = 0.0
             steps = [0] * len(steps)
         self.buffer[size] = weight
@@ -177,6 +191,8 @@ class WorkerRounds:
             writing(0, size)  # whatever is left, where the transport said less of what arrived
         report.preempt = self.preemption.requested
         report.sent = self.transport.take_bytes()
+        if self.gradients is not None:
+            report.sent += self.gradients.workers.take_bytes()  # the step's sums
         report.sent += len(pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL)) * (self.transport.size - 1)
         self.transport.allgather(report)
 

@@ -1,0 +1,136 @@
+"""Synchronous SGD (``aggregation.method = "synchronous"``): a worker's gradients summed with the others' at every
+step, inside Keras' own train step, so that every worker applies the same update as one process would on the
+global batch.
+
+Separation of concerns: Keras owns the step. The model's own ``train_step`` computes the gradients of its
+batch and calls its optimizer's ``apply``; :class:`GradientSum` stands between the two on every worker for the
+whole fit. The train step is wrapped to note the batch's rows, and the optimizer's ``apply`` to replace each
+worker's gradients by the row-weighted mean of every worker's (``sum(rows_i * g_i) / sum(rows_i)``, the
+gradient of the mean loss over the global batch), summed on the host through ``tf.numpy_function`` by the
+workers' own communicator (:meth:`~mpi_trainer.comm.interface.RankTransport.split_workers`). Then the script's
+optimizer applies it: clipping, weight decay, loss scaling, accumulation and the EMA run as Keras runs them, on
+the same numbers on every worker. A worker whose share ran out of batches before the others' joins their
+remaining sums with nothing (:meth:`GradientSum.drain`), so an epoch's last steps are those of one process whose
+last batch is smaller. The scheduler's round at the epoch's end keeps the state of a worker that took every
+step (they all hold the same one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mpi_trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mpi_trainer.comm.interface import RankTransport
+
+
+def synchronous_refusal(model: Any) -> str | None:
+    """Why this model cannot train by synchronous SGD here (None: it can)."""
+    import keras
+
+    from mpi_trainer.trainer.state import model_optimizers
+
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        return (f"`aggregation.method` = 'synchronous' sums the gradients inside TensorFlow's compiled step. "
+                f"Received: KERAS_BACKEND={backend!r}; expected 'tensorflow', or another aggregation.method")
+    optimizers = model_optimizers(model)
+    if len(optimizers) != 1:
+        names = [type(optimizer).__name__ for optimizer in optimizers]
+        return (f"`aggregation.method` = 'synchronous' sums the gradients that model.optimizer applies, and this "
+                f"model trains with {len(optimizers)} optimizers ({', '.join(names) or 'none'}); their "
+                f"gradients would go unsummed. Received: optimizers {names}; expected one (model.optimizer), or "
+                f"aggregation.method = 'average'")
+    return None
+
+
+class GradientSum:
+    """One worker's side of the per-step sum (see the module docstring)."""
+
+    def __init__(self, workers: RankTransport, model: Any) -> None:
+        self.workers, self.model = workers, model
+        self.buffer = np.zeros(2, np.float32)
+        self.rows: Any = None  # a tf.Variable: the rows of the batch the train step is on
+        self.sums = 0  # the sums this worker took part in, in the whole fit
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        """The model's train step and its optimizer's ``apply`` wrapped for the fit (the model's own
+        compiled functions made again around them, without XLA: the sum runs on the host)."""
+        import tensorflow as tf
+
+        model, optimizer = self.model, self.model.optimizer
+        self.rows = tf.Variable(0.0, trainable=False, dtype=tf.float32)
+        # the sums' size before any step (a worker whose share has no batch left joins with this many zeros)
+        self.buffer = np.zeros(sum(int(np.prod(v.shape)) for v in model.trainable_variables) + 2, np.float32)
+        own_step, own_apply, jit = model.train_step, optimizer.apply, model.jit_compile
+
+        def train_step(data: Any) -> Any:
+            first = tf.nest.flatten(data)[0]
+            self.rows.assign(tf.cast(tf.shape(first)[0], tf.float32))
+            return own_step(data)
+
+        def apply(grads: Any, trainable_variables: Any = None) -> Any:
+            return own_apply(self.summed(list(grads)), trainable_variables)
+
+        model.train_step, optimizer.apply = train_step, apply
+        model.jit_compile, model.train_function = False, None
+        try:
+            yield
+        finally:
+            del model.train_step, optimizer.apply
+            model.jit_compile, model.train_function = jit, None
+
+    def summed(self, grads: list[Any]) -> list[Any]:
+        """Every worker's gradients, the row-weighted mean (in the compiled step)."""
+        import tensorflow as tf
+
+        present = [index for index, grad in enumerate(grads) if grad is not None]
+        dense = [tf.convert_to_tensor(grads[index]) for index in present]
+        flat = tf.concat([tf.reshape(tf.cast(grad, tf.float32), [-1]) for grad in dense], axis=0)
+        mean = tf.numpy_function(self.host_sum, [flat, self.rows.read_value()], tf.float32, stateful=True)
+        mean = tf.ensure_shape(mean, flat.shape)
+        parts = tf.split(mean, [int(np.prod(grad.shape)) for grad in dense], axis=0)
+        out = list(grads)
+        for index, grad, part in zip(present, dense, parts):
+            out[index] = tf.cast(tf.reshape(part, tf.shape(grad)), grad.dtype)
+        return out
+
+    def host_sum(self, flat: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """``sum(rows_i * g_i) / sum(rows_i)`` over the workers stepping now (on the host)."""
+        size = flat.size
+        if self.buffer.size != size + 2:
+            self.buffer = np.zeros(size + 2, np.float32)
+        np.multiply(flat, np.float32(rows), out=self.buffer[:size])
+        self.buffer[size], self.buffer[size + 1] = rows, 1.0  # the rows, and one worker stepping
+        self.workers.reduce_broadcast(self.buffer, root=0)
+        self.sums += 1
+        mean: np.ndarray = self.buffer[:size] / self.buffer[size]
+        return mean
+
+    def drain(self) -> None:
+        """After this worker's fit: join the others' sums with nothing until no worker steps any more (every
+        worker ends here, in the same sum)."""
+        while True:
+            self.buffer[:] = 0.0
+            self.workers.reduce_broadcast(self.buffer, root=0)
+            self.sums += 1
+            if self.buffer[-1] == 0.0:
+                return
+
+    def keeps(self, batches: int) -> bool:
+        """Whether this worker's state is the epoch's: the first of those that took the most steps."""
+        counts = self.workers.allgather(batches)
+        return counts.index(max(counts)) == self.workers.rank
+
+
+def check_synchronous(model: Any) -> None:
+    """Refuse, before training, a model synchronous SGD cannot train (:func:`synchronous_refusal`)."""
+    refused = synchronous_refusal(model)
+    if refused:
+        raise ConfigError(refused)
