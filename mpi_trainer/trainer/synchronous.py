@@ -36,9 +36,10 @@ def synchronous_refusal(model: Any) -> str | None:
     from mpi_trainer.trainer.state import model_optimizers
 
     backend = keras.backend.backend()
-    if backend != "tensorflow":
-        return (f"`aggregation.method` = 'synchronous' sums the gradients inside TensorFlow's compiled step. "
-                f"Received: KERAS_BACKEND={backend!r}; expected 'tensorflow', or another aggregation.method")
+    if backend not in ("tensorflow", "jax"):
+        return (f"`aggregation.method` = 'synchronous' sums the gradients inside the compiled step of TensorFlow "
+                f"or JAX. Received: KERAS_BACKEND={backend!r}; expected 'tensorflow' or 'jax', or another "
+                f"aggregation.method")
     optimizers = model_optimizers(model)
     if len(optimizers) != 1:
         names = [type(optimizer).__name__ for optimizer in optimizers]
@@ -60,14 +61,60 @@ class GradientSum:
 
     @contextmanager
     def installed(self) -> Iterator[None]:
-        """The model's train step and its optimizer's ``apply`` wrapped for the fit (the model's own
-        compiled functions made again around them, without XLA: the sum runs on the host)."""
+        """The model's train step and its optimizer's update wrapped for the fit, on the backend's terms."""
+        import keras
+
+        # the sums' size before any step (a worker whose share has no batch left joins with this many zeros)
+        self.buffer = np.zeros(sum(int(np.prod(v.shape)) for v in self.model.trainable_variables) + 2, np.float32)
+        with self._on_jax() if keras.backend.backend() == "jax" else self._on_tensorflow():
+            yield
+
+    @contextmanager
+    def _on_jax(self) -> Iterator[None]:
+        """JAX: ``train_step(state, data)`` notes its batch's rows (a static shape while it is traced) and the
+        optimizer's ``stateless_apply`` takes the summed gradients, through an ordered ``io_callback``."""
+        import jax
+
+        model, optimizer = self.model, self.model.optimizer
+        own_step, own_apply = model.train_step, optimizer.stateless_apply
+        traced = {"rows": 0}
+
+        def train_step(state: Any, data: Any) -> Any:
+            traced["rows"] = int(jax.tree_util.tree_leaves(data)[0].shape[0])
+            return own_step(state, data)
+
+        def stateless_apply(optimizer_variables: Any, grads: Any, trainable_variables: Any) -> Any:
+            return own_apply(optimizer_variables, self.summed_jax(list(grads), traced["rows"]), trainable_variables)
+
+        model.train_step, optimizer.stateless_apply, model.train_function = train_step, stateless_apply, None
+        try:
+            yield
+        finally:
+            del model.train_step, optimizer.stateless_apply
+            model.train_function = None
+
+    def summed_jax(self, grads: list[Any], rows: int) -> list[Any]:
+        """Every worker's gradients, the row-weighted mean (in the traced step; ``rows``: this batch's)."""
+        import jax
+        import jax.numpy as jnp
+        from jax.experimental import io_callback
+
+        flat = jnp.concatenate([jnp.ravel(grad).astype(jnp.float32) for grad in grads])
+        mean = io_callback(lambda values: self.host_sum(np.asarray(values), float(rows)),
+                           jax.ShapeDtypeStruct(flat.shape, jnp.float32), flat, ordered=True)
+        ends = np.cumsum([int(np.prod(grad.shape)) for grad in grads])
+        return [jnp.reshape(mean[end - grad.size:end], grad.shape).astype(grad.dtype)
+                for grad, end in zip(grads, ends)]
+
+    @contextmanager
+    def _on_tensorflow(self) -> Iterator[None]:
+        """TensorFlow: the train step notes its batch's rows in a variable and the optimizer's ``apply`` takes the
+        summed gradients, through ``tf.numpy_function``; the compiled step made again, without XLA (the sum runs
+        on the host)."""
         import tensorflow as tf
 
         model, optimizer = self.model, self.model.optimizer
         self.rows = tf.Variable(0.0, trainable=False, dtype=tf.float32)
-        # the sums' size before any step (a worker whose share has no batch left joins with this many zeros)
-        self.buffer = np.zeros(sum(int(np.prod(v.shape)) for v in model.trainable_variables) + 2, np.float32)
         own_step, own_apply, jit = model.train_step, optimizer.apply, model.jit_compile
 
         def train_step(data: Any) -> Any:
@@ -87,7 +134,7 @@ class GradientSum:
             model.jit_compile, model.train_function = jit, None
 
     def summed(self, grads: list[Any]) -> list[Any]:
-        """Every worker's gradients, the row-weighted mean (in the compiled step)."""
+        """Every worker's gradients, the row-weighted mean (in TensorFlow's compiled step)."""
         import tensorflow as tf
 
         present = [index for index, grad in enumerate(grads) if grad is not None]
@@ -101,7 +148,7 @@ class GradientSum:
             out[index] = tf.cast(tf.reshape(part, tf.shape(grad)), grad.dtype)
         return out
 
-    def host_sum(self, flat: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    def host_sum(self, flat: np.ndarray, rows: float | np.ndarray) -> np.ndarray:
         """``sum(rows_i * g_i) / sum(rows_i)`` over the workers stepping now (on the host)."""
         size = flat.size
         if self.buffer.size != size + 2:

@@ -4,6 +4,11 @@ two workers as threads of a LocalWorld, against plain ``model.fit`` in this proc
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import keras
@@ -132,3 +137,16 @@ def test_a_model_with_several_optimizers_is_refused_naming_them():
 
     with pytest.raises(InputError, match=r"trains with 3 optimizers \(SGD, Adam, SGD\)"):
         synchronous_fit(build)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow" or importlib.util.find_spec("jax") is None,
+                    reason="run once, from the TensorFlow suite, where JAX is installed")
+def test_the_same_holds_on_jax():
+    """This module's equality tests again with KERAS_BACKEND=jax (a backend is chosen once a process)."""
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:xdist",
+                           "-p", "no:cacheprovider", str(Path(__file__).relative_to(root)), "-k", "concatenated"],
+                          cwd=root, env={**os.environ, "KERAS_BACKEND": "jax"}, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "4 passed" in done.stdout
