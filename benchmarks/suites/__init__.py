@@ -21,6 +21,7 @@ from benchmarks.suites import (
     schedules,
     stragglers,
     survive,
+    synchronous,
     throughput,
     transport,
 )
@@ -28,4 +29,4 @@ from benchmarks.suites import (
 SUITES = {module.__name__.rsplit(".", 1)[1]: module
           for module in (throughput, accuracy, scaling, schedules, communication, transport, bandwidth, stragglers,
                          faults, survive, run_directory, observability, keras_fit, lbfgs, gpu, data_inputs,
-                         pipelines, big_models, node_memory)}
+                         pipelines, big_models, node_memory, synchronous)}
