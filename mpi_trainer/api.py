@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from mpi_trainer.errors import ConfigError, InputError
 
 if TYPE_CHECKING:
-    from mpi_trainer.comm.transport import Transport
+    from mpi_trainer.comm.interface import RankTransport
     from mpi_trainer.config import Config
 
 __all__ = ["Rank", "fit", "init"]
@@ -63,11 +63,12 @@ def init(*, device: str | None = None, scheduler_device: str | None = None, thre
     keep this placement (a config asking for another fails every rank). Calling it again is harmless.
     Without ``mpirun`` (one process) it places nothing: the script then runs as plain Keras.
     """
-    from mpi_trainer.comm.transport import Transport, abort_on_error, install_abort_on_error
+    from mpi_trainer.comm import open_transport
+    from mpi_trainer.comm.transport import abort_on_error, install_abort_on_error
     from mpi_trainer.launch.job import load_config_everywhere, quiet_backend, start_rank
 
     quiet_backend()
-    transport = Transport()
+    transport = open_transport()
     if transport.size == 1:  # no mpirun: the script is plain Keras, and Keras places itself
         return Rank(0, 1, transport.host, "cpu", None)
     given = {"train.device": device, "train.scheduler_device": scheduler_device, "train.threads": threads,
@@ -83,7 +84,7 @@ def init(*, device: str | None = None, scheduler_device: str | None = None, thre
 
 
 @contextmanager
-def _refused_together(transport: Transport) -> Iterator[None]:
+def _refused_together(transport: RankTransport) -> Iterator[None]:
     """Input refused on every rank ends each with its message, once all have printed it."""
     from mpi_trainer.launch.job import AgreedInputError, report_error
 
@@ -205,9 +206,9 @@ def _job_transport() -> Any:
     """A transport on a communicator of its own (what a failed job leaves unread stays there), whose
     waits are bounded from the start by the set-up default (the config may change it)."""
     from mpi_trainer.algorithms.wait_bounds import SETUP_SECONDS, for_rank
-    from mpi_trainer.comm.transport import Transport
+    from mpi_trainer.comm import open_transport
 
-    world = Transport()
+    world = open_transport()
     world.bound = for_rank(world.rank, SETUP_SECONDS)
     return world.duplicate()
 
@@ -225,7 +226,7 @@ class FitRequest:
     overrides: Any
 
 
-def _run(transport: Transport, request: FitRequest, run_dir: Any, resume: bool) -> Any:
+def _run(transport: RankTransport, request: FitRequest, run_dir: Any, resume: bool) -> Any:
     """The History of the fit ``request`` asks for: ``fit(build_fn | zoo name, x, y)`` when ranks passed data
     (:func:`~mpi_trainer.trainer.config_fit.fit_built`), else the config's model on its ``data.source``
     (:func:`~mpi_trainer.trainer.config_fit.fit_config`, the command line's ``train``)."""
@@ -261,7 +262,7 @@ def _run(transport: Transport, request: FitRequest, run_dir: Any, resume: bool) 
                       request.config if isinstance(request.config, (str, Path)) else None, request.class_weight)
 
 
-def _model_and_config(transport: Transport, request: FitRequest,
+def _model_and_config(transport: RankTransport, request: FitRequest,
                       pairs: list[tuple[str, Any]]) -> tuple[Any, Any, Config, list[Any]]:
     """(the builder, the config as passed, the config loaded on every rank, the overrides it was loaded with:
     the script's, then ``pairs``, then the model's name)."""
@@ -288,7 +289,7 @@ def _input_kind(x: Any, y: Any) -> str | None:
     return None if x is None and y is None else "arrays"
 
 
-def _fit_built(transport: Transport, request: FitRequest, run_dir: Any, resume: bool) -> Any:
+def _fit_built(transport: RankTransport, request: FitRequest, run_dir: Any, resume: bool) -> Any:
     """``fit(build_fn | zoo name, x, y, ...)``: the Keras fit of the model every rank builds
     (:func:`~mpi_trainer.trainer.config_fit.fit_built`)."""
     from mpi_trainer.launch.job import agree

@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from mpi_trainer.comm.accounting import IncomingArray, Received, Shrunk
+from mpi_trainer.comm.accounting import IncomingArray, RankAccounting, Received, Shrunk
 
 # A sum-reduction goes in parts of this many bytes. Open MPI's Reduce holds a temporary of its whole
 # message at the root (and at inner ranks of its tree), a second copy of the model; in parts it holds one
@@ -34,6 +34,7 @@ class RankTransport(Protocol):
     bound: float | None
     phase: str
     max_sleep: float
+    accounting: RankAccounting  # this rank's bytes, and every rank's host once learned (to name them)
 
     # -- who this rank is, and what it spent ------------------------------------
     @property

@@ -12,13 +12,14 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from mpi_trainer.algorithms.wait_bounds import WaitBounds, for_rank
-from mpi_trainer.comm.transport import Transport, fault_tolerance_problem
+from mpi_trainer.comm.interface import RankTransport
+from mpi_trainer.comm.transport import fault_tolerance_problem
 from mpi_trainer.config import Config, load_config
 from mpi_trainer.errors import AgreedInputError, ConfigError, InputError
 from mpi_trainer.launch.mpirun import FAULT_TOLERANT_OPTIONS
 
 
-def agree(transport: Transport, error: str | None) -> None:
+def agree(transport: RankTransport, error: str | None) -> None:
     """Every rank learns whether any rank failed set-up; all fail together if so."""
     errors = transport.allgather(error)
     failed = [(rank, text) for rank, text in enumerate(errors) if text]
@@ -40,7 +41,7 @@ def agreed(value: Agreed | None) -> Agreed:
     return value
 
 
-def load_config_everywhere(transport: Transport, config: str | dict | None, overrides: list[Any]) -> Config:
+def load_config_everywhere(transport: RankTransport, config: str | dict | None, overrides: list[Any]) -> Config:
     """Every rank reads the config; an error on any rank fails all of them, each with the message."""
     cfg, error = None, None
     try:
@@ -53,13 +54,13 @@ def load_config_everywhere(transport: Transport, config: str | dict | None, over
     return agreed(cfg)
 
 
-def check_world(transport: Transport) -> None:
+def check_world(transport: RankTransport) -> None:
     if transport.size < 2:
         raise ConfigError("mpi_trainer needs at least one worker rank besides the scheduler (rank 0). "
                           f"Received: {transport.size} rank; expected mpirun -n 2 or more")
 
 
-def check_fault_tolerance(transport: Transport, cfg: Config) -> None:
+def check_fault_tolerance(transport: RankTransport, cfg: Config) -> None:
     """``fault.survive`` needs ULFM in the MPI library and on the mpirun line: every rank fails before
     training, saying what is missing, when either lacks it."""
     problem = fault_tolerance_problem() if cfg.fault.survive else None

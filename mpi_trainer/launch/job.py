@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpi_trainer.comm.transport import Transport
+from mpi_trainer.comm.interface import RankTransport
 from mpi_trainer.config import Config
 from mpi_trainer.errors import AgreedInputError
 from mpi_trainer.launch.agreement import agree, check_fault_tolerance, check_world, load_config_everywhere
@@ -40,7 +40,7 @@ class ThisProcess:
 THIS_PROCESS = ThisProcess()
 
 
-def start_rank(transport: Transport, cfg: Config,
+def start_rank(transport: RankTransport, cfg: Config,
                process: ThisProcess = THIS_PROCESS) -> tuple[Config, list[RankPlacement]]:
     """Logging, the world's size, then this process's device and threads (chosen the first time; checked
     against ``cfg`` after that). Returns ``cfg`` and every rank's placement. The caller's scope ends the

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mpi_trainer.comm.transport import Transport
+from mpi_trainer.comm import open_transport
+from mpi_trainer.comm.interface import RankTransport
 
 TAG_HELLO = 41
 TAG_REPORT = 42
@@ -45,7 +46,7 @@ class RankReport:
         return not self.unreached and self.collective == "ok" and self.data_ok
 
 
-def exchange_hellos(transport: Transport, timeout: float) -> list[int]:
+def exchange_hellos(transport: RankTransport, timeout: float) -> list[int]:
     """Send a hello to every other rank, wait for theirs; return the ranks not heard from."""
     for step in range(1, transport.size):
         transport.send_object(transport.host, (transport.rank + step) % transport.size, TAG_HELLO)
@@ -60,7 +61,7 @@ def exchange_hellos(transport: Transport, timeout: float) -> list[int]:
     return missing
 
 
-def sum_over_ranks(transport: Transport, timeout: float) -> str:
+def sum_over_ranks(transport: RankTransport, timeout: float) -> str:
     """One reduction to rank 0 and one broadcast back, as every training round does."""
     ones = np.zeros(transport.size, dtype=np.float32)
     ones[transport.rank] = 1.0
@@ -90,7 +91,7 @@ def check_data(rank: int, config_path: str, overrides: list[str]) -> tuple[bool,
     return True, f"{cfg.data.source}: {dataset.num_train} training rows"
 
 
-def probe_links(transport: Transport, nbytes: int, timeout: float | None) -> dict[int, float]:
+def probe_links(transport: RankTransport, nbytes: int, timeout: float | None) -> dict[int, float]:
     """Rank 0: round-trip seconds of ``nbytes`` to each worker and back. Workers echo."""
     buffer = np.zeros(max(1, nbytes // 4), dtype=np.float32)
     if transport.rank != 0:
@@ -106,7 +107,7 @@ def probe_links(transport: Transport, nbytes: int, timeout: float | None) -> dic
     return seconds
 
 
-def gather_reports(transport: Transport, own: RankReport, timeout: float) -> list[RankReport | int]:
+def gather_reports(transport: RankTransport, own: RankReport, timeout: float) -> list[RankReport | int]:
     """Rank 0: every rank's report, or the rank number where none came within ``timeout``."""
     reports: list[RankReport | int] = [own]
     deadline = time.perf_counter() + timeout
@@ -152,7 +153,7 @@ def verdict(reports: list[RankReport | int]) -> str | None:
 
 def preflight(config_path: str, overrides: list[str], timeout: float = 30.0, probe_mb: float = 4.0) -> int:
     """Entry for ``mpi_trainer preflight`` on every rank; returns the exit status."""
-    transport = Transport()
+    transport = open_transport()
     own = RankReport(transport.rank, transport.host, os.getpid())
     own.unreached = exchange_hellos(transport, timeout)
     own.collective = sum_over_ranks(transport, timeout)
@@ -162,7 +163,7 @@ def preflight(config_path: str, overrides: list[str], timeout: float = 30.0, pro
     return scheduler_side(transport, own, int(probe_mb * 1e6), timeout)
 
 
-def worker_side(transport: Transport, own: RankReport, probe_bytes: int, timeout: float) -> int:
+def worker_side(transport: RankTransport, own: RankReport, probe_bytes: int, timeout: float) -> int:
     transport.send_object(own, 0, TAG_REPORT)
     transport.recv_object(0, TAG_VERDICT)  # only on success: after a failure rank 0 ends the job
     probe_links(transport, probe_bytes, timeout)
@@ -170,7 +171,7 @@ def worker_side(transport: Transport, own: RankReport, probe_bytes: int, timeout
     return 0
 
 
-def scheduler_side(transport: Transport, own: RankReport, probe_bytes: int, timeout: float) -> int:
+def scheduler_side(transport: RankTransport, own: RankReport, probe_bytes: int, timeout: float) -> int:
     reports = gather_reports(transport, own, timeout)
     problem = verdict(reports)
     if problem is not None:

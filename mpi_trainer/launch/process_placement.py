@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from mpi_trainer.comm.transport import Transport
+from mpi_trainer.comm.interface import RankTransport
 from mpi_trainer.config import Config, TrainConfig
 from mpi_trainer.errors import InputError
 from mpi_trainer.launch.agreement import agree, agreed
@@ -50,7 +50,7 @@ class PlacedProcess:
     settings: dict[str, Any]
 
 
-def place_or_follow(transport: Transport, cfg: Config,
+def place_or_follow(transport: RankTransport, cfg: Config,
                     placed: PlacedProcess | None) -> tuple[Config, PlacedProcess]:
     """Place this process (``placed`` is None: its first job), or make ``cfg`` follow ``placed``.
 
@@ -64,7 +64,7 @@ def placement_settings(cfg: Config) -> dict[str, Any]:
     return {key: getattr(cfg.train, key) for key in PLACEMENT_KEYS}
 
 
-def follow_placement(transport: Transport, cfg: Config, settings: dict[str, Any]) -> Config:
+def follow_placement(transport: RankTransport, cfg: Config, settings: dict[str, Any]) -> Config:
     """A job in a process placed already takes that placement's ``train.*`` values; one that asks for
     other values than the defaults is refused on every rank (a started backend cannot move)."""
     defaults = {f.name: f.default for f in fields(TrainConfig) if f.name in PLACEMENT_KEYS}
@@ -80,7 +80,7 @@ def follow_placement(transport: Transport, cfg: Config, settings: dict[str, Any]
     return replace(cfg, train=replace(cfg.train, **settings))
 
 
-def place_process(transport: Transport, cfg: Config) -> list[RankPlacement]:
+def place_process(transport: RankTransport, cfg: Config) -> list[RankPlacement]:
     """This rank's device and threads, set before its backend starts; every rank's placement."""
     node_cores, node_ranks = transport.node_layout()
     placement, started = place_rank(transport, cfg, node_ranks)  # before anything imports the backend
@@ -114,7 +114,7 @@ def bind_to_cores(placement: RankPlacement, cfg: Config, node_cores: int, node_r
     return replace(placement, cores=cores)
 
 
-def place_rank(transport: Transport, cfg: Config, node_ranks: list[int]) -> tuple[RankPlacement, bool]:
+def place_rank(transport: RankTransport, cfg: Config, node_ranks: list[int]) -> tuple[RankPlacement, bool]:
     """Choose this rank's device and narrow the visible GPUs to it; a rank that cannot fails them all.
 
     Also says whether the backend had started already (too late to narrow GPUs or size threads):
@@ -137,7 +137,7 @@ def place_rank(transport: Transport, cfg: Config, node_ranks: list[int]) -> tupl
     return agreed(placement), started
 
 
-def confirm_rank(transport: Transport, cfg: Config, placement: RankPlacement) -> list[RankPlacement]:
+def confirm_rank(transport: RankTransport, cfg: Config, placement: RankPlacement) -> list[RankPlacement]:
     """Check that each GPU rank's backend sees its GPU; every rank learns where every rank runs."""
     error = None
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mpi_trainer.comm.transport import Transport
+from mpi_trainer.comm.interface import RankTransport
 from mpi_trainer.config import Config
 from mpi_trainer.launch.agreement import agree
 from mpi_trainer.logs import get_logger
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from mpi_trainer.data.memory import StreamDecision
 
 
-def resolve_stream(transport: Transport, cfg: Config) -> Config:
+def resolve_stream(transport: RankTransport, cfg: Config) -> Config:
     """``data.stream = "auto"`` decided (:mod:`mpi_trainer.data.memory`): every rank estimates whether a
     worker's block fits its memory, and the job streams when any rank's would not. Logged on rank 0."""
     if not cfg.data.stream_auto:

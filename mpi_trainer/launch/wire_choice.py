@@ -18,7 +18,7 @@ from typing import Literal
 
 import numpy as np
 
-from mpi_trainer.comm.transport import Transport
+from mpi_trainer.comm.interface import RankTransport
 from mpi_trainer.config import Config
 from mpi_trainer.launch.preflight import probe_links
 from mpi_trainer.logs import get_logger
@@ -70,7 +70,7 @@ def cast_seconds_per_value() -> float:
     return best / CAST_VALUES
 
 
-def resolve_wire(transport: Transport, cfg: Config) -> Config:
+def resolve_wire(transport: RankTransport, cfg: Config) -> Config:
     """``aggregation.wire_dtype = "auto"``: float32 on one node; across nodes rank 0 times a round trip to every
     worker and a float16 cast, picks the faster wire (:func:`narrow_pays`), and every rank takes its choice.
     The log says which and why."""

@@ -19,7 +19,7 @@ from mpi_trainer.errors import InputError
 from mpi_trainer.launch.agreement import agree, agreed
 
 if TYPE_CHECKING:
-    from mpi_trainer.comm.transport import Transport
+    from mpi_trainer.comm.interface import RankTransport
     from mpi_trainer.config import Config
 
 # full-batch L-BFGS's settings (model.optimizer = "lbfgs"), which the fit applies to a model the config compiles
@@ -34,7 +34,7 @@ APPLIED = frozenset({
 })
 
 
-def fit_config(transport: Transport, cfg: Config, config: Any, overrides: list[Any], run_dir: Any, resume: bool,
+def fit_config(transport: RankTransport, cfg: Config, config: Any, overrides: list[Any], run_dir: Any, resume: bool,
                builder: Any = None, callbacks: Sequence[Any] = (), config_path: str | Path | None = None,
                class_weight: Any = None) -> Any:
     """Every rank: the config's data and model, then the Keras fit; returns the History on every rank."""
@@ -173,7 +173,7 @@ def _dataset(cfg: Config, workers: int) -> Any:
     return dataset
 
 
-def _scattered(transport: Transport, dataset: Any) -> Any:
+def _scattered(transport: RankTransport, dataset: Any) -> Any:
     """``data.placement = "scatter"``: rank 0's copy of the data, sent to every worker (which reads no file).
     Each worker holds every row, so that its share can be cut again (``data.rebalance``, ``fault.survive``)."""
     if transport.rank == 0:
@@ -199,7 +199,7 @@ BUILT_APPLIED = frozenset({"model.name", "model.optimizer", "model.learning_rate
                            "model.metrics", "train.seed", *LBFGS_KEYS})
 
 
-def fit_built(transport: Transport, cfg: Config, config: Any, overrides: list[Any], run_dir: Any, resume: bool,
+def fit_built(transport: RankTransport, cfg: Config, config: Any, overrides: list[Any], run_dir: Any, resume: bool,
               builder: Any, data: tuple[Any, Any, Any, Any], arguments: dict[str, Any],
               config_path: str | Path | None = None) -> Any:
     """``fit(build_fn | zoo name, x, y, ...)``: every rank builds and compiles the model for the shapes of
@@ -237,7 +237,7 @@ def fit_built(transport: Transport, cfg: Config, config: Any, overrides: list[An
     return history
 
 
-def _same_data(transport: Transport, data: tuple[Any, Any, Any, Any]) -> tuple[Any, Any, Any, Any]:
+def _same_data(transport: RankTransport, data: tuple[Any, Any, Any, Any]) -> tuple[Any, Any, Any, Any]:
     """Every rank's data: its own when every rank passed the same arrays, else rank 0's, sent to each."""
     from mpi_trainer.trainer.run_record import data_print
 

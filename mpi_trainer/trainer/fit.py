@@ -45,7 +45,7 @@ from mpi_trainer.trainer.synchronous import GradientSum, check_synchronous
 from mpi_trainer.trainer.worker import WorkerRounds
 
 if TYPE_CHECKING:
-    from mpi_trainer.comm.transport import Transport
+    from mpi_trainer.comm.interface import RankTransport
     from mpi_trainer.config import Config
 
 ARGUMENT_KEYS = ("batch_size", "epochs", "shuffle", "class_weight", "initial_epoch", "steps_per_epoch",
@@ -70,7 +70,7 @@ def plain_fit(model: Any, kwargs: dict[str, Any]) -> Any:
     return model.fit(**kwargs)
 
 
-def fit_model(transport: Transport, model: Any, kwargs: dict[str, Any], config: Any, overrides: list[Any],
+def fit_model(transport: RankTransport, model: Any, kwargs: dict[str, Any], config: Any, overrides: list[Any],
               run_dir: Any, resume: bool, applied: Collection[str] = (), describe: dict[str, Any] | None = None) -> Any:
     """The data-parallel fit of ``model`` on this rank (see the module docstring); returns its History.
 
@@ -193,7 +193,7 @@ def check_optimizers(model: Any) -> None:
                               f"optimizer (docs/keras.md lists each one's row)")
 
 
-def wire_for(transport: Transport, cfg: Config) -> Config:
+def wire_for(transport: RankTransport, cfg: Config) -> Config:
     """``aggregation.wire_dtype = "auto"`` resolved: timed on the job's own links (under SSP, whose states
     travel point to point in float32, float32)."""
     from mpi_trainer.launch.wire_choice import resolve_wire
@@ -562,7 +562,7 @@ def outer_for(cfg: Config, model: Any, workers: int) -> tuple[str, str]:
     return choose_outer(cfg.outer_optimizer_for(workers), cfg.aggregation.outer_optimizer_auto, model)
 
 
-def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[str, Any], cfg: Config,
+def schedule(transport: RankTransport, model: Any, state: ModelState, kwargs: dict[str, Any], cfg: Config,
              prepared: Prepared, record: FitRecord, saved: dict[str, Any] | None, placements: list[Any],
              preemption: Preemption | None = None) -> Any:
     """Rank 0's whole fit: the epochs and the callbacks, recorded; returns the History."""
@@ -635,7 +635,7 @@ def schedule(transport: Transport, model: Any, state: ModelState, kwargs: dict[s
         record.release()
 
 
-def fit_lbfgs(transport: Transport, model: Any, state: ModelState, kwargs: dict[str, Any], cfg: Config,
+def fit_lbfgs(transport: RankTransport, model: Any, state: ModelState, kwargs: dict[str, Any], cfg: Config,
               prepared: Any, record: FitRecord | None, saved: dict[str, Any] | None, placements: list[Any],
               preemption: Preemption) -> Any:
     """This rank's part of an L-BFGS fit: rank 0 returns the History, a worker None."""
@@ -682,7 +682,7 @@ def callback_list(kwargs: dict[str, Any], cfg: Config, model: Any, steps: int | 
                                         steps=steps, model=model)
 
 
-def closed_history(transport: Transport, model: Any, state: ModelState, callbacks: Any, record: FitRecord,
+def closed_history(transport: RankTransport, model: Any, state: ModelState, callbacks: Any, record: FitRecord,
                    complete: bool, preempted: bool = False, outer: dict[str, np.ndarray] | None = None) -> Any:
     """The end of rank 0's fit: the final state (and the outer optimizer's, ``outer``: a run asked for more
     epochs goes on with its momentum) saved and summary.json written; the History returned (a preempted
@@ -760,7 +760,7 @@ def _history(callbacks: Any, record: FitRecord, trained: bool) -> Any:
     return history
 
 
-def finish(transport: Transport, model: Any, history: Any) -> Any:
+def finish(transport: RankTransport, model: Any, history: Any) -> Any:
     """Every rank's History (rank 0's), its model already holding the final state; saving made safe."""
     import keras
 

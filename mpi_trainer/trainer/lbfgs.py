@@ -28,7 +28,7 @@ from mpi_trainer.errors import Preempted
 from mpi_trainer.trainer.round_protocol import Report, recorded_logs, reusable_input
 
 if TYPE_CHECKING:
-    from mpi_trainer.comm.transport import Transport
+    from mpi_trainer.comm.interface import RankTransport
     from mpi_trainer.config import Config
     from mpi_trainer.persistence.preemption import Preemption
     from mpi_trainer.trainer.run_record import FitRecord
@@ -58,7 +58,7 @@ def lbfgs_refusal(train_data: tuple[Any, Any, Any], kwargs: dict[str, Any]) -> s
 class LbfgsWorker:
     """A worker: its rows' loss sum and gradient sum at each point rank 0 asks for, until the stop request."""
 
-    def __init__(self, transport: Transport, model: Any, state: ModelState, share: dict[str, Any],
+    def __init__(self, transport: RankTransport, model: Any, state: ModelState, share: dict[str, Any],
                  batch_size: int) -> None:
         from mpi_trainer.models.gradients import BlockGradient
 
@@ -91,7 +91,7 @@ class LbfgsScheduler:
     """Rank 0: drives L-BFGS-B over the workers' sums; each accepted iterate is scored, recorded and shown to
     the callbacks as an epoch."""
 
-    def __init__(self, transport: Transport, model: Any, state: ModelState, cfg: Config, callbacks: Any,
+    def __init__(self, transport: RankTransport, model: Any, state: ModelState, cfg: Config, callbacks: Any,
                  validation: dict[str, Any] | None, validation_freq: Any, record: FitRecord, rows: int,
                  preemption: Preemption) -> None:
         from mpi_trainer.models.gradients import TrainableVector

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from mpi_trainer.comm.transport import Transport
+    from mpi_trainer.comm.interface import RankTransport
 
 
 @dataclass
@@ -199,7 +199,7 @@ def non_finite_cause(reports: list[Report], combined: np.ndarray | bool) -> str 
     return nan_guard.non_finite_cause(outcomes, combined)
 
 
-def agree_on_metric_size(transport: Transport, size: int) -> None:
+def agree_on_metric_size(transport: RankTransport, size: int) -> None:
     """Every rank's metric state has ``size`` values before they are summed, else the job ends naming them."""
     sizes = transport.allgather(size)
     if len(set(sizes)) != 1:
@@ -219,7 +219,7 @@ class RoundClock:
     """Bounds this rank's waits by the rounds seen so far (:mod:`~mpi_trainer.algorithms.wait_bounds`): a
     rank that stops answering is named within a multiple of the slowest round, not the set-up bound."""
 
-    def __init__(self, transport: Transport, bounds: Any) -> None:
+    def __init__(self, transport: RankTransport, bounds: Any) -> None:
         self.transport, self.bounds = transport, bounds
         self.last: float | None = None
 
@@ -246,7 +246,7 @@ class StateWire:
 
         self.format, self.split = WireFormat(name), model_size
 
-    def broadcast(self, transport: Transport, values: np.ndarray, exact: bool = False) -> None:
+    def broadcast(self, transport: RankTransport, values: np.ndarray, exact: bool = False) -> None:
         """Rank 0's ``values`` into every worker's."""
         if exact or self.format.summed_by_mpi:
             transport.broadcast(values)
@@ -255,7 +255,7 @@ class StateWire:
         if values.size > self.split:
             transport.broadcast(values[self.split:])
 
-    def sum(self, transport: Transport, values: np.ndarray, on_part: Callable[[int, int], None] | None = None,
+    def sum(self, transport: RankTransport, values: np.ndarray, on_part: Callable[[int, int], None] | None = None,
             on_returned: Callable[[int, int], None] | None = None) -> bool:
         """The workers' ``values`` summed into rank 0's (whose own add nothing: a float32 wire leaves them out, a
         16-bit wire's sum adds the zeros rank 0 holds there); ``on_part(start, stop)`` at rank 0 as each part of

@@ -34,7 +34,7 @@ from mpi_trainer.trainer.state import ModelState
 from mpi_trainer.trainer.sync_choice import SyncChoice
 
 if TYPE_CHECKING:
-    from mpi_trainer.comm.transport import Transport
+    from mpi_trainer.comm.interface import RankTransport
 
 
 class RoundCombine:
@@ -72,7 +72,7 @@ class RoundCombine:
 class SchedulerRounds:
     """Rank 0: hands out the state, combines the workers' states, validates, runs the callbacks."""
 
-    def __init__(self, transport: Transport, model: Any, state: ModelState, outer: Any, callbacks: Any,
+    def __init__(self, transport: RankTransport, model: Any, state: ModelState, outer: Any, callbacks: Any,
                  validation: dict[str, Any] | None, validation_freq: Any, record: Any, bounds: Any = None) -> None:
         from mpi_trainer.algorithms.wait_bounds import WaitBounds
 

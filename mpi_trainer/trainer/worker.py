@@ -31,7 +31,7 @@ from mpi_trainer.trainer.sync_choice import median_step
 from mpi_trainer.trainer.synchronous import GradientSum
 
 if TYPE_CHECKING:
-    from mpi_trainer.comm.transport import Transport
+    from mpi_trainer.comm.interface import RankTransport
 
 
 class _BatchCounter:
@@ -59,7 +59,7 @@ class WorkerRounds:
     """A worker: takes the state, trains one epoch of its share with ``model.fit``, reports; scores its share
     of the validation data with ``model.evaluate`` when told to."""
 
-    def __init__(self, transport: Transport, model: Any, state: ModelState, share: dict[str, Any], rows: int | None,
+    def __init__(self, transport: RankTransport, model: Any, state: ModelState, share: dict[str, Any], rows: int | None,
                  weighted: bool, bounds: Any = None, validation: dict[str, Any] | None = None,
                  gradients: GradientSum | None = None) -> None:
         from mpi_trainer.algorithms.wait_bounds import WaitBounds

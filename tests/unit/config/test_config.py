@@ -46,7 +46,7 @@ def test_every_contract_key_exists():
         ("data.test_size=1", "Received: data.test_size=1.0"),
         ("aggregation.ssp=-2", "`aggregation.ssp` must be >= 0. Received: aggregation.ssp=-2"),
         ("aggregation.method='median'", "`aggregation.method` must be one of ['average', 'weighted', "
-                                        "'best']. Received: aggregation.method='median'"),
+                                        "'best', 'synchronous']. Received: aggregation.method='median'"),
         ("train.device='tpu'", "`train.device` must be one of ['auto', 'cpu', 'gpu']. "
                                "Received: train.device='tpu'"),
         ("train.scheduler_device='auto'", "`train.scheduler_device` must be one of ['cpu', 'gpu']. "
