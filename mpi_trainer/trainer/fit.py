@@ -32,7 +32,7 @@ from mpi_trainer.persistence.preemption import Preemption
 from mpi_trainer.trainer import shares
 from mpi_trainer.trainer.backup import every_epoch, release_backup, take_backup
 from mpi_trainer.trainer.outer_choice import choose_outer
-from mpi_trainer.trainer.round_protocol import StateWire
+from mpi_trainer.trainer.round_protocol import RoundPolicies, StateWire
 from mpi_trainer.trainer.run_record import FitRecord, fingerprint
 from mpi_trainer.trainer.saving import save_whole_files
 from mpi_trainer.trainer.scheduler import SchedulerRounds
@@ -576,34 +576,12 @@ def schedule(transport: RankTransport, model: Any, state: ModelState, kwargs: di
     outer = OuterOptimizer(dataclasses.replace(OuterSettings.from_config(cfg, workers), name=outer_name))
     epochs = kwargs.get("epochs", 1)
     callbacks = callback_list(kwargs, cfg, model, worker_steps(kwargs, prepared, workers))
+    policies = round_policies(cfg, model, state, kwargs, prepared, workers, record, preemption)
     arguments = (transport, model, state, outer, callbacks, prepared.validation, kwargs.get("validation_freq", 1),
-                 record, wait_bounds(cfg))
-    aggregation, train = cfg.aggregation, cfg.train
+                 record, wait_bounds(cfg), policies)
+    aggregation = cfg.aggregation
     rounds = SchedulerRounds(*arguments) if not aggregation.ssp else StaleScheduler(
         *arguments, ssp=aggregation.ssp, damping=aggregation.staleness_damping, weighted=aggregation.weighs_by_samples)
-    rounds.workers_score, rounds.elects = prepared.workers_score, cfg.aggregation.elects
-    rounds.synchronous = cfg.aggregation.synchronous
-    rounds.overlap = cfg.train.overlap_eval
-    rounds.wire = StateWire(cfg.aggregation.wire_dtype, state.model_size)
-    rounds.sync_choice = sync_choice_for(cfg, kwargs, prepared, workers, record)
-    choice = rounds.sync_choice
-    rounds.sync_every = lambda epoch: (train.sync_warmup_every if epoch < train.sync_warmup_epochs
-                                       else choice.every if choice is not None else train.sync_steps)
-    rounds.plan_parts = lambda survivors, every: rounds_an_epoch(every, kwargs, prepared, survivors)
-    rounds.preemption = preemption or rounds.preemption
-    rounds.nan_policy = cfg.train.nan_policy
-    if cfg.data.rebalance:
-        from mpi_trainer.algorithms.rebalance import Rebalancer
-
-        rounds.rebalancer = Rebalancer(shares.even_bounds(shares.row_count(prepared.train_data), workers),
-                                       cfg.data.rebalance_smoothing)
-    if cfg.train.max_steps:
-        rounds.max_steps, rounds.full_steps = cfg.train.max_steps, full_steps(kwargs, prepared, workers)
-    if cfg.train.watches_divergence:
-        rounds.divergence = DivergenceWatch(cfg.train.divergence_rounds, output_classes(model))
-        rounds.stops_on_divergence = cfg.train.stops_on_divergence
-    if cfg.fault.survive:
-        rounds.fault = cfg.fault
     try:
         record.begin(saved)
         record.count_bytes(transport.take_bytes())  # the set-up's (scattered data): the run's, not an epoch's
@@ -633,6 +611,31 @@ def schedule(transport: RankTransport, model: Any, state: ModelState, kwargs: di
                               outer.state_arrays())
     finally:
         record.release()
+
+
+def round_policies(cfg: Config, model: Any, state: ModelState, kwargs: dict[str, Any], prepared: Prepared,
+                   workers: int, record: FitRecord, preemption: Preemption | None) -> RoundPolicies:
+    """What the config asks of the scheduler's rounds, whole."""
+    from mpi_trainer.algorithms.rebalance import Rebalancer
+
+    train, aggregation = cfg.train, cfg.aggregation
+    choice = sync_choice_for(cfg, kwargs, prepared, workers, record)
+    rows = shares.row_count(prepared.train_data) if cfg.data.rebalance else 0
+    return RoundPolicies(
+        workers_score=prepared.workers_score, elects=aggregation.elects, synchronous=aggregation.synchronous,
+        overlap=train.overlap_eval, wire=StateWire(aggregation.wire_dtype, state.model_size),
+        sync_choice=choice,
+        sync_every=lambda epoch: (train.sync_warmup_every if epoch < train.sync_warmup_epochs
+                                  else choice.every if choice is not None else train.sync_steps),
+        plan_parts=lambda survivors, every: rounds_an_epoch(every, kwargs, prepared, survivors),
+        preemption=preemption, nan_policy=train.nan_policy,
+        rebalancer=Rebalancer(shares.even_bounds(rows, workers), cfg.data.rebalance_smoothing)
+        if cfg.data.rebalance else None,
+        max_steps=train.max_steps, full_steps=full_steps(kwargs, prepared, workers) if train.max_steps else [],
+        divergence=DivergenceWatch(train.divergence_rounds, output_classes(model)) if train.watches_divergence
+        else None,
+        stops_on_divergence=train.watches_divergence and train.stops_on_divergence,
+        fault=cfg.fault if cfg.fault.survive else None)
 
 
 def fit_lbfgs(transport: RankTransport, model: Any, state: ModelState, kwargs: dict[str, Any], cfg: Config,

@@ -273,3 +273,28 @@ class StateWire:
         transport.reduce_sum(values[split:], on_part=None if on_part is None else
                              lambda start, stop: on_part(start + split, stop + split))
         return False
+
+
+@dataclass
+class RoundPolicies:
+    """What the fit's settings ask of the scheduler's rounds, handed to :class:`~.scheduler.SchedulerRounds`
+    whole (the defaults: one averaged round an epoch, scored on rank 0, a non-finite round stopping the fit)."""
+
+    workers_score: bool = False  # evaluation.where: the workers score the validation data in shares
+    elects: bool = False  # aggregation.method = "best": each worker's state scored, the best kept
+    synchronous: bool = False  # aggregation.method = "synchronous": the workers hold one state, one of them kept
+    overlap: bool = False  # train.overlap_eval: the next epoch's first round trains while an epoch is scored
+    wire: StateWire | None = None  # aggregation.wire_dtype (None: float32)
+    sync_choice: Any = None  # train.sync_every = "auto": a SyncChoice, chosen from the first round
+    # train.sync_every and its warm-up: the steps of an epoch's rounds (0: one round, the epoch)
+    sync_every: Callable[[int], int] = field(default=lambda epoch: 0)
+    # the rounds an epoch for so many workers at so many steps a round
+    plan_parts: Callable[[int, int], int] = field(default=lambda workers, every: 1)
+    preemption: Any = None  # the job's Preemption, when the fit installed its signal handlers (None: none)
+    nan_policy: str = "stop"  # train.nan_policy: a non-finite round stops the fit, or is trained again
+    rebalancer: Any = None  # data.rebalance: the workers' blocks, re-cut by their speed (None: fixed)
+    max_steps: int = 0  # train.max_steps: the workers' steps, summed, after which the fit stops (0: no bound)
+    full_steps: list[int] = field(default_factory=list)  # with max_steps: each worker's batches in a whole epoch
+    divergence: Any = None  # train.divergence: a DivergenceWatch over the epochs' rows (None: off)
+    stops_on_divergence: bool = False
+    fault: Any = None  # fault.survive: the fault settings (None: a lost rank ends the job)

@@ -21,6 +21,7 @@ from mpi_trainer.trainer.round_protocol import (
     Order,
     Report,
     RoundClock,
+    RoundPolicies,
     StateWire,
     agree_on_metric_size,
     elected,
@@ -73,16 +74,18 @@ class SchedulerRounds:
     """Rank 0: hands out the state, combines the workers' states, validates, runs the callbacks."""
 
     def __init__(self, transport: RankTransport, model: Any, state: ModelState, outer: Any, callbacks: Any,
-                 validation: dict[str, Any] | None, validation_freq: Any, record: Any, bounds: Any = None) -> None:
+                 validation: dict[str, Any] | None, validation_freq: Any, record: Any, bounds: Any = None,
+                 policies: RoundPolicies | None = None) -> None:
         from mpi_trainer.algorithms.wait_bounds import WaitBounds
 
+        policies = policies or RoundPolicies()
         self.transport, self.model, self.state, self.outer = transport, model, state, outer
         self.clock = RoundClock(transport, bounds or WaitBounds())
         self.callbacks, self.validation, self.validation_freq = callbacks, validation, validation_freq
         self.scoring: dict[str, Any] | None = None  # the validation data as rank 0 scores it (reusable_input)
         self.record = record
         self.buffer = np.zeros(state.size + 1 + state.clocks, dtype=np.float32)  # as the workers' (WorkerRounds)
-        self.wire = StateWire("float32", state.model_size)  # aggregation.wire_dtype, set by the fit
+        self.wire = policies.wire or StateWire("float32", state.model_size)  # aggregation.wire_dtype
         self.before = state.empty()  # the global state the round started from
         self.workers_hold = False  # whether the workers hold the state last broadcast (it is in the buffer)
         # between the rounds of an epoch rank 0's model lags: the combined state goes out from the buffer as it
@@ -91,33 +94,33 @@ class SchedulerRounds:
         self.latest: np.ndarray | None = None
         self.outer_saved: dict[str, np.ndarray] = {}  # the outer optimizer's state before the round's step
         self.held_exact = True  # whether that broadcast was exact (float32), not through a 16-bit wire
-        self.workers_score = False  # whether the workers score the validation data (set by the fit)
-        self.preemption = Preemption()  # the job's, when the fit installed its signal handlers
+        self.workers_score = policies.workers_score  # whether the workers score the validation data
+        self.preemption = policies.preemption or Preemption()  # the job's, when the fit installed its handlers
         self.preempted = False  # the run stopped for a preemption signal, checkpointed
         self.reports: list[Report] = []  # the last epoch's
         self.parts = 1  # rounds in the epoch under way
         # train.sync_every and its warm-up: the steps of the epoch's rounds (0: one round, the epoch)
-        self.sync_every: Callable[[int], int] = lambda epoch: 0
-        self.sync_choice: SyncChoice | None = None  # train.sync_every = "auto": chosen from the first round
+        self.sync_every: Callable[[int], int] = policies.sync_every
+        self.sync_choice: SyncChoice | None = policies.sync_choice  # train.sync_every = "auto": from the first round
         self.before_integers: list[np.ndarray] = []
         self.optimizers_checked = False  # whether the first trained epoch's optimizer steps were looked at
-        self.elects = False  # best-of: the workers score their states and the best one is kept (set by the fit)
-        self.synchronous = False  # synchronous SGD: the workers hold one state, one of theirs is kept (set by the fit)
-        self.fault: Any = None  # fault.survive: the fault settings (None: a lost rank ends the job)
-        self.nan_policy = "stop"  # train.nan_policy: a non-finite round stops the fit, or is trained again
+        self.elects = policies.elects  # best-of: the workers score their states and the best one is kept
+        self.synchronous = policies.synchronous  # synchronous SGD: the workers hold one state, one of theirs kept
+        self.fault: Any = policies.fault  # fault.survive: the fault settings (None: a lost rank ends the job)
+        self.nan_policy = policies.nan_policy  # train.nan_policy: a non-finite round stops the fit, or trains again
         self.rollbacks = 0  # rounds rolled back in a row
         self.stop_reason: str | None = None  # why the fit ends early (non-finite, divergence), set at an epoch
-        self.divergence: Any = None  # train.divergence: a DivergenceWatch over the epochs' rows (None: off)
-        self.stops_on_divergence = False
-        self.max_steps = 0  # train.max_steps: the workers' steps, summed, after which the fit stops (0: no bound)
-        self.full_steps: list[int] = []  # with max_steps: each worker's batches in a whole epoch
+        self.divergence: Any = policies.divergence  # train.divergence: a DivergenceWatch over the epochs' rows
+        self.stops_on_divergence = policies.stops_on_divergence
+        self.max_steps = policies.max_steps  # train.max_steps: the workers' steps, summed, that end the fit (0: none)
+        self.full_steps: list[int] = policies.full_steps  # with max_steps: each worker's batches in a whole epoch
         self.steps_done = 0  # the workers' steps so far, summed (a resumed run's included)
-        # rounds an epoch for so many workers at so many steps a round (set by the fit)
-        self.plan_parts: Callable[[int, int], int] = lambda workers, every: 1
+        # rounds an epoch for so many workers at so many steps a round
+        self.plan_parts: Callable[[int, int], int] = policies.plan_parts
         self.winner = 0  # best-of: the index among the workers of the last round's elected one
-        self.rebalancer: Any = None  # data.rebalance: the workers' blocks, re-cut by their speed (None: fixed)
+        self.rebalancer: Any = policies.rebalancer  # data.rebalance: the blocks, re-cut by speed (None: fixed)
         self.writes_prepared = False  # whether the buffers later writes fill are made (ModelState.prepare_writes)
-        self.overlap = False  # train.overlap_eval: the next epoch's first round trains while an epoch is scored
+        self.overlap = policies.overlap  # train.overlap_eval: the next epoch's first round trains while one is scored
         self.ahead: Handed | None = None  # that round, handed out and not yet collected
         self.epochs = 0  # the fit's epochs (set by run)
 
