@@ -108,7 +108,8 @@ def plot_accuracy_loss(data: RunData) -> Figure:
     _style(acc_ax, "accuracy (%)", "Accuracy per round")
     _style(loss_ax, "loss (the model's loss function)", "Loss per round")
     for ax in (acc_ax, loss_ax):
-        ax.legend(fontsize="small")
+        if ax.get_legend_handles_labels()[1]:  # a model without an accuracy metric leaves its axis unlabelled
+            ax.legend(fontsize="small")
     fig.tight_layout()
     return fig
 

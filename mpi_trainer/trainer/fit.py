@@ -42,7 +42,7 @@ from mpi_trainer.trainer.ssp import StaleScheduler, StaleWorker
 from mpi_trainer.trainer.state import ModelState, build_optimizers, finalize
 from mpi_trainer.trainer.sync_choice import SyncChoice, not_applicable
 from mpi_trainer.trainer.synchronous import GradientSum, check_synchronous
-from mpi_trainer.trainer.worker import WorkerRounds
+from mpi_trainer.trainer.worker import WorkerPart, WorkerRounds
 
 if TYPE_CHECKING:
     from mpi_trainer.comm.interface import RankTransport
@@ -151,18 +151,17 @@ def fit_model(transport: RankTransport, model: Any, kwargs: dict[str, Any], conf
             history = schedule(transport, model, state, kwargs, cfg, prepared, agreed(record), saved, placements,
                                preemption)
         else:
-            gradients = None if workers_only is None else GradientSum(workers_only, model)
+            def reshared() -> WorkerPart:  # fault.survive, after a loss: this worker's part by its new rank
+                return worker_part(prepare(model, kwargs, transport.rank, transport.size - 1,
+                                           cfg.evaluation.on_workers, cfg.aggregation.elects), cfg)
+
+            part = worker_part(prepared, cfg)
             worker = (StaleWorker if cfg.aggregation.ssp else WorkerRounds)(
-                transport, model, state, prepared.share, prepared.rows,
-                cfg.aggregation.weighs_by_samples, wait_bounds(cfg), prepared.validation, gradients)
-            worker.preemption = preemption
-            worker.wire = StateWire(cfg.aggregation.wire_dtype, state.model_size)
-            worker.augmenter = build_augmenter(cfg.data.augmentation, cfg.train.seed + transport.rank)
-            take_share(worker, prepared, cfg)
-            if cfg.fault.survive:  # after a loss: this worker's share for the survivors, by its new rank
-                worker.reshare = lambda rounds: take_share(rounds, prepare(
-                    model, kwargs, transport.rank, transport.size - 1, cfg.evaluation.on_workers,
-                    cfg.aggregation.elects), cfg)
+                transport, model, state, part.share, part.rows, cfg.aggregation.weighs_by_samples, wait_bounds(cfg),
+                gradients=None if workers_only is None else GradientSum(workers_only, model), part=part,
+                preemption=preemption, wire=StateWire(cfg.aggregation.wire_dtype, state.model_size),
+                augmenter=build_augmenter(cfg.data.augmentation, cfg.train.seed + transport.rank),
+                reshare=reshared if cfg.fault.survive else None)
             worker.run()
             history = None
     finally:
@@ -221,17 +220,15 @@ def extended(saved: dict[str, Any] | None, epochs: int, max_steps: int) -> dict[
     return {**saved, "complete": False} if more_to_train(summary, epochs, max_steps) else saved
 
 
-def take_share(worker: WorkerRounds, prepared: Prepared, cfg: Config) -> None:
+def worker_part(prepared: Prepared, cfg: Config) -> WorkerPart:
     """A worker's part of the fit: its share of the rows, its validation rows (to score, or to stand for
-    election with), and with ``data.increment`` the rows its draws come from."""
-    worker.share, worker.rows = prepared.share, prepared.rows
-    worker.validation, worker.election = prepared.validation, prepared.election
-    if cfg.data.increment.enabled:
-        worker.increment = (prepared.train_data, prepared.fixed_rows, cfg.data.increment)
-    if cfg.data.rebalance:
-        rows = shares.row_count(prepared.train_data)
-        worker.dealt = (prepared.train_data, shares.dealing_order(rows, prepared.share.get("shuffle", True)))
-        worker.block = None
+    election with), with ``data.increment`` the rows its draws come from, with ``data.rebalance`` the order
+    rows are dealt in."""
+    data = prepared.train_data
+    increment = (data, prepared.fixed_rows, cfg.data.increment) if cfg.data.increment.enabled else None
+    dealt = ((data, shares.dealing_order(shares.row_count(data), prepared.share.get("shuffle", True)))
+             if cfg.data.rebalance else None)
+    return WorkerPart(prepared.share, prepared.rows, prepared.validation, prepared.election, increment, dealt)
 
 
 def check_config(cfg: Config, run_dir: Any, resume: bool, given: Collection[str] = (),

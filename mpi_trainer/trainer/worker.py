@@ -6,6 +6,7 @@ from __future__ import annotations
 import pickle
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -55,33 +56,51 @@ class _BatchCounter:
         self.callback = Counting()
 
 
+@dataclass
+class WorkerPart:
+    """A worker's part of the fit's data: its share (``model.fit``'s arguments) and rows, its share of the
+    validation data to score, the validation data to stand for election with (best-of), the rows its
+    ``data.increment`` draws come from, and the order ``data.rebalance`` deals rows in."""
+
+    share: dict[str, Any]
+    rows: int | None
+    validation: dict[str, Any] | None = None
+    election: dict[str, Any] | None = None
+    increment: tuple[Any, np.ndarray, Any] | None = None  # (every training row, its fixed rows, the settings)
+    dealt: tuple[Any, np.ndarray] | None = None  # (every training row, the order they are dealt in)
+
+
 class WorkerRounds:
     """A worker: takes the state, trains one epoch of its share with ``model.fit``, reports; scores its share
     of the validation data with ``model.evaluate`` when told to."""
 
     def __init__(self, transport: RankTransport, model: Any, state: ModelState, share: dict[str, Any], rows: int | None,
                  weighted: bool, bounds: Any = None, validation: dict[str, Any] | None = None,
-                 gradients: GradientSum | None = None) -> None:
+                 gradients: GradientSum | None = None, *, part: WorkerPart | None = None,
+                 preemption: Preemption | None = None, wire: StateWire | None = None, augmenter: Any = None,
+                 reshare: Callable[[], WorkerPart] | None = None) -> None:
+        """``share``, ``rows``, ``validation``: this worker's part of the data, or all of it as ``part``;
+        ``reshare``: after a rank is lost (``fault.survive``), this worker's part for the survivors (None: the
+        lost rank ends the job); ``gradients``: synchronous SGD's per-step sum."""
         from mpi_trainer.algorithms.wait_bounds import WaitBounds
 
         self.transport, self.model, self.state = transport, model, state
         self.clock = RoundClock(transport, bounds or WaitBounds())
-        self.share = share  # model.fit's arguments for this worker's share
-        self.validation = validation  # model.evaluate's arguments for its share of the validation data
+        self.share: dict[str, Any] = {}  # model.fit's arguments for this worker's share
+        self.validation: dict[str, Any] | None = None  # model.evaluate's arguments for its share of the validation
         self.scoring: dict[str, Any] | None = None  # that share as this worker scores it (reusable_input)
         self.election: dict[str, Any] | None = None  # best-of: model.evaluate's arguments for the validation data
         # data.increment: (every training row, this worker's fixed rows, the settings); each epoch adds a draw
         self.increment: tuple[Any, np.ndarray, Any] | None = None
-        # fault.survive: after a rank is lost, gives this worker its share for the survivors (None: the job ends)
-        self.reshare: Callable[[WorkerRounds], None] | None = None
+        self.reshare = reshare
         test_hooks = hooks.active()  # debug.*: slow batches, and a crash at an epoch's training or contribution
         self.slowdown = make_slowdown(test_hooks, transport.rank)
         self.crash_at = ((test_hooks.crash_round, test_hooks.crash_phase)
                          if test_hooks.crash_rank and test_hooks.crash_rank == transport.world_rank else None)
         # debug.nan_rank / nan_round: this worker's part of that epoch's sum is poisoned once
         self.nan_at = test_hooks.nan_round if test_hooks.nan_rank and test_hooks.nan_rank == transport.rank else None
-        self.preemption = Preemption()  # the job's, when the fit installed its signal handlers
-        self.augmenter: Any = None  # data.augmentation: Keras' random image layers, applied to each round's rows
+        self.preemption = preemption or Preemption()  # the job's, when the fit installed its signal handlers
+        self.augmenter = augmenter  # data.augmentation: Keras' random image layers, applied to each round's rows
         # data.rebalance: (every training row, the order they are dealt in), and the part of it this worker holds
         self.dealt: tuple[Any, np.ndarray] | None = None
         self.block: tuple[int, int] | None = None
@@ -89,11 +108,12 @@ class WorkerRounds:
         self.served: int | None = None  # the epoch of the last order taken
         self.waited: tuple[float, float] | None = None  # when this worker began and ended waiting for it
         self.rows = rows  # the rows of the share (arrays); None: counted from the batches
+        self.take_part(part or WorkerPart(share, rows, validation))
         self.weighted = weighted
         # the state, then this worker's weight, then its count of each clock (the model's steps, each
         # optimizer's): summed over the workers in one reduction
         self.buffer = np.zeros(state.size + 1 + state.clocks, dtype=np.float32)
-        self.wire = StateWire("float32", state.model_size)  # aggregation.wire_dtype, set by the fit
+        self.wire = wire or StateWire("float32", state.model_size)  # aggregation.wire_dtype
         self.gradients = gradients  # synchronous SGD: the step's gradients summed with the other workers'
 
     def run(self) -> None:
@@ -127,7 +147,13 @@ class WorkerRounds:
             except RankLost:
                 continue  # another rank was lost during the shrink
         self.order_epoch = -1  # the walk through the rows follows the new share
-        self.reshare(self)
+        self.take_part(self.reshare())
+
+    def take_part(self, part: WorkerPart) -> None:
+        """This worker's part of the data (at the start, and for the survivors after a rank is lost)."""
+        self.share, self.rows, self.validation, self.election = part.share, part.rows, part.validation, part.election
+        self.scoring = None
+        self.increment, self.dealt, self.block = part.increment, part.dealt, None
 
     def serve(self) -> bool:
         """One order: take the state, then train, score or stop; False once the order is to stop."""
