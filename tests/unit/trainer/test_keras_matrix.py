@@ -379,3 +379,31 @@ def test_a_model_keras_will_not_save_ends_its_fit_on_every_rank_with_its_weights
     for index, expected in enumerate(plain["weights"]):
         np.testing.assert_allclose(arrays[f"weight_{index}"], expected, **TOLERANCE)
     assert not list((tmp_path / "run").glob("*.tmp*"))
+
+
+# Callbacks whose own state (a wait counter, a best value) a new job starts afresh, as after Keras' own
+# BackupAndRestore: a resumed run's later epochs may differ from an uninterrupted one's by design.
+RESTARTS_OWN_STATE = {"callback:EarlyStopping", "callback:ReduceLROnPlateau", "callback:ModelCheckpoint",
+                      "callback:BackupAndRestore"}
+
+
+@pytest.mark.parametrize("name", sorted(set(ROWS) - set(REFUSED) - RESTARTS_OWN_STATE))
+def test_one_worker_preempted_and_run_again_on_its_run_directory_ends_as_one_uninterrupted_process(
+        name, tmp_path, monkeypatch):
+    """Each row with a run directory: the job preempted after 2 of its 3 epochs, the same fit started again
+    resumes at epoch 2 and ends with the History and weights of plain Keras' uninterrupted fit."""
+    build, make_callbacks = ROWS[name]
+    for where in ("plain", "first", "again"):
+        (tmp_path / where).mkdir()
+    plain = fitted(build, make_callbacks(tmp_path / "plain"), data_parallel=False)
+    with monkeypatch.context() as patched:
+        patched.setattr("mpi_trainer.trainer.fit.Preemption", PreemptedAfter)
+        with pytest.raises(Preempted):
+            fitted(build, make_callbacks(tmp_path / "first"), data_parallel=True, run_dir=tmp_path / "run")
+    callbacks = make_callbacks(tmp_path / "again")
+    resumed = fitted(build, callbacks, data_parallel=True, run_dir=tmp_path / "run")
+    assert_same(resumed, plain)
+    assert resumed["summary"]["resumed_after_round"] == PreemptedAfter.epochs - 1
+    for logged, expected in zip([c for c in callbacks if isinstance(c, Logged)],
+                                [c for c in plain["callbacks"] if isinstance(c, Logged)], strict=True):
+        np.testing.assert_allclose(logged.rates, expected.rates[PreemptedAfter.epochs:], rtol=1e-6)
