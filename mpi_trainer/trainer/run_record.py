@@ -43,12 +43,31 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _nameless(tree: Any) -> Any:
-    """A config without its ``name`` entries: Keras numbers names per process (``dense_3``)."""
+def _names(tree: Any, found: dict[str, int]) -> dict[str, int]:
+    """Every ``name`` entry's value in ``tree``, numbered in order of first appearance."""
     if isinstance(tree, dict):
-        return {key: _nameless(value) for key, value in tree.items() if key != "name"}
+        for key, value in tree.items():
+            if key == "name" and isinstance(value, str):
+                found.setdefault(value, len(found))
+            else:
+                _names(value, found)
+    elif isinstance(tree, list):
+        for value in tree:
+            _names(value, found)
+    return found
+
+
+def _nameless(tree: Any, names: dict[str, int] | None = None) -> Any:
+    """A config without its ``name`` entries, and the references to them (a functional model's
+    ``keras_history``, its inputs and outputs) by their order: Keras numbers names per process
+    (``dense_3``), so the same script's model is named differently in a second fit of one process."""
+    names = _names(tree, {}) if names is None else names
+    if isinstance(tree, dict):
+        return {key: _nameless(value, names) for key, value in tree.items() if key != "name"}
     if isinstance(tree, list):
-        return [_nameless(value) for value in tree]
+        return [_nameless(value, names) for value in tree]
+    if isinstance(tree, str) and tree in names:
+        return f"#{names[tree]}"
     return tree
 
 
@@ -344,8 +363,11 @@ class FitRecord:
         if self.path is None or not due:
             return
         history = next(c for c in callbacks.callbacks if isinstance(c, keras.callbacks.History))
-        self.save_state(state.read(state.empty()), state.read_integers(), next_epoch, self.merged(history), False,
-                        outer)
+        flat = state.read(state.empty())
+        if any(isinstance(c, keras.callbacks.SwapEMAWeights) and getattr(c, "_ema_weights_in_model", False)
+               for c in callbacks.callbacks):  # the EMA shown at the epoch's end: the next epoch trains on
+            state.swap_ema(flat)  # the weights it swaps back in, so a resumed run does too
+        self.save_state(flat, state.read_integers(), next_epoch, self.merged(history), False, outer)
         self.saved_at = time.time()
 
     def merged(self, history: Any) -> Any:

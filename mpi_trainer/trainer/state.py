@@ -450,6 +450,21 @@ class ModelState:
                 halved.append(value)
         return halved
 
+    def swap_ema(self, flat: np.ndarray) -> None:
+        """In ``flat`` (a read of the state), each trainable weight and the optimizer's EMA of it swap places,
+        as ``keras.callbacks.SwapEMAWeights`` swaps the variables."""
+        index = {id(variable): i for i, variable in enumerate(self.floats)}
+        for optimizer in self.optimizers:
+            inner = getattr(optimizer, "inner_optimizer", None) or optimizer
+            averages = getattr(inner, "_model_variables_moving_average", None) or []
+            for weight, average in zip(getattr(inner, "_trainable_variables", None) or [], averages):
+                if average is None or id(weight) not in index or id(average) not in index:
+                    continue
+                one, other = index[id(weight)], index[id(average)]
+                first = slice(int(self.offsets[one]), int(self.offsets[one + 1]))
+                second = slice(int(self.offsets[other]), int(self.offsets[other + 1]))
+                flat[first], flat[second] = flat[second].copy(), flat[first].copy()
+
     def describe(self) -> str:
         mib = self.size * 4 / 2**20
         moving = sum(size for size, rule in zip(self.sizes, self.rules) if rule.kind != MEAN)
