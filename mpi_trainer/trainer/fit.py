@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -565,7 +566,6 @@ def schedule(transport: RankTransport, model: Any, state: ModelState, kwargs: di
     """Rank 0's whole fit: the epochs and the callbacks, recorded; returns the History."""
 
     from mpi_trainer.algorithms.outer_optimizer import OuterOptimizer, OuterSettings
-    from mpi_trainer.launch.process_placement import log_placements
 
     workers = len(placements) - 1
 
@@ -579,13 +579,10 @@ def schedule(transport: RankTransport, model: Any, state: ModelState, kwargs: di
     aggregation = cfg.aggregation
     rounds = SchedulerRounds(*arguments) if not aggregation.ssp else StaleScheduler(
         *arguments, ssp=aggregation.ssp, damping=aggregation.staleness_damping, weighted=aggregation.weighs_by_samples)
-    try:
-        record.begin(saved)
-        record.count_bytes(transport.take_bytes())  # the set-up's (scattered data): the run's, not an epoch's
+    with recorded_run(transport, record, saved, placements, state) as (first, complete):
         if rounds.divergence is not None:
             rounds.divergence.start_from(record.rows)  # a resumed run's epochs so far
         rounds.steps_done = sum(int(float(row.get("steps") or 0)) for row in record.rows)
-        log_placements(placements)
         record.log.info("state: %s; %s: %s", state.describe(), outer.settings.describe(), outer_why)
         if cfg.aggregation.synchronous:
             record.log.info("synchronous SGD: at every step the workers' gradients are summed (weighted by their "
@@ -595,17 +592,32 @@ def schedule(transport: RankTransport, model: Any, state: ModelState, kwargs: di
                                                       worker_steps(kwargs, prepared, workers)),
                         scoring_place(cfg, prepared))
         if saved is not None:
-            state.write(saved["state"])
-            state.write_integers(saved["integers"])
             outer.load_state(saved["outer"], state.trainable_size)  # the outer step's momentum goes on too
-        start = saved["next_epoch"] if saved else kwargs.get("initial_epoch", 0)
-        complete = bool(saved and saved["complete"])
         if complete:  # its callbacks ran when it trained; the workers take its final state, its files stay
             rounds.send_stop()
         else:
-            rounds.run(start, epochs)
+            rounds.run(kwargs.get("initial_epoch", 0) if first is None else first, epochs)
         return closed_history(transport, model, state, callbacks, record, complete, rounds.preempted,
                               outer.state_arrays())
+
+
+@contextmanager
+def recorded_run(transport: RankTransport, record: FitRecord, saved: dict[str, Any] | None, placements: list[Any],
+                 state: ModelState) -> Iterator[tuple[int | None, bool]]:
+    """Rank 0's start, resume and close, whatever the way of training: the run record begun (a resumed run's
+    rows and history taken back), the set-up's bytes counted, the ranks' placements logged, a saved state
+    written back into the model; yields (the epoch a resumed run goes on from, None for a new one; whether the
+    run was complete); the record released at the end, however the fit ends."""
+    from mpi_trainer.launch.process_placement import log_placements
+
+    try:
+        record.begin(saved)
+        record.count_bytes(transport.take_bytes())  # the set-up's (scattered data): the run's, not an epoch's
+        log_placements(placements)
+        if saved is not None:
+            state.write(saved["state"])
+            state.write_integers(saved["integers"])
+        yield (saved["next_epoch"] if saved else None), bool(saved and saved["complete"])
     finally:
         record.release()
 
@@ -639,7 +651,6 @@ def fit_lbfgs(transport: RankTransport, model: Any, state: ModelState, kwargs: d
               prepared: Any, record: FitRecord | None, saved: dict[str, Any] | None, placements: list[Any],
               preemption: Preemption) -> Any:
     """This rank's part of an L-BFGS fit: rank 0 returns the History, a worker None."""
-    from mpi_trainer.launch.process_placement import log_placements
     from mpi_trainer.trainer.lbfgs import LbfgsScheduler, LbfgsWorker
 
     workers = transport.size - 1
@@ -649,26 +660,15 @@ def fit_lbfgs(transport: RankTransport, model: Any, state: ModelState, kwargs: d
     assert record is not None
     rows = shares.row_count(prepared.train_data)
     callbacks = callback_list(kwargs, cfg, model, 1)
-    try:
-        record.begin(saved)
-        record.count_bytes(transport.take_bytes())  # the set-up's (scattered data): the run's, not an iteration's
-        log_placements(placements)
+    with recorded_run(transport, record, saved, placements, state) as (first, complete):
         record.log.info("fit: %s; %s", describe_input(prepared.train_data, workers, None), scoring_place(cfg, prepared))
-        if saved is not None:
-            state.write(saved["state"])
-            state.write_integers(saved["integers"])
-        first = saved["next_epoch"] if saved else 0
-        complete = bool(saved and saved["complete"])
+        blocks = [len(shares.share_rows(rows, workers, index, kwargs.get("shuffle", True))) for index in range(workers)]
+        before = int(float(record.rows[-1].get("function_evaluations") or 0)) if record.rows else 0
         scheduler = LbfgsScheduler(transport, model, state, cfg, callbacks, prepared.validation,
-                                   kwargs.get("validation_freq", 1), record, rows, preemption)
-        scheduler.blocks = [len(shares.share_rows(rows, workers, index, kwargs.get("shuffle", True)))
-                            for index in range(workers)]
-        scheduler.evaluations_before = int(float(record.rows[-1].get("function_evaluations") or 0)) \
-            if record.rows else 0
+                                   kwargs.get("validation_freq", 1), record, rows, preemption, blocks, before)
+        first = first or 0
         scheduler.run(first, first if complete else kwargs.get("epochs") or 1)
         return closed_history(transport, model, state, callbacks, record, complete, scheduler.preempted)
-    finally:
-        record.release()
 
 
 def callback_list(kwargs: dict[str, Any], cfg: Config, model: Any, steps: int | None) -> Any:

@@ -93,20 +93,22 @@ class LbfgsScheduler:
 
     def __init__(self, transport: RankTransport, model: Any, state: ModelState, cfg: Config, callbacks: Any,
                  validation: dict[str, Any] | None, validation_freq: Any, record: FitRecord, rows: int,
-                 preemption: Preemption) -> None:
+                 preemption: Preemption, blocks: list[int] | None = None, evaluations_before: int = 0) -> None:
+        """``blocks``: each worker's rows (default: as even as they divide); ``evaluations_before``: a resumed
+        run's function evaluations before this job."""
         from mpi_trainer.models.gradients import TrainableVector
 
         self.transport, self.model, self.state, self.cfg = transport, model, state, cfg
         self.callbacks, self.validation_freq, self.record = callbacks, validation_freq, record
         self.scoring = None if validation is None else reusable_input(validation)
         self.rows, self.preemption = rows, preemption
-        self.blocks = [rows // (transport.size - 1)] * (transport.size - 1)  # each worker's rows (set by the fit)
+        self.blocks = blocks or [rows // (transport.size - 1)] * (transport.size - 1)  # each worker's rows
         self.workers = transport.size - 1
         self.vector = TrainableVector(model)
         self.layout = WireLayout(self.vector.size, self.workers)
         self.request = self.layout.request()
         self.evaluations = 0  # this job's, and (resumed) the run's before it
-        self.evaluations_before = 0
+        self.evaluations_before = evaluations_before
         self.worker_seconds = np.zeros(self.workers)
         self.evaluate_seconds = 0.0
         self.sent = 0  # the workers' bytes since the last iterate was recorded
