@@ -40,7 +40,7 @@ from mpi_trainer.trainer.scheduler import SchedulerRounds
 from mpi_trainer.trainer.scoring_choice import resolve_place
 from mpi_trainer.trainer.settings import given_keys, refusals, value_of
 from mpi_trainer.trainer.ssp import StaleScheduler, StaleWorker
-from mpi_trainer.trainer.state import ModelState, build_optimizers, finalize
+from mpi_trainer.trainer.state import ModelState, build_optimizers, finalize, separate_random_streams
 from mpi_trainer.trainer.sync_choice import SyncChoice, not_applicable
 from mpi_trainer.trainer.synchronous import GradientSum, check_synchronous
 from mpi_trainer.trainer.worker import WorkerPart, WorkerRounds
@@ -126,6 +126,8 @@ def fit_model(transport: RankTransport, model: Any, kwargs: dict[str, Any], conf
         if transport.rank == 0:
             get_logger().info("%s", backup.describe())
     build(model, kwargs, prepared)
+    if transport.rank > 0:  # each worker its own masks and noise, the first the script's
+        separate_random_streams(model, transport.rank - 1)
     workers_only = transport.split_workers() if cfg.aggregation.synchronous else None  # every rank takes part
     state = ModelState(model)
     layouts = transport.allgather((state.size, len(state.integers)))

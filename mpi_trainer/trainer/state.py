@@ -21,7 +21,8 @@ process would hold after training on every worker's batches of the round.
   as one process counts them (a learning-rate schedule advances by the steps of the whole round);
   other integer state takes the first worker's values.
 
-Random seeds and metric state are not moved: each rank keeps its own. Layer state that is not a
+Random seeds and metric state are not moved: each rank keeps its own (each worker's seed generators
+start from the script's seed with the worker's index folded in, :func:`separate_random_streams`). Layer state that is not a
 variable (an adapted ``TextVectorization``'s vocabulary) is already the same on every rank, since
 every rank ran the script that adapted it.
 
@@ -93,6 +94,26 @@ def finalization_held(model: Any) -> Iterator[None]:
         yield
     finally:
         del optimizer.finalize_variable_values
+
+
+SEED_STRIDE = 1_000_003  # between two workers' seeds: a prime, far from the small seeds scripts set
+
+
+def separate_random_streams(model: Any, worker_index: int) -> int:
+    """Worker ``worker_index`` (0 for the first) draws its own random numbers: each of the model's seed
+    generators (Dropout's, GaussianNoise's, ...) has the worker's index folded into its seed. Every rank ran
+    the script's ``keras.utils.set_random_seed``, so without this every worker would draw the same masks at
+    the same step, where one process training on all their batches draws a mask for each. The first worker
+    keeps the script's streams, so one worker draws exactly what plain Keras draws. Returns the generators."""
+    import keras
+
+    states = [variable for variable in model.variables if variable.path.endswith("seed_generator_state")]
+    if worker_index:
+        for variable in states:
+            value = np.array(keras.ops.convert_to_numpy(variable.value))
+            value[0] = (int(value[0]) + SEED_STRIDE * worker_index) % (1 << 31)
+            variable.assign(value.astype(value.dtype))
+    return len(states)
 
 
 def finalize(model: Any) -> None:

@@ -184,3 +184,18 @@ def test_a_gans_optimizers_are_built_for_the_model_and_their_steps_are_counted_a
     assert sorted(state.counters.values()) == [1, 2, 3]
     g_moments = [state.rules[[id(f) for f in state.floats].index(id(v))] for v in model.g_optimizer._momentums]
     assert g_moments and all(rule.kind == "moving" and rule.clock == 3 for rule in g_moments)
+
+
+def test_each_worker_draws_its_own_dropout_masks_and_the_first_the_scripts():
+    from mpi_trainer.trainer.state import separate_random_streams
+
+    def seeded() -> keras.Model:
+        keras.utils.set_random_seed(0)  # as every rank's script seeds
+        return keras.Sequential([keras.Input((64,)), keras.layers.Dropout(0.5), keras.layers.GaussianNoise(1.0)])
+
+    ones = np.ones((4, 64), "float32")
+    script, first, second = seeded(), seeded(), seeded()
+    assert separate_random_streams(first, 0) == separate_random_streams(second, 1) == 2
+    draws = [np.asarray(model(ones, training=True)) for model in (script, first, second)]
+    np.testing.assert_array_equal(draws[1], draws[0])  # one worker draws what plain Keras draws
+    assert not np.array_equal(draws[2], draws[0])  # another worker, other masks and noise
