@@ -25,20 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from mpi_trainer.data.adapters import is_py_dataset
+from mpi_trainer.data.adapters.tf_dataset import is_tf_dataset as is_dataset
+
 SHARE_SEED = 1234  # the permutation that deals rows to workers (the same on every rank)
-
-
-def is_dataset(x: Any) -> bool:
-    from keras.src.trainers.data_adapters import is_tf_dataset
-
-    dataset: bool = is_tf_dataset(x)
-    return dataset
-
-
-def is_py_dataset(x: Any) -> bool:
-    import keras
-
-    return isinstance(x, keras.utils.PyDataset)
 
 
 def is_generator(x: Any) -> bool:
