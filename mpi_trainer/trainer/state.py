@@ -22,9 +22,9 @@ process would hold after training on every worker's batches of the round.
   other integer state takes the first worker's values.
 
 Random seeds and metric state are not moved: each rank keeps its own (each worker's seed generators
-start from the script's seed with the worker's index folded in, :func:`separate_random_streams`). Layer state that is not a
-variable (an adapted ``TextVectorization``'s vocabulary) is already the same on every rank, since
-every rank ran the script that adapted it.
+start from the script's seed with the worker's index folded in, :func:`separate_random_streams`).
+Layer state that is not a variable (an adapted ``TextVectorization``'s vocabulary) is already the
+same on every rank, since every rank ran the script that adapted it.
 
 The optimizers are ``model.optimizer`` and every other optimizer the model or one of its layers
 holds as an attribute (a GAN's ``d_optimizer`` and ``g_optimizer``), in the order of their
