@@ -409,3 +409,15 @@ def test_one_worker_preempted_and_run_again_on_its_run_directory_ends_as_one_uni
     for logged, expected in zip([c for c in callbacks if isinstance(c, Logged)],
                                 [c for c in plain["callbacks"] if isinstance(c, Logged)], strict=True):
         np.testing.assert_allclose(logged.rates, expected.rates[PreemptedAfter.epochs:], rtol=1e-6)
+
+
+@pytest.mark.parametrize("callbacks, named", [
+    (lambda tmp: [keras.callbacks.BackupAndRestore(str(tmp), save_freq=5)],
+     r"BackupAndRestore\(save_freq=5\) backs up within an epoch.*Received: save_freq=5; expected save_freq='epoch'"),
+    (lambda tmp: [keras.callbacks.BackupAndRestore(str(tmp / "a")), keras.callbacks.BackupAndRestore(str(tmp / "b"))],
+     r"`callbacks` holds 2 BackupAndRestore callbacks"),
+])
+def test_a_backup_a_data_parallel_fit_cannot_keep_is_refused_before_training(tmp_path, callbacks, named):
+    with pytest.raises(InputError, match=named):
+        fitted(sequential, callbacks(tmp_path), data_parallel=True)
+    assert not list(tmp_path.iterdir())  # nothing written
