@@ -320,12 +320,6 @@ def _check_callbacks(callbacks: list[Any]) -> None:
     if not all(isinstance(callback, keras.callbacks.Callback) for callback in callbacks):
         kinds = sorted({type(c).__name__ for c in callbacks if not isinstance(c, keras.callbacks.Callback)})
         raise ConfigError(f"`callbacks` must be keras.callbacks.Callback instances. Received: {kinds}")
-    for callback in callbacks:
-        if isinstance(callback, keras.callbacks.BackupAndRestore):
-            raise ConfigError("`callbacks`: BackupAndRestore cannot restore a data-parallel run (the state and "
-                              "the epoch to restart from live on every rank, not in rank 0's model). Received: "
-                              "BackupAndRestore; expected checkpoint.every = n in `overrides` and, after an "
-                              "interruption, the same fit call again with its run_dir (or `mpi_trainer launch`)")
 
 
 def _pairs(overrides: Sequence[str] | dict[str, Any] | None) -> list[Any]:

@@ -217,3 +217,13 @@ def test_arrays_given_on_rank_0_alone_are_sent_to_every_worker():
                      timeout=60)
     for index in (1, 2):
         np.testing.assert_array_equal(held[index][0], x)
+
+
+def test_the_command_lines_fit_honours_backup_and_restore_through_its_run_directorys_checkpoints(tmp_path):
+    import keras
+
+    result = train_everywhere(tmp_path / "run", ["train.epochs=2", "checkpoint.every=0"],
+                              callbacks=[keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))])
+    assert result[0]["summary"]["backup_and_restore"] == str(tmp_path / "backup")
+    assert (tmp_path / "run" / "checkpoint.h5").exists() and (tmp_path / "run" / "checkpoint.h5.bak").exists()
+    assert not (tmp_path / "backup").exists()  # the run directory holds the checkpoints; nothing written there
