@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mpi_trainer.errors import ConfigError
+from mpi_trainer.launch.run_dir import RUN_DIR_ENV
 
 if TYPE_CHECKING:
     from mpi_trainer.config import Config
@@ -66,7 +67,7 @@ def take_backup(kwargs: dict[str, Any], run_dir: Any) -> tuple[dict[str, Any], A
     if "://" in str(callback.backup_dir):
         raise ConfigError(f"BackupAndRestore's backup_dir is the run directory, a local (or shared) path. "
                           f"Received: backup_dir={callback.backup_dir!r}; expected a filesystem path")
-    given = run_dir if run_dir is not None else os.environ.get("MPI_TRAINER_RUN_DIR")
+    given = run_dir if run_dir is not None else os.environ.get(RUN_DIR_ENV)
     backup = Backup(Path(callback.backup_dir), given is None, bool(callback.delete_checkpoint))
     rest = [c for c in kwargs.get("callbacks") or [] if c is not callback]
     return {**kwargs, "callbacks": rest}, given if given is not None else backup.directory, backup

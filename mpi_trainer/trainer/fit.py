@@ -28,6 +28,7 @@ from mpi_trainer.algorithms.divergence import DivergenceWatch
 from mpi_trainer.data.augmentation import build_augmenter
 from mpi_trainer.errors import EXIT_PREEMPTED, ConfigError, InputError, Preempted
 from mpi_trainer.launch.agreement import agree, agreed, load_config_everywhere
+from mpi_trainer.launch.run_dir import RUN_DIR_ENV
 from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.preemption import Preemption
 from mpi_trainer.trainer import shares
@@ -242,7 +243,7 @@ def check_config(cfg: Config, run_dir: Any, resume: bool, given: Collection[str]
     read is refused even at its default value (``log.tensorboard = true``); without them, a key is
     refused when its value differs from the default.
     """
-    has_run_dir = run_dir is not None or bool(os.environ.get("MPI_TRAINER_RUN_DIR"))
+    has_run_dir = run_dir is not None or bool(os.environ.get(RUN_DIR_ENV))
     problems = refusals(cfg, given, has_run_dir, applied) + ssp_conflicts(cfg)
     if problems:
         raise ConfigError("\n".join(problems))
@@ -546,7 +547,7 @@ def wait_bounds(cfg: Config) -> Any:
 def make_record(model: Any, kwargs: dict[str, Any], cfg: Config, prepared: Prepared, run_dir: Any,
                 placements: list[Any], extra: dict[str, Any] | None = None) -> FitRecord:
     """Rank 0's record of this fit, in ``run_dir`` (or ``launch``'s), or kept in memory only."""
-    path = run_dir if run_dir is not None else os.environ.get("MPI_TRAINER_RUN_DIR")
+    path = run_dir if run_dir is not None else os.environ.get(RUN_DIR_ENV)
     workers = len(placements) - 1
     describe = {"aggregation": cfg.aggregation.method, "ssp": cfg.aggregation.ssp,
                 "outer_optimizer": outer_for(cfg, model, workers)[0],
