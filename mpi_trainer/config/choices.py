@@ -31,6 +31,10 @@ AGGREGATION_METHODS = get_args(AggregationMethod)
 # casts (launch/wire_choice.py, at the job's start)
 WireDtype = Literal["float32", "float16", "bfloat16", "auto"]
 WIRE_DTYPES = get_args(WireDtype)
+# "combined": the optimizers' moments travel and are combined by meaning each round; "local": each worker keeps
+# its own (DiLoCo's inner optimizer state), only the model's state, the learning rates and an EMA travel
+OptimizerState = Literal["combined", "local"]
+OPTIMIZER_STATES = get_args(OptimizerState)
 DataPlacement = Literal["shared", "scatter"]
 PLACEMENTS = get_args(DataPlacement)
 FlipMode = Literal["none", "horizontal", "vertical", "horizontal_and_vertical"]

@@ -212,8 +212,30 @@ def _synchronous_rule(cfg: Config) -> None:
                               f"{key} = {expected}, or another aggregation.method")
 
 
-RULES = (_synchronous_rule, _staleness_rules, _damping_rule, _sync_every_rules, _warmup_rules, _lbfgs_rule,
-         _evaluation_rule, _outer_optimizer_rule, _fault_rule)
+def _optimizer_state_rule(cfg: Config) -> None:
+    """``aggregation.optimizer_state = "local"``: each worker's moments follow its own states, which rounds
+    average; refuse where a worker's state is not averaged each round."""
+    if not cfg.aggregation.local_optimizer_state:
+        return
+    aggregation = cfg.aggregation
+    conflicts = {
+        "aggregation.method": (aggregation.elects or aggregation.synchronous, aggregation.method,
+                               "'average' or 'weighted'", "best-of keeps one worker's whole state, and synchronous "
+                               "SGD holds one state on every worker"),
+        "aggregation.ssp": (aggregation.ssp > 0, aggregation.ssp, "0",
+                            "SSP merges each worker's update into the global state as it arrives"),
+        "model.optimizer": (cfg.model.uses_lbfgs, cfg.model.optimizer, "a Keras optimizer",
+                            "L-BFGS keeps its own history on rank 0"),
+    }
+    for key, (conflicts_with, value, expected, why) in conflicts.items():
+        if conflicts_with:
+            raise ConfigError(f"`aggregation.optimizer_state` = 'local' cannot be combined with {key}={value!r}: "
+                              f"{why}. Received: aggregation.optimizer_state='local', {key}={value!r}; expected "
+                              f"{key} = {expected}, or aggregation.optimizer_state = 'combined'")
+
+
+RULES = (_optimizer_state_rule, _synchronous_rule, _staleness_rules, _damping_rule, _sync_every_rules,
+         _warmup_rules, _lbfgs_rule, _evaluation_rule, _outer_optimizer_rule, _fault_rule)
 
 
 def check_config(cfg: Config) -> None:

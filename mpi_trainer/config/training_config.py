@@ -17,6 +17,7 @@ from mpi_trainer.config.choices import (
     MONITOR_MODES,
     MONITOR_PATTERN,
     NAN_POLICIES,
+    OPTIMIZER_STATES,
     OUTER_LEARNING_RATES,
     OUTER_OPTIMIZERS,
     OUTPUT_ACTIVATIONS,
@@ -28,6 +29,7 @@ from mpi_trainer.config.choices import (
     EvaluationPlace,
     MonitorMode,
     NanPolicy,
+    OptimizerState,
     OuterOptimizer,
     OutputActivation,
     SchedulerDevice,
@@ -165,6 +167,9 @@ class AggregationConfig(Section):
     staleness_damping: bool = False
     # The dtype weights travel in; the global model and every sum stay float32.
     wire_dtype: WireDtype = "float32"
+    # "local": each worker keeps its optimizers' moments (only the model's state travels); "combined": they
+    # travel and are combined by meaning
+    optimizer_state: OptimizerState = "combined"
     # The step from each round's aggregate to the next global model (docs/outer-optimizer.md);
     # outer_learning_rate = 0 takes the outer optimizer's own default (OUTER_LEARNING_RATES).
     outer_optimizer: OuterOptimizer = "auto"
@@ -178,6 +183,7 @@ class AggregationConfig(Section):
         self._choice("method", AGGREGATION_METHODS)
         self._non_negative("ssp")
         self._choice("wire_dtype", WIRE_DTYPES)
+        self._choice("optimizer_state", OPTIMIZER_STATES)
         self._choice("outer_optimizer", OUTER_OPTIMIZERS)
         self._require(self.outer_learning_rate >= 0, "outer_learning_rate",
                       "must be > 0, or 0 for the outer optimizer's default")
@@ -198,6 +204,11 @@ class AggregationConfig(Section):
     def elects(self) -> bool:
         """Best-of: one worker's weights are elected (on the validation split) instead of averaged."""
         return self.method == "best"
+
+    @property
+    def local_optimizer_state(self) -> bool:
+        """``optimizer_state = "local"``: each worker keeps its optimizers' moments; they never travel."""
+        return self.optimizer_state == "local"
 
     @property
     def synchronous(self) -> bool:

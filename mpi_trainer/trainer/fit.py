@@ -130,7 +130,7 @@ def fit_model(transport: RankTransport, model: Any, kwargs: dict[str, Any], conf
     if transport.rank > 0:  # each worker its own masks and noise, the first the script's
         separate_random_streams(model, transport.rank - 1)
     workers_only = transport.split_workers() if cfg.aggregation.synchronous else None  # every rank takes part
-    state = ModelState(model)
+    state = ModelState(model, cfg.aggregation.local_optimizer_state)
     layouts = transport.allgather((state.size, len(state.integers)))
     agree(transport, None if len(set(layouts)) == 1 else
           f"Every rank must hold the same model. Received state sizes (values, integer variables) {layouts}; "

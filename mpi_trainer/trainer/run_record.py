@@ -108,7 +108,8 @@ def data_print(data: Any) -> str:
 
 # The config keys whose change makes a saved state or the data split meaningless.
 COMPATIBILITY_KEYS = ("data.source", "data.test_size", "data.validation_size", "model.name", "model.optimizer",
-                      "model.loss", "train.seed", "aggregation.ssp")
+                      "model.loss", "train.seed", "aggregation.ssp",
+                      "aggregation.optimizer_state")
 
 
 def _flatten_keys(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -42,6 +42,9 @@ HONOURED: dict[str, str] = {
                               "(half the bytes; sums stay float32 on rank 0, the optimizers' variables travel as "
                               "float32, and scoring on the workers takes the state exactly); 'auto' times the job's "
                               "links at its start",
+    "aggregation.optimizer_state": "'combined': the optimizers' moments travel each round and are combined by "
+                                   "their meaning; 'local': each worker keeps its own (only the model's state, "
+                                   "the learning rates and an EMA travel)",
     "aggregation.outer_optimizer": OUTER,
     "aggregation.outer_learning_rate": OUTER,
     "aggregation.outer_momentum": OUTER,

@@ -315,7 +315,9 @@ class ModelState:
     """The model's state as one flat float32 vector (trainable first) plus a list of integer arrays, and
     the rule each variable combines by."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, local_optimizer_state: bool = False) -> None:
+        """``local_optimizer_state`` (``aggregation.optimizer_state = "local"``): the optimizers' moments and
+        other slots are left out, each worker keeping its own; their step counts, learning rates and EMA stay."""
         self.optimizers = model_optimizers(model)
         weights = list(model.weights)
         trainable_ids = {id(v) for v in model.trainable_weights}
@@ -323,6 +325,10 @@ class ModelState:
         other = [v for v in weights if id(v) not in trainable_ids and _is_float(v)]
         optimizer_vars = [v for opt in self.optimizers for v in opt.variables]
         self.rates = [id(v) for opt in self.optimizers for v in _rate_variables(opt)]
+        self.local_optimizer_state = local_optimizer_state
+        if local_optimizer_state:
+            shared = set(self.rates) | {id(v) for opt in self.optimizers for v in _ema_variables(opt)}
+            optimizer_vars = [v for v in optimizer_vars if not _is_float(v) or id(v) in shared]
         self.floats = trainable + other + [v for v in optimizer_vars if _is_float(v)]
         self.integers = [v for v in weights + optimizer_vars if not _is_float(v)]
         self.sizes = [int(np.prod(v.shape)) for v in self.floats]
@@ -489,9 +495,11 @@ class ModelState:
     def describe(self) -> str:
         mib = self.size * 4 / 2**20
         moving = sum(size for size, rule in zip(self.sizes, self.rules) if rule.kind != MEAN)
+        kept = "; each worker keeps its optimizers' moments (aggregation.optimizer_state = 'local')" \
+            if self.local_optimizer_state else ""
         return (f"{len(self.floats)} floating-point variables ({self.size:,} values, {mib:.2f} MiB, "
                 f"{self.trainable_size:,} trainable, {moving:,} in moving averages or sums), "
-                f"{len(self.integers)} integer variables, {len(self.optimizers)} optimizer(s)")
+                f"{len(self.integers)} integer variables, {len(self.optimizers)} optimizer(s){kept}")
 
 
 class ArrivingWrite:
@@ -509,6 +517,12 @@ class ArrivingWrite:
             index = self.written
             _assign(state.floats[index], self.flat[offsets[index]:offsets[index + 1]], state.handed, index)
             self.written += 1
+
+
+def _ema_variables(optimizer: Any) -> list[Any]:
+    """An optimizer's EMA of the model's weights (``use_ema``): the model's state, written into it at the end."""
+    inner = getattr(optimizer, "inner_optimizer", None) or optimizer
+    return [v for v in getattr(inner, "_model_variables_moving_average", None) or [] if v is not None]
 
 
 def _rate_variables(optimizer: Any) -> list[Any]:

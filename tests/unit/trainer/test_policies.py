@@ -45,7 +45,8 @@ def fit_set(overrides: list[str], run_dir: Any = None, epochs: int = 3, **kwargs
         history = fit_model(transports[index], models[index], arguments, None, overrides, run_dir, False)
         return {"history": history.history, "epoch": list(history.epoch), "summary": history.summary,
                 "rounds": history.rounds, "weights": models[index].get_weights(),
-                "rate": float(models[index].optimizer.learning_rate), "state_bytes": ModelState(models[index]).nbytes}
+                "rate": float(models[index].optimizer.learning_rate), "state_bytes": ModelState(models[index]).nbytes,
+                "moments": [np.asarray(v) for v in models[index].optimizer.variables if "float" in str(v.dtype)]}
 
     return world.run({index: lambda index=index: rank(index) for index in range(3)}, timeout=120)
 
@@ -373,3 +374,23 @@ def test_sync_every_auto_with_a_pipeline_trains_whole_epochs_and_says_why(caplog
     result = fit_set(["train.sync_every=auto"], x=dataset, y=None, validation_split=None, epochs=2)
     same_everywhere(result)
     assert "train.sync_every = auto: one round per epoch (the input is not arrays given as `x`)" in caplog.text
+
+
+def test_optimizer_state_local_keeps_each_workers_moments_and_sends_only_the_models_state():
+    combined = fit_set([], epochs=2)
+    local = fit_set(["aggregation.optimizer_state=local"], epochs=2)
+    same_everywhere(local)  # every rank ends with the same weights
+    assert local[0]["summary"]["steps"] == combined[0]["summary"]["steps"]
+    # what travels: the model's weights and the learning rate, without Adam's two moments (a third of the state)
+    assert sum(local[0]["rounds"]["bytes"]) < 0.6 * sum(combined[0]["rounds"]["bytes"])
+    assert local[0]["history"]["loss"][-1] < local[0]["history"]["loss"][0]
+    assert local[0]["rate"] == pytest.approx(0.02)
+    moments = [[result[rank]["moments"] for rank in (1, 2)] for result in (combined, local)]
+    assert all(np.allclose(a, b) for a, b in zip(*moments[0]))  # combined: every worker holds the same moments
+    assert not all(np.allclose(a, b) for a, b in zip(*moments[1]))  # local: each worker its own
+
+
+def test_optimizer_state_local_is_refused_where_no_average_is_taken():
+    with pytest.raises(Exception, match="`aggregation.optimizer_state` = 'local' cannot be combined with "
+                                        "aggregation.method='best'"):
+        fit_set(["aggregation.optimizer_state=local", "aggregation.method=best"])
