@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import socket
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -58,7 +59,8 @@ def trainer(workers: int, threads: int, epochs: int, target: float, seed: int, e
     return {"samples_per_second": sum(after_first(rounds, "samples")) / sum(after_first(rounds, "train_seconds_max")),
             "seconds_per_epoch": (elapsed[-1] - elapsed[0]) / max(1, len(elapsed) - 1),
             "seconds_to_target": time_to(points, target), "epochs_to_target": epochs_to(points, target),
-            "best_test_accuracy": max(a for _, a in points)}
+            "best_test_accuracy": max(a for _, a in points),
+            "megabytes_per_epoch": statistics.median(float(row["bytes"]) for row in rounds) / 1e6}
 
 
 def free_ports(count: int) -> list[int]:
