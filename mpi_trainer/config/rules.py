@@ -201,15 +201,22 @@ def _synchronous_conflicts(cfg: Config) -> dict[str, tuple[bool, object, str, st
     }
 
 
+def _refuse_conflicts(setting: str, value: str, otherwise: str,
+                      conflicts: dict[str, tuple[bool, object, str, str]]) -> None:
+    """The first of ``conflicts`` (key -> (set?, its value, what is expected, why)) that is set, refused with the
+    setting ``setting`` = ``value`` it conflicts with, and ``otherwise``: the way out by that setting."""
+    for key, (conflicts_with, received, expected, why) in conflicts.items():
+        if conflicts_with:
+            raise ConfigError(f"`{setting}` = {value!r} cannot be combined with {key}={received!r}: {why}. "
+                              f"Received: {setting}={value!r}, {key}={received!r}; expected {key} = {expected}, "
+                              f"or {otherwise}")
+
+
 def _synchronous_rule(cfg: Config) -> None:
     """Synchronous SGD (``aggregation.method = "synchronous"``): refuse what needs rounds of local steps."""
-    if not cfg.aggregation.synchronous:
-        return
-    for key, (conflicts, value, expected, why) in _synchronous_conflicts(cfg).items():
-        if conflicts:
-            raise ConfigError(f"`aggregation.method` = 'synchronous' cannot be combined with {key}={value!r}: "
-                              f"{why}. Received: aggregation.method='synchronous', {key}={value!r}; expected "
-                              f"{key} = {expected}, or another aggregation.method")
+    if cfg.aggregation.synchronous:
+        _refuse_conflicts("aggregation.method", "synchronous", "another aggregation.method",
+                          _synchronous_conflicts(cfg))
 
 
 def _optimizer_state_rule(cfg: Config) -> None:
@@ -218,7 +225,7 @@ def _optimizer_state_rule(cfg: Config) -> None:
     if not cfg.aggregation.local_optimizer_state:
         return
     aggregation = cfg.aggregation
-    conflicts = {
+    conflicts: dict[str, tuple[bool, object, str, str]] = {
         "aggregation.method": (aggregation.elects or aggregation.synchronous, aggregation.method,
                                "'average' or 'weighted'", "best-of keeps one worker's whole state, and synchronous "
                                "SGD holds one state on every worker"),
@@ -227,11 +234,7 @@ def _optimizer_state_rule(cfg: Config) -> None:
         "model.optimizer": (cfg.model.uses_lbfgs, cfg.model.optimizer, "a Keras optimizer",
                             "L-BFGS keeps its own history on rank 0"),
     }
-    for key, (conflicts_with, value, expected, why) in conflicts.items():
-        if conflicts_with:
-            raise ConfigError(f"`aggregation.optimizer_state` = 'local' cannot be combined with {key}={value!r}: "
-                              f"{why}. Received: aggregation.optimizer_state='local', {key}={value!r}; expected "
-                              f"{key} = {expected}, or aggregation.optimizer_state = 'combined'")
+    _refuse_conflicts("aggregation.optimizer_state", "local", "aggregation.optimizer_state = 'combined'", conflicts)
 
 
 RULES = (_optimizer_state_rule, _synchronous_rule, _staleness_rules, _damping_rule, _sync_every_rules,
