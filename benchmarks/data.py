@@ -61,3 +61,26 @@ def noise(samples: int, shape: tuple[int, ...], seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     x = rng.integers(0, 256, size=(samples, *shape), dtype=np.uint8)
     return _save(path, x, rng.integers(0, 10, size=samples), max(20, samples // 10))
+
+
+def shifted_mnist(copies: int = 16, shift: int = 2, seed: int = 0) -> Path:
+    """A long epoch from real digits: the 4,000 training digits of :func:`mnist5k`, each in ``copies``
+    versions moved by up to ``shift`` pixels each way (seeded; the first copy unmoved), 64,000 rows at the
+    defaults, in a shuffled order; the test split is :func:`mnist5k`'s 1,000 real digits, unmoved."""
+    path = SCRATCH / f"mnist-shifted-{copies}-{shift}-{seed}.npz"
+    if path.exists():
+        return path
+    with np.load(mnist5k()) as data:
+        x, y, x_test, y_test = (data[k] for k in ("x_train", "y_train", "x_test", "y_test"))
+    rng = np.random.default_rng(seed)
+    moves = rng.integers(-shift, shift + 1, size=(copies, len(y), 2))
+    moves[0] = 0
+    padded = np.pad(x, ((0, 0), (shift, shift), (shift, shift)))
+    side = x.shape[1]
+    images = np.empty((copies, *x.shape), np.uint8)
+    for copy in range(copies):
+        for row, (down, right) in enumerate(moves[copy]):
+            images[copy, row] = padded[row, shift - down:shift - down + side, shift - right:shift - right + side]
+    order = rng.permutation(copies * len(y))
+    train_x, train_y = images.reshape(-1, *x.shape[1:])[order], np.tile(y, copies)[order]
+    return _save(path, np.concatenate([train_x, x_test]), np.concatenate([train_y, y_test]), len(y_test))

@@ -1,12 +1,12 @@
 """One worker of ``tf.distribute.MultiWorkerMirroredStrategy``, the baseline of the accuracy suite.
 
     TF_USE_LEGACY_KERAS=1 TF_CONFIG=... python -m benchmarks.mwms DATA.npz [--epochs 8] [--batch 64]
-        [--optimizer adadelta|sgd|adam] [--learning-rate 1.0] [--seed 0]
+        [--optimizer adadelta|sgd|adam] [--learning-rate 1.0] [--seed 0] [--model lenet|mlp]
 
-The strategy runs only under ``tf_keras`` (Keras 3 does not support it), so the model is LeNet
-written layer for layer as mpi_trainer's zoo builds it. Every process trains ``--batch`` samples
-a step (the global batch is that times the workers, as each mpi_trainer worker takes its own
-batch), is scored on the test split after every epoch, and the chief prints one JSON line.
+The strategy runs only under ``tf_keras`` (Keras 3 does not support it), so the model (LeNet or the
+two-hidden-layer perceptron) is written layer for layer as mpi_trainer's zoo builds it. Every process
+trains ``--batch`` samples a step (the global batch is that times the workers, as each mpi_trainer
+worker takes its own batch), is scored on the test split after every epoch, and the chief prints one JSON line.
 """
 
 from __future__ import annotations
@@ -35,6 +35,15 @@ def lenet(tf_keras: Any) -> Any:
     ])
 
 
+def mlp(tf_keras: Any) -> Any:
+    layers = tf_keras.layers
+    return tf_keras.Sequential([
+        layers.Input((28, 28, 1)), layers.Flatten(),
+        layers.Dense(128, activation="relu"), layers.Dense(64, activation="relu"),
+        layers.Dense(10, activation="softmax"),
+    ])
+
+
 def load(path: str) -> tuple[np.ndarray, ...]:
     with np.load(path) as data:
         x_train, y_train, x_test, y_test = (data[k] for k in ("x_train", "y_train", "x_test", "y_test"))
@@ -50,7 +59,7 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     x, y, x_test, y_test = load(args.data)
     tf_keras.utils.set_random_seed(args.seed)
     with strategy.scope():
-        model = lenet(tf_keras)
+        model = {"lenet": lenet, "mlp": mlp}[args.model](tf_keras)
         chosen = {"adadelta": tf_keras.optimizers.Adadelta, "sgd": tf_keras.optimizers.SGD,
                   "adam": tf_keras.optimizers.Adam}[args.optimizer]
         model.compile(chosen(args.learning_rate), "sparse_categorical_crossentropy", ["accuracy"])
@@ -81,6 +90,7 @@ def main() -> None:
     parser.add_argument("--optimizer", choices=["adadelta", "sgd", "adam"], default="adadelta")
     parser.add_argument("--learning-rate", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", choices=["lenet", "mlp"], default="lenet")
     result = train(parser.parse_args())
     if result is not None:
         print(json.dumps(result), flush=True)

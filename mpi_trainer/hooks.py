@@ -3,11 +3,11 @@
 They are set the way outside fault-injection scripts set them, with the config's spelling
 (``--set debug.batch_delay=0.04`` on ``train`` and ``launch``, a ``[debug]`` table, or
 ``overrides={"debug.nan_rank": 1}`` in :func:`mpi_trainer.fit`): the config loader takes the
-``debug`` section off before it builds :class:`~mpi_trainer.config.Config` and hands it here
-(:func:`take_from`, then :func:`install`). Every rank loads the config itself, so every rank
-installs the same hooks; each load replaces what an earlier one installed. The product reads them
-through :func:`active` at the few places a fault is injected, and a run's config.toml, ``check``
-and the unknown-key hints never see them. Tests may also :func:`install` hooks directly.
+``debug`` section off before it builds the sections of :class:`~mpi_trainer.config.Config`
+(:func:`take_from`) and hands the checked hooks to the config it returns as ``test_hooks``, a
+field that is no section: a run's config.toml, ``check`` and the unknown-key hints never see it,
+and no two configs share it. Every rank loads the config itself, so every rank holds the same
+hooks; the fit hands them to the roles that inject a fault, in their constructors.
 
 What each hook does:
 
@@ -93,6 +93,19 @@ class TestHooks:
     def slows(self, rank: int) -> bool:
         return rank in self.slow_ranks
 
+    def freeze_at(self, rank: int, round_index: int) -> None:
+        """Stop this process when ``freeze_rank`` is ``rank`` and ``freeze_round`` is ``round_index``
+        (-1: set-up). Only a SIGCONT, or the job's end, moves it again."""
+        if self.freeze_rank != rank or self.freeze_round != round_index:
+            return
+        where = "during set-up" if round_index < 0 else f"after round {round_index}"
+        get_logger().warning("test hook: rank %d stops itself (SIGSTOP) %s (%s.freeze_rank)", rank, where, PREFIX)
+        for handler in get_logger().handlers:
+            handler.flush()
+        sys.stdout.flush()  # a stopped process flushes nothing, and the job's end loses what it buffered
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGSTOP)
+
     def check_slow_ranks(self, world_size: int) -> None:
         """Every rank to slow down must be a worker rank of this job."""
         if any(not 1 <= rank < world_size for rank in self.slow_ranks):
@@ -129,29 +142,6 @@ def take_from(table: dict[str, Any]) -> TestHooks:
     return TestHooks.from_table(table.pop(PREFIX, {}))
 
 
-# The one process-wide record of the hooks, kept on purpose. Outside fault-injection scripts set them
-# with the config's spelling (``--set debug.<name>=...`` on ``train`` and ``launch``, a ``[debug]`` table,
-# ``fit``'s overrides), so they arrive wherever a config is loaded, on every rank and by every entry point;
-# yet they must stay out of ``Config``, and the places that inject a fault (a worker's training, the
-# checks, a freeze during set-up) are handed the ``Config`` and nothing else of the loader's.
-# Passing them along explicitly would put a test aid into every signature between the two. Each config
-# load replaces the record (all off unless a ``debug`` section was given), so one job never sees an
-# earlier job's hooks.
-_active = TestHooks()
-
-
-def install(hooks: TestHooks) -> TestHooks:
-    """Make ``hooks`` the ones in force in this process (every rank's config load does); returns them."""
-    global _active
-    _active = hooks
-    return hooks
-
-
-def active() -> TestHooks:
-    """The hooks in force in this process."""
-    return _active
-
-
 # -- what a config cannot be combined with ------------------------------------------------------------
 def check_with(cfg: Any, hooks: TestHooks) -> None:
     """Refuse hooks that the config cannot honour (NaN injection into L-BFGS, which trains no weights of
@@ -163,15 +153,13 @@ def check_with(cfg: Any, hooks: TestHooks) -> None:
 
 
 # -- injecting -------------------------------------------------------------------------------------
-def maybe_freeze(rank: int, round_index: int) -> None:
-    """Stop this process when ``freeze_rank`` is ``rank`` and ``freeze_round`` is ``round_index``
-    (-1: set-up). Only a SIGCONT, or the job's end, moves it again."""
-    if _active.freeze_rank != rank or _active.freeze_round != round_index:
-        return
-    where = "during set-up" if round_index < 0 else f"after round {round_index}"
-    get_logger().warning("test hook: rank %d stops itself (SIGSTOP) %s (%s.freeze_rank)", rank, where, PREFIX)
-    for handler in get_logger().handlers:
-        handler.flush()
-    sys.stdout.flush()  # a stopped process flushes nothing, and the job's end loses what it buffered
+def end_rank(transport: Any) -> None:
+    """End this rank as ``kill -9`` would (``crash_rank``): a rank that stands in a thread of a local world
+    leaves it (:meth:`mpi_trainer.comm.local.LocalTransport.leave_world`, which ends the thread); a process
+    ends at once, without MPI_Finalize or an exit code."""
+    leave = getattr(transport, "leave_world", None)
+    if leave is not None:
+        leave()
+    sys.stdout.flush()
     sys.stderr.flush()
-    os.kill(os.getpid(), signal.SIGSTOP)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -82,17 +82,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.mpirun)
 
 
-@pytest.fixture(autouse=True)
-def no_test_hooks_left_behind() -> Iterator[None]:
-    """Each test starts with no debug hooks in force: a config loaded with ``debug.*`` installs them for the
-    whole process, where they would poison or slow the next test's training."""
-    from mpi_trainer import hooks
-
-    hooks.install(hooks.TestHooks())
-    yield
-    hooks.install(hooks.TestHooks())
-
-
 @pytest.fixture
 def job_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
     """What an in-process job logs (its own logger may not propagate to the root)."""

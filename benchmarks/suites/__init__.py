@@ -13,6 +13,7 @@ from benchmarks.suites import (
     gpu,
     keras_fit,
     lbfgs,
+    long_epoch,
     node_memory,
     observability,
     pipelines,
@@ -29,4 +30,4 @@ from benchmarks.suites import (
 SUITES = {module.__name__.rsplit(".", 1)[1]: module
           for module in (throughput, accuracy, scaling, schedules, communication, transport, bandwidth, stragglers,
                          faults, survive, run_directory, observability, keras_fit, lbfgs, gpu, data_inputs,
-                         pipelines, big_models, node_memory, synchronous)}
+                         pipelines, big_models, node_memory, synchronous, long_epoch)}

@@ -9,6 +9,7 @@ import statistics
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from benchmarks.data import mnist5k
 from benchmarks.harness import ROOT, Comparison, Figures
@@ -49,9 +50,17 @@ def plain(feed: str, epochs: int, target: float, seed: int) -> Figures:
                                            "--feed", feed, "--seed", str(seed)]), target)
 
 
+def one_process(settings: list[str], epochs: int, target: float, seed: int,
+                data: Callable[[], Path] = mnist5k) -> Figures:
+    """Plain Keras in one process on ``data`` with the config's ``settings`` (``--set`` items)."""
+    sets = [x for item in [f"data.source={data()}", *settings] for x in ("--set", item)]
+    return figures(program("plain_keras", ["--config", MNIST_LENET, *sets, "--epochs", str(epochs),
+                                           "--seed", str(seed)]), target)
+
+
 def trainer(workers: int, threads: int, epochs: int, target: float, seed: int, extra: tuple[str, ...] = (),
-            setting: tuple[str, ...] = tuple(LENET)) -> Figures:
-    overrides = [f"data.source={mnist5k()}", *setting, f"train.epochs={epochs}", f"train.threads={threads}",
+            setting: tuple[str, ...] = tuple(LENET), data: Callable[[], Path] = mnist5k) -> Figures:
+    overrides = [f"data.source={data()}", *setting, f"train.epochs={epochs}", f"train.threads={threads}",
                  f"train.seed={seed}", "checkpoint.every=0", "log.plots=false", "log.tensorboard=false", *extra]
     summary, rounds, _ = run_job(workers + 1, overrides, config=MNIST_LENET)
     elapsed = [float(row["elapsed_seconds"]) for row in rounds]
@@ -74,12 +83,12 @@ def free_ports(count: int) -> list[int]:
 
 
 def mwms(epochs: int, target: float, seed: int, workers: int = 2, optimizer: str = "adadelta", rate: float = 1.0,
-         batch: int = BATCH) -> Figures:
+         batch: int = BATCH, model: str = "lenet", data: Callable[[], Path] = mnist5k) -> Figures:
     """Two tf_keras processes on localhost under MultiWorkerMirroredStrategy (the chief's figures)."""
     cluster = {"worker": [f"localhost:{port}" for port in free_ports(workers)]}
-    procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.mwms", str(mnist5k()), "--epochs", str(epochs),
+    procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.mwms", str(data()), "--epochs", str(epochs),
                                "--batch", str(batch), "--seed", str(seed), "--optimizer", optimizer,
-                               "--learning-rate", str(rate)], cwd=ROOT, stdout=subprocess.PIPE,
+                               "--learning-rate", str(rate), "--model", model], cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True,
                               env={**ENV, "TF_USE_LEGACY_KERAS": "1", "TF_CONFIG": json.dumps(
                                   {"cluster": cluster, "task": {"type": "worker", "index": index}})})

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from benchmarks.data import mnist5k
 from benchmarks.harness import Comparison, Figures
-from benchmarks.jobs import MNIST_LENET, program, seeded
-from benchmarks.suites.accuracy import ADAM, ADAM_BATCH, figures, mwms, trainer, with_mwms
+from benchmarks.jobs import seeded
+from benchmarks.suites.accuracy import ADAM, ADAM_BATCH, mwms, one_process, trainer, with_mwms
 
 QUESTION = ("Synchronous SGD: does `aggregation.method = \"synchronous\"` converge per epoch as one process on the "
             "global batch, and in how much of MultiWorkerMirroredStrategy's time?")
@@ -19,9 +18,7 @@ def global_batch(epochs: int, target: float, seed: int) -> Figures:
     """One process training on both workers' batches at once: LeNet, Adam 1e-3, batch 256."""
     settings = [item for item in ADAM if not item.startswith("train.batch_size")] + \
         [f"train.batch_size={2 * ADAM_BATCH}"]
-    sets = [x for item in [f"data.source={mnist5k()}", *settings] for x in ("--set", item)]
-    return figures(program("plain_keras", ["--config", MNIST_LENET, *sets, "--epochs", str(epochs),
-                                           "--seed", str(seed)]), target)
+    return one_process(settings, epochs, target, seed)
 
 
 def comparisons(quick: bool) -> list[Comparison]:

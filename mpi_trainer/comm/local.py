@@ -15,7 +15,7 @@ wait without one lasts at most the transport's ``bound``. A failure notice
 (:meth:`LocalTransport.notify_failure`) wakes the other ranks' waits with
 :class:`~mpi_trainer.errors.PeerFailure`, as over MPI.
 
-A rank can also be lost as under ``fault.survive`` (:meth:`LocalTransport.crash`, the test hook
+A rank can also be lost as under ``fault.survive`` (:meth:`LocalTransport.leave_world`, the test hook
 of a ``kill -9``): from then on every other rank's waits raise
 :class:`~mpi_trainer.errors.RankLost`, as MPI's do once the communicator is revoked, until
 the survivors :meth:`~LocalTransport.shrink` to a world without it, renumbered in their old order.
@@ -44,7 +44,7 @@ class RankAborted(RuntimeError):
 
 
 class RankDied(Exception):
-    """Ends the thread of a rank that :meth:`LocalTransport.crash` took out of the world."""
+    """Ends the thread of a rank that :meth:`LocalTransport.leave_world` took out of the world."""
 
 
 @dataclass
@@ -365,7 +365,7 @@ class LocalTransport(AccountedRank):
             self.world.cond.notify_all()
 
     # -- fault tolerance ----------------------------------------------------------
-    def crash(self) -> None:
+    def leave_world(self) -> None:
         """Leave the world as a killed process would: the others' waits raise RankLost; this thread ends."""
         with self.world.cond:
             self.world.lost.add(self.world_rank)

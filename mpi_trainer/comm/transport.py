@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import os
 import pickle
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -649,12 +648,6 @@ class Transport(AccountedRank):
         """ULFM's fault-tolerant agreement: the bitwise AND of every live rank's ``flag``; RankLost
         when a rank of the communicator failed (shrink again, then agree again)."""
         return int(self.comm.Agree(flag))
-
-    def crash(self) -> None:
-        """Test hook: end this process at once, as ``kill -9`` would (no MPI_Finalize, no exit code)."""
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
 
     def duplicate(self, timeout: float | None = None) -> Transport:
         """A transport on a new communicator with this one's settings: a job's messages stay in its own.

@@ -18,7 +18,7 @@ else:  # Python 3.10
 
 from mpi_trainer import hooks
 from mpi_trainer.config.rules import check_config, with_derived_values
-from mpi_trainer.config.schema import Config, reject
+from mpi_trainer.config.schema import Config, keyed_fields, reject
 from mpi_trainer.errors import ConfigError
 
 SectionT = TypeVar("SectionT")
@@ -33,7 +33,7 @@ def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
     """Every dotted key the configuration accepts, e.g. ``train.epochs``."""
     hints = typing.get_type_hints(cls)
     keys = []
-    for item in dataclasses.fields(cls):
+    for item in keyed_fields(cls):
         dotted, hint = f"{prefix}{item.name}", hints[item.name]
         if _is_section(hint):
             keys.extend(all_keys(hint, dotted + "."))
@@ -91,7 +91,8 @@ def _hint_name(hint: Any) -> str:
 def _build(cls: type[SectionT], table: object, prefix: str) -> SectionT:
     if not isinstance(table, dict):
         reject(prefix.rstrip("."), table, "must be a table of keys")
-    hints = {k: v for k, v in typing.get_type_hints(cls).items() if k != "prefix"}
+    keyed = {item.name for item in keyed_fields(cls)}
+    hints = {k: v for k, v in typing.get_type_hints(cls).items() if k != "prefix" and k in keyed}
     for name in table:
         if name not in hints:
             raise _unknown_key(f"{prefix}{name}")
@@ -158,8 +159,8 @@ def config_from_dict(table: dict[str, Any]) -> Config:
     """Build every section (each checks its own keys), apply the rules across sections once, and
     fill in the derived values: the config every rank then holds unchanged.
 
-    The test hooks' section is no part of the config: it is taken off the table first, checked against
-    the config, and installed in :mod:`mpi_trainer.hooks` (a table without one installs none).
+    The test hooks' section is no section of the config: it is taken off the table first, checked against
+    the config, and kept as the config's ``test_hooks`` (all off where the table has none).
     """
     if not isinstance(table, dict):
         reject("config", table, "must be a table of sections")
@@ -168,5 +169,4 @@ def config_from_dict(table: dict[str, Any]) -> Config:
     cfg = _build(Config, table, "")
     check_config(cfg)
     hooks.check_with(cfg, test_hooks)
-    hooks.install(test_hooks)
-    return with_derived_values(cfg)
+    return with_derived_values(dataclasses.replace(cfg, test_hooks=test_hooks))

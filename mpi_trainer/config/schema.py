@@ -84,6 +84,7 @@ from mpi_trainer.config.training_config import (
     ModelConfig,
     TrainConfig,
 )
+from mpi_trainer.hooks import TestHooks
 
 __all__ = [
     "AGGREGATION_METHODS",
@@ -146,6 +147,11 @@ __all__ = [
 ]
 
 
+def keyed_fields(cls: type) -> list[dataclasses.Field]:
+    """The fields of a config class that are keys or sections of the config, not what rides along with it."""
+    return [item for item in dataclasses.fields(cls) if item.metadata.get("key", True)]
+
+
 @dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
@@ -160,6 +166,9 @@ class Config:
     fault: FaultConfig = field(default_factory=FaultConfig)
     lbfgs: LbfgsConfig = field(default_factory=LbfgsConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    # The test hooks the loader took off the ``debug`` table (:mod:`mpi_trainer.hooks`): no section, never
+    # written or shown, all off unless a test or benchmark set them.
+    test_hooks: TestHooks = field(default_factory=TestHooks, repr=False, metadata={"key": False})
 
     def outer_optimizer_for(self, workers: int) -> str:
         """The outer optimizer in effect with ``workers`` workers: ``aggregation.outer_optimizer``, where
@@ -173,7 +182,7 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         """The whole config as plain values (what run directories and ``check`` show)."""
-        return {item.name: dataclasses.asdict(getattr(self, item.name)) for item in dataclasses.fields(Config)}
+        return {item.name: dataclasses.asdict(getattr(self, item.name)) for item in keyed_fields(Config)}
 
     def to_toml(self) -> str:
         return tomli_w.dumps(self.to_dict())

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mpi_trainer import hooks
 from mpi_trainer.algorithms.divergence import DivergenceWatch
 from mpi_trainer.data.augmentation import build_augmenter
 from mpi_trainer.errors import EXIT_PREEMPTED, ConfigError, InputError, Preempted
@@ -86,7 +85,7 @@ def fit_model(transport: RankTransport, model: Any, kwargs: dict[str, Any], conf
     cfg, scoring_why = resolve_place(cfg, placements)
     if transport.rank == 0:
         get_logger().info("%s", scoring_why)
-    hooks.maybe_freeze(transport.rank, -1)  # debug.freeze_rank with freeze_round = -1: stops during set-up
+    cfg.test_hooks.freeze_at(transport.rank, -1)  # debug.freeze_rank with freeze_round = -1: stops during set-up
     for name in ("epochs", "batch_size"):  # left to the config by the caller
         if kwargs.get(name) == "config":
             kwargs[name] = getattr(cfg.train, name)
@@ -101,7 +100,7 @@ def fit_model(transport: RankTransport, model: Any, kwargs: dict[str, Any], conf
         if cfg.aggregation.synchronous:
             check_synchronous(model)
         check_config(cfg, run_dir, resume, given_keys(config, overrides), applied)
-        hooks.active().check_slow_ranks(transport.size)  # debug.slow_ranks: worker ranks of this job
+        cfg.test_hooks.check_slow_ranks(transport.size)  # debug.slow_ranks: worker ranks of this job
         check_backend()
         check_sync_every(cfg.train.sync_steps, kwargs)
         check_sync_every(cfg.train.sync_warmup_every if cfg.train.sync_warmup_epochs else 0, kwargs,
@@ -165,7 +164,7 @@ def fit_model(transport: RankTransport, model: Any, kwargs: dict[str, Any], conf
                 gradients=None if workers_only is None else GradientSum(workers_only, model), part=part,
                 preemption=preemption, wire=StateWire(cfg.aggregation.wire_dtype, state.model_size),
                 augmenter=build_augmenter(cfg.data.augmentation, cfg.train.seed + transport.rank),
-                reshare=reshared if cfg.fault.survive else None)
+                reshare=reshared if cfg.fault.survive else None, test_hooks=cfg.test_hooks)
             worker.run()
             history = None
     finally:
@@ -647,7 +646,7 @@ def round_policies(cfg: Config, model: Any, state: ModelState, kwargs: dict[str,
         divergence=DivergenceWatch(train.divergence_rounds, output_classes(model)) if train.watches_divergence
         else None,
         stops_on_divergence=train.watches_divergence and train.stops_on_divergence,
-        fault=cfg.fault if cfg.fault.survive else None)
+        fault=cfg.fault if cfg.fault.survive else None, test_hooks=cfg.test_hooks)
 
 
 def fit_lbfgs(transport: RankTransport, model: Any, state: ModelState, kwargs: dict[str, Any], cfg: Config,

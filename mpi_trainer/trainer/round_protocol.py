@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mpi_trainer.hooks import TestHooks
+
 if TYPE_CHECKING:
     from mpi_trainer.comm.interface import RankTransport
 
@@ -298,3 +300,4 @@ class RoundPolicies:
     divergence: Any = None  # train.divergence: a DivergenceWatch over the epochs' rows (None: off)
     stops_on_divergence: bool = False
     fault: Any = None  # fault.survive: the fault settings (None: a lost rank ends the job)
+    test_hooks: TestHooks = field(default_factory=TestHooks)  # debug.*: rank 0's freeze, for tests

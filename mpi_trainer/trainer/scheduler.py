@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mpi_trainer import hooks
 from mpi_trainer.algorithms.passes import all_finite, default_threads
 from mpi_trainer.errors import RankLost, WorkerFailure
 from mpi_trainer.persistence.preemption import Preemption
@@ -106,6 +105,7 @@ class SchedulerRounds:
         self.optimizers_checked = False  # whether the first trained epoch's optimizer steps were looked at
         self.elects = policies.elects  # best-of: the workers score their states and the best one is kept
         self.synchronous = policies.synchronous  # synchronous SGD: the workers hold one state, one of theirs kept
+        self.test_hooks = policies.test_hooks
         self.fault: Any = policies.fault  # fault.survive: the fault settings (None: a lost rank ends the job)
         self.nan_policy = policies.nan_policy  # train.nan_policy: a non-finite round stops the fit, or trains again
         self.rollbacks = 0  # rounds rolled back in a row
@@ -215,7 +215,7 @@ class SchedulerRounds:
         self.watch_divergence(epoch)
         scored_at = time.time()
         self.record.checkpoint(epoch + 1, self.state, self.callbacks, outer=self.outer.state_arrays())
-        hooks.maybe_freeze(0, epoch)  # debug.freeze_rank = 0: rank 0 stops after recording this epoch
+        self.test_hooks.freeze_at(0, epoch)  # debug.freeze_rank = 0: rank 0 stops after recording this epoch
         # log.timeline: rank 0 waits while the workers train, then combines (the seconds it spent), scores and
         # checkpoints; each worker's training as it reported it
         combining = times["aggregate_seconds"]

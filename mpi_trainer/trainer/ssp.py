@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from mpi_trainer import hooks
 from mpi_trainer.algorithms.staleness import StalenessClock, merge_share
 from mpi_trainer.errors import Preempted
 from mpi_trainer.trainer.round_protocol import Order, Report, non_finite_cause
@@ -156,7 +155,7 @@ class StaleWorker(WorkerRounds):
             raise Preempted()
         if order.stop:
             return False
-        hooks.maybe_freeze(self.transport.rank, order.epoch)  # debug.freeze_rank: this worker stops here
+        self.test_hooks.freeze_at(self.transport.rank, order.epoch)  # debug.freeze_rank: this worker stops here
         self.maybe_crash(order.epoch, "train")
         began = self.state.optimizer_steps()
         report = self.train(order.epoch, *self.increment_share(order.epoch))

@@ -13,6 +13,7 @@ import numpy as np
 
 from mpi_trainer import hooks
 from mpi_trainer.errors import Preempted, RankLost, WorkerFailure
+from mpi_trainer.hooks import TestHooks
 from mpi_trainer.persistence.preemption import Preemption
 from mpi_trainer.trainer import shares
 from mpi_trainer.trainer.round_protocol import (
@@ -78,10 +79,11 @@ class WorkerRounds:
                  weighted: bool, bounds: Any = None, validation: dict[str, Any] | None = None,
                  gradients: GradientSum | None = None, *, part: WorkerPart | None = None,
                  preemption: Preemption | None = None, wire: StateWire | None = None, augmenter: Any = None,
-                 reshare: Callable[[], WorkerPart] | None = None) -> None:
+                 reshare: Callable[[], WorkerPart] | None = None, test_hooks: TestHooks | None = None) -> None:
         """``share``, ``rows``, ``validation``: this worker's part of the data, or all of it as ``part``;
         ``reshare``: after a rank is lost (``fault.survive``), this worker's part for the survivors (None: the
-        lost rank ends the job); ``gradients``: synchronous SGD's per-step sum."""
+        lost rank ends the job); ``gradients``: synchronous SGD's per-step sum; ``test_hooks``: the faults and
+        slowness a test or benchmark asked of this worker (the config's ``test_hooks``; None: none)."""
         from mpi_trainer.algorithms.wait_bounds import WaitBounds
 
         self.transport, self.model, self.state = transport, model, state
@@ -93,7 +95,7 @@ class WorkerRounds:
         # data.increment: (every training row, this worker's fixed rows, the settings); each epoch adds a draw
         self.increment: tuple[Any, np.ndarray, Any] | None = None
         self.reshare = reshare
-        test_hooks = hooks.active()  # debug.*: slow batches, and a crash at an epoch's training or contribution
+        self.test_hooks = test_hooks = test_hooks or TestHooks()  # slow batches, a crash, a freeze, NaN
         self.slowdown = make_slowdown(test_hooks, transport.rank)
         self.crash_at = ((test_hooks.crash_round, test_hooks.crash_phase)
                          if test_hooks.crash_rank and test_hooks.crash_rank == transport.world_rank else None)
@@ -186,7 +188,7 @@ class WorkerRounds:
     def train_round(self, order: Order) -> None:
         """Train the round the order names, then add this worker's state to the sum and report."""
         size = self.state.size
-        hooks.maybe_freeze(self.transport.rank, order.epoch)  # debug.freeze_rank: this worker stops here
+        self.test_hooks.freeze_at(self.transport.rank, order.epoch)  # debug.freeze_rank: this worker stops here
         self.maybe_crash(order.epoch, "train")
         began = self.state.optimizer_steps()
         report = self.train_order(order)
@@ -249,9 +251,9 @@ class WorkerRounds:
         self.rows, self.block = len(index), block
 
     def maybe_crash(self, epoch: int, phase: str) -> None:
-        """Test hook (``debug.crash_rank``, ``crash_round``, ``crash_phase``): end this process as kill -9 would."""
+        """Test hook (``debug.crash_rank``, ``crash_round``, ``crash_phase``): end this rank as kill -9 would."""
         if self.crash_at == (epoch, phase):
-            self.transport.crash()
+            hooks.end_rank(self.transport)
 
     def stand(self, report: Report) -> float:
         """Best-of: score this worker's state on the validation data; every rank learns every score and so the

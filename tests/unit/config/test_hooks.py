@@ -1,4 +1,5 @@
-"""Test hooks (``debug.*``): settable with --set, validated, routed to mpi_trainer.hooks, never part of the config."""
+"""Test hooks (``debug.*``): settable with --set, validated, carried by the loaded config as ``test_hooks``
+beside its sections, never one of its keys, never written or shown."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from mpi_trainer import hooks
 from mpi_trainer.cli import build_parser, main
 from mpi_trainer.config import Config, all_keys, config_from_dict, load_config
 from mpi_trainer.errors import ConfigError
@@ -19,13 +19,15 @@ QUICKSTART = "configs/quickstart.toml"
 HOOKS = ["debug.slow_ranks=[2]", "debug.slow_factor=3.0", "debug.nan_rank=1"]
 
 
-def test_hooks_set_with_set_go_to_the_hook_module_not_the_config():
+def test_hooks_set_with_set_ride_with_the_config_but_are_none_of_its_keys():
     cfg = load_config(QUICKSTART, HOOKS)  # accepted with --set; their effects are tested where they are used
-    assert hooks.active() == TestHooks(slow_ranks=[2], slow_factor=3.0, nan_rank=1)
+    assert cfg.test_hooks == TestHooks(slow_ranks=[2], slow_factor=3.0, nan_rank=1)
     assert not hasattr(cfg, "debug") and "debug" not in {name for name in Config.__dataclass_fields__}
-    assert not [key for key in all_keys() if key.startswith("debug.")]
-    assert "debug" not in cfg.to_dict()
-    assert "debug" not in cfg.to_toml() and "slow_ranks" not in cfg.to_toml()
+    assert not [key for key in all_keys() if key.startswith(("debug.", "test_hooks"))]
+    assert "debug" not in cfg.to_dict() and "test_hooks" not in cfg.to_dict()
+    assert "debug" not in cfg.to_toml() and "slow_ranks" not in cfg.to_toml() and "test_hooks" not in cfg.to_toml()
+    with pytest.raises(ConfigError, match="Unknown config key `test_hooks`"):
+        load_config(QUICKSTART, ["test_hooks.nan_rank=1"])
 
 
 def test_launch_passes_the_hooks_to_every_attempt_s_train_line_as_they_were_typed(tmp_path):
@@ -40,14 +42,14 @@ def test_launch_passes_the_hooks_to_every_attempt_s_train_line_as_they_were_type
         assert train[:2 + len(typed)] == ["train", QUICKSTART, *typed], train
 
 
-def _batches(monkeypatch, rank, compute_seconds, batches=3):
-    """Seconds each batch of ``rank`` takes under the hooks in force (its compute plus the hook's pause),
+def _batches(monkeypatch, cfg, rank, compute_seconds, batches=3):
+    """Seconds each batch of ``rank`` takes under ``cfg``'s hooks (its compute plus the hook's pause),
     on a fake clock; None when the rank gets no slowdown at all."""
     clock = SimpleNamespace(now=0.0, pauses=[])
     fake_time = SimpleNamespace(perf_counter=lambda: clock.now,
                                 sleep=lambda seconds: clock.pauses.append(seconds))
     monkeypatch.setattr(slowdown, "time", fake_time)
-    callback = slowdown.make_slowdown(hooks.active(), rank)
+    callback = slowdown.make_slowdown(cfg.test_hooks, rank)
     if callback is None:
         return None
     for batch in range(batches):
@@ -60,23 +62,23 @@ def _batches(monkeypatch, rank, compute_seconds, batches=3):
 def test_set_on_the_command_line_slows_the_named_ranks_by_the_factor_and_every_worker_by_the_delay(monkeypatch):
     args = build_parser().parse_args(["train", QUICKSTART, "--set", "debug.batch_delay=0.04",
                                       "--set", "debug.slow_ranks=[2]", "--set", "debug.slow_factor=3.0"])
-    load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides)
     # the first batch (graph tracing) is never slowed; then rank 2 takes 3 x (compute + delay) per batch
-    assert _batches(monkeypatch, 2, 0.01) == pytest.approx([3 * (0.01 + 0.04)] * 2)
-    assert _batches(monkeypatch, 1, 0.01) == pytest.approx([0.01 + 0.04] * 2)
-    load_config(QUICKSTART, [])
-    assert _batches(monkeypatch, 2, 0.01) is None  # without hooks no rank gets a callback
+    assert _batches(monkeypatch, cfg, 2, 0.01) == pytest.approx([3 * (0.01 + 0.04)] * 2)
+    assert _batches(monkeypatch, cfg, 1, 0.01) == pytest.approx([0.01 + 0.04] * 2)
+    assert _batches(monkeypatch, load_config(QUICKSTART, []), 2, 0.01) is None  # without hooks, no callback
 
 
 def test_a_table_and_the_python_api_s_overrides_spell_them_alike():
-    load_config({"debug": {"batch_delay": 0.04}}, {"debug.nan_rank": 1, "debug.nan_round": 2})
-    assert hooks.active() == TestHooks(batch_delay=0.04, nan_rank=1, nan_round=2)
+    cfg = load_config({"debug": {"batch_delay": 0.04}}, {"debug.nan_rank": 1, "debug.nan_round": 2})
+    assert cfg.test_hooks == TestHooks(batch_delay=0.04, nan_rank=1, nan_round=2)
 
 
-def test_each_load_replaces_the_hooks_of_the_one_before():
-    load_config(QUICKSTART, HOOKS)
-    config_from_dict({})
-    assert hooks.active() == TestHooks()
+def test_no_load_sees_the_hooks_of_another():
+    hooked = load_config(QUICKSTART, HOOKS)
+    assert config_from_dict({}).test_hooks == TestHooks()
+    assert load_config(QUICKSTART, []).test_hooks == TestHooks()
+    assert hooked.test_hooks.nan_rank == 1
 
 
 def test_check_does_not_print_the_hooks(capsys):
