@@ -34,22 +34,25 @@ def main() -> None:
     from mpi_trainer.data.sources import load_dataset
     from mpi_trainer.models import build_model
     from mpi_trainer.models.gradients import BlockGradient
+    from mpi_trainer.trainer.state import ModelState
 
     cfg = load_config("configs/mnist_softmax_lbfgs.toml", [f"data.source={args.data}"])
     data = load_dataset(cfg.data, seed=0)
     keras.utils.set_random_seed(0)
     model = build_model(cfg.model, data.input_shape, data.num_outputs, data.classes)
-    gradient = BlockGradient(model, batch_size=args.batch)
+    state = ModelState(model)
+    gradient = BlockGradient(model, state.trainable, batch_size=args.batch)
     x, y, n = data.x_train, data.y_train, data.num_train
     spent: list[float] = []
 
     def evaluate(params):  # noqa: ANN001, ANN202 - the objective minimize() calls
         started = time.perf_counter()
-        loss, grad = gradient(params, x, y)
+        state.write_trainable(params)
+        loss, grad = gradient(x, y)
         spent.append(time.perf_counter() - started)
         return loss / n, grad / n
 
-    outcome = minimize(evaluate, gradient.vector.read(), LbfgsSettings(args.iterations))
+    outcome = minimize(evaluate, state.read_trainable(), LbfgsSettings(args.iterations))
     print(json.dumps({"per_evaluation": statistics.median(spent), "loss": outcome.loss,
                       "evaluations": outcome.evaluations, "params": gradient.size}))
 

@@ -13,21 +13,33 @@ from mpi_trainer.config.schema import DEFAULT_VALIDATION_SIZE, Config
 from mpi_trainer.errors import ConfigError
 
 
-def _staleness_rules(cfg: Config) -> None:
-    """What only synchronous rounds can do."""
-    ssp = cfg.aggregation.ssp
-    if ssp > 0 and cfg.train.max_steps > 0:
-        raise ConfigError("`train.max_steps` splits the last synchronous round into step budgets and needs "
-                          f"aggregation.ssp = 0. Received: train.max_steps={cfg.train.max_steps} with "
-                          f"aggregation.ssp={ssp}")
-    if ssp > 0 and cfg.train.overlap_eval:
-        raise ConfigError("`train.overlap_eval` hands out a synchronous round before the last one is scored, and "
-                          "under SSP the workers never wait for the scoring: it needs aggregation.ssp = 0. "
-                          f"Received: train.overlap_eval=True with aggregation.ssp={ssp}")
-    if ssp > 0 and cfg.train.rolls_back:
-        raise ConfigError("`train.nan_policy` = 'rollback' re-runs a synchronous round and needs "
-                          f"aggregation.ssp = 0 (under SSP use 'stop'). Received: train.nan_policy='rollback' "
-                          f"with aggregation.ssp={ssp}")
+def _ssp_rule(cfg: Config) -> None:
+    """SSP (``aggregation.ssp > 0``): each worker's update merges as it arrives, on the worker's own clock;
+    refuse what only synchronous rounds can do."""
+    ssp, aggregation, train = cfg.aggregation.ssp, cfg.aggregation, cfg.train
+    if not ssp:
+        return
+    conflicts: dict[str, tuple[bool, object, str, str]] = {
+        "aggregation.method": (aggregation.elects, aggregation.method, "'average' or 'weighted'",
+                               "an election needs every worker's state of one epoch at once"),
+        "train.sync_every": (train.sync_steps > 0, train.sync_every, "0", "an SSP update is a worker's whole epoch"),
+        "train.max_steps": (train.max_steps > 0, train.max_steps, "0",
+                            "it splits the last synchronous round into step budgets"),
+        "train.overlap_eval": (train.overlap_eval, train.overlap_eval, "false",
+                               "it hands out a synchronous round before the last one is scored, and under SSP the "
+                               "workers never wait for the scoring"),
+        "train.nan_policy": (train.rolls_back, train.nan_policy, "'stop'", "a rollback re-runs a synchronous round"),
+        "fault.survive": (cfg.fault.survive, cfg.fault.survive, "false",
+                          "the synchronous epochs are what restart with the survivors"),
+        "data.rebalance": (cfg.data.rebalance, cfg.data.rebalance, "false",
+                           "the blocks are re-cut between synchronous epochs"),
+        "evaluation.where": (cfg.evaluation.on_workers, cfg.evaluation.where, "'scheduler'",
+                             "the workers are busy with their next epochs"),
+        "aggregation.wire_dtype": (aggregation.wire_dtype in ("float16", "bfloat16"), aggregation.wire_dtype,
+                                   "'float32' or 'auto'",
+                                   "each worker's state travels to and from rank 0 on its own, in float32"),
+    }
+    _refuse_conflicts("aggregation.ssp", ssp, "aggregation.ssp = 0", conflicts)
 
 
 def _damping_rule(cfg: Config) -> None:
@@ -201,7 +213,7 @@ def _synchronous_conflicts(cfg: Config) -> dict[str, tuple[bool, object, str, st
     }
 
 
-def _refuse_conflicts(setting: str, value: str, otherwise: str,
+def _refuse_conflicts(setting: str, value: object, otherwise: str,
                       conflicts: dict[str, tuple[bool, object, str, str]]) -> None:
     """The first of ``conflicts`` (key -> (set?, its value, what is expected, why)) that is set, refused with the
     setting ``setting`` = ``value`` it conflicts with, and ``otherwise``: the way out by that setting."""
@@ -237,8 +249,36 @@ def _optimizer_state_rule(cfg: Config) -> None:
     _refuse_conflicts("aggregation.optimizer_state", "local", "aggregation.optimizer_state = 'combined'", conflicts)
 
 
-RULES = (_optimizer_state_rule, _synchronous_rule, _staleness_rules, _damping_rule, _sync_every_rules,
-         _warmup_rules, _lbfgs_rule, _evaluation_rule, _outer_optimizer_rule, _fault_rule)
+def _rebalance_rule(cfg: Config) -> None:
+    """``data.rebalance`` re-cuts the blocks between whole epochs, by each worker's rows a second."""
+    if not cfg.data.rebalance:
+        return
+    conflicts: dict[str, tuple[bool, object, str, str]] = {
+        "data.increment.enabled": (cfg.data.increment.enabled, cfg.data.increment.enabled, "false",
+                                   "each epoch's draw adds rows the blocks do not hold"),
+        "train.max_steps": (cfg.train.max_steps > 0, cfg.train.max_steps, "0",
+                            "the last steps are dealt out from the batches of blocks fixed for the fit"),
+    }
+    _refuse_conflicts("data.rebalance", True, "data.rebalance = false", conflicts)
+
+
+def _max_steps_rule(cfg: Config) -> None:
+    """``train.max_steps`` deals the steps left to the workers from the batches each trains in a whole epoch."""
+    train = cfg.train
+    if not train.max_steps:
+        return
+    conflicts: dict[str, tuple[bool, object, str, str]] = {
+        "train.sync_every": (train.sync_steps > 0, train.sync_every, "0", "a round is then not a whole epoch"),
+        "train.sync_warmup_epochs": (train.sync_warmup_epochs > 0, train.sync_warmup_epochs, "0",
+                                     "a warm-up round is not a whole epoch"),
+        "data.increment.enabled": (cfg.data.increment.enabled, cfg.data.increment.enabled, "false",
+                                   "each epoch's draw changes the batches a worker has"),
+    }
+    _refuse_conflicts("train.max_steps", train.max_steps, "train.max_steps = 0", conflicts)
+
+
+RULES = (_optimizer_state_rule, _synchronous_rule, _damping_rule, _ssp_rule, _sync_every_rules, _warmup_rules,
+         _rebalance_rule, _max_steps_rule, _lbfgs_rule, _evaluation_rule, _outer_optimizer_rule, _fault_rule)
 
 
 def check_config(cfg: Config) -> None:

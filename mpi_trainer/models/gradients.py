@@ -63,45 +63,17 @@ def _regularisation(ops: Any, terms: list[Any]) -> Any:
     return ops.sum(ops.stack([ops.cast(term, "float32") for term in terms])) if terms else 0.0
 
 
-class TrainableVector:
-    """A model's trainable variables <-> one flat float64 vector (the L-BFGS parameters)."""
-
-    def __init__(self, model: Any) -> None:
-        self.variables = list(model.trainable_variables)
-        if not self.variables:
-            raise ConfigError(f"model.optimizer='lbfgs' needs trainable weights; model {model.name!r} has none")
-        self.shapes = [tuple(int(d) for d in v.shape) for v in self.variables]
-        self.offsets = np.concatenate([[0], np.cumsum([int(np.prod(shape)) for shape in self.shapes])])
-        self.size = int(self.offsets[-1])
-
-    def read(self) -> np.ndarray:
-        out = np.empty(self.size, dtype=np.float64)
-        for variable, start, stop in zip(self.variables, self.offsets[:-1], self.offsets[1:]):
-            out[start:stop] = np.asarray(variable.numpy()).reshape(-1)
-        return out
-
-    def parts(self, flat: np.ndarray) -> list[np.ndarray]:
-        """Views into ``flat``, one per variable, in its shape."""
-        if flat.size != self.size:
-            raise ValueError(f"expected a vector of {self.size} values, received {flat.size}")
-        return [flat[start:stop].reshape(shape)
-                for shape, start, stop in zip(self.shapes, self.offsets[:-1], self.offsets[1:])]
-
-    def arrays(self, flat: np.ndarray) -> list[np.ndarray]:
-        """The variables' values in their own shapes and dtypes."""
-        return [array.astype(v.dtype) for array, v in zip(self.parts(flat), self.variables)]
-
-    def assign(self, flat: np.ndarray) -> None:
-        for variable, array in zip(self.variables, self.arrays(flat)):
-            variable.assign(array)
+def check_trainable(model: Any, variables: list[Any]) -> list[Any]:
+    """``variables``, the model's trainable variables that L-BFGS moves; a ConfigError where there are none."""
+    if not variables:
+        raise ConfigError(f"model.optimizer='lbfgs' needs trainable weights; model {model.name!r} has none")
+    return variables
 
 
 class _TensorFlowStep:
-    def __init__(self, model: Any, loss_fn: Callable, vector: TrainableVector) -> None:
+    def __init__(self, model: Any, loss_fn: Callable, variables: list[Any]) -> None:
         import tensorflow as tf
         from keras import ops
-
-        self.vector = vector
 
         @tf.function(reduce_retracing=True)
         def step(x: Any, y: Any) -> tuple[Any, list[Any]]:
@@ -109,12 +81,9 @@ class _TensorFlowStep:
                 predictions = model(x, training=False)
                 total = tf.reduce_sum(loss_fn(y, predictions))
                 total += tf.cast(tf.shape(x)[0], total.dtype) * _regularisation(ops, model.losses)
-            return total, tape.gradient(total, vector.variables)
+            return total, tape.gradient(total, variables)
 
         self.step = step
-
-    def load(self, flat: np.ndarray) -> None:
-        self.vector.assign(flat)
 
     def __call__(self, x: np.ndarray, y: np.ndarray) -> tuple[float, list[Any]]:
         import tensorflow as tf
@@ -124,14 +93,13 @@ class _TensorFlowStep:
 
 
 class _JaxStep:
-    def __init__(self, model: Any, loss_fn: Callable, vector: TrainableVector) -> None:
+    def __init__(self, model: Any, loss_fn: Callable, variables: list[Any]) -> None:
         import jax
         import jax.numpy as jnp
         from keras import ops
 
-        self.vector, self.jnp = vector, jnp
+        self.variables = variables
         non_trainable = [v.value for v in model.non_trainable_variables]
-        self.values: list[Any] = []
 
         def objective(trainable: list[Any], x: Any, y: Any) -> Any:
             predictions, _, extra = model.stateless_call(trainable, non_trainable, x, training=False,
@@ -140,27 +108,21 @@ class _JaxStep:
 
         self.step = jax.jit(jax.value_and_grad(objective))
 
-    def load(self, flat: np.ndarray) -> None:
-        self.values = [self.jnp.asarray(array) for array in self.vector.arrays(flat)]
-
     def __call__(self, x: np.ndarray, y: np.ndarray) -> tuple[float, list[Any]]:
-        total, grads = self.step(self.values, x, y)
+        total, grads = self.step([v.value for v in self.variables], x, y)
         return float(total), [np.asarray(g) for g in grads]
 
 
 class _TorchStep:
-    def __init__(self, model: Any, loss_fn: Callable, vector: TrainableVector) -> None:
+    def __init__(self, model: Any, loss_fn: Callable, variables: list[Any]) -> None:
         from keras import ops
 
-        self.model, self.loss_fn, self.vector, self.ops = model, loss_fn, vector, ops
-
-    def load(self, flat: np.ndarray) -> None:
-        self.vector.assign(flat)
+        self.model, self.loss_fn, self.variables, self.ops = model, loss_fn, variables, ops
 
     def __call__(self, x: np.ndarray, y: np.ndarray) -> tuple[float, list[Any]]:
         import torch
 
-        parameters = [v.value for v in self.vector.variables]  # torch Parameters with requires_grad
+        parameters = [v.value for v in self.variables]  # torch Parameters with requires_grad
         with torch.enable_grad():
             predictions = self.model(self.ops.convert_to_tensor(x), training=False)
             total = torch.sum(self.loss_fn(self.ops.convert_to_tensor(y), predictions))
@@ -170,36 +132,34 @@ class _TorchStep:
 
 
 class _Step(Protocol):
-    """One backend's loss-and-gradient step: ``load`` the parameters, then call it on a batch."""
-
-    def load(self, flat: np.ndarray) -> None: ...
+    """One backend's loss-and-gradient step on a batch, at the variables' values."""
 
     def __call__(self, x: np.ndarray, y: np.ndarray) -> tuple[float, list[Any]]: ...
 
 
-_STEPS: dict[str, Callable[[Any, Callable, TrainableVector], _Step]] = {
+_STEPS: dict[str, Callable[[Any, Callable, list[Any]], _Step]] = {
     "tensorflow": _TensorFlowStep, "jax": _JaxStep, "torch": _TorchStep}
 
 
 class BlockGradient:
-    """``(params, x, y) -> (loss sum, gradient sum)`` for one model, in batches of ``batch_size`` rows."""
+    """``(x, y) -> (loss sum, gradient sum)`` for one model at its variables' values, in batches of
+    ``batch_size`` rows: the gradient with respect to ``variables`` (the model's trainable ones, in the order
+    the caller's state keeps them), one flat float64 vector in that order."""
 
-    def __init__(self, model: Any, batch_size: int = 4096) -> None:
-        self.vector = TrainableVector(model)
+    def __init__(self, model: Any, variables: list[Any], batch_size: int = 4096) -> None:
+        self.variables = check_trainable(model, variables)
+        self.shapes = [tuple(int(d) for d in v.shape) for v in variables]
+        self.offsets = np.concatenate([[0], np.cumsum([int(np.prod(shape)) for shape in self.shapes])])
+        self.size = int(self.offsets[-1])
         self.batch_size = batch_size
-        self.step = _STEPS[gradient_backend()](model, per_sample_loss(model), self.vector)
+        self.step = _STEPS[gradient_backend()](model, per_sample_loss(model), self.variables)
 
-    @property
-    def size(self) -> int:
-        return self.vector.size
-
-    def __call__(self, params: np.ndarray, x: np.ndarray, y: np.ndarray,
-                 out: np.ndarray | None = None) -> tuple[float, np.ndarray]:
-        """Loss sum and gradient sum over ``(x, y)`` at ``params``; the gradient goes into ``out`` if given."""
+    def __call__(self, x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> tuple[float, np.ndarray]:
+        """Loss sum and gradient sum over ``(x, y)``; the gradient goes into ``out`` if given."""
         out = np.zeros(self.size, dtype=np.float64) if out is None else out
         out[:] = 0.0
-        parts = self.vector.parts(out)
-        self.step.load(params)
+        parts = [out[start:stop].reshape(shape)
+                 for shape, start, stop in zip(self.shapes, self.offsets[:-1], self.offsets[1:])]
         total = 0.0
         for start in range(0, len(x), self.batch_size):
             loss, grads = self.step(x[start:start + self.batch_size], y[start:start + self.batch_size])

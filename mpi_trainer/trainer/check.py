@@ -25,10 +25,9 @@ def check(cfg: Config, workers: int | None = None) -> str:
 
     check_training_backend(configured_backend(), backend_installed)
     from mpi_trainer.trainer.config_fit import APPLIED
-    from mpi_trainer.trainer.fit import ssp_conflicts
     from mpi_trainer.trainer.settings import refusals
 
-    refused = refusals(cfg, applied=APPLIED) + ssp_conflicts(cfg)  # what the fit would refuse, said here first
+    refused = refusals(cfg, applied=APPLIED)  # what the fit would refuse, said here first
     if refused:
         raise ConfigError("\n".join(refused))
     stream_note = ""
@@ -42,8 +41,9 @@ def check(cfg: Config, workers: int | None = None) -> str:
     model = build_model(cfg.model, dataset.input_shape, dataset.num_outputs, dataset.classes)
     if cfg.model.uses_lbfgs:
         from mpi_trainer.models.gradients import BlockGradient
+        from mpi_trainer.trainer.state import ModelState
 
-        BlockGradient(model)
+        BlockGradient(model, ModelState(model).trainable)  # the loss and backend it differentiates
     names = dry_run(model, *dataset.train.read(np.arange(min(SAMPLES, dataset.num_train))))
     watched_metric(cfg.early_stopping.monitor, cfg.early_stopping.patience, names, True)
     if workers is not None:

@@ -109,10 +109,10 @@ def _training_input(dataset: Any, cfg: Config, workers: int) -> tuple[Any, Any, 
     worker's share is cut from (:mod:`.shares`): an image folder's batches (Keras' own ``tf.data`` pipeline,
     every ``W``-th batch a worker's), TFRecord files (worker ``w`` reads files ``w, w + W, ...``) or a file
     read in batches (a contiguous range of its training rows a worker, read one shuffled chunk at a time)."""
+    from mpi_trainer.data.adapters import DealtInput
     from mpi_trainer.data.adapters.arrays import ArrayAdapter, StreamedShare
     from mpi_trainer.data.adapters.tf_dataset import input_context
     from mpi_trainer.data.streamed import streamed_train
-    from mpi_trainer.trainer.shares import DealtInput
 
     streamed = streamed_train(dataset)
     if streamed is None:
@@ -257,9 +257,8 @@ def _same_data(transport: RankTransport, data: tuple[Any, Any, Any, Any]) -> tup
 def _first_batch(x: Any, y: Any, steps: Any) -> tuple[tuple[Any, Any], Any]:
     """A pipeline's first ``(x, y)`` batch, and the input to train on: the pipeline itself (a generator's
     first batch put back), or for a ``dataset_fn(context)`` the datasets it builds for each worker."""
-    from mpi_trainer.data.adapters import get_input_adapter, is_dataset_fn
+    from mpi_trainer.data.adapters import DealtInput, get_input_adapter, is_dataset_fn
     from mpi_trainer.data.adapters.tf_dataset import input_context
-    from mpi_trainer.trainer.shares import DealtInput
 
     adapter: Any = get_input_adapter(x, y, steps)  # what Keras refuses with a pipeline, refused as Keras words it
     first = adapter.first_batch()

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mpi_trainer.algorithms.divergence import DivergenceWatch
+from mpi_trainer.data.adapters import input_kind
 from mpi_trainer.data.augmentation import build_augmenter
 from mpi_trainer.errors import EXIT_PREEMPTED, ConfigError, InputError, Preempted
 from mpi_trainer.launch.agreement import agree, agreed, load_config_everywhere
@@ -38,7 +39,7 @@ from mpi_trainer.trainer.run_record import FitRecord, fingerprint
 from mpi_trainer.trainer.saving import save_whole_files
 from mpi_trainer.trainer.scheduler import SchedulerRounds
 from mpi_trainer.trainer.scoring_choice import resolve_place
-from mpi_trainer.trainer.settings import given_keys, refusals, value_of
+from mpi_trainer.trainer.settings import given_keys, refusals
 from mpi_trainer.trainer.ssp import StaleScheduler, StaleWorker
 from mpi_trainer.trainer.state import ModelState, build_optimizers, finalize, separate_random_streams
 from mpi_trainer.trainer.sync_choice import SyncChoice, not_applicable
@@ -243,7 +244,7 @@ def check_config(cfg: Config, run_dir: Any, resume: bool, given: Collection[str]
     refused when its value differs from the default.
     """
     has_run_dir = run_dir is not None or bool(os.environ.get(RUN_DIR_ENV))
-    problems = refusals(cfg, given, has_run_dir, applied) + ssp_conflicts(cfg)
+    problems = refusals(cfg, given, has_run_dir, applied)
     if problems:
         raise ConfigError("\n".join(problems))
     if resume and not has_run_dir:
@@ -251,32 +252,11 @@ def check_config(cfg: Config, run_dir: Any, resume: bool, given: Collection[str]
                           "expected the run_dir of an earlier fit")
 
 
-def ssp_conflicts(cfg: Config) -> list[str]:
-    """What a fit of a keras.Model does not combine with ``aggregation.ssp > 0``, each as a message."""
-    ssp = cfg.aggregation.ssp
-    if not ssp:
-        return []
-    conflicts = {
-        "aggregation.method": (cfg.aggregation.elects, "'average' or 'weighted'",
-                               "an election needs every worker's state of one epoch at once"),
-        "train.sync_every": (cfg.train.sync_steps > 0, "0", "an SSP update is a worker's whole epoch"),
-        "fault.survive": (cfg.fault.survive, "false", "the synchronous epochs are what restart with the survivors"),
-        "data.rebalance": (cfg.data.rebalance, "false", "the blocks are re-cut between synchronous epochs"),
-        "evaluation.where": (cfg.evaluation.on_workers, "'scheduler'", "the workers are busy with their next epochs"),
-        "aggregation.wire_dtype": (cfg.aggregation.wire_dtype in ("float16", "bfloat16"), "'float32' or 'auto'",
-                                   "each worker's state travels to and from rank 0 on its own, in float32"),
-    }
-    return [f"`aggregation.ssp` = {ssp} cannot be combined with {key}={value_of(cfg, key)!r}: {why}. "
-            f"Received: aggregation.ssp={ssp}, {key}={value_of(cfg, key)!r}; expected {key} = {expected}, or "
-            f"aggregation.ssp = 0"
-            for key, (conflicts_with, expected, why) in conflicts.items() if conflicts_with]
-
-
 def input_refusal(key: str, value: Any, why: str, kwargs: dict[str, Any], expected: str,
                   also: str = "") -> ConfigError:
     """A setting that deals out or counts a worker's rows, refused for the input it was given with."""
     return ConfigError(f"`{key}` {why}. Received: {key}={value!r} with x of kind "
-                       f"{shares.input_kind(kwargs.get('x'))!r}, steps_per_epoch={kwargs.get('steps_per_epoch')!r}"
+                       f"{input_kind(kwargs.get('x'))!r}, steps_per_epoch={kwargs.get('steps_per_epoch')!r}"
                        f"{also}; expected {expected}")
 
 
@@ -284,7 +264,7 @@ def check_sync_every(sync_every: int, kwargs: dict[str, Any], key: str = "train.
                      off: str = "train.sync_every=0") -> None:
     """``train.sync_every`` (or its warm-up's steps) cuts each worker's rows into rounds: arrays only, epochs of
     all their rows."""
-    if sync_every and (shares.input_kind(kwargs.get("x")) != "arrays" or kwargs.get("steps_per_epoch") is not None):
+    if sync_every and (input_kind(kwargs.get("x")) != "arrays" or kwargs.get("steps_per_epoch") is not None):
         raise input_refusal(key, sync_every, "combines the workers every few steps of arrays given "
                             "as `x`; a pipeline (or `steps_per_epoch`) trains whole epochs", kwargs,
                             f"arrays without steps_per_epoch, or {off}")
@@ -292,12 +272,11 @@ def check_sync_every(sync_every: int, kwargs: dict[str, Any], key: str = "train.
 
 def check_increment(cfg: Config, kwargs: dict[str, Any]) -> None:
     """``data.increment`` adds rows of the training arrays to each worker's share, an epoch at a time."""
-    arrays = shares.input_kind(kwargs.get("x")) == "arrays" and kwargs.get("steps_per_epoch") is None
-    if cfg.data.increment.enabled and (not arrays or cfg.train.sync_steps):
+    arrays = input_kind(kwargs.get("x")) == "arrays" and kwargs.get("steps_per_epoch") is None
+    if cfg.data.increment.enabled and not arrays:  # with train.sync_every, refused by the config's rules
         raise input_refusal("data.increment.enabled", True, "adds a draw of the other workers' rows to each "
                             "worker's share every epoch: arrays given as `x`, trained in whole epochs", kwargs,
-                            "arrays, no steps_per_epoch and train.sync_every=0, or data.increment.enabled=false",
-                            f" and train.sync_every={cfg.train.sync_every}")
+                            "arrays and no steps_per_epoch, or data.increment.enabled=false")
 
 
 def check_augmentation(cfg: Config, kwargs: dict[str, Any]) -> None:
@@ -306,7 +285,7 @@ def check_augmentation(cfg: Config, kwargs: dict[str, Any]) -> None:
 
     if not cfg.data.augmentation.enabled:
         return
-    if shares.input_kind(kwargs.get("x")) != "arrays" or not hasattr(kwargs.get("x"), "shape"):
+    if input_kind(kwargs.get("x")) != "arrays" or not hasattr(kwargs.get("x"), "shape"):
         raise input_refusal("data.augmentation.enabled", True, "transforms each round's images, given as one "
                             "array `x`; a pipeline or a structure of inputs augments itself (Keras' preprocessing "
                             "layers in it or in the model)", kwargs, "one array of images, or "
@@ -316,25 +295,20 @@ def check_augmentation(cfg: Config, kwargs: dict[str, Any]) -> None:
 
 def check_rebalance(cfg: Config, kwargs: dict[str, Any]) -> None:
     """``data.rebalance`` re-cuts the training arrays into blocks sized by each worker's speed, whole epochs."""
-    arrays = shares.input_kind(kwargs.get("x")) == "arrays" and kwargs.get("steps_per_epoch") is None
-    if cfg.data.rebalance and (not arrays or cfg.data.increment.enabled or cfg.train.max_steps):
+    arrays = input_kind(kwargs.get("x")) == "arrays" and kwargs.get("steps_per_epoch") is None
+    if cfg.data.rebalance and not arrays:  # with increment or max_steps, refused by the config's rules
         raise input_refusal("data.rebalance", True, "sizes each worker's block of the training arrays by its "
-                            "speed, an epoch at a time", kwargs, "arrays, no steps_per_epoch, no data.increment and "
-                            "no train.max_steps, or data.rebalance=false",
-                            f", data.increment.enabled={cfg.data.increment.enabled} and "
-                            f"train.max_steps={cfg.train.max_steps}")
+                            "speed, an epoch at a time", kwargs, "arrays and no steps_per_epoch, or "
+                            "data.rebalance=false")
 
 
 def check_max_steps(cfg: Config, kwargs: dict[str, Any]) -> None:
     """``train.max_steps`` deals the last steps out to the workers from the batches each has in an epoch."""
-    known = shares.input_kind(kwargs.get("x")) == "arrays" or kwargs.get("steps_per_epoch") is not None
-    if cfg.train.max_steps and (not known or cfg.train.sync_steps or cfg.train.sync_warmup_epochs
-                                or cfg.data.increment.enabled):
+    known = input_kind(kwargs.get("x")) == "arrays" or kwargs.get("steps_per_epoch") is not None
+    if cfg.train.max_steps and not known:  # with rounds of a few steps or increment, refused by the config's rules
         raise input_refusal("train.max_steps", cfg.train.max_steps, "deals the steps left to the workers from the "
-                            "batches each trains in an epoch", kwargs, "arrays (or steps_per_epoch), whole epochs "
-                            "and no increment, or train.max_steps=0", f", train.sync_every={cfg.train.sync_every}, "
-                            f"train.sync_warmup_epochs={cfg.train.sync_warmup_epochs} "
-                            f"and data.increment.enabled={cfg.data.increment.enabled}")
+                            "batches each trains in an epoch", kwargs, "arrays or steps_per_epoch, or "
+                            "train.max_steps=0")
 
 
 def check_early_stopping(cfg: Config, kwargs: dict[str, Any]) -> None:
@@ -406,7 +380,7 @@ def sync_choice_for(cfg: Config, kwargs: dict[str, Any], prepared: Prepared, wor
     steps) where it is not ``"auto"``, or where this fit trains whole epochs only (said in the log)."""
     if not cfg.train.sync_auto:
         return None
-    why = not_applicable(shares.input_kind(kwargs.get("x")), kwargs.get("steps_per_epoch"), cfg.aggregation.ssp,
+    why = not_applicable(input_kind(kwargs.get("x")), kwargs.get("steps_per_epoch"), cfg.aggregation.ssp,
                          cfg.data.increment.enabled, cfg.data.rebalance, cfg.train.max_steps)
     if why is not None:
         record.log.info("train.sync_every = auto: one round per epoch (%s)", why)
@@ -439,7 +413,7 @@ def prepare(model: Any, kwargs: dict[str, Any], rank: int, workers: int, workers
         (x, y, weights), validation = array_slicing.train_validation_split(
             (x, y, weights), validation_split=kwargs["validation_split"])
     prepared = Prepared(train_data=(x, y, weights))
-    if shares.input_kind(x) == "arrays":  # as Keras' adapter checks them, on every rank before any is cut
+    if input_kind(x) == "arrays":  # as Keras' adapter checks them, on every rank before any is cut
         data_adapter_utils.check_data_cardinality((x, y, weights))
     if validation is not None:
         val_x, val_y, val_weights = data_adapter_utils.unpack_x_y_sample_weight(validation)
@@ -462,7 +436,7 @@ def prepare(model: Any, kwargs: dict[str, Any], rank: int, workers: int, workers
         return prepared
     steps = kwargs.get("steps_per_epoch")
     steps = None if steps is None else max(1, -(-int(steps) // workers))
-    kind = shares.input_kind(x)
+    kind = input_kind(x)
     if kind == "arrays":
         rows = shares.row_count((x, y, weights))
         if rows < workers:
@@ -488,7 +462,7 @@ def validation_shares(validation: dict[str, Any], workers: int) -> bool:
     """Whether the workers can score the validation data in shares: arrays of at least one row a worker,
     with no ``validation_steps`` (a pipeline, or a step count, is scored whole on rank 0)."""
     data = (validation["x"], validation["y"], validation["sample_weight"])
-    return (validation["steps"] is None and shares.input_kind(data[0]) == "arrays"
+    return (validation["steps"] is None and input_kind(data[0]) == "arrays"
             and shares.row_count(data) >= workers)
 
 
@@ -507,7 +481,7 @@ def build(model: Any, kwargs: dict[str, Any], prepared: Prepared) -> None:
     unbuilt = not all(layer.built for layer in layers) if layers else not model.built
     if unbuilt:
         x, y, weights = prepared.train_data
-        if shares.input_kind(x) == "generator":
+        if input_kind(x) == "generator":
             raise ConfigError("A model given with a generator must be built before `fit` (start it with "
                               "keras.Input, or call it on a batch). Received: an unbuilt model and a generator")
         model._symbolic_build(data_batch=first_batch(x, y, weights, kwargs.get("batch_size")))
@@ -519,7 +493,7 @@ def first_batch(x: Any, y: Any, weights: Any, batch_size: int | None) -> Any:
     import keras
     from keras.src.trainers.data_adapters import get_data_adapter
 
-    if shares.input_kind(x) == "arrays":
+    if input_kind(x) == "arrays":
         rows = list(range(min(batch_size or 32, shares.row_count((x, y, weights)))))
         x, y, weights = (None if part is None else shares.take_rows(part, rows) for part in (x, y, weights))
     adapter = get_data_adapter(x, y, weights, batch_size=batch_size, shuffle=False)
@@ -733,7 +707,7 @@ def scoring_place(cfg: Config, prepared: Prepared) -> str:
 
 def describe_input(data: tuple[Any, Any, Any], workers: int, steps: int | None) -> str:
     """What trains, for the log: "1797 training rows (arrays), in 2 shares of 29 batches an epoch"."""
-    kind = shares.input_kind(data[0])
+    kind = input_kind(data[0])
     what = f"{shares.row_count(data)} training rows (arrays)" if kind == "arrays" else f"a {kind}"
     return f"{what}, in {workers} shares" + ("" if steps is None else f" of {steps} batches an epoch")
 
@@ -744,7 +718,7 @@ def worker_steps(kwargs: dict[str, Any], prepared: Prepared, workers: int) -> in
     if steps is not None:
         return max(1, -(-int(steps) // workers))
     data = prepared.train_data
-    if shares.input_kind(data[0]) != "arrays":
+    if input_kind(data[0]) != "arrays":
         return None
     rows = -(-shares.row_count(data) // workers)
     return max(1, -(-rows // (kwargs.get("batch_size") or 32)))

@@ -3,8 +3,9 @@
 Separation of concerns: SciPy's L-BFGS-B owns the search (directions, line search, curvature history;
 :func:`~mpi_trainer.algorithms.lbfgs.minimize`); each worker computes the loss sum and gradient sum of its
 share of the training arrays at the parameters rank 0 asks for
-(:class:`~mpi_trainer.models.gradients.BlockGradient`); rank 0 owns the iterates, scores them, runs the
-Keras callbacks and writes the run directory with the same :class:`~.run_record.FitRecord` as every fit. An
+(:class:`~mpi_trainer.models.gradients.BlockGradient`); rank 0 owns the iterates and runs them through the
+fit loop every way of training shares (:class:`~.epochs.EpochDriver`: the Keras callbacks, scoring, the run
+directory's :class:`~.run_record.FitRecord`, checkpoints, stops). An
 accepted iterate plays the part of an epoch: it is one entry of the History and one row of rounds.csv,
 with the function evaluations it took and the gradient's largest component.
 
@@ -25,7 +26,8 @@ import numpy as np
 
 from mpi_trainer.algorithms.lbfgs import EVALUATE, PREEMPTED, Iterate, LbfgsSettings, WireLayout, minimize
 from mpi_trainer.errors import Preempted
-from mpi_trainer.trainer.round_protocol import Report, recorded_logs, reusable_input
+from mpi_trainer.trainer.epochs import EpochDriver
+from mpi_trainer.trainer.round_protocol import Report
 
 if TYPE_CHECKING:
     from mpi_trainer.comm.interface import RankTransport
@@ -63,7 +65,7 @@ class LbfgsWorker:
         from mpi_trainer.models.gradients import BlockGradient
 
         self.transport, self.state = transport, state
-        self.gradient = BlockGradient(model, batch_size)
+        self.gradient = BlockGradient(model, state.trainable, batch_size)
         self.layout = WireLayout(self.gradient.size, transport.size - 1)
         self.x, self.y = share["x"], share["y"]
 
@@ -77,7 +79,8 @@ class LbfgsWorker:
             if request[0] != EVALUATE:
                 break
             started = time.perf_counter()
-            loss_sum, _ = self.gradient(request[1:], self.x, self.y, out=self.layout.gradient_slot(contribution))
+            self.state.write_trainable(request[1:])
+            loss_sum, _ = self.gradient(self.x, self.y, out=self.layout.gradient_slot(contribution))
             self.layout.fill_header(contribution, self.transport.rank, loss_sum, len(self.x),
                                     time.perf_counter() - started)
             self.transport.reduce_sum(contribution)
@@ -96,16 +99,15 @@ class LbfgsScheduler:
                  preemption: Preemption, blocks: list[int] | None = None, evaluations_before: int = 0) -> None:
         """``blocks``: each worker's rows (default: as even as they divide); ``evaluations_before``: a resumed
         run's function evaluations before this job."""
-        from mpi_trainer.models.gradients import TrainableVector
+        from mpi_trainer.models.gradients import check_trainable
 
         self.transport, self.model, self.state, self.cfg = transport, model, state, cfg
-        self.callbacks, self.validation_freq, self.record = callbacks, validation_freq, record
-        self.scoring = None if validation is None else reusable_input(validation)
-        self.rows, self.preemption = rows, preemption
+        self.record, self.rows, self.preemption = record, rows, preemption
+        self.driver = EpochDriver(model, callbacks, record, state, preemption, validation, validation_freq)
         self.blocks = blocks or [rows // (transport.size - 1)] * (transport.size - 1)  # each worker's rows
         self.workers = transport.size - 1
-        self.vector = TrainableVector(model)
-        self.layout = WireLayout(self.vector.size, self.workers)
+        check_trainable(model, state.trainable)
+        self.layout = WireLayout(state.trainable_size, self.workers)
         self.request = self.layout.request()
         self.evaluations = 0  # this job's, and (resumed) the run's before it
         self.evaluations_before = evaluations_before
@@ -123,16 +125,17 @@ class LbfgsScheduler:
         self.transport.broadcast(flat)
         self.record.count_bytes(self.transport.take_bytes())
         self.record.log.info("full-batch L-BFGS: %d workers, %d trainable parameters, at most %d iterations and "
-                             "%d function evaluations", self.workers, self.vector.size, iterations,
+                             "%d function evaluations", self.workers, self.state.trainable_size, iterations,
                              self.cfg.lbfgs.max_evaluations)
         reason = "epochs"
         if iterations > first:
-            self.callbacks.on_train_begin()
+            self.driver.begin()
             self.started = time.perf_counter()
-            outcome = minimize(self.evaluate, self.vector.read(), settings_from(self.cfg, iterations - first),
+            outcome = minimize(self.evaluate, self.state.read_trainable(), settings_from(self.cfg, iterations - first),
                                self.on_iteration, first)
             reason, self.message = outcome.reason, outcome.message
-            self.callbacks.on_train_end()  # EarlyStopping puts its best weights back here
+            if not self.preempted:  # a preempted fit goes on in the next job: its training has not ended
+                self.driver.end({}, None)
         self.record.stopped("preempted" if self.preempted else reason)
         if reason in ("nan", "abnormal"):
             self.record.warn(f"L-BFGS stopped: {self.message}")
@@ -141,7 +144,7 @@ class LbfgsScheduler:
         self.transport.broadcast(self.state.read(flat))
         self.record.count_bytes(self.transport.take_bytes())
         self.record.describe.update(function_evaluations=self.evaluations, optimizer_message=self.message,
-                                    parameter_bytes=self.vector.size * 8)
+                                    parameter_bytes=self.state.trainable_size * 8)
 
     def evaluate(self, params: np.ndarray) -> tuple[float, np.ndarray]:
         """One round trip: the mean loss and gradient over every worker's rows at ``params``."""
@@ -164,29 +167,25 @@ class LbfgsScheduler:
         """An accepted iterate as an epoch: scored, recorded, checkpointed when due, shown to the callbacks;
         True ends the run (a callback's ``stop_training``, or a preemption signal)."""
         ended = time.perf_counter()
-        self.callbacks.on_epoch_begin(iterate.iteration)
-        self.vector.assign(iterate.params)
+        self.driver.begin_epoch(iterate.iteration)
+        self.state.write_trainable(iterate.params)
         logs = {"loss": iterate.loss}
         scoring = time.perf_counter()
-        if self.scoring is not None and self.model._should_eval(iterate.iteration, self.validation_freq):
-            scores = self.model.evaluate(**self.scoring, verbose=0, return_dict=True)
-            logs.update({f"val_{name}": float(value) for name, value in scores.items()})
+        if self.driver.due(iterate.iteration):
+            logs.update(self.driver.score())
         self.evaluations = self.evaluations_before + iterate.evaluations
-        self.callbacks.on_epoch_end(iterate.iteration, logs)
         slowest = float(self.worker_seconds.max())
-        times = {"wall_seconds": time.perf_counter() - self.started,
-                 # the round trips beyond the slowest worker's computing, and L-BFGS's own work between them
-                 "comm_seconds": max(0.0, self.evaluate_seconds - slowest),
+        # the round trips beyond the slowest worker's computing, and L-BFGS's own work between them
+        times = {"comm_seconds": max(0.0, self.evaluate_seconds - slowest),
                  "aggregate_seconds": max(0.0, ended - self.started - self.evaluate_seconds),
                  "eval_seconds": time.perf_counter() - scoring, "bytes": self.transport.take_bytes() + self.sent,
                  "function_evaluations": self.evaluations, "gradient_norm": self.gradient_norm(iterate.params)}
         reports = [Report({}, 0, rows, float(seconds), [], worker=index + 1)
                    for index, (rows, seconds) in enumerate(zip(self.blocks, self.worker_seconds))]
-        self.record.epoch(iterate.iteration, recorded_logs(self.callbacks, logs), reports, times)
-        self.preempted = self.preemption.requested
-        self.record.checkpoint(iterate.iteration + 1, self.state, self.callbacks, force=self.preempted)
+        self.driver.end_epoch(iterate.iteration, logs, reports, times, self.started)
+        self.preempted = self.driver.preempting
         self.worker_seconds[:], self.evaluate_seconds, self.sent, self.started = 0.0, 0.0, 0, time.perf_counter()
-        return bool(self.model.stop_training) or self.preempted
+        return self.driver.stop_reason(self.preempted) is not None
 
     def gradient_norm(self, params: np.ndarray) -> float:
         """The largest gradient component at ``params`` (what ``lbfgs.gtol`` bounds), if it was evaluated there."""

@@ -109,7 +109,7 @@ def array_pipeline(arguments: dict[str, Any], training: bool) -> dict[str, Any]:
     Keras stops at the last one. TensorFlow only; other inputs and backends are returned as they are."""
     import keras
 
-    from mpi_trainer.trainer.shares import input_kind
+    from mpi_trainer.data.adapters import input_kind
 
     if (keras.backend.backend() != "tensorflow" or input_kind(arguments.get("x")) != "arrays"
             or arguments.get("steps_per_epoch" if training else "steps") is not None):

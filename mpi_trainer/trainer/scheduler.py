@@ -14,6 +14,7 @@ from mpi_trainer.algorithms.passes import all_finite, default_threads
 from mpi_trainer.errors import RankLost, WorkerFailure
 from mpi_trainer.persistence.preemption import Preemption
 from mpi_trainer.trainer import shares
+from mpi_trainer.trainer.epochs import EpochDriver
 from mpi_trainer.trainer.round_protocol import (
     Handed,
     NonFinite,
@@ -26,9 +27,6 @@ from mpi_trainer.trainer.round_protocol import (
     elected,
     merged_reports,
     non_finite_cause,
-    recorded_logs,
-    restored_epoch,
-    reusable_input,
 )
 from mpi_trainer.trainer.state import ModelState
 from mpi_trainer.trainer.sync_choice import SyncChoice
@@ -80,8 +78,7 @@ class SchedulerRounds:
         policies = policies or RoundPolicies()
         self.transport, self.model, self.state, self.outer = transport, model, state, outer
         self.clock = RoundClock(transport, bounds or WaitBounds())
-        self.callbacks, self.validation, self.validation_freq = callbacks, validation, validation_freq
-        self.scoring: dict[str, Any] | None = None  # the validation data as rank 0 scores it (reusable_input)
+        self.callbacks, self.validation = callbacks, validation
         self.record = record
         self.buffer = np.zeros(state.size + 1 + state.clocks, dtype=np.float32)  # as the workers' (WorkerRounds)
         self.wire = policies.wire or StateWire("float32", state.model_size)  # aggregation.wire_dtype
@@ -95,6 +92,7 @@ class SchedulerRounds:
         self.held_exact = True  # whether that broadcast was exact (float32), not through a 16-bit wire
         self.workers_score = policies.workers_score  # whether the workers score the validation data
         self.preemption = policies.preemption or Preemption()  # the job's, when the fit installed its handlers
+        self.driver = EpochDriver(model, callbacks, record, state, self.preemption, validation, validation_freq)
         self.preempted = False  # the run stopped for a preemption signal, checkpointed
         self.reports: list[Report] = []  # the last epoch's
         self.parts = 1  # rounds in the epoch under way
@@ -127,34 +125,28 @@ class SchedulerRounds:
     def run(self, initial_epoch: int, epochs: int) -> dict[str, float]:
         """Every epoch from ``initial_epoch`` to ``epochs``; the last epoch's logs."""
         logs: dict[str, float] = {}
-        self.model.stop_training, self.epochs = False, epochs
-        self.callbacks.on_train_begin()
+        self.epochs, reason = epochs, None
+        self.driver.begin()
         for epoch in range(initial_epoch, epochs):
             logs = self.epoch(epoch)
-            if self.preemption.requested or any(report.preempt for report in self.reports):
-                self.preempt(epoch)
+            if self.driver.preempting:
+                self.preempt()
                 return logs
-            if self.stop_reason is not None:
-                self.record.stopped(self.stop_reason)
-                break
-            if self.model.stop_training:
-                self.record.stopped("callback")  # a callback set model.stop_training
+            reason = self.stop_reason or self.driver.stop_reason(False)  # ours, or a callback's stop_training
+            if reason is not None:
                 break
         self.drop_ahead()
-        self.callbacks.on_train_end(logs)  # EarlyStopping may restore the best weights: they are the final ones
-        self.record.restored_weights(restored_epoch(self.callbacks))
+        self.driver.end(logs, reason)
         # An error above reaches the workers as a failure notice (fail_together), never as a stop.
         self.send_stop()
         self.record.count_bytes(self.transport.take_bytes())
         return logs
 
-    def preempt(self, epoch: int) -> None:
-        """A preemption signal reached a rank: checkpoint after this epoch, and every rank leaves with
+    def preempt(self) -> None:
+        """A preemption signal reached a rank: the epoch was checkpointed, and every rank leaves with
         :class:`~mpi_trainer.errors.Preempted` (the same fit on the run directory resumes from here).
         Training has not ended, so the callbacks' ``on_train_end`` does not run."""
         self.drop_ahead()
-        self.record.stopped("preempted")
-        self.record.checkpoint(epoch + 1, self.state, self.callbacks, force=True, outer=self.outer.state_arrays())
         self.preempted = True
         self.send(Order(-1, True, self.state.read_integers(), preempted=True))
         self.record.count_bytes(self.transport.take_bytes())
@@ -189,7 +181,7 @@ class SchedulerRounds:
     def epoch(self, epoch: int) -> dict[str, float]:
         started, wall = time.perf_counter(), time.time()
         self.transport.phase = f"round {epoch}: waiting for the workers' states"
-        self.callbacks.on_epoch_begin(epoch)
+        self.driver.begin_epoch(epoch)
         times = {"comm_seconds": 0.0, "aggregate_seconds": 0.0}
         reports = self.train_epoch(epoch, times)
         self.reports = reports
@@ -202,19 +194,16 @@ class SchedulerRounds:
         combined = time.perf_counter()
         logs = self.train_logs(reports)
         logs.update(self.validate(epoch))
-        scored = time.perf_counter()
-        self.callbacks.on_epoch_end(epoch, logs)
-        self.epoch_ended()
-        logs = self.recorded_logs(logs)
+        scored, scored_at = time.perf_counter(), time.time()
         sent = self.transport.take_bytes() + sum(report.sent for report in reports)  # rank 0's, then the workers'
         trained = {"samples": sum(report.rows for report in reports), "workers": len(reports),
                    "steps": sum(report.batches for report in reports),
                    "winner": self.winner + 1 if self.elects else ""}  # the rows trained; best-of: the rank kept
-        self.record.epoch(epoch, logs, reports, {"bytes": sent, "wall_seconds": time.perf_counter() - started,
-                                                 **times, "eval_seconds": scored - combined, **trained})
-        self.watch_divergence(epoch)
-        scored_at = time.time()
-        self.record.checkpoint(epoch + 1, self.state, self.callbacks, outer=self.outer.state_arrays())
+        logs = self.driver.end_epoch(epoch, logs, reports, {"bytes": sent, **times, "eval_seconds": scored - combined,
+                                                            **trained}, started,
+                                     preempting=any(report.preempt for report in reports),
+                                     watch=self.watch_divergence, outer=self.outer.state_arrays())
+        self.epoch_ended()
         self.test_hooks.freeze_at(0, epoch)  # debug.freeze_rank = 0: rank 0 stops after recording this epoch
         # log.timeline: rank 0 waits while the workers train, then combines (the seconds it spent), scores and
         # checkpoints; each worker's training as it reported it
@@ -325,9 +314,6 @@ class SchedulerRounds:
             self.rebalancer = Rebalancer(shares.even_bounds(self.rebalancer.total, workers), self.rebalancer.smoothing)
         self.record.log.warning("epoch %d: carrying on with %d workers, each on its share for the survivors; the "
                                 "epoch's rounds start again from the state reached", epoch, workers)
-
-    def recorded_logs(self, logs: dict[str, float]) -> dict[str, float]:
-        return recorded_logs(self.callbacks, logs)
 
     def budgets(self) -> list[int] | None:
         """``train.max_steps``: each worker's steps in the next epoch when fewer are left than a whole epoch takes
@@ -487,18 +473,12 @@ class SchedulerRounds:
         return {name: sum(r.logs.get(name, math.nan) * r.rows for r in reports) / rows for name in names}
 
     def validate(self, epoch: int) -> dict[str, float]:
-        last = self.stop_reason == "max_steps"  # the fit's last epoch is scored, as the epochs' last is
-        if self.validation is None or not (last or self.model._should_eval(epoch, self.validation_freq)):
+        if not self.driver.due(epoch, last=self.stop_reason == "max_steps"):  # a fit's last epoch is scored
             return {}
-        if self.elects:  # the combined state is the elected worker's: its scores are the epoch's
-            scores = self.reports[self.winner].scores
-        elif self.workers_score:
-            scores = self.score_on_workers(epoch)
-        else:
-            if self.scoring is None:
-                self.scoring = reusable_input(self.validation)
-            # with the fit's callbacks, as Keras' fit validates: their on_test_* run (SwapEMAWeights scores the EMA)
-            scores = self.model.evaluate(**self.scoring, verbose=0, return_dict=True, callbacks=self.callbacks)
+        if not (self.elects or self.workers_score):
+            return self.driver.score()
+        # best-of: the combined state is the elected worker's, and its scores are the epoch's
+        scores = self.reports[self.winner].scores if self.elects else self.score_on_workers(epoch)
         return {f"val_{name}": float(value) for name, value in scores.items()}
 
     def score_on_workers(self, epoch: int) -> dict[str, float]:

@@ -11,8 +11,10 @@ they cannot take); this module only cuts the input into shares, without changing
 * **a tf.data.Dataset**: ``dataset.shard(W, w)``, every ``W``-th element;
 * **a PyDataset**: every ``W``-th batch (``PyDatasetShare``);
 * **a generator**: every ``W``-th item it yields;
-* **an input that deals itself** (:class:`DealtInput`: the command line's TFRecord files, a file
-  read in batches): the share it builds for each worker (its files, its contiguous rows).
+* **an input that deals itself** (:class:`~mpi_trainer.data.adapters.DealtInput`: the command line's
+  TFRecord files, a file read in batches): the share it builds for each worker (its files, its rows).
+
+What kind an input is, :func:`~mpi_trainer.data.adapters.input_kind` alone says.
 
 Every rank runs the same script and so holds the same input; the shares partition it.
 """
@@ -20,41 +22,13 @@ Every rank runs the same script and so holds the same input; the shares partitio
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from mpi_trainer.data.adapters import is_py_dataset
-from mpi_trainer.data.adapters.tf_dataset import is_tf_dataset as is_dataset
+from mpi_trainer.data.adapters import DealtInput, input_kind
 
 SHARE_SEED = 1234  # the permutation that deals rows to workers (the same on every rank)
-
-
-def is_generator(x: Any) -> bool:
-    import inspect
-
-    return inspect.isgenerator(x) or isinstance(x, Iterator)
-
-
-class DealtInput:
-    """An input that cuts itself into workers' shares: ``share(workers, index)`` builds worker ``index``'s
-    (0-based) as an input Keras' ``fit`` takes; ``kind`` names it in messages."""
-
-    def __init__(self, kind: str, share: Any) -> None:
-        self.kind, self.share = kind, share
-
-
-def input_kind(x: Any) -> str:
-    if isinstance(x, DealtInput):
-        return x.kind
-    if is_dataset(x):
-        return "tf.data.Dataset"
-    if is_py_dataset(x):
-        return "PyDataset"
-    if is_generator(x):
-        return "generator"
-    return "arrays"
 
 
 def row_count(arrays: Any) -> int:
@@ -106,11 +80,12 @@ def array_share(data: tuple[Any, Any, Any], workers: int, index: int, shuffle: A
 
 def pipeline_share(x: Any, workers: int, index: int) -> Any:
     """A dataset, PyDataset, generator or dealt input's share for worker ``index``."""
+    kind = input_kind(x)
     if isinstance(x, DealtInput):
         return x.share(workers, index)
-    if is_dataset(x):
+    if kind == "tf.data.Dataset":
         return x.shard(workers, index)
-    if is_py_dataset(x):
+    if kind == "PyDataset":
         return PyDatasetShare(x, workers, index)
     return (item for item in itertools.islice(x, index, None, workers))  # a generator, as Keras takes one
 

@@ -335,6 +335,7 @@ class ModelState:
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
         self.size = int(self.offsets[-1])
         self.trainable_size = int(sum(self.sizes[:len(trainable)]))
+        self.trainable = trainable  # the trainable variables, in the state's order (first)
         self.model_size = int(sum(self.sizes[:len(trainable) + len(other)]))  # the model's, before its optimizers'
         self.nbytes = self.size * 4  # the floating-point state as it travels (float32)
         self.handed = HandedBuffers()  # the buffers :meth:`write` hands the variables (TensorFlow)
@@ -385,6 +386,21 @@ class ModelState:
             if _handed(variable):
                 _assign(variable, _view(variable).reshape(-1), self.handed, index)
                 self.handed.reserve(index, tuple(variable.shape))
+
+    def read_trainable(self) -> np.ndarray:
+        """The trainable variables' values, the state's first :attr:`trainable_size`, as float64 (L-BFGS's
+        parameters)."""
+        out = np.empty(self.trainable_size, dtype=np.float64)
+        for variable, start, end in zip(self.trainable, self.offsets[:-1], self.offsets[1:]):
+            out[start:end] = _view(variable).reshape(-1)
+        return out
+
+    def write_trainable(self, values: np.ndarray) -> None:
+        """Assign the trainable variables from ``values`` (:meth:`read_trainable`'s layout), the rest of the
+        state left as it is."""
+        if values.size != self.trainable_size:
+            raise ValueError(f"expected {self.trainable_size} trainable values, received {values.size}")
+        self.arriving(np.asarray(values, dtype=np.float32))(0, self.trainable_size)
 
     def read_integers(self) -> list[np.ndarray]:
         return [_value(v) for v in self.integers]

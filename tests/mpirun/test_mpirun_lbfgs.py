@@ -9,7 +9,7 @@ import pytest
 from conftest import run_mpi
 from lbfgs_reference import digits_softmax_problem, scipy_losses, softmax_regression_objective
 
-from mpi_trainer.models.gradients import TrainableVector
+from mpi_trainer.trainer.state import ModelState
 
 ITERATIONS = 5
 
@@ -17,7 +17,7 @@ ITERATIONS = 5
 @pytest.fixture(scope="module")
 def reference_losses() -> list[float]:
     x, y, classes, model = digits_softmax_problem(seed=0, validation_size=0.1)
-    return scipy_losses(softmax_regression_objective(x, y, classes), TrainableVector(model).read(), ITERATIONS)
+    return scipy_losses(softmax_regression_objective(x, y, classes), ModelState(model).read_trainable(), ITERATIONS)
 
 
 def test_lbfgs_losses_match_the_single_process_reference(reference_losses, tmp_path):

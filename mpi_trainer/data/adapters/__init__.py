@@ -1,4 +1,5 @@
-"""One adapter per kind of input, picked by :func:`get_input_adapter`.
+"""What kind an input is (:func:`input_kind`, the one place that tells), and one adapter per kind of input,
+picked by :func:`get_input_adapter`.
 
 =========================  =====================  ==========================================
 input (``x``)              adapter                a worker's block
@@ -21,14 +22,14 @@ from typing import Any
 import numpy as np
 
 from mpi_trainer.data.adapters.arrays import ArrayAdapter, LazyRows
-from mpi_trainer.data.adapters.base import InputAdapter, check_steps
+from mpi_trainer.data.adapters.base import DealtInput, InputAdapter, check_steps
 from mpi_trainer.data.adapters.generator import GeneratorAdapter, read_all
 from mpi_trainer.data.adapters.py_dataset import PyDatasetAdapter
 from mpi_trainer.data.adapters.tf_dataset import TFDatasetAdapter, is_tf_dataset
 from mpi_trainer.errors import DataError
 
-__all__ = ["ArrayAdapter", "GeneratorAdapter", "InputAdapter", "LazyRows", "PyDatasetAdapter",
-           "TFDatasetAdapter", "get_input_adapter", "is_pipeline", "read_validation"]
+__all__ = ["ArrayAdapter", "DealtInput", "GeneratorAdapter", "InputAdapter", "LazyRows", "PyDatasetAdapter",
+           "TFDatasetAdapter", "get_input_adapter", "input_kind", "is_pipeline", "read_validation"]
 
 
 def is_py_dataset(value: Any) -> bool:
@@ -49,12 +50,31 @@ def is_dataset_fn(value: Any) -> bool:
         return False
 
 
+def input_kind(x: Any) -> str:
+    """What kind of input ``x`` is, as Keras' ``fit`` tells them apart: "arrays" (NumPy, tensors, pandas, any
+    nesting of them, and None), "tf.data.Dataset", "PyDataset", "generator" (a generator or any iterator),
+    "dataset_fn" (a function of the input context), "generator function" (which ``fit`` cannot take: the
+    generator it returns is meant), or a :class:`DealtInput`'s own kind."""
+    if x is None or isinstance(x, (np.ndarray, list, tuple, dict)) or hasattr(x, "__array__"):
+        return "arrays"
+    if isinstance(x, DealtInput):
+        return x.kind
+    if is_tf_dataset(x):
+        return "tf.data.Dataset"
+    if is_py_dataset(x):
+        return "PyDataset"
+    if inspect.isgenerator(x) or isinstance(x, Iterator):
+        return "generator"
+    if inspect.isgeneratorfunction(x):
+        return "generator function"
+    if is_dataset_fn(x):
+        return "dataset_fn"
+    return "arrays"
+
+
 def is_pipeline(value: Any) -> bool:
     """Input that comes batched from a pipeline rather than as arrays."""
-    if value is None or isinstance(value, (np.ndarray, list, tuple, dict)) or hasattr(value, "__array__"):
-        return False
-    return (is_tf_dataset(value) or is_py_dataset(value) or is_dataset_fn(value) or isinstance(value, Iterator)
-            or inspect.isgeneratorfunction(value))
+    return input_kind(value) != "arrays"
 
 
 def _refuse_y(x: Any, y: Any, kind: str) -> None:
@@ -65,23 +85,23 @@ def _refuse_y(x: Any, y: Any, kind: str) -> None:
 
 def get_input_adapter(x: Any, y: Any = None, steps_per_epoch: int | None = None) -> InputAdapter:
     """The adapter for a pipeline ``x`` (see :func:`is_pipeline`); refuses what its kind cannot take."""
-    steps = check_steps(steps_per_epoch)
-    if inspect.isgeneratorfunction(x):
+    steps, kind = check_steps(steps_per_epoch), input_kind(x)
+    if kind == "generator function":
         raise DataError(f"`x` is a generator function; pass the generator it returns. Received: x={x.__name__}, "
                         f"expected x={x.__name__}(...)")
-    if is_tf_dataset(x):
+    if kind == "tf.data.Dataset":
         _refuse_y(x, y, "tf.data.Dataset")
         return TFDatasetAdapter(dataset=x, steps_per_epoch=steps)
-    if is_py_dataset(x):
+    if kind == "PyDataset":
         _refuse_y(x, y, "keras.utils.PyDataset")
         if steps is not None:
             raise DataError("`steps_per_epoch` does not apply to a keras.utils.PyDataset, whose length is its "
                             f"batches. Received: steps_per_epoch={steps}")
         return PyDatasetAdapter(x)
-    if is_dataset_fn(x):
+    if kind == "dataset_fn":
         _refuse_y(x, y, "dataset_fn")
         return TFDatasetAdapter(dataset_fn=x, steps_per_epoch=steps)
-    if isinstance(x, Iterator):
+    if kind == "generator":
         _refuse_y(x, y, "generator")
         return GeneratorAdapter(x, steps)
     raise DataError(f"Unrecognized data type: x={type(x).__name__}; expected NumPy arrays, a tf.data.Dataset, "

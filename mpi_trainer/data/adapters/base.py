@@ -19,6 +19,15 @@ import numpy as np
 from mpi_trainer.errors import DataError
 
 
+class DealtInput:
+    """An input that cuts itself into workers' shares (the command line's TFRecord files, a file read in
+    batches, a ``dataset_fn``): ``share(workers, index)`` builds worker ``index``'s (0-based) as an input Keras'
+    ``fit`` takes; ``kind`` names it in messages."""
+
+    def __init__(self, kind: str, share: Any) -> None:
+        self.kind, self.share = kind, share
+
+
 class InputAdapter(ABC):
     """One kind of input. ``kind`` names it in messages; ``unit`` is what block bounds count."""
 

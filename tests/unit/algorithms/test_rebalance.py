@@ -176,8 +176,8 @@ def test_rebalancing_with_scatter_placement_is_accepted():
 
 
 @pytest.mark.parametrize("override, message", [
-    ("train.max_steps=100", "Received: train.max_steps=100 with aggregation.ssp=1"),
-    ("train.nan_policy='rollback'", "Received: train.nan_policy='rollback' with aggregation.ssp=1"),
+    ("train.max_steps=100", "Received: aggregation.ssp=1, train.max_steps=100"),
+    ("train.nan_policy='rollback'", "Received: aggregation.ssp=1, train.nan_policy='rollback'"),
 ])
 def test_synchronous_only_features_are_refused_under_ssp(override, message):
     with pytest.raises(ConfigError, match=message):

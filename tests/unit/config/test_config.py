@@ -118,7 +118,7 @@ def test_a_validation_split_is_held_out_only_when_something_reads_it(override):
 
 
 def test_rules_across_sections_are_applied_by_the_loader():
-    with pytest.raises(ConfigError, match="`train.max_steps` splits the last synchronous round"):
+    with pytest.raises(ConfigError, match=r"with train.max_steps=10: it splits the last synchronous round"):
         load_config(QUICKSTART, ["aggregation.ssp=1", "train.max_steps=10"])
 
 

@@ -80,4 +80,4 @@ def test_check_refuses_what_the_fit_would_refuse_naming_it(capsys):
     assert main(["check", QUICKSTART, "--set", "aggregation.ssp=1", "--set", "aggregation.wire_dtype=float16"]) != 0
     assert "cannot be combined with aggregation.wire_dtype='float16'" in capsys.readouterr().err
     assert main(["check", QUICKSTART, "--set", "train.overlap_eval=true", "--set", "aggregation.ssp=1"]) != 0
-    assert "`train.overlap_eval` hands out a synchronous round" in capsys.readouterr().err
+    assert "train.overlap_eval=True: it hands out a synchronous round" in capsys.readouterr().err

@@ -18,8 +18,22 @@ from mpi_trainer.config import ModelConfig
 from mpi_trainer.errors import ConfigError
 from mpi_trainer.models import build_model, evaluate_model
 from mpi_trainer.models.gradients import BlockGradient, gradient_backend
+from mpi_trainer.trainer.state import ModelState
 
 TESTS = Path(__file__).resolve().parents[2]
+
+
+def block_gradient(model, batch_size=4096):
+    """(the model's trainable values, ``(params, x, y) -> (loss sum, gradient sum)``): the sums at ``params``
+    written into the model through its :class:`ModelState`, as an L-BFGS worker writes what rank 0 asks for."""
+    state = ModelState(model)
+    gradient = BlockGradient(model, state.trainable, batch_size)
+
+    def at(params, x, y):
+        state.write_trainable(params)
+        return gradient(x, y)
+
+    return state.read_trainable(), at
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +44,8 @@ def digits():
 
 def test_softmax_regression_sums_match_numpy(digits):
     x, y, classes, model = digits
-    gradient = BlockGradient(model, batch_size=4096)
-    params = gradient.vector.read() + np.random.default_rng(1).normal(0, 0.1, gradient.size)
+    initial, gradient = block_gradient(model)
+    params = initial + np.random.default_rng(1).normal(0, 0.1, initial.size)
     loss_sum, grad_sum = gradient(params, x, y)
     loss, grad = softmax_regression_objective(x, y, classes)(params)
     assert loss_sum == pytest.approx(loss * len(x), rel=1e-6)
@@ -40,9 +54,8 @@ def test_softmax_regression_sums_match_numpy(digits):
 
 def test_batching_and_splitting_do_not_change_the_sums(digits):
     x, y, _, model = digits
-    whole = BlockGradient(model, batch_size=4096)
-    batched = BlockGradient(model, batch_size=64)
-    params = whole.vector.read()
+    params, whole = block_gradient(model)
+    _, batched = block_gradient(model, batch_size=64)
     loss, grad = whole(params, x, y)
     parts = [batched(params, x[s:e], y[s:e]) for s, e in [(0, 250), (250, 600)]]
     assert sum(p[0] for p in parts) == pytest.approx(loss, rel=1e-6)
@@ -58,9 +71,8 @@ def test_a_deep_smooth_model_matches_a_finite_difference(digits):
                               keras.layers.Dense(32, activation="tanh"), keras.layers.Dense(16, activation="tanh"),
                               keras.layers.Dense(classes, activation="softmax")])
     model.compile(loss="sparse_categorical_crossentropy")
-    gradient = BlockGradient(model)
-    params = gradient.vector.read()
-    direction = np.random.default_rng(2).normal(size=gradient.size)
+    params, gradient = block_gradient(model)
+    direction = np.random.default_rng(2).normal(size=params.size)
     direction /= np.linalg.norm(direction)
     step = 0.02
     plus, _ = gradient(params + step * direction, x, y)
@@ -73,8 +85,7 @@ def test_dropout_is_off_so_the_objective_is_deterministic_and_equals_evaluate(di
     x, y, classes, _ = digits
     keras.utils.set_random_seed(0)
     model = build_model(ModelConfig(name="lenet", optimizer="lbfgs"), x.shape[1:], classes)
-    gradient = BlockGradient(model, batch_size=128)
-    params = gradient.vector.read()
+    params, gradient = block_gradient(model, batch_size=128)
     first, second = gradient(params, x[:200], y[:200]), gradient(params, x[:200], y[:200])
     assert first[0] == second[0]
     np.testing.assert_array_equal(first[1], second[1])
@@ -87,8 +98,8 @@ def test_the_configured_loss_is_the_one_differentiated(digits, loss, activation)
     keras.utils.set_random_seed(0)
     cfg = ModelConfig(name="softmax_regression", optimizer="lbfgs", loss=loss, activation=activation)
     model = build_model(cfg, x.shape[1:], classes)
-    gradient = BlockGradient(model)
-    loss_sum, _ = gradient(gradient.vector.read(), x, y)
+    params, gradient = block_gradient(model)
+    loss_sum, _ = gradient(params, x, y)
     assert loss_sum / len(x) == pytest.approx(evaluate_model(model, x, y, 256)["loss"], rel=1e-5)
 
 
@@ -99,8 +110,7 @@ def test_regularisation_counts_once_in_the_mean(digits):
                               keras.layers.Dense(classes, activation="softmax",
                                                  kernel_regularizer=keras.regularizers.L2(0.5))])
     model.compile(loss="sparse_categorical_crossentropy")
-    gradient = BlockGradient(model)
-    params = gradient.vector.read()
+    params, gradient = block_gradient(model)
     loss_sum, grad_sum = gradient(params, x, y)
     unregularised, grad = softmax_regression_objective(x, y, classes)(params)
     kernel = params[:-classes]
@@ -120,10 +130,15 @@ JAX_CHECK = textwrap.dedent("""
     from lbfgs_reference import digits_softmax_problem, scipy_losses, softmax_regression_objective
     from mpi_trainer.algorithms.lbfgs import LbfgsSettings, minimize
     from mpi_trainer.models.gradients import BlockGradient
+    from mpi_trainer.trainer.state import ModelState
 
     x, y, classes, model = digits_softmax_problem()
-    gradient = BlockGradient(model, batch_size=500)
-    x0 = gradient.vector.read()
+    state = ModelState(model)
+    block = BlockGradient(model, state.trainable, batch_size=500)
+    def gradient(params, x, y):
+        state.write_trainable(params)
+        return block(x, y)
+    x0 = state.read_trainable()
     loss_sum, grad_sum = gradient(x0, x, y)
     loss, grad = softmax_regression_objective(x, y, classes)(x0)
     assert abs(loss_sum / len(x) / loss - 1) < 1e-6, (loss_sum, loss)

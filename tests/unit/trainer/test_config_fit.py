@@ -156,7 +156,7 @@ def test_a_16_bit_wire_halves_the_models_bytes_and_every_rank_ends_with_rank_0s_
 
 
 @pytest.mark.parametrize(("overrides", "named"), [
-    (["train.overlap_eval=true", "aggregation.ssp=1"], "`train.overlap_eval` hands out a synchronous round"),
+    (["train.overlap_eval=true", "aggregation.ssp=1"], "train.overlap_eval=True: it hands out a synchronous round"),
     (["aggregation.ssp=1", "aggregation.wire_dtype='float16'"], "cannot be combined with aggregation.wire_dtype"),
 ])
 def test_what_no_fit_applies_is_refused_on_every_rank_before_training(tmp_path, overrides, named):

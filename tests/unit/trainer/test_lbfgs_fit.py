@@ -16,8 +16,8 @@ from lbfgs_reference import scipy_losses, softmax_regression_objective
 from mpi_trainer.config import load_config
 from mpi_trainer.data.sources import load_dataset
 from mpi_trainer.models import build_model
-from mpi_trainer.models.gradients import TrainableVector
 from mpi_trainer.persistence.run_files import read_rounds
+from mpi_trainer.trainer.state import ModelState
 from tests.unit.trainer.test_config_fit import start_in_place, train_everywhere  # noqa: F401 - a fixture
 
 LBFGS = {"data": {"source": "digits", "test_size": 0.2},
@@ -36,7 +36,7 @@ def reference() -> list[float]:
     keras.utils.set_random_seed(cfg.train.seed)
     model = build_model(cfg.model, dataset.input_shape, dataset.num_outputs)
     objective = softmax_regression_objective(dataset.x_train, dataset.y_train, dataset.num_outputs)
-    return scipy_losses(objective, TrainableVector(model).read(), 6)
+    return scipy_losses(objective, ModelState(model).read_trainable(), 6)
 
 
 def test_the_iterates_are_scipys_on_the_whole_split_and_every_rank_ends_with_them(tmp_path, reference):
@@ -56,7 +56,7 @@ def test_the_iterates_are_scipys_on_the_whole_split_and_every_rank_ends_with_the
     assert summary["stop_reason"] == "epochs" and summary["function_evaluations"] == evaluations[-1]
     assert summary["final_test_accuracy"] > 0.75  # 4 iterations from a random start
     # each evaluation: the parameters (float64) to both workers, and both workers' sums back
-    parameters = TrainableVector(build_model(load_config(LBFGS).model, (8, 8, 1), 10)).size
+    parameters = ModelState(build_model(load_config(LBFGS).model, (8, 8, 1), 10)).trainable_size
     assert int(float(rows[0]["bytes"])) >= evaluations[0] * 2 * 2 * 8 * parameters
 
 

@@ -199,8 +199,12 @@ def test_rebalance_of_a_pipeline_or_with_a_step_budget_is_refused_naming_what_it
     check_rebalance(load_config({}, ["data.rebalance=true"]), {"x": X})
     with pytest.raises(ConfigError, match=r"Received: data.rebalance=True with x of kind 'tf.data.Dataset'"):
         check_rebalance(load_config({}, ["data.rebalance=true"]), {"x": tf.data.Dataset.from_tensor_slices(X)})
-    with pytest.raises(ConfigError, match=r"train.max_steps=5; expected arrays, no steps_per_epoch"):
-        check_rebalance(load_config({}, ["data.rebalance=true", "train.max_steps=5"]), {"x": X})
+    with pytest.raises(ConfigError, match=r"`data.rebalance` = True cannot be combined with train.max_steps=5: .*"
+                                          r"expected train.max_steps = 0, or data.rebalance = false"):
+        load_config({}, ["data.rebalance=true", "train.max_steps=5"])  # before any input is seen
+    with pytest.raises(ConfigError, match=r"`data.rebalance` = True cannot be combined with "
+                                          r"data.increment.enabled=True"):
+        load_config({}, ["data.rebalance=true", "data.increment.enabled=true"])
 
 
 def test_ssp_with_best_of_is_refused_naming_both():
