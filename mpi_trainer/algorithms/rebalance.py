@@ -1,10 +1,10 @@
 """Dynamic block rebalancing: re-cut worker blocks in proportion to measured speed.
 
-Pure Python, driven by the scheduler: between synchronous rounds, or under SSP
-after every merged update. A worker's speed is, when its report carries one,
-the rate of its steady training steps (samples per second, measured by the
-worker without its first steps' tracing: :mod:`mpi_trainer.worker.step_timer`);
-otherwise its block size over its train time. Two filters keep noise from
+Pure Python, driven by the scheduler between synchronous epochs. A worker's
+speed is, when its measurement carries one, the rate of its steady training
+steps (``Measurement.step_rate``, samples per second without its first steps'
+tracing); otherwise its block size over its train time (what the scheduler
+measures today: each worker's rows and seconds of the epoch). Two filters keep noise from
 moving the blocks:
 
 * the median of the worker's last ``WINDOW`` measurements, so that one round

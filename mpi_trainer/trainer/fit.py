@@ -556,9 +556,6 @@ def schedule(transport: RankTransport, model: Any, state: ModelState, kwargs: di
     rounds = SchedulerRounds(*arguments) if not aggregation.ssp else StaleScheduler(
         *arguments, ssp=aggregation.ssp, damping=aggregation.staleness_damping, weighted=aggregation.weighs_by_samples)
     with recorded_run(transport, record, saved, placements, state) as (first, complete):
-        if rounds.divergence is not None:
-            rounds.divergence.start_from(record.rows)  # a resumed run's epochs so far
-        rounds.steps_done = sum(int(float(row.get("steps") or 0)) for row in record.rows)
         record.log.info("state: %s; %s: %s", state.describe(), outer.settings.describe(), outer_why)
         if cfg.aggregation.synchronous:
             record.log.info("synchronous SGD: at every step the workers' gradients are summed (weighted by their "

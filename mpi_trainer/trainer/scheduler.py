@@ -126,6 +126,10 @@ class SchedulerRounds:
         """Every epoch from ``initial_epoch`` to ``epochs``; the last epoch's logs."""
         logs: dict[str, float] = {}
         self.epochs, reason = epochs, None
+        # a resumed run's epochs so far (the record holds their rows): its steps, and the divergence seen
+        self.steps_done = sum(int(float(row.get("steps") or 0)) for row in self.record.rows)
+        if self.divergence is not None:
+            self.divergence.start_from(self.record.rows)
         self.driver.begin()
         for epoch in range(initial_epoch, epochs):
             logs = self.epoch(epoch)

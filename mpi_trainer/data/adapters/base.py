@@ -29,7 +29,7 @@ class DealtInput:
 
 
 class InputAdapter(ABC):
-    """One kind of input. ``kind`` names it in messages; ``unit`` is what block bounds count."""
+    """One kind of input read as a pipeline. ``kind`` names it in messages; ``unit`` is what its length counts."""
 
     kind: str = "input"
     unit: str = "batches"

@@ -3,8 +3,8 @@
 A generator cannot be rewound, cut or shared between processes, so, as in Horovod, each rank's
 generator is that rank's own data: each worker trains on the batches its own generator yields, and
 is expected to yield its own part of the data (or an endless random stream). ``steps_per_epoch``
-is required: the batches one round reads over all workers, split between them as the block plan
-says. Rounds continue where the previous one stopped. The scheduler trains on nothing; it reads its
+is required: the batches one epoch reads over all workers, shared out between them. An epoch goes on
+where the previous one stopped. The scheduler trains on nothing; it reads its
 generator's first batch for the model's dry run and scores on ``validation_data``, which is
 required (a generator has no end to hold a split out of).
 """

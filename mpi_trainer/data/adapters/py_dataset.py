@@ -1,8 +1,8 @@
-"""A ``keras.utils.PyDataset`` as blocks of batch indices.
+"""A ``keras.utils.PyDataset`` as a source read as a pipeline: its length, first batch and held-out splits.
 
-Every rank builds the same ``PyDataset``; worker *i* trains on batches ``start .. end - 1`` of it, the
-range the block plan gives it, in the dataset's own order (Keras ignores ``shuffle`` for a
-``PyDataset`` too: shuffling is the dataset's business, e.g. in ``on_epoch_end``). Its ``workers``,
+Every rank builds the same ``PyDataset``; worker *i* of *W* trains on every *W*-th batch of it, from batch
+*i*, in the dataset's own order (:class:`mpi_trainer.trainer.shares.PyDatasetShare`; Keras ignores
+``shuffle`` for a ``PyDataset`` too: shuffling is the dataset's business, e.g. in ``on_epoch_end``). Its ``workers``,
 ``use_multiprocessing`` and ``max_queue_size`` carry over to the block. A ``PyDataset`` is read on
 every backend. Its length (``__len__`` or ``num_batches``) is required: it is what the blocks cut.
 """

@@ -1,23 +1,15 @@
-"""A ``tf.data.Dataset`` (or a ``dataset_fn(context)`` that builds one per worker) as blocks of batches.
+"""A ``tf.data.Dataset`` (or a ``dataset_fn(context)`` that builds one per worker) as a source read as a
+pipeline: its length in batches, its first batch (the model's dry run and element spec come from it), and
+the evaluation splits held out at its end.
 
-Every rank builds the same pipeline, as in a Horovod script. The dataset as given is batched, and a
-worker's block is a contiguous range of its batches: worker *i* reads ``dataset.skip(start).take(size)``
-with ``[start, end)`` from the block plan. Sharding batches rather than unbatching, sharding and
-rebatching keeps the pipeline exactly as written (its batch size, padding and per-batch maps), costs
-nothing per element, and makes the block a range the log shows and rebalancing can re-cut. The price
-is that a worker's pipeline produces the batches before its block and drops them (as
-``Dataset.shard`` does): a pipeline that reads many files is better given as ``dataset_fn(context)``,
-which receives a ``tf.distribute.InputContext`` (``input_pipeline_id`` = the worker index,
-``num_input_pipelines`` = the worker count) and builds that worker's own shard, typically by sharding
-its list of files before reading them. A pipeline that shuffles should pass a ``seed`` so that every
-rank draws the same order and the blocks do not overlap.
-
-Each round starts the block's pipeline afresh: a finite dataset is one local epoch per round; an
-infinite one (``repeat()``) needs ``steps_per_epoch``, the batches one round reads over all workers.
-Because of that, tf.data's autotuning is off in a worker's block unless the pipeline sets it
-(``dataset.options().autotune.enabled``): the autotuning thread of a pipeline that ``fit`` drops
-at the end of each round holds the round up (the in-memory feed, :mod:`mpi_trainer.data.feed`,
-does the same); ``AUTOTUNE`` parallelism then takes the worker's cores.
+Every rank builds the same pipeline, as in a Horovod script; worker *i* of *W* trains on
+``dataset.shard(W, i)``, every *W*-th batch, so the pipeline stays exactly as written (its batch size,
+padding and per-batch maps; :mod:`mpi_trainer.trainer.shares`). A pipeline that reads many files is better
+given as ``dataset_fn(context)``, which receives a ``tf.distribute.InputContext`` (``input_pipeline_id`` =
+the worker index, ``num_input_pipelines`` = the worker count) and builds that worker's own shard, typically
+by sharding its list of files before reading them. A pipeline that shuffles should pass a ``seed`` so that
+every rank draws the same order and the shares do not overlap. An infinite dataset (``repeat()``) needs
+``steps_per_epoch``.
 """
 
 from __future__ import annotations

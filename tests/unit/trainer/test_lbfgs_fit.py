@@ -73,6 +73,24 @@ def test_a_run_asked_for_more_iterations_goes_on_and_a_complete_one_trains_nothi
     np.testing.assert_array_equal(again[1]["weights"][0], more[0]["weights"][0])
 
 
+def test_early_stopping_s_restored_iterate_is_the_one_every_rank_ends_with_and_the_summary_names(tmp_path):
+    """L-BFGS runs the fit loop every way of training shares: an EarlyStopping that restores its best weights
+    at the end of training leaves that iterate on every rank, and summary.json's final figures are its."""
+    # the loss only falls, so "max" keeps the first iterate best: it stops after the second, restoring the first
+    stop = keras.callbacks.EarlyStopping(monitor="loss", mode="max", patience=1, restore_best_weights=True)
+    result = fit_everywhere(tmp_path / "run", callbacks=[stop])
+    assert result[0]["epoch"] == [0, 1]
+    summary = result[0]["summary"]
+    assert summary["final_round"] == 1 and summary["kept_round"] == 0
+    assert summary["final_train_loss"] == pytest.approx(result[0]["history"]["loss"][0])
+    for rank in (1, 2):
+        for mine, theirs in zip(result[rank]["weights"], result[0]["weights"], strict=True):
+            np.testing.assert_array_equal(mine, theirs)
+    fresh = fit_everywhere(tmp_path / "one", ["train.epochs=1"])  # the first iterate, as a fit of one epoch
+    for mine, first in zip(result[0]["weights"], fresh[0]["weights"], strict=True):
+        np.testing.assert_allclose(mine, first, rtol=1e-6)
+
+
 def test_weights_the_objective_cannot_take_are_refused_on_every_rank(tmp_path):
     from mpi_trainer.errors import InputError
 
