@@ -122,19 +122,20 @@ def comparisons(quick: bool) -> list[Comparison]:
 
 
 def with_mwms(title: str, quick: bool, target: float, variants: dict, notes: str,
-              baseline: Callable[[int], Figures]) -> Comparison:
-    """A time-to-accuracy comparison, with MultiWorkerMirroredStrategy's run (``baseline``) where tf_keras is
-    installed, said to be left out where it is not."""
+              baseline: Callable[[int], Figures], suite: str = "accuracy", traffic: bool = False) -> Comparison:
+    """A time-to-accuracy comparison of ``suite``, with MultiWorkerMirroredStrategy's run (``baseline``) where
+    tf_keras is installed, said to be left out where it is not; ``traffic``: with mpi_trainer's MB an epoch."""
     if importlib.util.find_spec("tf_keras") is not None:
         variants["MultiWorkerMirroredStrategy, 2 processes (tf_keras)"] = seeded(baseline)
     else:
         notes += " MultiWorkerMirroredStrategy is left out: it needs tf_keras (`pip install -e .[bench]`)."
-    return Comparison(
-        title=title, command=f"python -m benchmarks run accuracy{' --quick' if quick else ''}", variants=variants,
-        columns={"samples_per_second": "train samples/s", "seconds_per_epoch": "s per epoch + scoring",
-                 "seconds_to_target": f"s to {target}", "epochs_to_target": f"epochs to {target}",
-                 "best_test_accuracy": "best test accuracy"},
-        notes=notes)
+    columns = {"samples_per_second": "train samples/s", "seconds_per_epoch": "s per epoch + scoring",
+               "seconds_to_target": f"s to {target}", "epochs_to_target": f"epochs to {target}",
+               "best_test_accuracy": "best test accuracy"}
+    if traffic:
+        columns["megabytes_per_epoch"] = "MB moved an epoch (every rank's sends)"
+    return Comparison(title=title, command=f"python -m benchmarks run {suite}{' --quick' if quick else ''}",
+                      variants=variants, columns=columns, notes=notes)
 
 
 def against_mwms(quick: bool) -> Comparison:

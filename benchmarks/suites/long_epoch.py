@@ -10,8 +10,6 @@ MultiWorkerMirroredStrategy and one process on the global batch, on the same cor
 
 from __future__ import annotations
 
-import dataclasses
-
 from benchmarks.data import shifted_mnist
 from benchmarks.harness import Comparison
 from benchmarks.jobs import seeded
@@ -55,8 +53,6 @@ def comparisons(quick: bool) -> list[Comparison]:
              "(initial weights and shuffle); a cell is the median over seeds.")
     title = (f"Long epochs: a two-hidden-layer perceptron on {ROWS:,} shifted real MNIST digits, Adam 1e-3, batch "
              f"{BATCH} per worker, 2 workers ({STEPS} steps a worker an epoch): time and epochs to {target}")
-    comparison = with_mwms(title, quick, target, variants, notes, lambda seed: mwms(
-        epochs, target, seed, optimizer="adam", rate=0.001, batch=BATCH, model="mlp", data=shifted_mnist))
-    columns = {**comparison.columns, "megabytes_per_epoch": "MB moved an epoch (every rank's sends)"}
-    return [dataclasses.replace(comparison, command=f"python -m benchmarks run long_epoch"
-                                                    f"{' --quick' if quick else ''}", columns=columns)]
+    return [with_mwms(title, quick, target, variants, notes, lambda seed: mwms(
+        epochs, target, seed, optimizer="adam", rate=0.001, batch=BATCH, model="mlp", data=shifted_mnist),
+        suite="long_epoch", traffic=True)]

@@ -3,8 +3,6 @@ batch, and what the per-step sum costs against averaging once an epoch."""
 
 from __future__ import annotations
 
-import dataclasses
-
 from benchmarks.harness import Comparison, Figures
 from benchmarks.jobs import seeded
 from benchmarks.suites.accuracy import ADAM, ADAM_BATCH, mwms, one_process, trainer, with_mwms
@@ -43,8 +41,5 @@ def comparisons(quick: bool) -> list[Comparison]:
              "median over seeds.")
     title = (f"LeNet on 5,000 real MNIST digits, Adam 1e-3, batch {ADAM_BATCH} per worker, 2 workers: synchronous "
              f"SGD, time and epochs to {target}")
-    comparison = with_mwms(title, quick, target, variants, notes, lambda seed: mwms(
-        epochs, target, seed, optimizer="adam", rate=0.001, batch=ADAM_BATCH))
-    columns = {**comparison.columns, "megabytes_per_epoch": "MB moved an epoch (every rank's sends)"}
-    return [dataclasses.replace(comparison, command=f"python -m benchmarks run synchronous"
-                                                    f"{' --quick' if quick else ''}", columns=columns)]
+    return [with_mwms(title, quick, target, variants, notes, lambda seed: mwms(
+        epochs, target, seed, optimizer="adam", rate=0.001, batch=ADAM_BATCH), suite="synchronous", traffic=True)]

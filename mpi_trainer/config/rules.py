@@ -62,27 +62,25 @@ def _sync_every_rules(cfg: Config) -> None:
     k = cfg.train.sync_steps
     if k == 0:
         return
-    conflicts = {
-        "data.increment.enabled": (cfg.data.increment.enabled, "each round's random draw is made for one local "
-                                   "epoch, while with k steps per round the walk through the block spans rounds"),
-        "data.rebalance": (cfg.data.rebalance, "every worker runs the same k steps per round whatever its "
-                           "block size, so re-cut blocks would not even out the round times"),
+    conflicts: dict[str, tuple[bool, object, str, str]] = {
+        "data.increment.enabled": (cfg.data.increment.enabled, True, "false", "each round's random draw is made "
+                                   "for one local epoch, while with k steps per round the walk through the block "
+                                   "spans rounds"),
+        "data.rebalance": (cfg.data.rebalance, True, "false", "every worker runs the same k steps per round "
+                           "whatever its block size, so re-cut blocks would not even out the round times"),
     }
-    for key, (conflicts_with, why) in conflicts.items():
-        if conflicts_with:
-            raise ConfigError(f"`{key}` cannot be combined with `train.sync_every` > 0: {why}. "
-                              f"Received: {key}=True with train.sync_every={k}")
+    _refuse_conflicts("train.sync_every", k, "train.sync_every = 0", conflicts)
 
 
-def _warmup_conflicts(cfg: Config) -> dict[str, tuple[bool, object, str]]:
-    """Key -> (set?, value, why a synchronisation warm-up cannot honour it)."""
+def _warmup_conflicts(cfg: Config) -> dict[str, tuple[bool, object, str, str]]:
+    """Key -> (set?, value, what is expected, why a synchronisation warm-up cannot honour it)."""
     data = cfg.data
     return {
-        "aggregation.ssp": (cfg.aggregation.ssp > 0, cfg.aggregation.ssp,
+        "aggregation.ssp": (cfg.aggregation.ssp > 0, cfg.aggregation.ssp, "0",
                             "the schedule counts synchronous rounds, while SSP updates run on each worker's clock"),
-        "data.increment.enabled": (data.increment.enabled, data.increment.enabled,
+        "data.increment.enabled": (data.increment.enabled, data.increment.enabled, "false",
                                    "the warm-up walks each worker's fixed block across rounds"),
-        "data.rebalance": (data.rebalance, data.rebalance,
+        "data.rebalance": (data.rebalance, data.rebalance, "false",
                            "every worker runs the same steps per warm-up round whatever its block size"),
     }
 
@@ -96,10 +94,8 @@ def _warmup_rules(cfg: Config) -> None:
                               "none: set train.sync_warmup_epochs > 0 as well. Received: "
                               f"train.sync_warmup_every={train.sync_warmup_every} with train.sync_warmup_epochs=0")
         return
-    for key, (conflicts, value, why) in _warmup_conflicts(cfg).items():
-        if conflicts:
-            raise ConfigError(f"`{key}` cannot be combined with `train.sync_warmup_epochs` > 0: {why}. "
-                              f"Received: {key}={value!r} with train.sync_warmup_epochs={train.sync_warmup_epochs}")
+    _refuse_conflicts("train.sync_warmup_epochs", train.sync_warmup_epochs, "train.sync_warmup_epochs = 0",
+                      _warmup_conflicts(cfg))
 
 
 def _lbfgs_conflicts(cfg: Config) -> dict[str, tuple[bool, object, str]]:
@@ -142,7 +138,7 @@ def _evaluation_rule(cfg: Config) -> None:
     """Workers score the global model between synchronous rounds, when they would otherwise wait."""
     if not cfg.evaluation.on_workers:
         return
-    conflicts = {
+    conflicts: dict[str, tuple[bool, object, str, str]] = {
         "aggregation.ssp": (cfg.aggregation.ssp > 0, cfg.aggregation.ssp, "0",
                             "under SSP the workers never wait for the scheduler, so it scores alone"),
         "train.overlap_eval": (cfg.train.overlap_eval, cfg.train.overlap_eval, "False",
@@ -150,41 +146,32 @@ def _evaluation_rule(cfg: Config) -> None:
         "model.optimizer": (cfg.model.uses_lbfgs, cfg.model.optimizer, "anything but 'lbfgs'",
                             "L-BFGS scores its iterates on the scheduler"),
     }
-    for key, (conflicts_with, value, expected, why) in conflicts.items():
-        if conflicts_with:
-            raise ConfigError(f"`evaluation.where` = 'workers' cannot be combined with {key}={value!r}: {why}. "
-                              f"Expected {key} = {expected}, or evaluation.where = 'scheduler'")
+    _refuse_conflicts("evaluation.where", "workers", "evaluation.where = 'scheduler'", conflicts)
 
 
 def _outer_optimizer_rule(cfg: Config) -> None:
     """The outer step moves the global model once per synchronous round; refuse where there is none."""
     if not cfg.aggregation.steps_outer:
         return
-    outer = cfg.aggregation.outer_optimizer
-    conflicts = {
+    conflicts: dict[str, tuple[bool, object, str, str]] = {
         "aggregation.ssp": (cfg.aggregation.ssp > 0, cfg.aggregation.ssp, "0",
                             "SSP merges each update as it arrives, so there is no round aggregate to step from"),
         "model.optimizer": (cfg.model.uses_lbfgs, cfg.model.optimizer, "a Keras optimizer",
                             "L-BFGS sums gradients, it does not average trained weights"),
     }
-    for key, (conflicts_with, value, expected, why) in conflicts.items():
-        if conflicts_with:
-            raise ConfigError(f"`aggregation.outer_optimizer` = {outer!r} cannot be combined with {key}={value!r}: "
-                              f"{why}. Expected {key} = {expected}, or aggregation.outer_optimizer = 'none'")
+    _refuse_conflicts("aggregation.outer_optimizer", cfg.aggregation.outer_optimizer,
+                      "aggregation.outer_optimizer = 'none'", conflicts)
 
 
 def _fault_rule(cfg: Config) -> None:
     """``fault.survive`` shrinks the job and re-plans the blocks; refuse what cannot carry on that way."""
     if not cfg.fault.survive:
         return
-    conflicts = {
+    conflicts: dict[str, tuple[bool, object, str, str]] = {
         "model.optimizer": (cfg.model.uses_lbfgs, cfg.model.optimizer, "a Keras optimizer",
                             "full-batch L-BFGS needs the gradient of every block at each iteration"),
     }
-    for key, (conflicts_with, value, expected, why) in conflicts.items():
-        if conflicts_with:
-            raise ConfigError(f"`fault.survive` = True cannot be combined with {key}={value!r}: {why}. "
-                              f"Expected {key} = {expected}, or fault.survive = False")
+    _refuse_conflicts("fault.survive", True, "fault.survive = false", conflicts)
 
 
 def _synchronous_conflicts(cfg: Config) -> dict[str, tuple[bool, object, str, str]]:
