@@ -221,8 +221,11 @@ class RoundClock:
     """Bounds this rank's waits by the rounds seen so far (:mod:`~mpi_trainer.algorithms.wait_bounds`): a
     rank that stops answering is named within a multiple of the slowest round, not the set-up bound."""
 
-    def __init__(self, transport: RankTransport, bounds: Any) -> None:
+    def __init__(self, transport: RankTransport, bounds: Any, *others: RankTransport | None) -> None:
+        """``others``: the rank's other communicators it waits on inside rounds (synchronous SGD's workers'
+        own, whose step sums a silent worker would hold up), bounded alike."""
         self.transport, self.bounds = transport, bounds
+        self.others = [other for other in others if other is not None]
         self.last: float | None = None
 
     def tick(self) -> None:
@@ -233,6 +236,8 @@ class RoundClock:
         if self.last is not None:
             self.bounds.observe(now - self.last)
             self.transport.bound = for_rank(self.transport.rank, self.bounds.round)
+            for other in self.others:
+                other.bound = self.transport.bound
         self.last = now
 
 

@@ -87,7 +87,7 @@ class WorkerRounds:
         from mpi_trainer.algorithms.wait_bounds import WaitBounds
 
         self.transport, self.model, self.state = transport, model, state
-        self.clock = RoundClock(transport, bounds or WaitBounds())
+        self.clock = RoundClock(transport, bounds or WaitBounds(), None if gradients is None else gradients.workers)
         self.share: dict[str, Any] = {}  # model.fit's arguments for this worker's share
         self.validation: dict[str, Any] | None = None  # model.evaluate's arguments for its share of the validation
         self.scoring: dict[str, Any] | None = None  # that share as this worker scores it (reusable_input)

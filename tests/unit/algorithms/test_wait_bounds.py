@@ -81,3 +81,18 @@ def test_an_explicit_stall_bound_counts_from_the_attempts_start_and_is_named():
     watch.progressed(4.0, complete=True)
     assert watch.limit == 5.0 and watch.expired(9.5)
     assert watch.describe() == "5 s (watchdog.stall_seconds)"
+
+
+def test_a_workers_own_communicator_is_bounded_by_the_rounds_as_its_main_one_is():
+    """Synchronous SGD's step sums run on the workers' own communicator: a worker that goes silent inside an
+    epoch is named within the round bound there too, not only after the set-up bound."""
+    from types import SimpleNamespace
+
+    from mpi_trainer.trainer.round_protocol import RoundClock
+
+    main, workers = SimpleNamespace(rank=1, bound=45.0), SimpleNamespace(rank=0, bound=45.0)
+    clock = RoundClock(main, WaitBounds(setup_timeout=45, worker_timeout=20), workers, None)
+    clock.tick()
+    assert workers.bound == 45.0  # no round has ended yet
+    clock.tick()
+    assert main.bound == workers.bound == 40.0  # a worker's bound: twice the scheduler's round bound
