@@ -1,8 +1,9 @@
 """``mpi_trainer.fit(model, ...)`` with a ``keras.Model``: the user's object, trained by Keras on every rank.
 
 The steps, on every rank: load the config and place the rank; check what Keras would check
-(compiled, the input kinds and arguments, through Keras' own adapters on each worker's share),
-every rank agreeing on a refusal before anything trains; build what the first batch would build;
+(compiled, the input kinds and arguments, through Keras' own adapters on each worker's share: fit's input
+is :mod:`.fit_input`'s), every rank agreeing on a refusal before anything trains; build what the first
+batch would build;
 lay out the state (:mod:`.state`) and check it is the same everywhere; then rank 0 schedules
 (:class:`~.scheduler.SchedulerRounds`) and the workers train (:class:`~.worker.WorkerRounds`). At the
 end every rank holds the final state and the same ``keras.callbacks.History``, and its model's
@@ -14,10 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +32,17 @@ from mpi_trainer.logs import get_logger
 from mpi_trainer.persistence.preemption import Preemption
 from mpi_trainer.trainer import shares
 from mpi_trainer.trainer.backup import every_epoch, release_backup, take_backup
+from mpi_trainer.trainer.fit_input import (
+    Prepared,
+    build,
+    check_input,
+    describe_input,
+    full_steps,
+    largest_share_steps,
+    prepare,
+    rounds_an_epoch,
+    worker_steps,
+)
 from mpi_trainer.trainer.outer_choice import choose_outer
 from mpi_trainer.trainer.round_protocol import RoundPolicies, StateWire
 from mpi_trainer.trainer.run_record import FitRecord, fingerprint
@@ -41,7 +51,7 @@ from mpi_trainer.trainer.scheduler import SchedulerRounds
 from mpi_trainer.trainer.scoring_choice import resolve_place
 from mpi_trainer.trainer.settings import given_keys, refusals
 from mpi_trainer.trainer.ssp import StaleScheduler, StaleWorker
-from mpi_trainer.trainer.state import ModelState, build_optimizers, finalize, separate_random_streams
+from mpi_trainer.trainer.state import ModelState, finalize, separate_random_streams
 from mpi_trainer.trainer.sync_choice import SyncChoice, not_applicable
 from mpi_trainer.trainer.synchronous import GradientSum, check_synchronous
 from mpi_trainer.trainer.worker import WorkerPart, WorkerRounds
@@ -52,19 +62,6 @@ if TYPE_CHECKING:
 
 ARGUMENT_KEYS = ("batch_size", "epochs", "shuffle", "class_weight", "initial_epoch", "steps_per_epoch",
                  "validation_split", "validation_steps", "validation_batch_size", "validation_freq")
-
-
-@dataclass
-class Prepared:
-    """One rank's part of the fit, once Keras' checks passed."""
-
-    share: dict[str, Any] = field(default_factory=dict)  # a worker's model.fit arguments
-    rows: int | None = None  # a worker's rows (arrays)
-    validation: dict[str, Any] | None = None  # rank 0's model.evaluate arguments; a worker's share when it scores
-    workers_score: bool = False  # the workers score the validation data (evaluation.where = "workers")
-    election: dict[str, Any] | None = None  # best-of: a worker's model.evaluate arguments for the validation data
-    train_data: Any = None  # (x, y, sample_weight) after validation_split
-    fixed_rows: Any = None  # a worker's rows of the training arrays (the data increment draws from the others)
 
 
 def plain_fit(model: Any, kwargs: dict[str, Any]) -> Any:
@@ -103,14 +100,8 @@ def fit_model(transport: RankTransport, model: Any, kwargs: dict[str, Any], conf
         check_config(cfg, run_dir, resume, given_keys(config, overrides), applied)
         cfg.test_hooks.check_slow_ranks(transport.size)  # debug.slow_ranks: worker ranks of this job
         check_backend()
-        check_sync_every(cfg.train.sync_steps, kwargs)
-        check_sync_every(cfg.train.sync_warmup_every if cfg.train.sync_warmup_epochs else 0, kwargs,
-                         "train.sync_warmup_every", "train.sync_warmup_epochs=0")
-        check_increment(cfg, kwargs)
-        check_augmentation(cfg, kwargs)
-        check_rebalance(cfg, kwargs)
+        check_input(cfg, kwargs)
         check_early_stopping(cfg, kwargs)
-        check_max_steps(cfg, kwargs)
         prepared = prepare(model, kwargs, transport.rank, workers, cfg.evaluation.on_workers, cfg.aggregation.elects)
         if cfg.model.uses_lbfgs:
             from mpi_trainer.trainer.lbfgs import lbfgs_refusal
@@ -252,65 +243,6 @@ def check_config(cfg: Config, run_dir: Any, resume: bool, given: Collection[str]
                           "expected the run_dir of an earlier fit")
 
 
-def input_refusal(key: str, value: Any, why: str, kwargs: dict[str, Any], expected: str,
-                  also: str = "") -> ConfigError:
-    """A setting that deals out or counts a worker's rows, refused for the input it was given with."""
-    return ConfigError(f"`{key}` {why}. Received: {key}={value!r} with x of kind "
-                       f"{input_kind(kwargs.get('x'))!r}, steps_per_epoch={kwargs.get('steps_per_epoch')!r}"
-                       f"{also}; expected {expected}")
-
-
-def check_sync_every(sync_every: int, kwargs: dict[str, Any], key: str = "train.sync_every",
-                     off: str = "train.sync_every=0") -> None:
-    """``train.sync_every`` (or its warm-up's steps) cuts each worker's rows into rounds: arrays only, epochs of
-    all their rows."""
-    if sync_every and (input_kind(kwargs.get("x")) != "arrays" or kwargs.get("steps_per_epoch") is not None):
-        raise input_refusal(key, sync_every, "combines the workers every few steps of arrays given "
-                            "as `x`; a pipeline (or `steps_per_epoch`) trains whole epochs", kwargs,
-                            f"arrays without steps_per_epoch, or {off}")
-
-
-def check_increment(cfg: Config, kwargs: dict[str, Any]) -> None:
-    """``data.increment`` adds rows of the training arrays to each worker's share, an epoch at a time."""
-    arrays = input_kind(kwargs.get("x")) == "arrays" and kwargs.get("steps_per_epoch") is None
-    if cfg.data.increment.enabled and not arrays:  # with train.sync_every, refused by the config's rules
-        raise input_refusal("data.increment.enabled", True, "adds a draw of the other workers' rows to each "
-                            "worker's share every epoch: arrays given as `x`, trained in whole epochs", kwargs,
-                            "arrays and no steps_per_epoch, or data.increment.enabled=false")
-
-
-def check_augmentation(cfg: Config, kwargs: dict[str, Any]) -> None:
-    """``data.augmentation`` transforms the rows of image arrays, (rows, height, width, channels)."""
-    from mpi_trainer.data.augmentation import check_image_input
-
-    if not cfg.data.augmentation.enabled:
-        return
-    if input_kind(kwargs.get("x")) != "arrays" or not hasattr(kwargs.get("x"), "shape"):
-        raise input_refusal("data.augmentation.enabled", True, "transforms each round's images, given as one "
-                            "array `x`; a pipeline or a structure of inputs augments itself (Keras' preprocessing "
-                            "layers in it or in the model)", kwargs, "one array of images, or "
-                            "data.augmentation.enabled=false")
-    check_image_input(cfg.data.augmentation, tuple(kwargs["x"].shape[1:]))
-
-
-def check_rebalance(cfg: Config, kwargs: dict[str, Any]) -> None:
-    """``data.rebalance`` re-cuts the training arrays into blocks sized by each worker's speed, whole epochs."""
-    arrays = input_kind(kwargs.get("x")) == "arrays" and kwargs.get("steps_per_epoch") is None
-    if cfg.data.rebalance and not arrays:  # with increment or max_steps, refused by the config's rules
-        raise input_refusal("data.rebalance", True, "sizes each worker's block of the training arrays by its "
-                            "speed, an epoch at a time", kwargs, "arrays and no steps_per_epoch, or "
-                            "data.rebalance=false")
-
-
-def check_max_steps(cfg: Config, kwargs: dict[str, Any]) -> None:
-    """``train.max_steps`` deals the last steps out to the workers from the batches each has in an epoch."""
-    known = input_kind(kwargs.get("x")) == "arrays" or kwargs.get("steps_per_epoch") is not None
-    if cfg.train.max_steps and not known:  # with rounds of a few steps or increment, refused by the config's rules
-        raise input_refusal("train.max_steps", cfg.train.max_steps, "deals the steps left to the workers from the "
-                            "batches each trains in an epoch", kwargs, "arrays or steps_per_epoch, or "
-                            "train.max_steps=0")
-
-
 def check_early_stopping(cfg: Config, kwargs: dict[str, Any]) -> None:
     """``early_stopping.patience`` watching held-out rows needs the fit's validation data."""
     settings = cfg.early_stopping
@@ -320,16 +252,6 @@ def check_early_stopping(cfg: Config, kwargs: dict[str, Any]) -> None:
                           f"holds none out. Received: early_stopping.patience={settings.patience} with "
                           f"validation_data=None and validation_split={kwargs.get('validation_split')!r}; expected "
                           f"validation_data or validation_split, or a train_* monitor")
-
-
-def full_steps(kwargs: dict[str, Any], prepared: Prepared, workers: int) -> list[int]:
-    """Each worker's batches in a whole epoch (arrays dealt by ``np.array_split``, or steps_per_epoch shared)."""
-    steps = kwargs.get("steps_per_epoch")
-    if steps is not None:
-        return [max(1, -(-int(steps) // workers))] * workers
-    batch = kwargs.get("batch_size") or 32
-    rows = shares.row_count(prepared.train_data)
-    return [-(-len(part) // batch) for part in np.array_split(np.arange(rows), workers)]
 
 
 def early_stopping(cfg: Config) -> list[Any]:
@@ -361,19 +283,6 @@ def early_stopping(cfg: Config) -> list[Any]:
                     restore_best_weights=True)]
 
 
-def largest_share_steps(kwargs: dict[str, Any], prepared: Prepared, workers: int) -> int:
-    """The batches of the largest worker's share of training arrays in an epoch (array_split's sizes)."""
-    rows = -(-shares.row_count(prepared.train_data) // workers)
-    return -(-rows // (kwargs.get("batch_size") or 32))
-
-
-def rounds_an_epoch(sync_every: int, kwargs: dict[str, Any], prepared: Prepared, workers: int) -> int:
-    """Rounds in an epoch: 1, or with ``train.sync_every = k`` enough rounds of k steps for the largest share."""
-    if not sync_every:
-        return 1
-    return max(1, -(-largest_share_steps(kwargs, prepared, workers) // sync_every))
-
-
 def sync_choice_for(cfg: Config, kwargs: dict[str, Any], prepared: Prepared, workers: int,
                     record: FitRecord) -> SyncChoice | None:
     """``train.sync_every = "auto"``: the choice rank 0 makes from the second round, or None (the setting's
@@ -397,114 +306,6 @@ def check_backend() -> None:
         raise ConfigError(f"Keras runs on {keras.backend.backend()!r} but KERAS_BACKEND={asked!r}: Keras reads it "
                           f"once, when it is first imported (mpi_trainer.init() or an earlier import started it). "
                           f"Received: KERAS_BACKEND={asked!r}; expected it set before anything imports Keras")
-
-
-def prepare(model: Any, kwargs: dict[str, Any], rank: int, workers: int, workers_score: bool = False,
-            elects: bool = False) -> Prepared:
-    """Keras' own checks and splits, then this rank's part: a worker's share, rank 0's validation data (a
-    worker's share of it when ``workers_score`` and it can be shared, :func:`validation_shares`; all of it
-    under best-of election, ``elects``, where every worker scores its own state on it)."""
-    from keras.src.trainers.data_adapters import array_slicing, data_adapter_utils, get_data_adapter
-
-    model._assert_compile_called("fit")
-    x, y, weights = kwargs.get("x"), kwargs.get("y"), kwargs.get("sample_weight")
-    validation = kwargs.get("validation_data")
-    if kwargs.get("validation_split") and validation is None:
-        (x, y, weights), validation = array_slicing.train_validation_split(
-            (x, y, weights), validation_split=kwargs["validation_split"])
-    prepared = Prepared(train_data=(x, y, weights))
-    if input_kind(x) == "arrays":  # as Keras' adapter checks them, on every rank before any is cut
-        data_adapter_utils.check_data_cardinality((x, y, weights))
-    if validation is not None:
-        val_x, val_y, val_weights = data_adapter_utils.unpack_x_y_sample_weight(validation)
-        prepared.validation = {"x": val_x, "y": val_y, "sample_weight": val_weights,
-                               "batch_size": kwargs.get("validation_batch_size") or kwargs.get("batch_size"),
-                               "steps": kwargs.get("validation_steps")}
-        prepared.workers_score = workers_score and not elects and validation_shares(prepared.validation, workers)
-        if elects:
-            prepared.election = prepared.validation if rank > 0 else None
-        if rank > 0:
-            prepared.validation = validation_share(prepared.validation, workers, rank - 1) \
-                if prepared.workers_score else None
-    if elects and validation is None:
-        raise ConfigError("`aggregation.method = 'best'` keeps the worker state that scores best on the "
-                          "validation data, and this fit has none. Received: aggregation.method='best' with "
-                          "validation_data=None and validation_split="
-                          f"{kwargs.get('validation_split')!r}; expected validation_data or validation_split, or "
-                          "aggregation.method 'average' or 'weighted'")
-    if rank == 0:
-        return prepared
-    steps = kwargs.get("steps_per_epoch")
-    steps = None if steps is None else max(1, -(-int(steps) // workers))
-    kind = input_kind(x)
-    if kind == "arrays":
-        rows = shares.row_count((x, y, weights))
-        if rows < workers:
-            raise ConfigError(f"Every worker needs rows to train on. Received: {rows} training rows for {workers} "
-                              f"workers; expected at least one row per worker")
-        index = shares.share_rows(rows, workers, rank - 1, kwargs.get("shuffle", True))
-        x, y, weights = (None if part is None else shares.take_rows(part, index) for part in (x, y, weights))
-        prepared.rows, prepared.fixed_rows = len(index), index
-    else:
-        x = shares.pipeline_share(x, workers, rank - 1)
-    share = {"x": x, "y": y, "sample_weight": weights, "batch_size": kwargs.get("batch_size"),
-             "shuffle": kwargs.get("shuffle", True), "class_weight": kwargs.get("class_weight"),
-             "steps_per_epoch": steps}
-    if kind != "generator":  # a generator's first batch cannot be looked at and put back
-        with warnings.catch_warnings():  # what Keras warns of here, it warns of again in the worker's own fit
-            warnings.simplefilter("ignore", UserWarning)
-            get_data_adapter(**{k: v for k, v in share.items() if k != "steps_per_epoch"}, steps_per_epoch=steps)
-    prepared.share = share
-    return prepared
-
-
-def validation_shares(validation: dict[str, Any], workers: int) -> bool:
-    """Whether the workers can score the validation data in shares: arrays of at least one row a worker,
-    with no ``validation_steps`` (a pipeline, or a step count, is scored whole on rank 0)."""
-    data = (validation["x"], validation["y"], validation["sample_weight"])
-    return (validation["steps"] is None and input_kind(data[0]) == "arrays"
-            and shares.row_count(data) >= workers)
-
-
-def validation_share(validation: dict[str, Any], workers: int, index: int) -> dict[str, Any]:
-    """Worker ``index``'s (0-based) rows of the validation arrays, as ``model.evaluate`` takes them."""
-    data = (validation["x"], validation["y"], validation["sample_weight"])
-    x, y, weights = shares.array_share(data, workers, index, shuffle=False)
-    return {**validation, "x": x, "y": y, "sample_weight": weights}
-
-
-def build(model: Any, kwargs: dict[str, Any], prepared: Prepared) -> None:
-    """Build the model, its compiled metrics and its optimizer as ``fit``'s first batch would."""
-    # Layers not built yet (a Sequential without keras.Input, a subclassed model's own layers): built from
-    # the first batch. A model whose layers are all built but that has no call of its own (a GAN) is left.
-    layers = list(model._flatten_layers(include_self=False))
-    unbuilt = not all(layer.built for layer in layers) if layers else not model.built
-    if unbuilt:
-        x, y, weights = prepared.train_data
-        if input_kind(x) == "generator":
-            raise ConfigError("A model given with a generator must be built before `fit` (start it with "
-                              "keras.Input, or call it on a batch). Received: an unbuilt model and a generator")
-        model._symbolic_build(data_batch=first_batch(x, y, weights, kwargs.get("batch_size")))
-    build_optimizers(model)  # every optimizer it holds, also those first built inside a custom train_step
-
-
-def first_batch(x: Any, y: Any, weights: Any, batch_size: int | None) -> Any:
-    """The first batch of the input, as the backend's ``fit`` would see it (for building)."""
-    import keras
-    from keras.src.trainers.data_adapters import get_data_adapter
-
-    if input_kind(x) == "arrays":
-        rows = list(range(min(batch_size or 32, shares.row_count((x, y, weights)))))
-        x, y, weights = (None if part is None else shares.take_rows(part, rows) for part in (x, y, weights))
-    adapter = get_data_adapter(x, y, weights, batch_size=batch_size, shuffle=False)
-    backend = keras.backend.backend()
-    if backend == "tensorflow":
-        return next(iter(adapter.get_tf_dataset()))
-    if backend == "jax":
-        return next(iter(adapter.get_jax_iterator()))
-    if backend == "torch":
-        return next(iter(adapter.get_torch_dataloader()))
-    return next(iter(adapter.get_numpy_iterator()))
 
 
 def arguments_print(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -700,25 +501,6 @@ def scoring_place(cfg: Config, prepared: Prepared) -> str:
     if cfg.train.overlap_eval:
         return "validation data scored on rank 0 while the workers train the next epoch (train.overlap_eval)"
     return "validation data scored on rank 0"
-
-
-def describe_input(data: tuple[Any, Any, Any], workers: int, steps: int | None) -> str:
-    """What trains, for the log: "1797 training rows (arrays), in 2 shares of 29 batches an epoch"."""
-    kind = input_kind(data[0])
-    what = f"{shares.row_count(data)} training rows (arrays)" if kind == "arrays" else f"a {kind}"
-    return f"{what}, in {workers} shares" + ("" if steps is None else f" of {steps} batches an epoch")
-
-
-def worker_steps(kwargs: dict[str, Any], prepared: Prepared, workers: int) -> int | None:
-    """The batches each worker trains per epoch, as the progress bar counts them (None: not known)."""
-    steps = kwargs.get("steps_per_epoch")
-    if steps is not None:
-        return max(1, -(-int(steps) // workers))
-    data = prepared.train_data
-    if input_kind(data[0]) != "arrays":
-        return None
-    rows = -(-shares.row_count(data) // workers)
-    return max(1, -(-rows // (kwargs.get("batch_size") or 32)))
 
 
 def _history(callbacks: Any, record: FitRecord, trained: bool) -> Any:

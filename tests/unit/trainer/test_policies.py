@@ -194,7 +194,7 @@ def test_rebalance_of_a_pipeline_or_with_a_step_budget_is_refused_naming_what_it
 
     from mpi_trainer.config import load_config
     from mpi_trainer.errors import ConfigError
-    from mpi_trainer.trainer.fit import check_rebalance
+    from mpi_trainer.trainer.fit_input import check_rebalance
 
     check_rebalance(load_config({}, ["data.rebalance=true"]), {"x": X})
     with pytest.raises(ConfigError, match=r"Received: data.rebalance=True with x of kind 'tf.data.Dataset'"):

@@ -8,7 +8,8 @@ import pytest
 import tensorflow as tf
 
 from mpi_trainer.errors import ConfigError
-from mpi_trainer.trainer.fit import build, check_backend, prepare
+from mpi_trainer.trainer.fit import check_backend
+from mpi_trainer.trainer.fit_input import build, prepare
 
 
 def compiled() -> keras.Model:
@@ -120,7 +121,7 @@ def test_an_epoch_in_which_a_worker_trained_nothing_fails_naming_it():
 
 
 def test_a_sync_warm_up_of_a_pipeline_is_refused_naming_the_warm_up():
-    from mpi_trainer.trainer.fit import check_sync_every
+    from mpi_trainer.trainer.fit_input import check_sync_every
 
     dataset = {"x": tf.data.Dataset.from_tensor_slices(np.zeros((8, 2)))}
     with pytest.raises(ConfigError, match=r"Received: train.sync_warmup_every=2 with x of kind 'tf.data.Dataset'.*"
@@ -129,7 +130,7 @@ def test_a_sync_warm_up_of_a_pipeline_is_refused_naming_the_warm_up():
 
 
 def test_sync_every_takes_arrays_and_names_what_it_cannot_cut_into_rounds():
-    from mpi_trainer.trainer.fit import check_sync_every
+    from mpi_trainer.trainer.fit_input import check_sync_every
 
     arrays = {"x": np.zeros((8, 2), "float32"), "y": np.zeros(8)}
     check_sync_every(4, arrays)
