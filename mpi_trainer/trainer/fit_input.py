@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mpi_trainer.data.adapters import input_kind
+from mpi_trainer.data.adapters import input_kind, pipeline_share
 from mpi_trainer.errors import ConfigError
 from mpi_trainer.trainer import shares
 from mpi_trainer.trainer.state import build_optimizers
@@ -143,7 +143,7 @@ def prepare(model: Any, kwargs: dict[str, Any], rank: int, workers: int, workers
         x, y, weights = (None if part is None else shares.take_rows(part, index) for part in (x, y, weights))
         prepared.rows, prepared.fixed_rows = len(index), index
     else:
-        x = shares.pipeline_share(x, workers, rank - 1)
+        x = pipeline_share(x, workers, rank - 1)
     share = {"x": x, "y": y, "sample_weight": weights, "batch_size": kwargs.get("batch_size"),
              "shuffle": kwargs.get("shuffle", True), "class_weight": kwargs.get("class_weight"),
              "steps_per_epoch": steps}

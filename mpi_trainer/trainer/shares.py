@@ -8,11 +8,10 @@ they cannot take); this module only cuts the input into shares, without changing
   takes a fixed ``1/W`` of the rows, chosen by a seeded permutation when ``shuffle`` is on (so a
   file sorted by class is not split by class) and in order when it is off. Keras' own slicing
   (``array_slicing``) cuts them, as it cuts ``validation_split``;
-* **a tf.data.Dataset**: ``dataset.shard(W, w)``, every ``W``-th element;
-* **a PyDataset**: every ``W``-th batch (``PyDatasetShare``);
-* **a generator**: every ``W``-th item it yields;
-* **an input that deals itself** (:class:`~mpi_trainer.data.adapters.DealtInput`: the command line's
-  TFRecord files, a file read in batches): the share it builds for each worker (its files, its rows).
+* **a pipeline** (:func:`mpi_trainer.data.adapters.pipeline_share`, beside the adapter of its kind): a
+  tf.data.Dataset's ``dataset.shard(W, w)``, every ``W``-th element; a PyDataset's every ``W``-th batch; a
+  generator's every ``W``-th item; an input that deals itself (the command line's TFRecord files, a file
+  read in batches) the share it builds for each worker (its files, its rows).
 
 What kind an input is, :func:`~mpi_trainer.data.adapters.input_kind` alone says.
 
@@ -21,12 +20,9 @@ Every rank runs the same script and so holds the same input; the shares partitio
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import numpy as np
-
-from mpi_trainer.data.adapters import DealtInput, input_kind
 
 SHARE_SEED = 1234  # the permutation that deals rows to workers (the same on every rank)
 
@@ -76,39 +72,3 @@ def array_share(data: tuple[Any, Any, Any], workers: int, index: int, shuffle: A
     rows = share_rows(row_count(data), workers, index, shuffle)
     x, y, weights = data
     return tuple(None if part is None else take_rows(part, rows) for part in (x, y, weights))  # type: ignore
-
-
-def pipeline_share(x: Any, workers: int, index: int) -> Any:
-    """A dataset, PyDataset, generator or dealt input's share for worker ``index``."""
-    kind = input_kind(x)
-    if isinstance(x, DealtInput):
-        return x.share(workers, index)
-    if kind == "tf.data.Dataset":
-        return x.shard(workers, index)
-    if kind == "PyDataset":
-        return PyDatasetShare(x, workers, index)
-    return (item for item in itertools.islice(x, index, None, workers))  # a generator, as Keras takes one
-
-
-def _py_dataset_class() -> Any:
-    import keras
-
-    return keras.utils.PyDataset
-
-
-class PyDatasetShare(_py_dataset_class()):  # type: ignore[misc]
-    """Every ``workers``-th batch of a PyDataset, from batch ``index``; its workers and queue settings kept."""
-
-    def __init__(self, base: Any, workers: int, index: int) -> None:
-        super().__init__(workers=base.workers, use_multiprocessing=base.use_multiprocessing,
-                         max_queue_size=base.max_queue_size)
-        self.base, self.stride, self.start = base, workers, index
-
-    def __len__(self) -> int:
-        return max(0, -(-(len(self.base) - self.start) // self.stride))
-
-    def __getitem__(self, index: int) -> Any:
-        return self.base[self.start + index * self.stride]
-
-    def on_epoch_end(self) -> None:
-        self.base.on_epoch_end()

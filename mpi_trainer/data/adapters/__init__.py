@@ -16,6 +16,7 @@ generator / iterator       ``GeneratorAdapter``   its own generator's batches (i
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,12 +25,13 @@ import numpy as np
 from mpi_trainer.data.adapters.arrays import ArrayAdapter, LazyRows
 from mpi_trainer.data.adapters.base import DealtInput, InputAdapter, check_steps
 from mpi_trainer.data.adapters.generator import GeneratorAdapter, read_all
-from mpi_trainer.data.adapters.py_dataset import PyDatasetAdapter
+from mpi_trainer.data.adapters.py_dataset import PyDatasetAdapter, PyDatasetShare
 from mpi_trainer.data.adapters.tf_dataset import TFDatasetAdapter, is_tf_dataset
 from mpi_trainer.errors import DataError
 
 __all__ = ["ArrayAdapter", "DealtInput", "GeneratorAdapter", "InputAdapter", "LazyRows", "PyDatasetAdapter",
-           "TFDatasetAdapter", "get_input_adapter", "input_kind", "is_pipeline", "read_validation"]
+           "PyDatasetShare", "TFDatasetAdapter", "get_input_adapter", "input_kind", "is_pipeline", "pipeline_share",
+           "read_validation"]
 
 
 def is_py_dataset(value: Any) -> bool:
@@ -75,6 +77,24 @@ def input_kind(x: Any) -> str:
 def is_pipeline(value: Any) -> bool:
     """Input that comes batched from a pipeline rather than as arrays."""
     return input_kind(value) != "arrays"
+
+
+def pipeline_share(x: Any, workers: int, index: int) -> Any:
+    """Worker ``index``'s (0-based) share of a pipeline, of the same kind, cut without changing a batch: a
+    :class:`DealtInput`'s own, every ``workers``-th batch of a ``tf.data.Dataset`` (``shard``) or a
+    ``PyDataset`` (:class:`PyDatasetShare`), every ``workers``-th item a generator yields. (Arrays are cut
+    by rows: :mod:`mpi_trainer.trainer.shares`.)"""
+    kind = input_kind(x)
+    if isinstance(x, DealtInput):
+        return x.share(workers, index)
+    if kind == "tf.data.Dataset":
+        return x.shard(workers, index)
+    if kind == "PyDataset":
+        return PyDatasetShare(x, workers, index)
+    if kind == "generator":
+        return (item for item in itertools.islice(x, index, None, workers))  # a generator, as Keras takes one
+    raise DataError(f"A share of fit's input is cut from arrays or a pipeline. Received: x of kind {kind!r}; "
+                    f"expected arrays, a tf.data.Dataset, a keras.utils.PyDataset or a generator")
 
 
 def _refuse_y(x: Any, y: Any, kind: str) -> None:

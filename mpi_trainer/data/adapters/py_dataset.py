@@ -1,7 +1,7 @@
 """A ``keras.utils.PyDataset`` as a source read as a pipeline: its length, first batch and held-out splits.
 
 Every rank builds the same ``PyDataset``; worker *i* of *W* trains on every *W*-th batch of it, from batch
-*i*, in the dataset's own order (:class:`mpi_trainer.trainer.shares.PyDatasetShare`; Keras ignores
+*i*, in the dataset's own order (:class:`PyDatasetShare`; Keras ignores
 ``shuffle`` for a ``PyDataset`` too: shuffling is the dataset's business, e.g. in ``on_epoch_end``). Its ``workers``,
 ``use_multiprocessing`` and ``max_queue_size`` carry over to the block. A ``PyDataset`` is read on
 every backend. Its length (``__len__`` or ``num_batches``) is required: it is what the blocks cut.
@@ -51,3 +51,27 @@ class PyDatasetAdapter(InputAdapter):
 
     def read_split(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         return concatenate((self.dataset[index] for index in range(start, end)), self.kind, "evaluation split")
+
+
+def _py_dataset_class() -> Any:
+    import keras
+
+    return keras.utils.PyDataset
+
+
+class PyDatasetShare(_py_dataset_class()):  # type: ignore[misc]
+    """Every ``workers``-th batch of a PyDataset, from batch ``index``; its workers and queue settings kept."""
+
+    def __init__(self, base: Any, workers: int, index: int) -> None:
+        super().__init__(workers=base.workers, use_multiprocessing=base.use_multiprocessing,
+                         max_queue_size=base.max_queue_size)
+        self.base, self.stride, self.start = base, workers, index
+
+    def __len__(self) -> int:
+        return max(0, -(-(len(self.base) - self.start) // self.stride))
+
+    def __getitem__(self, index: int) -> Any:
+        return self.base[self.start + index * self.stride]
+
+    def on_epoch_end(self) -> None:
+        self.base.on_epoch_end()

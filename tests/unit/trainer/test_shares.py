@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mpi_trainer.data.adapters import input_kind
-from mpi_trainer.trainer.shares import PyDatasetShare, array_share, pipeline_share, share_rows
+from mpi_trainer.data.adapters import PyDatasetShare, input_kind, pipeline_share
+from mpi_trainer.trainer.shares import array_share, share_rows
 
 
 @pytest.mark.parametrize("shuffle", [True, False])
