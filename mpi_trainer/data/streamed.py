@@ -194,31 +194,24 @@ def _refusal(key: str, value: Any, why: str, kind: str, instead: str) -> str:
 
 
 def refusals(cfg: Config, adapter: InputAdapter) -> list[str]:
-    """What the config asks that this input cannot give, one message each."""
+    """What the config asks that this source cannot give, one message each: what its kind of input refuses
+    (:func:`~mpi_trainer.data.adapters.refusals.input_refusals`, as for a script's ``x``), and what a source
+    read as a pipeline cannot do besides."""
+    from mpi_trainer.data.adapters.refusals import input_refusals
+
     kind, out = adapter.kind, []
     if cfg.data.scatters:
         out.append(_refusal("data.placement", "scatter", "has rank 0 read the data and send it to every worker", kind,
                             "'shared': every rank reads the input itself"))
-    if cfg.data.increment.enabled:
-        out.append(_refusal("data.increment.enabled", True, "draws random rows from the whole training set "
-                            "every round", kind, "False, or the data as in-memory arrays"))
-    if cfg.train.sync_steps:
-        out.append(_refusal("train.sync_every", cfg.train.sync_every, "walks a block by random rows across "
-                            "rounds", kind, "0 (one pass over the block per round)"))
     if cfg.model.uses_lbfgs:
         out.append(_refusal("model.optimizer", "lbfgs", "holds each block in memory for full-batch gradients",
                             kind, "a Keras optimizer"))
-    if cfg.data.rebalance and not adapter.recuttable:
-        out.append(_refusal("data.rebalance", True, "re-cuts the blocks between rounds", kind, "False"))
-    if cfg.data.augmentation.enabled and not adapter.augments:
-        out.append(_refusal("data.augmentation.enabled", True, "transforms batches outside the input", kind,
-                            "False, with Keras' preprocessing layers (RandomFlip...) in the pipeline"))
     if not adapter.shared and (cfg.aggregation.elects or cfg.evaluation.on_workers):
         out.append(_refusal("aggregation.method" if cfg.aggregation.elects else "evaluation.where",
                             cfg.aggregation.method if cfg.aggregation.elects else cfg.evaluation.where,
                             "has the workers score shared evaluation data", kind,
                             "scoring on the scheduler ('average' or 'weighted', evaluation.where='scheduler')"))
-    return out
+    return out + input_refusals(cfg, kind, getattr(adapter, "steps", None), one_array=False)
 
 
 def check_allows(cfg: Config, adapter: InputAdapter) -> None:

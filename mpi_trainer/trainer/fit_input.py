@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mpi_trainer.data.adapters import input_kind, pipeline_share
+from mpi_trainer.data.adapters.refusals import input_refusals
 from mpi_trainer.errors import ConfigError
 from mpi_trainer.trainer import shares
 from mpi_trainer.trainer.state import build_optimizers
@@ -35,65 +36,6 @@ class Prepared:
     election: dict[str, Any] | None = None  # best-of: a worker's model.evaluate arguments for the validation data
     train_data: Any = None  # (x, y, sample_weight) after validation_split
     fixed_rows: Any = None  # a worker's rows of the training arrays (the data increment draws from the others)
-
-
-def input_refusal(key: str, value: Any, why: str, kwargs: dict[str, Any], expected: str,
-                  also: str = "") -> ConfigError:
-    """A setting that deals out or counts a worker's rows, refused for the input it was given with."""
-    return ConfigError(f"`{key}` {why}. Received: {key}={value!r} with x of kind "
-                       f"{input_kind(kwargs.get('x'))!r}, steps_per_epoch={kwargs.get('steps_per_epoch')!r}"
-                       f"{also}; expected {expected}")
-
-
-def check_sync_every(sync_every: int, kwargs: dict[str, Any], key: str = "train.sync_every",
-                     off: str = "train.sync_every=0") -> None:
-    """``train.sync_every`` (or its warm-up's steps) cuts each worker's rows into rounds: arrays only, epochs of
-    all their rows."""
-    if sync_every and (input_kind(kwargs.get("x")) != "arrays" or kwargs.get("steps_per_epoch") is not None):
-        raise input_refusal(key, sync_every, "combines the workers every few steps of arrays given "
-                            "as `x`; a pipeline (or `steps_per_epoch`) trains whole epochs", kwargs,
-                            f"arrays without steps_per_epoch, or {off}")
-
-
-def check_increment(cfg: Config, kwargs: dict[str, Any]) -> None:
-    """``data.increment`` adds rows of the training arrays to each worker's share, an epoch at a time."""
-    arrays = input_kind(kwargs.get("x")) == "arrays" and kwargs.get("steps_per_epoch") is None
-    if cfg.data.increment.enabled and not arrays:  # with train.sync_every, refused by the config's rules
-        raise input_refusal("data.increment.enabled", True, "adds a draw of the other workers' rows to each "
-                            "worker's share every epoch: arrays given as `x`, trained in whole epochs", kwargs,
-                            "arrays and no steps_per_epoch, or data.increment.enabled=false")
-
-
-def check_augmentation(cfg: Config, kwargs: dict[str, Any]) -> None:
-    """``data.augmentation`` transforms the rows of image arrays, (rows, height, width, channels)."""
-    from mpi_trainer.data.augmentation import check_image_input
-
-    if not cfg.data.augmentation.enabled:
-        return
-    if input_kind(kwargs.get("x")) != "arrays" or not hasattr(kwargs.get("x"), "shape"):
-        raise input_refusal("data.augmentation.enabled", True, "transforms each round's images, given as one "
-                            "array `x`; a pipeline or a structure of inputs augments itself (Keras' preprocessing "
-                            "layers in it or in the model)", kwargs, "one array of images, or "
-                            "data.augmentation.enabled=false")
-    check_image_input(cfg.data.augmentation, tuple(kwargs["x"].shape[1:]))
-
-
-def check_rebalance(cfg: Config, kwargs: dict[str, Any]) -> None:
-    """``data.rebalance`` re-cuts the training arrays into blocks sized by each worker's speed, whole epochs."""
-    arrays = input_kind(kwargs.get("x")) == "arrays" and kwargs.get("steps_per_epoch") is None
-    if cfg.data.rebalance and not arrays:  # with increment or max_steps, refused by the config's rules
-        raise input_refusal("data.rebalance", True, "sizes each worker's block of the training arrays by its "
-                            "speed, an epoch at a time", kwargs, "arrays and no steps_per_epoch, or "
-                            "data.rebalance=false")
-
-
-def check_max_steps(cfg: Config, kwargs: dict[str, Any]) -> None:
-    """``train.max_steps`` deals the last steps out to the workers from the batches each has in an epoch."""
-    known = input_kind(kwargs.get("x")) == "arrays" or kwargs.get("steps_per_epoch") is not None
-    if cfg.train.max_steps and not known:  # with rounds of a few steps or increment, refused by the config's rules
-        raise input_refusal("train.max_steps", cfg.train.max_steps, "deals the steps left to the workers from the "
-                            "batches each trains in an epoch", kwargs, "arrays or steps_per_epoch, or "
-                            "train.max_steps=0")
 
 
 def prepare(model: Any, kwargs: dict[str, Any], rank: int, workers: int, workers_score: bool = False,
@@ -246,12 +188,15 @@ def describe_input(data: tuple[Any, Any, Any], workers: int, steps: int | None) 
     return f"{what}, in {workers} shares" + ("" if steps is None else f" of {steps} batches an epoch")
 
 
+
 def check_input(cfg: Config, kwargs: dict[str, Any]) -> None:
-    """Every setting that deals out or counts a worker's rows, checked against the input it was given with."""
-    check_sync_every(cfg.train.sync_steps, kwargs)
-    check_sync_every(cfg.train.sync_warmup_every if cfg.train.sync_warmup_epochs else 0, kwargs,
-                     "train.sync_warmup_every", "train.sync_warmup_epochs=0")
-    check_increment(cfg, kwargs)
-    check_augmentation(cfg, kwargs)
-    check_rebalance(cfg, kwargs)
-    check_max_steps(cfg, kwargs)
+    """Every setting that deals out or counts a worker's rows, checked against the input it was given with
+    (:func:`~mpi_trainer.data.adapters.refusals.input_refusals`), then the augmentation's images' shape."""
+    from mpi_trainer.data.augmentation import check_image_input
+
+    x = kwargs.get("x")
+    refused = input_refusals(cfg, input_kind(x), kwargs.get("steps_per_epoch"), hasattr(x, "shape"))
+    if refused:
+        raise ConfigError(refused[0])
+    if cfg.data.augmentation.enabled and x is not None:  # one array of images, or refused above
+        check_image_input(cfg.data.augmentation, tuple(x.shape[1:]))

@@ -124,7 +124,6 @@ class ArrayAdapter(InputAdapter):
 
     kind = KIND
     unit = "samples"
-    augments = True
 
     def __init__(self, features: Any, labels: Any, offset: int, count: int, name: str,
                  convert_labels: Callable[[np.ndarray], np.ndarray]) -> None:

@@ -33,12 +33,8 @@ class InputAdapter(ABC):
 
     kind: str = "input"
     unit: str = "batches"
-    # the block of a worker can be re-cut between rounds (data.rebalance)
-    recuttable: bool = True
     # every worker reads the same input and takes its block (False: each rank's own data)
     shared: bool = True
-    # data.augmentation can transform its batches (it hands the worker arrays, not a graph)
-    augments: bool = False
 
     @abstractmethod
     def length(self) -> int:

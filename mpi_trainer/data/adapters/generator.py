@@ -25,7 +25,6 @@ KIND = "generator"
 
 class GeneratorAdapter(InputAdapter):
     kind = KIND
-    recuttable = False
     shared = False
 
     def __init__(self, iterator: Iterator[Any], steps_per_epoch: int | None) -> None:

@@ -35,7 +35,6 @@ def batch_count(dataset: Any) -> int:
 
 class PyDatasetAdapter(InputAdapter):
     kind = KIND
-    augments = True
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset

@@ -67,7 +67,7 @@ class TFDatasetAdapter(InputAdapter):
         require_tensorflow_backend()
         self.dataset, self.dataset_fn, self.steps = dataset, dataset_fn, steps_per_epoch
         if dataset_fn is not None:
-            self.kind, self.recuttable = "dataset_fn", False  # the function fixes each worker's shard
+            self.kind = "dataset_fn"  # the function builds each worker's shard
 
     def length(self) -> int:
         if self.dataset_fn is not None:

@@ -101,9 +101,9 @@ def test_refused_settings_name_the_input_type():
              "data.augmentation": {"enabled": True, "flip": "horizontal"}}
     expected = {"data": r"`data.placement` has rank 0 read the data and send it to every worker, which a "
                         r"tf.data.Dataset",
-                "data.increment": r"`data.increment.enabled` draws random rows .* Received: "
-                                  r"data.increment.enabled=True with the data as a tf.data.Dataset",
-                "data.augmentation": r"`data.augmentation.enabled` .* tf.data.Dataset"}
+                "data.increment": r"`data.increment.enabled` adds a draw .* Received: "
+                                  r"data.increment.enabled=True with x of kind 'tf.data.Dataset'",
+                "data.augmentation": r"`data.augmentation.enabled` .* x of kind 'tf.data.Dataset'"}
     for section, values in cases.items():
         table = {"data": {"source": "pipeline"}}
         parts = section.split(".")
@@ -111,7 +111,7 @@ def test_refused_settings_name_the_input_type():
         with pytest.raises(DataError, match=expected[section]):
             check_allows(config_from_dict(table), adapter)
     generator = get_input_adapter(endless(x, y, 32, 0), steps_per_epoch=4)
-    with pytest.raises(DataError, match=r"`data.rebalance` re-cuts the blocks.*a generator does not allow"):
+    with pytest.raises(DataError, match=r"`data.rebalance` sizes each worker's block.*x of kind 'generator'"):
         check_allows(config_from_dict({"data": {"source": "pipeline", "rebalance": True}}), generator)
 
 
@@ -124,18 +124,32 @@ def test_y_with_a_dataset_and_a_generator_function_are_refused():
 
 
 @pytest.mark.parametrize("table, kind, fragment", [
-    ({"train": {"sync_every": 4}}, "tf.data", r"`train.sync_every` walks a block by random rows"),
     ({"model": {"optimizer": "lbfgs"}}, "tf.data", r"`model.optimizer` holds each block in memory"),
     ({"aggregation": {"method": "best"}}, "generator", r"`aggregation.method` has the workers score shared"),
     ({"evaluation": {"where": "workers"}}, "generator", r"`evaluation.where` has the workers score shared"),
 ])
 def test_every_other_refusal_names_the_input(table, kind, fragment):
+    """What a source read as a pipeline cannot do besides what its kind of input refuses."""
     x, y = digits()
     adapter = (get_input_adapter(tf.data.Dataset.from_tensor_slices((x, y)).batch(32)) if kind == "tf.data"
                else get_input_adapter(endless(x, y, 32, 0), steps_per_epoch=4))
     cfg = config_from_dict({"data": {"source": "pipeline"}, **table})
     with pytest.raises(DataError, match=fragment + r".*which a (tf.data.Dataset|generator) does not allow"):
         check_allows(cfg, adapter)
+
+
+def test_a_source_s_kind_refuses_what_a_script_s_x_of_that_kind_refuses():
+    """One home for what a kind of input cannot do: the same message for a source and for fit's ``x``."""
+    from mpi_trainer.data.adapters.refusals import input_refusals
+
+    x, y = digits()
+    adapter = get_input_adapter(tf.data.Dataset.from_tensor_slices((x, y)).batch(32))
+    cfg = config_from_dict({"data": {"source": "pipeline"}, "train": {"sync_every": 4}})
+    with pytest.raises(DataError) as info:
+        check_allows(cfg, adapter)
+    assert str(info.value) == input_refusals(cfg, "tf.data.Dataset")[0]
+    assert str(info.value).startswith("`train.sync_every` combines the workers every few steps of arrays")
+    assert input_refusals(cfg, "arrays") == []
 
 
 def test_a_dataset_with_fewer_batches_than_workers_leaves_a_shard_empty():

@@ -194,11 +194,11 @@ def test_rebalance_of_a_pipeline_or_with_a_step_budget_is_refused_naming_what_it
 
     from mpi_trainer.config import load_config
     from mpi_trainer.errors import ConfigError
-    from mpi_trainer.trainer.fit_input import check_rebalance
+    from mpi_trainer.trainer.fit_input import check_input
 
-    check_rebalance(load_config({}, ["data.rebalance=true"]), {"x": X})
+    check_input(load_config({}, ["data.rebalance=true"]), {"x": X})
     with pytest.raises(ConfigError, match=r"Received: data.rebalance=True with x of kind 'tf.data.Dataset'"):
-        check_rebalance(load_config({}, ["data.rebalance=true"]), {"x": tf.data.Dataset.from_tensor_slices(X)})
+        check_input(load_config({}, ["data.rebalance=true"]), {"x": tf.data.Dataset.from_tensor_slices(X)})
     with pytest.raises(ConfigError, match=r"`data.rebalance` = True cannot be combined with train.max_steps=5: .*"
                                           r"expected train.max_steps = 0, or data.rebalance = false"):
         load_config({}, ["data.rebalance=true", "train.max_steps=5"])  # before any input is seen

@@ -120,25 +120,29 @@ def test_an_epoch_in_which_a_worker_trained_nothing_fails_naming_it():
     assert outer.state == {}  # the round that is not kept leaves the outer optimizer as it was
 
 
-def test_a_sync_warm_up_of_a_pipeline_is_refused_naming_the_warm_up():
-    from mpi_trainer.trainer.fit_input import check_sync_every
+def check(overrides, **kwargs):
+    """``check_input`` of the settings ``overrides`` against fit's arguments ``kwargs``."""
+    from mpi_trainer.config import load_config
+    from mpi_trainer.trainer.fit_input import check_input
 
-    dataset = {"x": tf.data.Dataset.from_tensor_slices(np.zeros((8, 2)))}
+    check_input(load_config({}, overrides), kwargs)
+
+
+def test_a_sync_warm_up_of_a_pipeline_is_refused_naming_the_warm_up():
+    dataset = tf.data.Dataset.from_tensor_slices(np.zeros((8, 2)))
     with pytest.raises(ConfigError, match=r"Received: train.sync_warmup_every=2 with x of kind 'tf.data.Dataset'.*"
                                           r"or train.sync_warmup_epochs=0"):
-        check_sync_every(2, dataset, "train.sync_warmup_every", "train.sync_warmup_epochs=0")
+        check(["train.sync_warmup_epochs=1", "train.sync_warmup_every=2"], x=dataset)
 
 
 def test_sync_every_takes_arrays_and_names_what_it_cannot_cut_into_rounds():
-    from mpi_trainer.trainer.fit_input import check_sync_every
-
     arrays = {"x": np.zeros((8, 2), "float32"), "y": np.zeros(8)}
-    check_sync_every(4, arrays)
-    check_sync_every(0, {"x": tf.data.Dataset.from_tensor_slices(np.zeros((8, 2)))})
+    check(["train.sync_every=4"], **arrays)
+    check([], x=tf.data.Dataset.from_tensor_slices(np.zeros((8, 2))))
     with pytest.raises(ConfigError, match=r"train.sync_every=4 with x of kind 'tf.data.Dataset'"):
-        check_sync_every(4, {"x": tf.data.Dataset.from_tensor_slices(np.zeros((8, 2)))})
+        check(["train.sync_every=4"], x=tf.data.Dataset.from_tensor_slices(np.zeros((8, 2))))
     with pytest.raises(ConfigError, match=r"steps_per_epoch=2"):
-        check_sync_every(4, {**arrays, "steps_per_epoch": 2})
+        check(["train.sync_every=4"], **arrays, steps_per_epoch=2)
 
 
 def test_best_of_without_validation_data_is_refused_naming_what_it_needs():
