@@ -372,7 +372,7 @@ def schedule(transport: RankTransport, model: Any, state: ModelState, kwargs: di
         else:
             rounds.run(kwargs.get("initial_epoch", 0) if first is None else first, epochs)
         return closed_history(transport, model, state, callbacks, record, complete, rounds.preempted,
-                              outer.state_arrays())
+                              rounds.kept_arrays())
 
 
 @contextmanager

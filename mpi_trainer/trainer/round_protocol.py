@@ -51,6 +51,8 @@ class Order:
     budgets: list[int] | None = None  # train.max_steps: each worker's steps in this epoch (None: all its batches)
     # data.rebalance: each worker's part of the dealing order, (start, end), sized by its speed (None: as dealt)
     blocks: list[tuple[int, int]] | None = None
+    # a resumed run's first order: each worker's seed generators' states as the checkpoint kept them (None: go on)
+    seeds: list[list[np.ndarray]] | None = None
 
     @property
     def exact(self) -> bool:
@@ -88,6 +90,7 @@ class Report:
     scores: dict[str, float] = field(default_factory=dict)  # best-of: its state's Keras scores on the validation data
     step_seconds: float = 0.0  # its median batch, the first left out (train.sync_every = "auto")
     batch_seconds: float = 0.0  # the seconds inside its batches, summed (the rest of ``seconds`` is fit's own)
+    seeds: list[np.ndarray] = field(default_factory=list)  # its seed generators' states after it trained
 
 
 def without_autotuning(dataset: Any) -> Any:
@@ -173,7 +176,7 @@ def merged_reports(rounds: list[list[Report]]) -> list[Report]:
                              preempt=any(r.preempt for r in worker), scores=worker[-1].scores,
                              phases=[phase for r in worker for phase in r.phases],
                              step_seconds=max(r.step_seconds for r in worker),
-                             batch_seconds=sum(r.batch_seconds for r in worker)))
+                             batch_seconds=sum(r.batch_seconds for r in worker), seeds=worker[-1].seeds))
     return merged
 
 
@@ -306,3 +309,22 @@ class RoundPolicies:
     stops_on_divergence: bool = False
     fault: Any = None  # fault.survive: the fault settings (None: a lost rank ends the job)
     test_hooks: TestHooks = field(default_factory=TestHooks)  # debug.*: rank 0's freeze, for tests
+
+
+SEED_PREFIX = "seed_"  # the workers' seed generators' states in a checkpoint: seed_<worker>_<generator>
+
+
+def seed_arrays(seeds: list[list[np.ndarray]]) -> dict[str, np.ndarray]:
+    """Each worker's seed generators' states (by worker index) as the checkpoint's arrays."""
+    return {f"{SEED_PREFIX}{worker}_{index}": np.asarray(value)
+            for worker, values in enumerate(seeds) for index, value in enumerate(values)}
+
+
+def seeds_from(arrays: dict[str, np.ndarray]) -> list[list[np.ndarray]]:
+    """:func:`seed_arrays` read back: each worker's states, in order (none for a checkpoint without them)."""
+    found: dict[int, dict[int, np.ndarray]] = {}
+    for name, array in arrays.items():
+        if name.startswith(SEED_PREFIX):
+            worker, index = (int(part) for part in name[len(SEED_PREFIX):].split("_"))
+            found.setdefault(worker, {})[index] = array
+    return [[values[index] for index in sorted(values)] for _, values in sorted(found.items())]

@@ -33,6 +33,7 @@ from mpi_trainer.persistence.run_files import (
     ROUNDS_NAME,
     SUMMARY_NAME,
 )
+from mpi_trainer.trainer.round_protocol import seeds_from
 
 TIMELINE_EVERY_SECONDS = 10.0  # timeline.json rewritten at most this often while the fit trains
 FIXED_COLUMNS = ["round", "wall_seconds", "train_seconds_max", "train_seconds_min", "comm_seconds",
@@ -167,6 +168,7 @@ class FitRecord:
         self.lost: list[dict[str, Any]] = []  # fault.survive: the workers lost, each {rank, host, where}
         self.divergence: dict[str, Any] | None = None  # train.divergence: the one confirmed {round, cause, action}
         self.resumed_after: int | None = None  # the last epoch of the checkpoint this job resumed from
+        self.saved_seeds: list[list[np.ndarray]] = []  # a resumed run's workers' seed generators' states
         # What the run survived, over all its jobs (a resumed run's earlier ones too): rollbacks, checkpoints
         # passed over for their backup, lost workers, resumptions; each {"event", "round", ...}, in summary.json.
         self.survived: list[dict[str, Any]] = []
@@ -234,7 +236,8 @@ class FitRecord:
         return {"state": arrays["state"], "integers": [arrays[f"integer_{i}"] for i in range(meta["integers"])],
                 "next_epoch": meta["next_epoch"], "complete": meta["complete"], "history": meta["history"],
                 "epochs": meta["epochs"], "rows": meta["rows"], "stop_reason": meta["stop_reason"],
-                "outer": {name: array for name, array in arrays.items() if name.startswith(OUTER_PREFIX)}}
+                "outer": {name: array for name, array in arrays.items() if name.startswith(OUTER_PREFIX)},
+                "seeds": seeds_from(arrays)}
 
     def begin(self, saved: dict[str, Any] | None) -> None:
         if self.path is None:
@@ -249,6 +252,7 @@ class FitRecord:
                 write_atomic(self.path / CONFIG_NAME, self.config_text)
         if saved is not None:
             self.rows, self.history, self.epochs = saved["rows"], saved["history"], saved["epochs"]
+            self.saved_seeds = saved["seeds"]  # each worker's seed generators, where the run left them
             self.elapsed_before = float(self.rows[-1].get("elapsed_seconds") or 0) if self.rows else 0.0
             self.complete = saved["complete"]
             if self.complete:  # an unfinished run goes on, whatever stopped it (a preemption) before

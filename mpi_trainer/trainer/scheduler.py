@@ -27,6 +27,7 @@ from mpi_trainer.trainer.round_protocol import (
     elected,
     merged_reports,
     non_finite_cause,
+    seed_arrays,
 )
 from mpi_trainer.trainer.state import ModelState
 from mpi_trainer.trainer.sync_choice import SyncChoice
@@ -121,6 +122,8 @@ class SchedulerRounds:
         self.overlap = policies.overlap  # train.overlap_eval: the next epoch's first round trains while one is scored
         self.ahead: Handed | None = None  # that round, handed out and not yet collected
         self.epochs = 0  # the fit's epochs (set by run)
+        self.seeds: list[list[np.ndarray]] = []  # each worker's seed generators' states, from its last report
+        self.seeds_to_send: dict[int, list[list[np.ndarray]]] = {}  # a resumed run's, for each worker's first order
 
     def run(self, initial_epoch: int, epochs: int) -> dict[str, float]:
         """Every epoch from ``initial_epoch`` to ``epochs``; the last epoch's logs."""
@@ -130,6 +133,8 @@ class SchedulerRounds:
         self.steps_done = sum(int(float(row.get("steps") or 0)) for row in self.record.rows)
         if self.divergence is not None:
             self.divergence.start_from(self.record.rows)
+        self.seeds = list(self.record.saved_seeds)  # the workers' random streams go on where the run left them
+        self.seeds_to_send = {rank: self.seeds for rank in range(1, self.transport.size)} if self.seeds else {}
         self.driver.begin()
         for epoch in range(initial_epoch, epochs):
             logs = self.epoch(epoch)
@@ -189,6 +194,7 @@ class SchedulerRounds:
         times = {"comm_seconds": 0.0, "aggregate_seconds": 0.0}
         reports = self.train_epoch(epoch, times)
         self.reports = reports
+        self.keep_seeds(reports)
         self.rebalance(epoch, reports)
         trained_until = time.time()
         self.steps_done += sum(report.batches for report in reports)
@@ -206,7 +212,7 @@ class SchedulerRounds:
         logs = self.driver.end_epoch(epoch, logs, reports, {"bytes": sent, **times, "eval_seconds": scored - combined,
                                                             **trained}, started,
                                      preempting=any(report.preempt for report in reports),
-                                     watch=self.watch_divergence, outer=self.outer.state_arrays())
+                                     watch=self.watch_divergence, outer=self.kept_arrays())
         self.epoch_ended()
         self.test_hooks.freeze_at(0, epoch)  # debug.freeze_rank = 0: rank 0 stops after recording this epoch
         # log.timeline: rank 0 waits while the workers train, then combines (the seconds it spent), scores and
@@ -273,6 +279,20 @@ class SchedulerRounds:
         if self.stops_on_divergence:
             self.stop_reason = "diverged"
 
+    def keep_seeds(self, reports: list[Report]) -> None:
+        """Each worker's seed generators' states as its last report gave them (under SSP a report names its
+        worker; in rounds the reports come in the workers' order)."""
+        for index, report in enumerate(reports):
+            worker = (report.worker or index + 1) - 1
+            if report.seeds:
+                self.seeds.extend([] for _ in range(worker + 1 - len(self.seeds)))
+                self.seeds[worker] = report.seeds
+
+    def kept_arrays(self) -> dict[str, np.ndarray]:
+        """What a checkpoint keeps beside the state: the outer optimizer's state and the workers' seed
+        generators' states."""
+        return {**self.outer.state_arrays(), **seed_arrays(self.seeds)}
+
     def epoch_ended(self) -> None:
         """After the epoch's callbacks: nothing here (the model holds the state the next round hands out)."""
 
@@ -309,7 +329,7 @@ class SchedulerRounds:
         self.take_combined()  # the state the rounds so far reached, before a hand-out that did not complete
         self.workers_hold = False  # their buffers hold their parts of a sum that did not complete
         if workers < max(1, self.fault.min_workers):
-            self.record.checkpoint(epoch, self.state, self.callbacks, force=True, outer=self.outer.state_arrays())
+            self.record.checkpoint(epoch, self.state, self.callbacks, force=True, outer=self.kept_arrays())
             raise WorkerFailure(f"{workers} workers left, fewer than fault.min_workers={self.fault.min_workers}; "
                                 f"checkpointed before epoch {epoch} and ending the job for `launch` to restart it")
         if self.rebalancer is not None:  # the survivors start from even blocks, measured anew
@@ -383,8 +403,10 @@ class SchedulerRounds:
         budgets = self.budgets()
         blocks = None if self.rebalancer is None else list(self.rebalancer.bounds)
         started = time.perf_counter()
+        seeds = next(iter(self.seeds_to_send.values()), None)  # to every worker at once
+        self.seeds_to_send = {}
         self.send(Order(epoch, False, self.before_integers, part=part, parts=self.parts, every=every,
-                        budgets=budgets, blocks=blocks))
+                        budgets=budgets, blocks=blocks, seeds=seeds))
         self.before[:] = self.buffer[:size]  # while the workers train
         if self.latest is not None:  # the model still lags: the state is kept here from now on
             self.latest = self.before

@@ -92,7 +92,8 @@ class StaleScheduler(SchedulerRounds):
                 self.dispatch(worker)
 
     def dispatch(self, worker: int) -> None:
-        self.transport.send_object(Order(self.staleness.clocks[worker], False, self.integers), worker, TAG_ORDER)
+        order = Order(self.staleness.clocks[worker], False, self.integers, seeds=self.seeds_to_send.pop(worker, None))
+        self.transport.send_object(order, worker, TAG_ORDER)
         self.transport.send_large_array(self.global_, worker, TAG_STATE)
         self.in_flight[worker] = InFlight(self.global_.copy(), self.staleness.lead(worker))
         self.dispatched += 1
@@ -151,6 +152,7 @@ class StaleWorker(WorkerRounds):
         self.clock.tick()
         self.state.write(start)
         self.state.write_integers(order.integers)
+        self.take_seeds(order)
         if order.stop and order.preempted:
             raise Preempted()
         if order.stop:

@@ -21,8 +21,10 @@ process would hold after training on every worker's batches of the round.
   as one process counts them (a learning-rate schedule advances by the steps of the whole round);
   other integer state takes the first worker's values.
 
-Random seeds and metric state are not moved: each rank keeps its own (each worker's seed generators
-start from the script's seed with the worker's index folded in, :func:`separate_random_streams`).
+Random seeds and metric state are not combined: each rank keeps its own (each worker's seed generators
+start from the script's seed with the worker's index folded in, :func:`separate_random_streams`). A
+worker's seed generators' states ride in its reports to rank 0, so that a checkpoint keeps them and a
+resumed run's workers draw on where they left off (:meth:`ModelState.read_seeds`).
 Layer state that is not a variable (an adapted ``TextVectorization``'s vocabulary) is already the
 same on every rank, since every rank ran the script that adapted it.
 
@@ -99,6 +101,12 @@ def finalization_held(model: Any) -> Iterator[None]:
 SEED_STRIDE = 1_000_003  # between two workers' seeds: a prime, far from the small seeds scripts set
 
 
+def seed_states(model: Any) -> list[Any]:
+    """The state variables of the model's seed generators (Dropout's, GaussianNoise's, ...): each rank's own,
+    never combined; a worker's travel in its reports so that a checkpoint keeps them."""
+    return [variable for variable in model.variables if variable.path.endswith("seed_generator_state")]
+
+
 def separate_random_streams(model: Any, worker_index: int) -> int:
     """Worker ``worker_index`` (0 for the first) draws its own random numbers: each of the model's seed
     generators (Dropout's, GaussianNoise's, ...) has the worker's index folded into its seed. Every rank ran
@@ -107,7 +115,7 @@ def separate_random_streams(model: Any, worker_index: int) -> int:
     keeps the script's streams, so one worker draws exactly what plain Keras draws. Returns the generators."""
     import keras
 
-    states = [variable for variable in model.variables if variable.path.endswith("seed_generator_state")]
+    states = seed_states(model)
     if worker_index:
         for variable in states:
             value = np.array(keras.ops.convert_to_numpy(variable.value))
@@ -336,6 +344,7 @@ class ModelState:
         self.size = int(self.offsets[-1])
         self.trainable_size = int(sum(self.sizes[:len(trainable)]))
         self.trainable = trainable  # the trainable variables, in the state's order (first)
+        self.seeds = seed_states(model)  # the seed generators' states: each worker's own (read_seeds)
         self.model_size = int(sum(self.sizes[:len(trainable) + len(other)]))  # the model's, before its optimizers'
         self.nbytes = self.size * 4  # the floating-point state as it travels (float32)
         self.handed = HandedBuffers()  # the buffers :meth:`write` hands the variables (TensorFlow)
@@ -401,6 +410,15 @@ class ModelState:
         if values.size != self.trainable_size:
             raise ValueError(f"expected {self.trainable_size} trainable values, received {values.size}")
         self.arriving(np.asarray(values, dtype=np.float32))(0, self.trainable_size)
+
+    def read_seeds(self) -> list[np.ndarray]:
+        """This rank's seed generators' states (a worker's after its epoch, for the checkpoint)."""
+        return [np.array(_value(variable)) for variable in self.seeds]
+
+    def write_seeds(self, values: list[np.ndarray]) -> None:
+        """Set this rank's seed generators' states (a resumed run's worker, as the checkpoint kept them)."""
+        for variable, value in zip(self.seeds, values, strict=True):
+            variable.assign(np.asarray(value, dtype=variable.dtype).reshape(variable.shape))
 
     def read_integers(self) -> list[np.ndarray]:
         return [_value(v) for v in self.integers]

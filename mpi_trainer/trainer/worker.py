@@ -170,6 +170,7 @@ class WorkerRounds:
             self.wire.broadcast(self.transport, self.buffer[:size], exact=order.exact)
             self.state.write(self.buffer[:size])
         self.state.write_integers(order.integers)
+        self.take_seeds(order)
         if order.stop and order.preempted:
             raise Preempted()
         if order.stop:
@@ -179,6 +180,13 @@ class WorkerRounds:
             return True
         self.train_round(order)
         return True
+
+    def take_seeds(self, order: Order) -> None:
+        """A resumed run's first order: this worker's seed generators go on from where the checkpoint kept
+        them, so that it draws the masks and noise an uninterrupted run would."""
+        index = self.transport.rank - 1
+        if order.seeds is not None and index < len(order.seeds) and len(order.seeds[index]) == len(self.state.seeds):
+            self.state.write_seeds(order.seeds[index])
 
     def awaiting_order(self) -> str:
         """What this worker waits for, named when the wait runs out."""
@@ -297,7 +305,8 @@ class WorkerRounds:
         waited = [("wait", epoch, *self.waited)] if self.waited else []  # for the order (log.timeline)
         return Report(logs, counter.batches, int(rows), seconds, self.state.read_integers(),
                       phases=[*waited, ("train", epoch, now - seconds, now)],
-                      step_seconds=median_step(counter.durations), batch_seconds=sum(counter.durations))
+                      step_seconds=median_step(counter.durations), batch_seconds=sum(counter.durations),
+                      seeds=self.state.read_seeds())
 
     def increment_share(self, epoch: int) -> tuple[dict[str, Any] | None, int | None]:
         """``data.increment``: this epoch's share, the worker's fixed rows plus the epoch's seeded draw from the

@@ -382,11 +382,10 @@ def test_a_model_keras_will_not_save_ends_its_fit_on_every_rank_with_its_weights
 
 
 # Callbacks whose own state (a wait counter, a best value) a new job starts afresh, as after Keras' own
-# BackupAndRestore: a resumed run's later epochs may differ from an uninterrupted one's by design.
-# Layers that draw random numbers: each rank's seed generators are its own, not checkpointed, so a resumed job
-# draws from the script's seed again (docs/keras.md).
+# BackupAndRestore: a resumed run's later epochs may differ from an uninterrupted one's by design. (Layers that
+# draw random numbers go on as uninterrupted: the checkpoint keeps each worker's seed generators.)
 RESTARTS_OWN_STATE = {"callback:EarlyStopping", "callback:ReduceLROnPlateau", "callback:ModelCheckpoint",
-                      "callback:BackupAndRestore", "model:dropout", "model:gaussian_noise"}
+                      "callback:BackupAndRestore"}
 
 
 @pytest.mark.parametrize("name", sorted(set(ROWS) - set(REFUSED) - RESTARTS_OWN_STATE))
