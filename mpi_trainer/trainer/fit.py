@@ -461,6 +461,11 @@ def closed_history(transport: RankTransport, model: Any, state: ModelState, call
     """The end of rank 0's fit: the final state (and the outer optimizer's, ``outer``: a run asked for more
     epochs goes on with its momentum) saved and summary.json written; the History returned (a preempted
     fit, checkpointed after its last epoch, raises :class:`Preempted` as its workers leave)."""
+    # what rank 0 spent waiting on the workers (polling sleeps between tests: comm.poll_interval), and the CPU
+    # it burnt meanwhile, a fraction of one core
+    waited = transport.wait_wall_seconds
+    record.describe.update(scheduler_wait_seconds=waited,
+                           scheduler_wait_cpu_fraction=transport.wait_cpu_seconds / waited if waited > 0 else 0.0)
     if preempted:
         record.finish(transport.size - 1)
         raise Preempted()
