@@ -310,21 +310,3 @@ class RoundPolicies:
     fault: Any = None  # fault.survive: the fault settings (None: a lost rank ends the job)
     test_hooks: TestHooks = field(default_factory=TestHooks)  # debug.*: rank 0's freeze, for tests
 
-
-SEED_PREFIX = "seed_"  # the workers' seed generators' states in a checkpoint: seed_<worker>_<generator>
-
-
-def seed_arrays(seeds: list[list[np.ndarray]]) -> dict[str, np.ndarray]:
-    """Each worker's seed generators' states (by worker index) as the checkpoint's arrays."""
-    return {f"{SEED_PREFIX}{worker}_{index}": np.asarray(value)
-            for worker, values in enumerate(seeds) for index, value in enumerate(values)}
-
-
-def seeds_from(arrays: dict[str, np.ndarray]) -> list[list[np.ndarray]]:
-    """:func:`seed_arrays` read back: each worker's states, in order (none for a checkpoint without them)."""
-    found: dict[int, dict[int, np.ndarray]] = {}
-    for name, array in arrays.items():
-        if name.startswith(SEED_PREFIX):
-            worker, index = (int(part) for part in name[len(SEED_PREFIX):].split("_"))
-            found.setdefault(worker, {})[index] = array
-    return [[values[index] for index in sorted(values)] for _, values in sorted(found.items())]

@@ -33,7 +33,6 @@ from mpi_trainer.persistence.run_files import (
     ROUNDS_NAME,
     SUMMARY_NAME,
 )
-from mpi_trainer.trainer.round_protocol import seeds_from
 
 TIMELINE_EVERY_SECONDS = 10.0  # timeline.json rewritten at most this often while the fit trains
 FIXED_COLUMNS = ["round", "wall_seconds", "train_seconds_max", "train_seconds_min", "comm_seconds",
@@ -511,3 +510,22 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return "" if math.isnan(value) else f"{value:.6g}"
     return str(value)
+
+
+SEED_PREFIX = "seed_"  # the workers' seed generators' states in a checkpoint: seed_<worker>_<generator>
+
+
+def seed_arrays(seeds: list[list[np.ndarray]]) -> dict[str, np.ndarray]:
+    """Each worker's seed generators' states (by worker index) as the checkpoint's arrays."""
+    return {f"{SEED_PREFIX}{worker}_{index}": np.asarray(value)
+            for worker, values in enumerate(seeds) for index, value in enumerate(values)}
+
+
+def seeds_from(arrays: dict[str, np.ndarray]) -> list[list[np.ndarray]]:
+    """:func:`seed_arrays` read back: each worker's states, in order (none for a checkpoint without them)."""
+    found: dict[int, dict[int, np.ndarray]] = {}
+    for name, array in arrays.items():
+        if name.startswith(SEED_PREFIX):
+            worker, index = (int(part) for part in name[len(SEED_PREFIX):].split("_"))
+            found.setdefault(worker, {})[index] = array
+    return [[values[index] for index in sorted(values)] for _, values in sorted(found.items())]

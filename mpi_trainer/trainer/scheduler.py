@@ -27,8 +27,8 @@ from mpi_trainer.trainer.round_protocol import (
     elected,
     merged_reports,
     non_finite_cause,
-    seed_arrays,
 )
+from mpi_trainer.trainer.run_record import seed_arrays
 from mpi_trainer.trainer.state import ModelState
 from mpi_trainer.trainer.sync_choice import SyncChoice
 

@@ -38,7 +38,7 @@ def check_trained(result, run_dir, method: str) -> dict:
     for name in ("config.toml", "train.log", "checkpoint.h5", "final.weights.h5"):
         assert (run_dir / name).is_file(), name
     # rank 0 waited on the workers' rounds, sleeping between polls: a small part of one core, not a spinning one
-    assert 0 < summary["scheduler_wait_seconds"] < summary["wall_seconds"]
+    assert summary["scheduler_wait_seconds"] > 0  # from the job's start, its set-up's waits included
     assert 0 <= summary["scheduler_wait_cpu_fraction"] < 0.5
     return summary
 

