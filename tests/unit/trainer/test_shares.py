@@ -60,3 +60,15 @@ def test_a_py_dataset_share_takes_every_nth_batch():
 def test_a_generator_share_takes_every_nth_item():
     assert list(pipeline_share(iter(range(8)), 2, 1)) == [1, 3, 5, 7]
     assert input_kind(iter(range(3))) == "generator"
+
+
+def test_a_kind_no_share_can_be_cut_from_is_refused_naming_it():
+    """A generator function (fit takes the generator it returns) is named, not iterated into a wrong share."""
+    from mpi_trainer.errors import DataError
+
+    def batches():
+        yield np.zeros((2, 1)), np.zeros(2)
+
+    with pytest.raises(DataError, match=r"Received: x of kind 'generator function'; expected arrays, a "
+                                        r"tf.data.Dataset, a keras.utils.PyDataset or a generator"):
+        pipeline_share(batches, 2, 0)
