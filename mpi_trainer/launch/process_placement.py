@@ -30,6 +30,7 @@ from mpi_trainer.launch.devices import (
     refuse_started_backend,
 )
 from mpi_trainer.launch.runtime import (
+    JAX_CALLBACK_CORES,
     allowed_cores,
     configure_threads,
     threads_for_rank,
@@ -102,13 +103,15 @@ def backend_installed(module: str) -> bool:
 def bind_to_cores(placement: RankPlacement, cfg: Config, node_cores: int, node_ranks: list[int],
                   threads: int) -> RankPlacement:
     """``train.bind_cores``: a CPU worker keeps to its own cores, before its backend starts its threads
-    (they inherit it). Not where mpirun bound the rank already, nor where the workers do not fit."""
+    (they inherit it). Not where mpirun bound the rank already, nor where the workers do not fit, nor a JAX
+    worker of synchronous SGD onto fewer cores than its per-step sum needs (:data:`JAX_CALLBACK_CORES`)."""
     allowed = allowed_cores()
     if (not cfg.train.bind_cores or placement.is_scheduler or not placement.on_cpu
             or allowed is None or len(allowed) < node_cores):
         return placement
     cores = worker_cores(placement.rank, node_ranks, threads, allowed)
-    if cores is None:
+    if cores is None or (len(cores) < JAX_CALLBACK_CORES and placement.backend == "jax"
+                         and cfg.aggregation.method == "synchronous"):
         return placement
     os.sched_setaffinity(0, cores)
     return replace(placement, cores=cores)

@@ -6,6 +6,11 @@ import os
 
 from mpi_trainer.launch.devices import configured_backend
 
+# JAX's CPU client sizes its thread pool by the cores the process may use when it starts. A host callback
+# inside a compiled step (synchronous SGD's per-step sum) takes its inputs through that pool while the step
+# holds a thread of it: with one core, the two can wait on each other for good. Two cores suffice.
+JAX_CALLBACK_CORES = 2
+
 
 def threads_for_rank(rank: int, node_cores: int, node_ranks: list[int],
                      usable_cores: int | None = None, configured: int = 0) -> int:

@@ -33,6 +33,7 @@ def synchronous_refusal(model: Any) -> str | None:
     """Why this model cannot train by synchronous SGD here (None: it can)."""
     import keras
 
+    from mpi_trainer.launch.runtime import JAX_CALLBACK_CORES, usable_cores
     from mpi_trainer.trainer.state import model_optimizers
 
     backend = keras.backend.backend()
@@ -40,6 +41,13 @@ def synchronous_refusal(model: Any) -> str | None:
         return (f"`aggregation.method` = 'synchronous' sums the gradients inside the compiled step of TensorFlow "
                 f"or JAX. Received: KERAS_BACKEND={backend!r}; expected 'tensorflow' or 'jax', or another "
                 f"aggregation.method")
+    cores = usable_cores()
+    if backend == "jax" and cores is not None and cores < JAX_CALLBACK_CORES:
+        return (f"`aggregation.method` = 'synchronous' on JAX sums the gradients through a host callback, which "
+                f"takes a thread of JAX's CPU client besides the step's; the client has one thread a core this "
+                f"process may use, and on one core the two wait on each other for good. Received: this rank may "
+                f"use {cores} core; expected at least {JAX_CALLBACK_CORES} (mpirun's --bind-to none, or "
+                f"train.bind_cores = false where the script's own fit() asks for synchronous SGD)")
     optimizers = model_optimizers(model)
     if len(optimizers) != 1:
         names = [type(optimizer).__name__ for optimizer in optimizers]

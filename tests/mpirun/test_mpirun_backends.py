@@ -43,3 +43,21 @@ def test_a_job_trains_on_the_backend_and_logs_where_each_rank_ran(backend, tmp_p
         assert f"rank {p['rank']} on {p['host']}: {backend}, cpu, {p['threads']} thread" in log
     scheduler = f"rank 0 (scheduler) on {placement[0]['host']}: {backend}, cpu, {cores} threads"
     assert f"{scheduler} (aggregates in NumPy, evaluates on cpu)" in log
+
+
+@pytest.mark.parametrize("backend", [pytest.param("tensorflow"), *BACKENDS[:1]])
+def test_synchronous_sgd_trains_in_separate_processes_and_a_jax_worker_keeps_a_core_for_its_sum(backend, tmp_path):
+    """Every worker sums its gradients with the others' at each step, across processes. JAX's CPU client has a
+    thread a core the process may use, and the sum's host callback takes one besides the step's: a JAX worker is
+    not bound to a single core, where the two waited on each other for good (a job at 0 % CPU)."""
+    result = run_mpi(3, ["train", "configs/quickstart.toml", "--set", "train.epochs=3",
+                         "--set", "aggregation.method=synchronous", "--set", "checkpoint.every=0"],
+                     tmp_path / "run", extra_env={"KERAS_BACKEND": backend, "CUDA_VISIBLE_DEVICES": ""}, timeout=300)
+    assert result.returncode == 0, result.output[-3000:]
+    summary = result.summary()
+    assert summary["rounds_completed"] == 3 and summary["final_test_accuracy"] > 0.8
+    workers = summary["placement"][1:]
+    if backend == "jax" and all(p["threads"] == 1 for p in workers):
+        assert [p["cores"] for p in workers] == [None, None]
+    log = (result.run_dir / "train.log").read_text()
+    assert "synchronous SGD: at every step the workers' gradients are summed" in log

@@ -130,3 +130,17 @@ def test_a_placed_process_is_followed_and_kept_by_its_caller_not_placed_again():
     assert kept is placed and cfg.train.threads == 1 and cfg.train.epochs == 3
     with pytest.raises(AgreedInputError, match=r"Received: train.threads=4; expected 1"):
         place_or_follow(single_rank(), load_config(None, ["train.threads=4"]), placed)
+
+
+@pytest.mark.parametrize("backend, method, bound", [("jax", "synchronous", None), ("jax", "average", [1]),
+                                                    ("tensorflow", "synchronous", [1])])
+def test_a_jax_worker_of_synchronous_sgd_is_not_held_to_one_core(monkeypatch, backend, method, bound):
+    """Its per-step sum's host callback needs a second thread of JAX's CPU client, which has one a core."""
+    from mpi_trainer.launch import process_placement
+
+    monkeypatch.setattr(process_placement, "allowed_cores", lambda: [0, 1])
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cores: None)
+    placement = RankPlacement(rank=2, host="h", local_rank=2, role="worker", backend=backend, device="cpu")
+    cfg = load_config(None, [f"aggregation.method={method}"])
+    placed = process_placement.bind_to_cores(placement, cfg, 2, [0, 1, 2], 1)
+    assert placed.cores == bound

@@ -150,3 +150,17 @@ def test_the_same_holds_on_jax():
                           timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "4 passed" in done.stdout
+
+
+def test_on_jax_a_rank_held_to_one_core_is_refused_naming_its_cores(monkeypatch):
+    """JAX's host callback takes a thread of the CPU client besides the step's; the client has one a core."""
+    from mpi_trainer.launch import runtime
+    from mpi_trainer.trainer.synchronous import synchronous_refusal
+
+    model = dense(keras.optimizers.SGD(0.1))
+    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+    monkeypatch.setattr(runtime, "usable_cores", lambda: 1)
+    refused = synchronous_refusal(model)
+    assert refused is not None and "Received: this rank may use 1 core; expected at least 2" in refused
+    monkeypatch.setattr(runtime, "usable_cores", lambda: 2)
+    assert synchronous_refusal(model) is None
