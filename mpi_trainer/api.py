@@ -59,7 +59,8 @@ def init(*, device: str | None = None, scheduler_device: str | None = None, thre
     top, on every rank, before ``import keras``. The arguments are ``train.device`` ("auto",
     "cpu", "gpu"), ``train.scheduler_device`` ("cpu", "gpu"), ``train.threads`` (0: the node's
     cores divided by its workers) and ``train.bind_cores`` (a CPU worker keeps to its own cores);
-    left out, they are the defaults, and later :func:`fit` calls
+    left out, they are ``launch --set``'s (whose other settings the placement follows too: synchronous
+    SGD on JAX keeps two cores a worker) or the defaults, and later :func:`fit` calls
     keep this placement (a config asking for another fails every rank). Calling it again is harmless.
     Without ``mpirun`` (one process) it places nothing: the script then runs as plain Keras.
     """
@@ -74,7 +75,9 @@ def init(*, device: str | None = None, scheduler_device: str | None = None, thre
     given = {"train.device": device, "train.scheduler_device": scheduler_device, "train.threads": threads,
              "train.bind_cores": bind_cores}
     with abort_on_error(transport), _refused_together(transport):
-        cfg = load_config_everywhere(transport, None, [(k, v) for k, v in given.items() if v is not None])
+        # launch's --set as well: what it asks of the placement (synchronous SGD on JAX keeps two cores) holds
+        chosen = {key: value for key, value in given.items() if value is not None}
+        cfg = load_config_everywhere(transport, None, _with_launch_overrides(chosen) or [])
         _, placements = start_rank(transport, cfg)
     # The script's code up to fit is part of the job: a rank that fails there ends every rank at once,
     # not after fit's set-up bound; fit puts back the script's own hook when it returns.

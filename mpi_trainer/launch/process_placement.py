@@ -111,7 +111,7 @@ def bind_to_cores(placement: RankPlacement, cfg: Config, node_cores: int, node_r
         return placement
     cores = worker_cores(placement.rank, node_ranks, threads, allowed)
     if cores is None or (len(cores) < JAX_CALLBACK_CORES and placement.backend == "jax"
-                         and cfg.aggregation.method == "synchronous"):
+                         and cfg.aggregation.synchronous):
         return placement
     os.sched_setaffinity(0, cores)
     return replace(placement, cores=cores)

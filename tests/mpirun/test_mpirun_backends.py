@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
 
 import pytest
-from conftest import run_mpi
+from conftest import MPI_TIMEOUT, ROOT, MpiResult, run_mpi
 
 
 def installed(module: str) -> bool:
@@ -61,3 +63,22 @@ def test_synchronous_sgd_trains_in_separate_processes_and_a_jax_worker_keeps_a_c
         assert [p["cores"] for p in workers] == [None, None]
     log = (result.run_dir / "train.log").read_text()
     assert "synchronous SGD: at every step the workers' gradients are summed" in log
+
+
+@pytest.mark.skipif(not installed("jax"), reason="jax is not installed")
+def test_a_script_launched_with_synchronous_sgd_on_jax_keeps_its_workers_off_single_cores(tmp_path):
+    """``launch --set aggregation.method=synchronous -- python script.py``: the script's ``init()`` places its
+    rank before ``fit`` sees the method, so it takes launch's settings too; a JAX worker is then not held to
+    one core, which ``fit`` would refuse (its per-step sum needs a second thread)."""
+    run_dir = tmp_path / "script"
+    command = [sys.executable, "-m", "mpi_trainer", "launch", "-n", "3", "--max-restarts", "0", "--run-dir",
+               str(run_dir), "--set", "aggregation.method=synchronous", "--set", "train.bind_cores=true", "--",
+               sys.executable, "tests/mpirun/launch_fit_job.py"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "jax", "CUDA_VISIBLE_DEVICES": "",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=MPI_TIMEOUT)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    summary = MpiResult(0, "", run_dir).summary()
+    assert summary["rounds_completed"] == 8
+    assert [p["cores"] for p in summary["placement"][1:]] == [None, None]
+    assert "synchronous SGD: at every step" in (run_dir / "train.log").read_text()
